@@ -1,0 +1,95 @@
+"""Launch tags, real-KV sources and the per-endpoint launch context (SPEC 1.2, 2.3, 2.6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+
+from .consts import RealKvHashMode
+
+
+class CanaryLaunchTag(enum.IntEnum):
+    """Which endpoint launched a kernel; stamped into violation rows as ``kernel_kind``."""
+
+    HEAD_K_FULL = 0
+    HEAD_V_FULL = 1
+    TAIL_K_FULL = 2
+    TAIL_V_FULL = 3
+    SWEEP_K_FULL = 4
+    SWEEP_V_FULL = 5
+    HEAD_K_SWA = 6
+    HEAD_V_SWA = 7
+    TAIL_K_SWA = 8
+    TAIL_V_SWA = 9
+    SWEEP_K_SWA = 10
+    SWEEP_V_SWA = 11
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RealKvSource:
+    """One KV tensor whose bytes are folded into each slot's ``real_kv_hash``.
+
+    Fields:
+        tensor: any dtype, ndim >= 2; viewed as ``uint8[rows, row_bytes]`` at launch. Rows may be
+            ``stride(0)`` elements apart (SPEC D5); the innermost stride must be 1.
+        page_size: slots per row (slot ``s`` lives in row ``s // page_size``).
+        num_bytes_per_token: bytes of one slot's strip, a positive multiple of 16.
+        read_bytes: bytes folded in ALL mode, a multiple of 16 in ``(0, num_bytes_per_token]``.
+    """
+
+    tensor: torch.Tensor
+    page_size: int
+    num_bytes_per_token: int
+    read_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"kv-canary: RealKvSource.page_size must be >= 1, got {self.page_size}")
+        nbpt = self.num_bytes_per_token
+        if nbpt <= 0 or nbpt % 16 != 0:
+            raise ValueError(
+                f"kv-canary: RealKvSource.num_bytes_per_token must be a positive multiple of 16, got {nbpt}"
+            )
+        rb = self.read_bytes
+        if rb <= 0 or rb % 16 != 0 or rb > nbpt:
+            raise ValueError(
+                "kv-canary: RealKvSource.read_bytes must be a positive multiple of 16 in "
+                f"(0, num_bytes_per_token={nbpt}], got {rb}"
+            )
+        t = self.tensor
+        if t.ndim < 2:
+            raise ValueError(f"kv-canary: RealKvSource.tensor must be at least 2-D, got shape {tuple(t.shape)}")
+        row_stride_bytes = t.stride(0) * t.element_size()
+        if row_stride_bytes % 16 != 0:
+            raise ValueError(
+                "kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes, got "
+                f"{row_stride_bytes} bytes (shape={tuple(t.shape)}, strides={tuple(t.stride())}, dtype={t.dtype})"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyOrWriteContext:
+    """Everything one endpoint's verify/write launch shares (SPEC 2.3).
+
+    Fields:
+        canary_buf: uint8 ``[num_slots, slot_stride_bytes]`` contiguous; read by verify, written by write.
+        kernel_kind: the tag stamped into violation rows.
+        violation_ring: int64 ``[ring_capacity, 8]``; rows appended in reference order (SPEC D3).
+        violation_write_index: int32 ``[1]``; count of violations ever recorded.
+        slot_run_counter, kernel_run_counter: int64 ``[1]`` health counters.
+        real_kv_sources: up to 4 sources folded into ``real_kv_hash`` (empty: none).
+        real_kv_hash_mode: NONE, PARTIAL or ALL.
+        enable_chain_position_assert: int32 ``[1]`` device flag read by write.
+    """
+
+    canary_buf: torch.Tensor
+    kernel_kind: CanaryLaunchTag
+    violation_ring: torch.Tensor
+    violation_write_index: torch.Tensor
+    slot_run_counter: torch.Tensor
+    kernel_run_counter: torch.Tensor
+    real_kv_sources: tuple[RealKvSource, ...]
+    real_kv_hash_mode: RealKvHashMode
+    enable_chain_position_assert: torch.Tensor
