@@ -1,0 +1,460 @@
+"""Front-end argument checks shared by every backend (SPEC section 4, SPEC D1).
+
+Every public launch function calls the matching ``check_*`` function here before it dispatches to
+the LLVM, CUDA or torch-reference backend, so the same bad argument raises the same error with the
+same text everywhere. All functions are keyword-only (``check_real_kv_sources`` takes the context
+positionally), return None, and raise ``ValueError`` except where SPEC 4 says ``TypeError``
+(scatter dtypes).
+
+Tensor names in messages follow the original front ends: ``plan.write_offsets`` / ``plan.verify_*``
+for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors (the names of the
+original offsets-kernel validator), ``scatter_req_token_ids <arg>`` for scatter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Optional
+
+import torch
+
+from . import consts
+from .context import VerifyOrWriteContext
+from .plans import VerifyPlan, WritePlan
+
+NamedTensor = tuple[torch.Tensor, str]
+
+_DTYPE_MESSAGE = "kv-canary: {name} must have dtype {expected}, got {actual}"
+_SCATTER_DTYPE_MESSAGE = "kv-canary: {name} must be {expected_short}, got {actual}"
+_SCATTER = "scatter_req_token_ids"
+
+
+# ---------------------------------------------------------------------------------------------
+# Private helpers (one message format each).
+# ---------------------------------------------------------------------------------------------
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
+
+
+def _require_contiguous(tensor: torch.Tensor, name: str) -> None:
+    if not tensor.is_contiguous():
+        raise ValueError(f"kv-canary: {name} must be contiguous")
+
+
+def _require_all_contiguous(tensors: Iterable[NamedTensor]) -> None:
+    for tensor, name in tensors:
+        _require_contiguous(tensor, name)
+
+
+def _require_dtype(
+    tensor: torch.Tensor,
+    name: str,
+    dtype: torch.dtype,
+    *,
+    message: str = _DTYPE_MESSAGE,
+    error: type[Exception] = ValueError,
+) -> None:
+    if tensor.dtype != dtype:
+        raise error(
+            message.format(
+                name=name,
+                expected=dtype,
+                expected_short=str(dtype).removeprefix("torch."),
+                actual=tensor.dtype,
+            )
+        )
+
+
+def _require_ndim(tensor: torch.Tensor, name: str, ndim: int) -> None:
+    if tensor.ndim != ndim:
+        raise ValueError(f"kv-canary: {name} must be {ndim}-D, got shape {_shape(tensor)}")
+
+
+def _require_1d(tensor: torch.Tensor, name: str) -> None:
+    _require_ndim(tensor, name, 1)
+
+
+def _require_2d(tensor: torch.Tensor, name: str) -> None:
+    _require_ndim(tensor, name, 2)
+
+
+def _require_len(tensor: torch.Tensor, name: str, expected: int) -> None:
+    _require_1d(tensor, name)
+    actual = int(tensor.shape[0])
+    if actual != expected:
+        raise ValueError(f"kv-canary: {name} length must be {expected}, got {actual}")
+
+
+def _require_dim_size(tensor: torch.Tensor, name: str, dim: int, expected: int) -> None:
+    actual = int(tensor.shape[dim])
+    if actual != expected:
+        raise ValueError(f"kv-canary: {name} shape[{dim}] must be {expected}, got {actual}")
+
+
+def _require_min_dim_size(tensor: torch.Tensor, name: str, dim: int, minimum: int) -> None:
+    actual = int(tensor.shape[dim])
+    if actual < minimum:
+        raise ValueError(f"kv-canary: {name} shape[{dim}] must be >= {minimum}, got {actual}")
+
+
+def _require_same_device(
+    reference: torch.Tensor, reference_name: str, tensors: Iterable[NamedTensor]
+) -> None:
+    for tensor, name in tensors:
+        if tensor.device != reference.device:
+            raise ValueError(
+                f"kv-canary: {name} must be on {reference_name}'s device {reference.device}, got {tensor.device}"
+            )
+
+
+def _require_positive(value: int, what: str) -> None:
+    if value <= 0:
+        raise ValueError(f"kv-canary: {what} must be positive, got {value}")
+
+
+def _require_non_negative(value: int, what: str) -> None:
+    if value < 0:
+        raise ValueError(f"kv-canary: {what} must be non-negative, got {value}")
+
+
+def _require_vector(tensor: torch.Tensor, name: str, dtype: torch.dtype, length: Optional[int] = None) -> None:
+    """dtype, then 1-D (and the exact length when given)."""
+    _require_dtype(tensor, name, dtype)
+    if length is None:
+        _require_1d(tensor, name)
+    else:
+        _require_len(tensor, name, length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verify / write context and real-KV sources.
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_real_kv_source_count(context: VerifyOrWriteContext) -> None:
+    n = len(context.real_kv_sources)
+    if n > consts.MAX_REAL_KV_SOURCES:
+        raise ValueError(
+            f"kv-canary: at most {consts.MAX_REAL_KV_SOURCES} RealKvSource entries supported by the CUDA ABI, got {n}"
+        )
+
+
+def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
+    """Launch-time checks of ``context.real_kv_sources`` (SPEC 2.6, D5; docs/SEMANTICS.md).
+
+    At most 4 sources; each tensor has innermost stride 1 (rows may be ``stride(0)`` apart), is 2-D
+    when viewed as uint8, has rows at least ``page_size * num_bytes_per_token`` bytes wide, an
+    8-byte-aligned data pointer, and lives on ``canary_buf``'s device. Checked on every backend,
+    whatever the hash mode.
+    """
+    _check_real_kv_source_count(context)
+    canary_buf = context.canary_buf
+    for i, source in enumerate(context.real_kv_sources):
+        tensor = source.tensor
+        name = f"real_kv_sources[{i}].tensor"
+        inner_stride = tensor.stride(-1) if tensor.ndim > 0 else 1
+        if inner_stride != 1:
+            raise ValueError(f"kv-canary: {name} must be contiguous")
+        # Viewing as uint8 rescales the last dimension only, so the rank is the tensor's own.
+        if tensor.ndim != 2:
+            raise ValueError(f"kv-canary: {name} (viewed as uint8) must be 2-D, got {tensor.ndim}-D")
+        row_bytes = int(tensor.shape[1]) * tensor.element_size()
+        needed = source.page_size * source.num_bytes_per_token
+        if row_bytes < needed:
+            raise ValueError(
+                "kv-canary: RealKvSource row is too narrow for its slot layout: dim-1 is "
+                f"{row_bytes} bytes but page_size={source.page_size} x "
+                f"num_bytes_per_token={source.num_bytes_per_token} needs {needed}"
+            )
+        ptr = tensor.data_ptr()
+        if ptr % 8 != 0:
+            raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
+        _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
+
+
+def _context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bool) -> list[NamedTensor]:
+    tensors = [
+        (context.violation_ring, "violation_ring"),
+        (context.violation_write_index, "violation_write_index"),
+        (context.slot_run_counter, "slot_run_counter"),
+        (context.kernel_run_counter, "kernel_run_counter"),
+    ]
+    if with_chain_flag:
+        tensors.append((context.enable_chain_position_assert, "enable_chain_position_assert"))
+    return tensors
+
+
+def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bool) -> None:
+    """Dtypes and shapes of canary_buf, the violation sink, the counters (and the chain flag)."""
+    buf = context.canary_buf
+    _require_dtype(buf, "canary_buf", torch.uint8)
+    _require_2d(buf, "canary_buf")
+    stride_bytes = int(buf.shape[1])
+    if stride_bytes % 8 != 0:
+        raise ValueError(f"kv-canary: canary_buf slot stride must be a multiple of 8 bytes, got {stride_bytes}")
+    fields = stride_bytes // 8
+    if fields < consts.CANARY_FIELDS_PER_SLOT:
+        raise ValueError(
+            f"kv-canary: canary_buf slot stride must hold at least {consts.CANARY_FIELDS_PER_SLOT} int64 fields, got {fields}"
+        )
+
+    ring = context.violation_ring
+    _require_dtype(ring, "violation_ring", torch.int64)
+    _require_2d(ring, "violation_ring")
+    _require_dim_size(ring, "violation_ring", 1, consts.VIOLATION_FIELDS)
+    _require_min_dim_size(ring, "violation_ring", 0, 1)
+
+    _require_vector(context.violation_write_index, "violation_write_index", torch.int32, 1)
+    _require_vector(context.slot_run_counter, "slot_run_counter", torch.int64, 1)
+    _require_vector(context.kernel_run_counter, "kernel_run_counter", torch.int64, 1)
+    if with_chain_flag:
+        _require_vector(context.enable_chain_position_assert, "enable_chain_position_assert", torch.int32, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Write and verify front ends.
+# ---------------------------------------------------------------------------------------------
+
+
+def check_write(
+    *,
+    context: VerifyOrWriteContext,
+    plan: WritePlan,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    enable_write_input_assert: bool,
+    expected_input_tokens: Optional[torch.Tensor],
+    expected_input_positions: Optional[torch.Tensor],
+) -> None:
+    """Arguments of ``launch_canary_write_kernel`` (SPEC 3.1, 4 "Shared" and "Write front end")."""
+    _check_real_kv_source_count(context)
+    if enable_write_input_assert:
+        if expected_input_tokens is None or expected_input_positions is None:
+            raise ValueError("kv-canary: expected input tensors are required when enable_write_input_assert=True")
+    elif expected_input_tokens is not None or expected_input_positions is not None:
+        raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
+
+    plan_tensors = [
+        (plan.write_offsets, "plan.write_offsets"),
+        (plan.write_seed_slot_indices, "plan.write_seed_slot_indices"),
+        (plan.write_num_valid_reqs, "plan.write_num_valid_reqs"),
+    ]
+    token_tensors = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
+    expected_tensors = (
+        [(expected_input_tokens, "expected_input_tokens"), (expected_input_positions, "expected_input_positions")]
+        if enable_write_input_assert
+        else []
+    )
+    others = plan_tensors + token_tensors + expected_tensors + _context_tensors(context, with_chain_flag=True)
+    _require_all_contiguous([(context.canary_buf, "canary_buf")] + others)
+
+    _check_context_tensors(context, with_chain_flag=True)
+
+    _require_vector(plan.write_seed_slot_indices, "plan.write_seed_slot_indices", torch.int64)
+    capacity = int(plan.write_seed_slot_indices.shape[0])
+    _require_vector(plan.write_offsets, "plan.write_offsets", torch.int64, capacity + 1)
+    _require_vector(plan.write_num_valid_reqs, "plan.write_num_valid_reqs", torch.int32, 1)
+
+    _require_vector(input_ids, "input_ids", torch.int64)
+    num_tokens = int(input_ids.shape[0])
+    for tensor, name in token_tensors[1:] + expected_tensors:
+        _require_vector(tensor, name, torch.int64, num_tokens)
+
+    check_real_kv_sources(context)
+    _require_same_device(context.canary_buf, "canary_buf", others)
+
+
+def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
+    """Arguments of ``launch_canary_verify_kernel`` (SPEC 3.2, 4 "Shared" and "Verify").
+
+    ``check_verify_expected_token`` is accepted for signature parity; any truthy value is allowed.
+    """
+    del check_verify_expected_token
+    _check_real_kv_source_count(context)
+
+    vectors = [
+        (plan.verify_slot_indices, "plan.verify_slot_indices"),
+        (plan.verify_expected_tokens, "plan.verify_expected_tokens"),
+        (plan.verify_expected_positions, "plan.verify_expected_positions"),
+        (plan.verify_prev_slot_indices, "plan.verify_prev_slot_indices"),
+    ]
+    scalars = [(plan.verify_num_valid, "plan.verify_num_valid"), (plan.enable, "plan.enable")]
+    others = vectors + scalars + _context_tensors(context, with_chain_flag=False)
+    _require_all_contiguous([(context.canary_buf, "canary_buf")] + others)
+
+    _check_context_tensors(context, with_chain_flag=False)
+
+    _require_vector(plan.verify_slot_indices, "plan.verify_slot_indices", torch.int64)
+    capacity = int(plan.verify_slot_indices.shape[0])
+    for tensor, name in vectors[1:]:
+        _require_vector(tensor, name, torch.int64, capacity)
+    for tensor, name in scalars:
+        _require_vector(tensor, name, torch.int32, 1)
+
+    check_real_kv_sources(context)
+    _require_same_device(context.canary_buf, "canary_buf", others)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan front end.
+# ---------------------------------------------------------------------------------------------
+
+
+def check_plan(
+    *,
+    verify_plan_out: VerifyPlan,
+    write_plan_out: WritePlan,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    swa_window_size: int,
+    full_to_swa_index_mapping: Optional[torch.Tensor],
+    verify_capacity: int,
+    req_to_verify_expected_tokens: Optional[torch.Tensor],
+    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor],
+    kv_token_id_vs_position_offset: int,
+) -> None:
+    """Arguments of ``launch_canary_plan_kernels`` (SPEC 3.3; SPEC 4 "Plan" steps 1, 4, 5, 6).
+
+    Step 3 (bs <= 4096) is dropped (SPEC D6); ``bs <= write_req_capacity`` is kept. There is no
+    scratch tensor in this front end. The reference device is the plan's
+    (``verify_plan_out.verify_slot_indices``, named ``out_verify_slot_indices``).
+    """
+    del kv_token_id_vs_position_offset  # any int is valid (0 for target pools, +1 for EAGLE draft)
+
+    # Step 1.
+    if swa_window_size > 0 and full_to_swa_index_mapping is None:
+        raise ValueError(
+            "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"
+        )
+
+    # Step 4.
+    slot_indices = verify_plan_out.verify_slot_indices
+    _require_1d(slot_indices, "out_verify_slot_indices")
+    plan_verify_capacity = int(slot_indices.shape[0])
+    if verify_capacity != plan_verify_capacity:
+        raise ValueError(
+            f"kv-canary: launch_canary_plan_kernels verify_capacity={verify_capacity} does not match "
+            f"verify_plan_out.verify_slot_indices.shape[0]={plan_verify_capacity}"
+        )
+
+    # Step 5: the offsets-kernel validator, adapted (no scratch; entries-kernel outputs included).
+    has_lut = full_to_swa_index_mapping is not None
+    row_inputs = [
+        (req_pool_indices, "req_pool_indices"),
+        (prefix_lens, "prefix_lens"),
+        (extend_seq_lens, "extend_seq_lens"),
+    ]
+    lut = [(full_to_swa_index_mapping, "lut_tensor")] if has_lut else []
+    verify_vectors = [
+        (slot_indices, "out_verify_slot_indices"),
+        (verify_plan_out.verify_expected_tokens, "out_verify_expected_tokens"),
+        (verify_plan_out.verify_expected_positions, "out_verify_expected_positions"),
+        (verify_plan_out.verify_prev_slot_indices, "out_verify_prev_slot_indices"),
+    ]
+    write_vectors = [
+        (write_plan_out.write_offsets, "out_write_offsets"),
+        (write_plan_out.write_seed_slot_indices, "out_write_seed_slot_indices"),
+    ]
+    scalars = [
+        (verify_plan_out.verify_num_valid, "out_verify_num_valid"),
+        (verify_plan_out.enable, "out_verify_enable"),
+        (write_plan_out.write_num_valid_reqs, "out_write_num_valid_reqs"),
+    ]
+    vectors_1d = row_inputs + lut + verify_vectors + write_vectors + scalars
+    named = row_inputs + [(req_to_token, "req_to_token")] + lut + verify_vectors + write_vectors + scalars
+    _require_all_contiguous(named)
+    int32_names = {"req_to_token"} | {name for _, name in scalars}
+    for tensor, name in named:
+        _require_dtype(tensor, name, torch.int32 if name in int32_names else torch.int64)
+    _require_2d(req_to_token, "req_to_token")
+    for tensor, name in vectors_1d:
+        _require_1d(tensor, name)
+
+    bs = int(req_pool_indices.shape[0])
+    write_offsets_len = int(write_plan_out.write_offsets.shape[0])
+    write_req_capacity = int(write_plan_out.write_seed_slot_indices.shape[0])
+    lut_len = int(full_to_swa_index_mapping.shape[0]) if has_lut else 0
+    _require_non_negative(bs, "offsets kernel bs")
+    _require_positive(write_offsets_len, "write_offsets_len")
+    _require_non_negative(write_req_capacity, "write_req_capacity")
+    _require_non_negative(verify_capacity, "verify_capacity")
+    _require_positive(int(req_to_token.stride(0)), "req_to_token_stride0")
+    _require_non_negative(lut_len, "lut_len")
+    if has_lut and lut_len <= 0:
+        raise ValueError("kv-canary: lut_len must be positive when has_swa_lut is True")
+
+    for tensor, name in row_inputs[1:]:
+        _require_len(tensor, name, bs)
+    for tensor, name in verify_vectors[1:]:
+        _require_len(tensor, name, verify_capacity)
+    for tensor, name in scalars:
+        _require_len(tensor, name, 1)
+    if write_offsets_len != write_req_capacity + 1:
+        raise ValueError(
+            "kv-canary: write_offsets_len must equal write_req_capacity + 1, got "
+            f"{write_offsets_len} and {write_req_capacity}"
+        )
+    if bs > write_req_capacity:
+        raise ValueError(f"kv-canary: bs={bs} exceeds write_req_capacity={write_req_capacity}")
+    _require_same_device(slot_indices, "out_verify_slot_indices", named)
+
+    # Step 6: the expected-token pool (entries kernel).
+    pool = req_to_verify_expected_tokens
+    if pool is None:
+        return
+    valid_lens = req_to_verify_expected_tokens_valid_lens
+    if valid_lens is None:
+        raise ValueError(
+            "kv-canary: launch_plan_entries_kernel requires "
+            "req_to_verify_expected_tokens_valid_lens when req_to_verify_expected_tokens is set"
+        )
+    pool_tensors = [
+        (pool, "req_to_verify_expected_tokens"),
+        (valid_lens, "req_to_verify_expected_tokens_valid_lens"),
+    ]
+    _require_all_contiguous(pool_tensors)
+    _require_dtype(pool, "req_to_verify_expected_tokens", torch.int32)
+    _require_2d(pool, "req_to_verify_expected_tokens")
+    _require_vector(valid_lens, "req_to_verify_expected_tokens_valid_lens", torch.int64, bs)
+    _require_same_device(slot_indices, "out_verify_slot_indices", pool_tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scatter front end.
+# ---------------------------------------------------------------------------------------------
+
+
+def check_scatter(
+    *,
+    flat_in: torch.Tensor,
+    offsets: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    pool_out: torch.Tensor,
+) -> None:
+    """Arguments of ``launch_scatter_req_token_ids_kernel`` (SPEC 3.4, 4 "Scatter").
+
+    SPEC order: ranks (ValueError), dtypes (TypeError), offsets length. tvm_canary additionally
+    requires the four tensors contiguous and on ``pool_out``'s device (the kernels index them as
+    dense buffers, SPEC D4).
+    """
+    named: Sequence[tuple[torch.Tensor, str, int, torch.dtype]] = (
+        (flat_in, f"{_SCATTER} flat_in", 1, torch.int64),
+        (offsets, f"{_SCATTER} offsets", 1, torch.int64),
+        (req_pool_indices, f"{_SCATTER} req_pool_indices", 1, torch.int64),
+        (pool_out, f"{_SCATTER} pool_out", 2, torch.int32),
+    )
+    for tensor, name, ndim, _ in named:
+        _require_ndim(tensor, name, ndim)
+    for tensor, name, _, dtype in named:
+        _require_dtype(tensor, name, dtype, message=_SCATTER_DTYPE_MESSAGE, error=TypeError)
+    bs = int(req_pool_indices.shape[0])
+    n = int(offsets.shape[0])
+    if n != bs + 1:
+        raise ValueError(f"kv-canary: {_SCATTER} offsets length {n} != bs+1 ({bs + 1})")
+    _require_all_contiguous((t, name) for t, name, _, _ in named)
+    _require_same_device(pool_out, f"{_SCATTER} pool_out", ((t, name) for t, name, _, _ in named[:3]))
