@@ -1,0 +1,145 @@
+"""Pieces every kernel shares: geometry, loop binding, hash steps, source folding, slot checks.
+
+Hash steps are ``T.macro``s that update a ``uint64`` local buffer in place, so the generated code is
+straight-line ``h ^= h >> 30; h *= C1; ...`` rather than duplicated expression trees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm.script import tirx as T
+
+from .. import consts
+
+C1 = tvm.tirx.const(consts.SPLITMIX64_MUL1, "uint64")
+C2 = tvm.tirx.const(consts.SPLITMIX64_MUL2, "uint64")
+ANCHOR_HASH_I64 = tvm.tirx.const(consts.to_signed_int64(consts.ANCHOR_HASH), "int64")
+INVALID_INDEX = int(consts.FailReason.INVALID_INDEX)
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Launch shape of a kernel.
+
+    Fields:
+        gpu: bind grid/lane loops to CUDA blocks/threads (else serial CPU loops, extents 1).
+        blocks: blocks of the parallel phase (grid-stride; independent of the active count).
+        threads: threads per block of the parallel phase.
+        tile: threads of the single-block ordered phase (ring emission, plan offsets).
+        unroll: entries a thread keeps in flight per step (write chain prefetch, verify batch).
+    """
+
+    gpu: bool
+    blocks: int = 1
+    threads: int = 1
+    tile: int = 1
+    unroll: int = 1
+
+    def grid(self, n):
+        return T.thread_binding(n, thread="blockIdx.x") if self.gpu else T.serial(n)
+
+    def lanes(self, n):
+        return T.thread_binding(n, thread="threadIdx.x") if self.gpu else T.serial(n)
+
+    @property
+    def sync(self):
+        """A macro emitting a block barrier on CUDA and nothing on CPU (where lanes run serially)."""
+        return _barrier if self.gpu else _no_barrier
+
+    def key(self) -> str:
+        return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}"
+
+
+CPU_GEOMETRY = Geometry(gpu=False)
+
+
+@T.macro
+def _barrier():
+    T.tvm_storage_sync("shared")
+
+
+@T.macro
+def _no_barrier():
+    T.evaluate(0)
+
+
+@T.macro
+def splitmix64(h):
+    """h[0] := splitmix64(h[0]) (finalizer only)."""
+    h[0] = (h[0] ^ (h[0] >> T.uint64(30))) * C1
+    h[0] = (h[0] ^ (h[0] >> T.uint64(27))) * C2
+    h[0] = h[0] ^ (h[0] >> T.uint64(31))
+
+
+@T.macro
+def mix3(h, b, c):
+    """h[0] := mix3(h[0], b, c) for int64 b, c (reinterpreted as u64)."""
+    splitmix64(h)
+    h[0] = h[0] ^ T.reinterpret("uint64", b)
+    splitmix64(h)
+    h[0] = h[0] ^ T.reinterpret("uint64", c)
+    splitmix64(h)
+
+
+@T.macro
+def slot_hash(h, buf, s):
+    """h[0] := chain-link hash of slot s of buf (int64 [S, F]); anchor hash when s < 0. s must be < S."""
+    if s < T.int64(0):
+        h[0] = T.reinterpret("uint64", ANCHOR_HASH_I64)
+    else:
+        h[0] = T.reinterpret("uint64", buf[s, 2])
+        mix3(h, buf[s, 0], buf[s, 1])
+
+
+@T.macro
+def fold_source(acc, part, src, page_size, token_words, fold_words, slot):
+    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4).
+
+    src is an int64 view ``[rows, row_words]``; the slot's strip starts at word
+    ``(slot % page_size) * token_words`` of row ``slot // page_size``; ``fold_words`` words are folded.
+    part is a uint64 local scratch of one element. The caller guarantees the row is in range.
+    """
+    part[0] = T.uint64(0)
+    for q in T.serial(fold_words):
+        part[0] = part[0] ^ T.reinterpret("uint64", src[slot // page_size, (slot % page_size) * token_words + q])
+        splitmix64(part)
+    acc[0] = acc[0] ^ part[0]
+    splitmix64(acc)
+
+
+@T.macro
+def fold_sources(acc, part, srcs, params, num_sources, slot):
+    """acc[0] := real_kv_fold_sources(slot) over the first num_sources (a Python int) sources.
+
+    srcs: Python list of 4 source buffers; params: Python list of 4 (page_size, token_words,
+    fold_words) scalar triples.
+    """
+    acc[0] = T.uint64(0)
+    if num_sources > 0:
+        fold_source(acc, part, srcs[0], params[0][0], params[0][1], params[0][2], slot)
+    if num_sources > 1:
+        fold_source(acc, part, srcs[1], params[1][0], params[1][1], params[1][2], slot)
+    if num_sources > 2:
+        fold_source(acc, part, srcs[2], params[2][0], params[2][1], params[2][2], slot)
+    if num_sources > 3:
+        fold_source(acc, part, srcs[3], params[3][0], params[3][1], params[3][2], slot)
+
+
+@T.macro
+def check_slot(ok, slot, num_slots, srcs, params, num_sources):
+    """ok[0] := 1 iff slot is in [0, num_slots) and its row exists in each of the first num_sources."""
+    ok[0] = T.Select(T.int64(0) <= slot and slot < num_slots, 1, 0)
+    if num_sources > 0:
+        if slot // params[0][0] >= srcs[0].shape[0]:
+            ok[0] = 0
+    if num_sources > 1:
+        if slot // params[1][0] >= srcs[1].shape[0]:
+            ok[0] = 0
+    if num_sources > 2:
+        if slot // params[2][0] >= srcs[2].shape[0]:
+            ok[0] = 0
+    if num_sources > 3:
+        if slot // params[3][0] >= srcs[3].shape[0]:
+            ok[0] = 0
