@@ -110,10 +110,10 @@ def test_fold_known_strip_value():
     words = [int.from_bytes(bytes(range(1 + 8 * w, 9 + 8 * w)), "little") for w in range(4)]
 
     def fold(ws):
-        acc = 0
+        one = 0
         for w in ws:
-            acc = consts.splitmix64(acc ^ w)
-        return I64(consts.splitmix64(0 ^ I64(acc) & consts.U64_MASK))
+            one = consts.splitmix64(one ^ w)
+        return I64(consts.splitmix64(0 ^ one))  # outer fold over the single source
 
     assert real_kv_fold_t((src,), PARTIAL, i64([6])).tolist() == [fold(words[:2])]
     assert real_kv_fold_t((src,), ALL, i64([6])).tolist() == [fold(words)]

@@ -17,6 +17,8 @@ C1 = tvm.tirx.const(consts.SPLITMIX64_MUL1, "uint64")
 C2 = tvm.tirx.const(consts.SPLITMIX64_MUL2, "uint64")
 ANCHOR_HASH_I64 = tvm.tirx.const(consts.to_signed_int64(consts.ANCHOR_HASH), "int64")
 INVALID_INDEX = int(consts.FailReason.INVALID_INDEX)
+# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every tile.
+FLAG_CHUNK = 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,9 +20,8 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from ..consts import FailReason
+from .common import FLAG_CHUNK as CHUNK
 from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, slot_hash
-
-CHUNK = 1024
 
 CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
 POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)

@@ -1,0 +1,581 @@
+"""Hand cases for every behaviour of SPEC section 3 and docs/SEMANTICS.md.
+
+Each case takes the ``impl`` fixture (tests/conftest.py) and builds its tensors on ``impl.device``,
+so the same cases run against the reference and every compiled backend. Expected values come from
+Python ints (tests/helpers.py), never from the reference. Outputs are poisoned before each launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import (
+    ANCHOR,
+    INVALID,
+    POISON_BYTE,
+    POISON_I64,
+    counters,
+    expected_ring,
+    get_slot,
+    i32,
+    i64,
+    link,
+    make_canary,
+    make_context,
+    make_verify_plan,
+    make_write_plan,
+    poke_source_byte,
+    py_chain_hash,
+    py_fold,
+    random_source,
+    ring_state,
+    set_slot,
+    stamp_chain,
+)
+from tvm_canary import reference
+from tvm_canary.consts import FailReason, RealKvHashMode
+from tvm_canary.context import CanaryLaunchTag, VerifyOrWriteContext
+from tvm_canary.plans import VerifyPlan, WritePlan
+
+NONE, PARTIAL, ALL = RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL
+KIND = int(CanaryLaunchTag.HEAD_K_FULL)
+W_TOK = int(FailReason.WRITE_TOKEN_MISMATCH)
+W_POS = int(FailReason.WRITE_POSITION_MISMATCH)
+V_CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
+V_POS = int(FailReason.VERIFY_POSITION_MISMATCH)
+V_RKV = int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
+V_TOK = int(FailReason.VERIFY_TOKEN_MISMATCH)
+
+
+def sources_for(device, num_sources: int, seed: int = 0):
+    """Up to four differently shaped sources covering slots 0..15 (paged, strided, holey rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    all4 = (
+        random_source(gen, rows=16, page_size=1, nbpt=32, read_bytes=32, device=device),
+        random_source(gen, rows=4, page_size=4, nbpt=64, read_bytes=48, row_stride_bytes=512, device=device),
+        random_source(gen, rows=8, page_size=2, nbpt=48, read_bytes=16, dtype=torch.float16, device=device),
+        random_source(gen, rows=2, page_size=8, nbpt=32, read_bytes=32, row_bytes=320, device=device),
+    )
+    return all4[:num_sources]
+
+
+# ================================================================ write (SPEC 3.1)
+
+
+def run_write(impl, ctx, plan, toks, poss, locs, exp_toks=None, exp_poss=None):
+    dev = impl.device
+    impl.write(
+        context=ctx,
+        plan=plan,
+        input_ids=i64(toks, dev),
+        positions=i64(poss, dev),
+        out_cache_loc=i64(locs, dev),
+        enable_write_input_assert=exp_toks is not None,
+        expected_input_tokens=None if exp_toks is None else i64(exp_toks, dev),
+        expected_input_positions=None if exp_poss is None else i64(exp_poss, dev),
+    )
+
+
+def test_write_anchor_chain_touches_only_bytes_0_to_31(impl):
+    buf = make_canary(10, stride=48, fill=POISON_BYTE, device=impl.device)
+    want = buf.clone()
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 3], [-1], device=impl.device), [11, 12, 13], [0, 1, 2], [5, 6, 7])
+    h1 = link(ANCHOR, 11, 0)
+    set_slot(want, 5, 11, 0, ANCHOR)
+    set_slot(want, 6, 12, 1, h1)
+    set_slot(want, 7, 13, 2, link(h1, 12, 1))
+    assert torch.equal(buf, want)
+    assert counters(ctx) == (1, 3)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_write_seed_slot_starts_chain(impl):
+    buf = make_canary(16, device=impl.device)
+    set_slot(buf, 3, 7, 4, 0x1234, 99)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 2], [3], device=impl.device), [21, 22], [5, 6], [8, 9])
+    h = link(0x1234, 7, 4)
+    assert get_slot(buf, 8) == (21, 5, h, 0)
+    assert get_slot(buf, 9) == (22, 6, link(h, 21, 5), 0)
+    assert get_slot(buf, 3) == (7, 4, 0x1234, 99)
+    assert counters(ctx) == (1, 2)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_write_skips_negative_slots(impl):
+    """Skipped entries: not written, not counted, no chain step, no input or position assert."""
+    buf = make_canary(16, device=impl.device)
+    set_slot(buf, 2, 1, 9, 0)
+    ctx = make_context(buf)
+    plan = make_write_plan([0, 4], [2], device=impl.device)
+    run_write(impl, ctx, plan, [30, 31, 32, 33], [10, 99, 98, 11], [4, -1, -9, 5],
+              exp_toks=[30, 0, 0, 33], exp_poss=[10, 0, 0, 11])
+    h = link(0, 1, 9)
+    assert get_slot(buf, 4) == (30, 10, h, 0)
+    assert get_slot(buf, 5) == (33, 11, link(h, 30, 10), 0)
+    assert counters(ctx) == (1, 2)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_write_slot_zero_is_written(impl):
+    buf = make_canary(4, fill=POISON_BYTE, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 1], [-1], device=impl.device), [5], [0], [0])
+    assert get_slot(buf, 0) == (5, 0, ANCHOR, 0)
+    assert counters(ctx) == (1, 1)
+
+
+def test_write_input_assert_rows(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf, kind=CanaryLaunchTag.HEAD_V_SWA)
+    kind = int(CanaryLaunchTag.HEAD_V_SWA)
+    run_write(impl, ctx, make_write_plan([0, 4], [-1], device=impl.device),
+              [5, 6, 7, 8], [0, 1, 2, 3], [1, 2, 3, 4], exp_toks=[5, 60, 7, 80], exp_poss=[0, 1, 20, 30])
+    h1 = link(ANCHOR, 5, 0)
+    h2 = link(h1, 6, 1)
+    h3 = link(h2, 7, 2)
+    assert ring_state(ctx) == (3, expected_ring(8, [
+        [kind, 2, 1, 6, 60, h1, 1, W_TOK],
+        [kind, 3, 2, 7, 7, h2, 20, W_POS],
+        [kind, 4, 3, 8, 80, h3, 30, W_TOK | W_POS],
+    ]))
+    assert get_slot(buf, 4) == (8, 3, h3, 0)  # mismatching entries are still written
+    assert counters(ctx) == (1, 4)
+
+
+@pytest.mark.parametrize("flag", [1, 0])
+def test_write_input_assert_row_precedes_chain_position_row(impl, flag):
+    buf = make_canary(8, device=impl.device)
+    set_slot(buf, 1, 100, 10, 0)
+    ctx = make_context(buf, chain_assert=flag)
+    run_write(impl, ctx, make_write_plan([0, 3], [1], device=impl.device),
+              [1, 2, 3], [11, 13, 14], [2, 3, 4], exp_toks=[1, 22, 3], exp_poss=[11, 12, 14])
+    h0 = link(0, 100, 10)
+    h1 = link(h0, 1, 11)
+    rows = [[KIND, 3, 13, 2, 22, h1, 12, W_TOK | W_POS]]
+    if flag:
+        rows.append([KIND, 3, 13, 2, 2, h1, 12, W_POS])  # then 14 follows the actual 13: no row
+    assert ring_state(ctx) == (len(rows), expected_ring(8, rows))
+
+
+@pytest.mark.parametrize("seed,flag", [(1, 1), (1, 2), (1, 0), (-1, 1)])
+def test_write_chain_position_assert_needs_seed_and_flag(impl, seed, flag):
+    buf = make_canary(8, device=impl.device)
+    set_slot(buf, 1, 100, 3, 0)
+    ctx = make_context(buf, chain_assert=flag)
+    run_write(impl, ctx, make_write_plan([0, 2], [seed], device=impl.device), [1, 2], [5, 7], [2, 3])
+    h0 = py_chain_hash(make_canary(8), -1) if seed < 0 else link(0, 100, 3)
+    rows = []
+    if seed >= 0 and flag:
+        rows = [[KIND, 2, 5, 1, 1, h0, 4, W_POS], [KIND, 3, 7, 2, 2, link(h0, 1, 5), 6, W_POS]]
+    assert ring_state(ctx) == (len(rows), expected_ring(8, rows))
+    assert counters(ctx) == (1, 2)
+
+
+@pytest.mark.parametrize("num_valid", [-3, 0])
+def test_write_nonpositive_count_does_nothing(impl, num_valid):
+    buf = make_canary(8, fill=POISON_BYTE, device=impl.device)
+    want = buf.clone()
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 1], [-1], num_valid=num_valid, device=impl.device), [1], [0], [3])
+    assert torch.equal(buf, want)
+    assert counters(ctx) == (1, 0)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_write_count_above_capacity_is_clamped(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 1, 2], [-1, -1], num_valid=5, device=impl.device), [1, 2], [0, 0], [3, 4])
+    assert get_slot(buf, 3) == (1, 0, ANCHOR, 0)
+    assert get_slot(buf, 4) == (2, 0, ANCHOR, 0)
+    assert counters(ctx) == (1, 2)
+
+
+def test_write_requests_past_count_are_ignored(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 1, 2], [-1, -1], num_valid=1, device=impl.device), [1, 2], [0, 0], [3, 4])
+    assert get_slot(buf, 4) == (0, 0, 0, 0)
+    assert counters(ctx) == (1, 1)
+
+
+def test_write_offsets_are_clamped(impl):
+    """r0 [-5,-1) -> empty; r1 [-1,3) -> [0,3); r2 [3,9) -> [3,5) with N = 5."""
+    buf = make_canary(16, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([-5, -1, 3, 9], [10**9, -1, -1], device=impl.device),
+              [1, 2, 3, 4, 5], [0, 1, 2, 0, 1], [1, 2, 3, 4, 5])
+    h1 = link(ANCHOR, 1, 0)
+    assert [get_slot(buf, s) for s in (1, 2, 3)] == [(1, 0, ANCHOR, 0), (2, 1, h1, 0), (3, 2, link(h1, 2, 1), 0)]
+    assert [get_slot(buf, s) for s in (4, 5)] == [(4, 0, ANCHOR, 0), (5, 1, link(ANCHOR, 4, 0), 0)]
+    assert counters(ctx) == (1, 5)
+    assert ring_state(ctx) == (0, expected_ring(8, []))  # r0's invalid seed is never looked at
+
+
+def test_write_decreasing_offsets_skip_the_request(impl):
+    """r0 [4,5); r1 [5,2) is empty; r2 [2,4); entries 0, 1, 5 belong to no request."""
+    buf = make_canary(16, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([4, 5, 2, 4], [-1, -1, -1], device=impl.device),
+              [1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 0, 0], [1, 2, 3, 4, 5, 6])
+    assert [get_slot(buf, s) for s in (1, 2, 6)] == [(0, 0, 0, 0)] * 3
+    assert get_slot(buf, 5) == (5, 0, ANCHOR, 0)
+    assert [get_slot(buf, s) for s in (3, 4)] == [(3, 0, ANCHOR, 0), (4, 1, link(ANCHOR, 3, 0), 0)]
+    assert counters(ctx) == (1, 3)
+
+
+def test_write_nonpositive_last_offset_does_not_stop_earlier_requests(impl):
+    """No early exit on ``write_offsets[A] <= 0``: requests are clamped one by one (SEMANTICS)."""
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 2, -1], [-1, -1], device=impl.device), [1, 2], [0, 1], [3, 4])
+    assert get_slot(buf, 4) == (2, 1, link(ANCHOR, 1, 0), 0)
+    assert counters(ctx) == (1, 2)
+
+
+def test_write_empty_request_does_not_read_its_seed(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 0, 1], [10**9, -1], device=impl.device), [1], [0], [3])
+    assert get_slot(buf, 3) == (1, 0, ANCHOR, 0)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_write_invalid_seed(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 2, 3], [8, -1], device=impl.device), [1, 2, 3], [0, 1, 0], [1, 2, 3])
+    assert [get_slot(buf, s) for s in (1, 2)] == [(0, 0, 0, 0)] * 2
+    assert get_slot(buf, 3) == (3, 0, ANCHOR, 0)
+    assert counters(ctx) == (1, 1)
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 8, 0, 0, 0, 0, 0, INVALID]]))
+
+
+def test_write_invalid_slot(impl):
+    """Out-of-range slot: one INVALID row, nothing written or counted, chain and prev_pos unchanged."""
+    buf = make_canary(8, device=impl.device)
+    set_slot(buf, 1, 9, 0, 0)
+    ctx = make_context(buf)
+    run_write(impl, ctx, make_write_plan([0, 3], [1], device=impl.device), [10, 11, 12], [1, 50, 2], [2, 8, 3],
+              exp_toks=[10, 0, 12], exp_poss=[1, 0, 2])
+    h0 = link(0, 9, 0)
+    h1 = link(h0, 10, 1)
+    assert get_slot(buf, 2) == (10, 1, h0, 0)
+    assert get_slot(buf, 3) == (12, 2, h1, 0)
+    assert counters(ctx) == (1, 2)
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 8, 50, 11, 11, h1, 50, INVALID]]))
+
+
+@pytest.mark.parametrize("mode", [NONE, PARTIAL, ALL])
+def test_write_slot_unreadable_for_a_source(impl, mode):
+    """Source covers slots 0..3 only; slot 5 is valid for the canary but not readable by the source."""
+    src = random_source(torch.Generator().manual_seed(1), rows=2, page_size=2, nbpt=16, read_bytes=16,
+                        device=impl.device)
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf, sources=(src,), mode=mode)
+    run_write(impl, ctx, make_write_plan([0, 2], [-1], device=impl.device), [1, 2], [0, 1], [3, 5])
+    assert get_slot(buf, 3) == (1, 0, ANCHOR, py_fold((src,), mode, 3))
+    if mode == NONE:
+        assert get_slot(buf, 5) == (2, 1, link(ANCHOR, 1, 0), 0)
+        assert ring_state(ctx) == (0, expected_ring(8, []))
+    else:
+        assert get_slot(buf, 5) == (0, 0, 0, 0)
+        assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 5, 1, 2, 2, link(ANCHOR, 1, 0), 1, INVALID]]))
+
+
+@pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
+@pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
+def test_write_real_kv_hash_field(impl, mode, num_sources):
+    sources = sources_for(impl.device, num_sources, seed=num_sources)
+    buf = make_canary(16, device=impl.device)
+    ctx = make_context(buf, sources=sources, mode=mode)
+    slots = [1, 6, 11, 15]
+    run_write(impl, ctx, make_write_plan([0, 4], [-1], device=impl.device), [1, 2, 3, 4], [0, 1, 2, 3], slots)
+    assert [get_slot(buf, s)[3] for s in slots] == [py_fold(sources, mode, s) for s in slots]
+    assert all(get_slot(buf, s)[3] != 0 for s in slots)
+
+
+def test_write_ring_fill_once_and_overflow(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf, kind=CanaryLaunchTag.TAIL_V_SWA, ring_capacity=2)
+    kind = int(CanaryLaunchTag.TAIL_V_SWA)
+    plan = make_write_plan([0, 3], [-1], device=impl.device)
+    run_write(impl, ctx, plan, [1, 2, 3], [0, 1, 2], [1, 2, 3], exp_toks=[0, 0, 0], exp_poss=[0, 1, 2])
+    h1 = link(ANCHOR, 1, 0)
+    rows = [[kind, 1, 0, 1, 0, ANCHOR, 0, W_TOK], [kind, 2, 1, 2, 0, h1, 1, W_TOK]]
+    assert ring_state(ctx) == (3, rows)
+    run_write(impl, ctx, plan, [1, 2, 3], [0, 1, 2], [1, 2, 3], exp_toks=[0, 2, 3], exp_poss=[0, 1, 2])
+    assert ring_state(ctx) == (4, rows)
+    assert counters(ctx) == (2, 6)
+
+
+def test_write_ring_appends_behind_existing_rows(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf, ring_capacity=3, write_index=1)
+    run_write(impl, ctx, make_write_plan([0, 3], [-1], device=impl.device), [1, 2, 3], [0, 1, 2], [1, 2, 3],
+              exp_toks=[0, 0, 0], exp_poss=[0, 1, 2])
+    h1 = link(ANCHOR, 1, 0)
+    rows = [[KIND, 1, 0, 1, 0, ANCHOR, 0, W_TOK], [KIND, 2, 1, 2, 0, h1, 1, W_TOK]]
+    assert ring_state(ctx) == (4, expected_ring(3, rows, prefix=[[POISON_I64] * 8]))
+
+
+def test_write_updates_per_tag_counter_views(impl):
+    dev = impl.device
+    kernel_runs = torch.zeros(12, dtype=torch.int64, device=dev)
+    slot_runs = torch.zeros(12, dtype=torch.int64, device=dev)
+    tag = CanaryLaunchTag.TAIL_K_SWA
+    base = make_context(make_canary(8, device=dev), kind=tag)
+    ctx = VerifyOrWriteContext(**{
+        f: getattr(base, f) for f in VerifyOrWriteContext.__dataclass_fields__
+    } | {"kernel_run_counter": kernel_runs[tag : tag + 1], "slot_run_counter": slot_runs[tag : tag + 1]})
+    run_write(impl, ctx, make_write_plan([0, 2], [-1], device=dev), [1, 2], [0, 1], [1, 2])
+    assert kernel_runs.tolist() == [1 if t == tag else 0 for t in range(12)]
+    assert slot_runs.tolist() == [2 if t == tag else 0 for t in range(12)]
+
+
+# ================================================================ verify (SPEC 3.2)
+
+
+def chain_buf(device, sources=(), mode=NONE):
+    """16 slots; chain [3, 4, 5] (tokens 10..12, positions 0..2) from the anchor; slot 0 all zero."""
+    buf = make_canary(16, device=device)
+    stamp_chain(buf, [(3, 10, 0), (4, 11, 1), (5, 12, 2)], sources=sources, mode=mode)
+    return buf
+
+
+def run_verify(impl, ctx, plan, check=True):
+    impl.verify(context=ctx, plan=plan, check_verify_expected_token=check)
+
+
+def clean_plan(device, **kw):
+    return make_verify_plan([3, 4, 5], [10, 11, 12], [0, 1, 2], [-1, 3, 4], device=device, **kw)
+
+
+def test_verify_clean_chain(impl):
+    buf = chain_buf(impl.device)
+    want = buf.clone()
+    ctx = make_context(buf)
+    run_verify(impl, ctx, clean_plan(impl.device))
+    assert counters(ctx) == (1, 3)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+    assert torch.equal(buf, want)
+
+
+def test_verify_chain_hash_mismatch(impl):
+    buf = chain_buf(impl.device)
+    tok, pos, _, rk = get_slot(buf, 4)
+    set_slot(buf, 4, tok, pos, 0x77, rk)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, clean_plan(impl.device))
+    eh = py_chain_hash(buf, 3)
+    # slot 5's expected hash is computed from slot 4's stored (now corrupted) fields.
+    assert py_chain_hash(buf, 4) != get_slot(buf, 5)[2]
+    assert ring_state(ctx) == (2, expected_ring(8, [
+        [KIND, 4, 1, 11, 11, 0x77, eh, V_CHAIN],
+        [KIND, 5, 2, 12, 12, get_slot(buf, 5)[2], py_chain_hash(buf, 4), V_CHAIN],
+    ]))
+
+
+def test_verify_position_mismatch_records_stored_position(impl):
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([3, 4, 5], [10, 11, 12], [0, 7, 2], [-1, 3, 4], device=impl.device))
+    sh = get_slot(buf, 4)[2]
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 1, 11, 11, sh, sh, V_POS]]))
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_verify_expected_token_check_and_sentinel(impl, check):
+    """Entry 0 expects a wrong token, entry 1 carries the -1 sentinel, entry 2 also has a bad position."""
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([3, 4, 5], [99, -1, 98], [0, 1, 9], [-1, 3, 4], device=impl.device),
+               check=check)
+    sh3, sh5 = get_slot(buf, 3)[2], get_slot(buf, 5)[2]
+    if check:
+        rows = [[KIND, 3, 0, 10, 99, sh3, sh3, V_TOK], [KIND, 5, 2, 12, 98, sh5, sh5, V_TOK | V_POS]]
+    else:
+        rows = [[KIND, 5, 2, 12, -1, sh5, sh5, V_POS]]
+    assert ring_state(ctx) == (len(rows), expected_ring(8, rows))
+
+
+def test_verify_skips_slot_zero_but_counts_it(impl):
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([0, 3, 0], [55, 10, 56], [9, 0, 9], [7, -1, 7], device=impl.device))
+    assert counters(ctx) == (1, 3)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_verify_predecessor_zero_disables_only_the_chain_check(impl):
+    buf = chain_buf(impl.device)
+    tok, pos, _, rk = get_slot(buf, 4)
+    set_slot(buf, 4, tok, pos, 0x77, rk)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([4, 4], [11, 11], [1, 5], [0, 0], device=impl.device))
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 1, 11, 11, 0x77, 0x77, V_POS]]))
+
+
+def test_verify_negative_predecessor_is_the_anchor(impl):
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([3, 3, 4], [10, 10, 11], [0, 0, 1], [-1, -7, -1], device=impl.device))
+    sh4 = get_slot(buf, 4)[2]
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 1, 11, 11, sh4, ANCHOR, V_CHAIN]]))
+
+
+def test_verify_all_zero_slots_are_chain_consistent(impl):
+    """mix3(0, 0, 0) == 0: a zero slot after a zero predecessor fails only on position."""
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([2, 3], [-1, -1], [0, 4], [1, 2], device=impl.device))
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 3, 0, 0, -1, 0, 0, V_POS]]))
+
+
+@pytest.mark.parametrize("mode,sources", [(NONE, 1), (PARTIAL, 0), (ALL, 0)], ids=["none", "partial-no-src", "all-no-src"])
+def test_verify_nonzero_real_kv_without_folding(impl, mode, sources):
+    buf = chain_buf(impl.device)
+    tok, pos, sh, _ = get_slot(buf, 4)
+    set_slot(buf, 4, tok, pos, sh, 5)
+    ctx = make_context(buf, sources=sources_for(impl.device, sources), mode=mode)
+    run_verify(impl, ctx, clean_plan(impl.device))
+    eh = py_chain_hash(buf, 3)
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 1, 11, 11, sh, eh, V_RKV]]))
+
+
+@pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
+@pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
+def test_verify_real_kv_sources(impl, mode, num_sources):
+    """Slot 6 is in row 1 of the paged sources. Byte 3 is folded by both modes, byte 20 by ALL only
+    (if read_bytes > 16), byte read_bytes and the holey row tail by neither."""
+    sources = sources_for(impl.device, num_sources, seed=7 + num_sources)
+    buf = make_canary(16, device=impl.device)
+    stamp_chain(buf, [(5, 1, 0), (6, 2, 1)], sources=sources, mode=mode)
+    plan = make_verify_plan([5, 6], [1, 2], [0, 1], [-1, 5], device=impl.device)
+    last = sources[-1]
+    sh6 = get_slot(buf, 6)[2]
+    bad_row = [KIND, 6, 1, 2, 2, sh6, sh6, V_RKV]
+
+    def rows_after_poke(k):
+        ctx = make_context(buf, sources=sources, mode=mode)
+        u8 = last.tensor.view(torch.uint8)
+        idx = (6 // last.page_size, (6 % last.page_size) * last.num_bytes_per_token + k)
+        old = int(u8[idx])
+        poke_source_byte(last, 6, k, old ^ 0xFF)
+        run_verify(impl, ctx, plan)
+        poke_source_byte(last, 6, k, old)
+        return ring_state(ctx)
+
+    ctx = make_context(buf, sources=sources, mode=mode)
+    run_verify(impl, ctx, plan)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+    assert rows_after_poke(3) == (1, expected_ring(8, [bad_row]))
+    if last.read_bytes > 16:
+        assert rows_after_poke(20) == ((1, expected_ring(8, [bad_row])) if mode == ALL else (0, expected_ring(8, [])))
+    if last.read_bytes < last.num_bytes_per_token:
+        assert rows_after_poke(last.read_bytes) == (0, expected_ring(8, []))
+    u8 = last.tensor.view(torch.uint8)
+    tail = u8.shape[1] - last.page_size * last.num_bytes_per_token
+    if tail > 0:
+        u8[6 // last.page_size, -1] ^= 0xFF
+        ctx = make_context(buf, sources=sources, mode=mode)
+        run_verify(impl, ctx, plan)
+        assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_verify_enable_zero_skips_everything(impl):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([1, 2], [5, 5], [3, 3], [9, 9], enable=0, device=impl.device))
+    assert counters(ctx) == (1, 0)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+@pytest.mark.parametrize("num_valid", [-2, 0])
+def test_verify_nonpositive_count(impl, num_valid):
+    buf = make_canary(8, device=impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([1], [5], [3], [9], num_valid=num_valid, device=impl.device))
+    assert counters(ctx) == (1, 0)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+def test_verify_count_clamped_to_capacity_and_tail_ignored(impl):
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([3, 4, 5], [10, 11, 12], [0, 1, 2], [-1, 3, 4], num_valid=99,
+                                           device=impl.device))
+    assert counters(ctx) == (1, 3)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+    ctx = make_context(buf)
+    # Poisoned tail entries (slot -7777) past num_valid would be INVALID rows if read.
+    run_verify(impl, ctx, make_verify_plan([3, 4], [10, 11], [0, 1], [-1, 3], capacity=6, device=impl.device))
+    assert counters(ctx) == (1, 2)
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_verify_invalid_slot(impl, check):
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([16, -3, 3], [77, 78, 10], [0, 0, 0], [-1, 3, -1], device=impl.device),
+               check=check)
+    et = (77, 78) if check else (-1, -1)
+    assert ring_state(ctx) == (2, expected_ring(8, [
+        [KIND, 16, 0, 0, et[0], 0, 0, INVALID],
+        [KIND, -3, 0, 0, et[1], 0, 0, INVALID],
+    ]))
+    assert counters(ctx) == (1, 3)
+
+
+def test_verify_slot_unreadable_for_a_source(impl):
+    src = random_source(torch.Generator().manual_seed(2), rows=2, page_size=2, nbpt=16, read_bytes=16,
+                        device=impl.device)
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf, sources=(src,), mode=PARTIAL)
+    run_verify(impl, ctx, make_verify_plan([4], [11], [1], [3], device=impl.device))
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 0, 0, 11, 0, 0, INVALID]]))
+
+
+def test_verify_invalid_predecessor(impl):
+    """prev >= S: chain check skipped as for prev == 0, the other checks run, INVALID always set."""
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([4, 5], [11, 12], [1, 9], [16, 1 << 40], device=impl.device))
+    sh4, sh5 = get_slot(buf, 4)[2], get_slot(buf, 5)[2]
+    assert ring_state(ctx) == (2, expected_ring(8, [
+        [KIND, 4, 1, 11, 11, sh4, sh4, INVALID],
+        [KIND, 5, 2, 12, 12, sh5, sh5, INVALID | V_POS],
+    ]))
+
+
+def test_verify_ring_overflow_and_kernel_kind(impl):
+    buf = chain_buf(impl.device)
+    kind = int(CanaryLaunchTag.SWEEP_V_SWA)
+    ctx = make_context(buf, kind=CanaryLaunchTag.SWEEP_V_SWA, ring_capacity=2)
+    plan = make_verify_plan([3, 4, 5], [10, 11, 12], [1, 2, 3], [-1, 3, 4], device=impl.device)
+    run_verify(impl, ctx, plan)
+    sh = [get_slot(buf, s)[2] for s in (3, 4)]
+    rows = [[kind, 3, 0, 10, 10, sh[0], sh[0], V_POS], [kind, 4, 1, 11, 11, sh[1], sh[1], V_POS]]
+    assert ring_state(ctx) == (3, rows)
+    run_verify(impl, ctx, plan)
+    assert ring_state(ctx) == (6, rows)
+    assert counters(ctx) == (2, 6)
+
+
+# ================================================================ plan (SPEC 3.3)
+
+
+def poisoned_plans(device, vcap: int, wcap: int) -> tuple[VerifyPlan, WritePlan]:
+    vplan = VerifyPlan.allocate(verify_capacity=vcap, device=device)
+    wplan = WritePlan.allocate(write_req_capacity=wcap, device=device)
+    for t in (*vplan.__getstate__() if False else (), ):
+        pass
+    for t in (vplan.verify_slot_indices, vplan.verify_expected_tokens, vplan.verify_expected_positions,
+              vplan.verify_prev_slot_indices, vplan.verify_num_valid, vplan.enable,
+              wplan.write_offsets, wplan.write_seed_slot_indices, wplan.write_num_valid_reqs):
+        t.fill_(POISON_I64)
+    return vplan, wplan

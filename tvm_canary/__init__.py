@@ -1,0 +1,24 @@
+"""tvm_canary: the sglang KV-cache canary (kv-canary) re-created on Apache TVM (SPEC section 0)."""
+
+from . import consts
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
+from .launch import (
+    launch_canary_plan_kernels,
+    launch_canary_verify_kernel,
+    launch_canary_write_kernel,
+    launch_scatter_req_token_ids_kernel,
+)
+from .plans import VerifyPlan, WritePlan
+
+__all__ = [
+    "CanaryLaunchTag",
+    "RealKvSource",
+    "VerifyOrWriteContext",
+    "VerifyPlan",
+    "WritePlan",
+    "consts",
+    "launch_canary_plan_kernels",
+    "launch_canary_verify_kernel",
+    "launch_canary_write_kernel",
+    "launch_scatter_req_token_ids_kernel",
+]

@@ -1,0 +1,79 @@
+"""Turning public-API tensors into the arguments of the compiled kernels (zero-copy views).
+
+* The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
+* A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
+  ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
+  Unused source slots get a 1x1 dummy on the device and zero parameters; kernels never read them.
+* Scratch ``flags`` (chunk marks of the ordered ring emission) live per ring: zero between launches,
+  because each launch clears what it marked. They only grow, and old ones stay referenced so that
+  CUDA graphs captured with them stay valid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..consts import MAX_REAL_KV_SOURCES, PARTIAL_READ_BYTES, RealKvHashMode
+from ..context import VerifyOrWriteContext
+from ..kernels.common import FLAG_CHUNK
+
+_dummies: dict[tuple, torch.Tensor] = {}
+_flags: dict[tuple, list[torch.Tensor]] = {}
+
+
+def canary_words(canary_buf: torch.Tensor) -> torch.Tensor:
+    return canary_buf.view(torch.int64)
+
+
+def source_view(tensor: torch.Tensor) -> torch.Tensor:
+    """int64 view ``[rows, row_bytes // 8]`` of a 2-D source whose rows are ``stride(0)`` elements apart.
+
+    The front end guarantees a 2-D tensor, inner stride 1, an 8-byte aligned start and a 16-byte row
+    stride.
+    """
+    el = tensor.element_size()
+    out = torch.empty(0, dtype=torch.int64, device=tensor.device)
+    return out.set_(
+        tensor.untyped_storage(),
+        tensor.storage_offset() * el // 8,
+        (tensor.shape[0], tensor.shape[1] * el // 8),
+        (tensor.stride(0) * el // 8, 1),
+    )
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    key = (device.type, device.index)
+    if key not in _dummies:
+        _dummies[key] = torch.zeros((1, 1), dtype=torch.int64, device=device)
+    return _dummies[key]
+
+
+def folded_sources(context: VerifyOrWriteContext) -> int:
+    """Number of sources the kernels fold: 0 in NONE mode (a compile-time specialization)."""
+    if context.real_kv_hash_mode == RealKvHashMode.NONE:
+        return 0
+    return len(context.real_kv_sources)
+
+
+def source_args(context: VerifyOrWriteContext) -> list:
+    """The 16 trailing kernel arguments: (view, page_size, token_words, fold_words) x 4."""
+    args: list = []
+    partial = context.real_kv_hash_mode == RealKvHashMode.PARTIAL
+    used = context.real_kv_sources[: folded_sources(context)]
+    for src in used:
+        fold_bytes = PARTIAL_READ_BYTES if partial else src.read_bytes
+        args += [source_view(src.tensor), src.page_size, src.num_bytes_per_token // 8, fold_bytes // 8]
+    dummy = _dummy(context.canary_buf.device)
+    for _ in range(MAX_REAL_KV_SOURCES - len(used)):
+        args += [dummy, 1, 0, 0]
+    return args
+
+
+def flags_for(ring: torch.Tensor, entries: int) -> torch.Tensor:
+    """Zeroed int32 chunk marks able to cover ``entries`` entries, owned by ``ring``."""
+    need = max(1, -(-entries // FLAG_CHUNK))
+    key = (ring.device.type, ring.device.index, ring.data_ptr())
+    owned = _flags.setdefault(key, [])
+    if not owned or owned[-1].numel() < need:
+        owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32, device=ring.device))
+    return owned[-1]
