@@ -572,10 +572,284 @@ def test_verify_ring_overflow_and_kernel_kind(impl):
 def poisoned_plans(device, vcap: int, wcap: int) -> tuple[VerifyPlan, WritePlan]:
     vplan = VerifyPlan.allocate(verify_capacity=vcap, device=device)
     wplan = WritePlan.allocate(write_req_capacity=wcap, device=device)
-    for t in (*vplan.__getstate__() if False else (), ):
-        pass
     for t in (vplan.verify_slot_indices, vplan.verify_expected_tokens, vplan.verify_expected_positions,
               vplan.verify_prev_slot_indices, vplan.verify_num_valid, vplan.enable,
               wplan.write_offsets, wplan.write_seed_slot_indices, wplan.write_num_valid_reqs):
         t.fill_(POISON_I64)
     return vplan, wplan
+
+
+def run_plan(impl, vplan, wplan, *, rpi, prefix, extend, rtt, window=0, lut=None, pool=None, valid_lens=None,
+             offset=0):
+    dev = impl.device
+    impl.plan(
+        verify_plan_out=vplan,
+        write_plan_out=wplan,
+        req_pool_indices=i64(rpi, dev),
+        prefix_lens=i64(prefix, dev),
+        extend_seq_lens=i64(extend, dev),
+        req_to_token=i32(rtt, dev),
+        swa_window_size=window,
+        full_to_swa_index_mapping=None if lut is None else i64(lut, dev),
+        verify_capacity=vplan.verify_slot_indices.shape[0],
+        req_to_verify_expected_tokens=None if pool is None else i32(pool, dev),
+        req_to_verify_expected_tokens_valid_lens=None if valid_lens is None else i64(valid_lens, dev),
+        kv_token_id_vs_position_offset=offset,
+    )
+
+
+def verify_state(vplan: VerifyPlan) -> dict:
+    return {
+        "slots": vplan.verify_slot_indices.tolist(),
+        "tokens": vplan.verify_expected_tokens.tolist(),
+        "positions": vplan.verify_expected_positions.tolist(),
+        "prevs": vplan.verify_prev_slot_indices.tolist(),
+        "num_valid": int(vplan.verify_num_valid[0]),
+        "enable": int(vplan.enable[0]),
+    }
+
+
+def write_state(wplan: WritePlan) -> dict:
+    return {
+        "offsets": wplan.write_offsets.tolist(),
+        "seeds": wplan.write_seed_slot_indices.tolist(),
+        "num_reqs": int(wplan.write_num_valid_reqs[0]),
+    }
+
+
+def padded(vals: list[int], n: int) -> list[int]:
+    return vals + [POISON_I64] * (n - len(vals))
+
+
+# req_to_token with 4 request rows of 8 positions: row r holds full slots 10*r + pos.
+RTT = [[10 * r + p for p in range(8)] for r in range(4)]
+
+
+def test_plan_full_group(impl):
+    vplan, wplan = poisoned_plans(impl.device, 8, 4)
+    run_plan(impl, vplan, wplan, rpi=[1, 2], prefix=[3, 2], extend=[1, 4], rtt=RTT)
+    assert verify_state(vplan) == {
+        "slots": padded([10, 11, 12, 20, 21], 8),
+        "tokens": padded([-1] * 5, 8),
+        "positions": padded([0, 1, 2, 0, 1], 8),
+        "prevs": padded([-1, 10, 11, -1, 20], 8),
+        "num_valid": 5,
+        "enable": 1,
+    }
+    assert write_state(wplan) == {"offsets": [0, 1, 5, 0, 0], "seeds": padded([12, 21], 4), "num_reqs": 2}
+
+
+def test_plan_padding_and_out_of_range_rows(impl):
+    """Only 1 <= req_pool_indices[r] < 4 is active; other rows are padding everywhere."""
+    vplan, wplan = poisoned_plans(impl.device, 4, 5)
+    run_plan(impl, vplan, wplan, rpi=[0, 3, -2, 4], prefix=[2, 2, 2, 2], extend=[3, 3, 3, 3], rtt=RTT)
+    assert verify_state(vplan) == {
+        "slots": [30, 31, POISON_I64, POISON_I64],
+        "tokens": [-1, -1, POISON_I64, POISON_I64],
+        "positions": [0, 1, POISON_I64, POISON_I64],
+        "prevs": [-1, 30, POISON_I64, POISON_I64],
+        "num_valid": 2,
+        "enable": 1,
+    }
+    assert write_state(wplan) == {"offsets": [0, 0, 3, 3, 3, 0], "seeds": [-1, 31, -1, -1, POISON_I64], "num_reqs": 4}
+
+
+def test_plan_write_lengths_and_seeds(impl):
+    """extend <= 0: no write, seed -1; prefix 0 or negative: seed -1; prefix past the table: clamped."""
+    vplan, wplan = poisoned_plans(impl.device, 16, 5)
+    run_plan(impl, vplan, wplan, rpi=[1, 1, 2, 3, 2], prefix=[2, 2, 0, 11, -3], extend=[0, -1, 2, 1, 2], rtt=RTT)
+    assert write_state(wplan) == {"offsets": [0, 0, 0, 2, 3, 5], "seeds": [-1, -1, -1, 37, -1], "num_reqs": 5}
+    v = verify_state(vplan)
+    assert v["num_valid"] == 12 and v["enable"] == 1
+    assert v["slots"][:12] == [10, 11, 10, 11] + [30 + p for p in range(8)]
+    assert v["positions"][:12] == [0, 1, 0, 1] + list(range(8))
+    assert v["prevs"][:12] == [-1, 10, -1, 10, -1] + [30 + p for p in range(7)]
+
+
+def test_plan_swa_window_and_lut(impl):
+    """Window 2: positions max(0, P-2)..P-1; the window head keeps its real (translated) predecessor.
+    LUT: x -> 100 + x, full slot 12 evicted (-> 0), negative req_to_token values pass through."""
+    rtt = [row[:] for row in RTT]
+    rtt[1][4] = -1
+    lut = [100 + x for x in range(40)]
+    lut[12] = 0
+    vplan, wplan = poisoned_plans(impl.device, 8, 3)
+    run_plan(impl, vplan, wplan, rpi=[1, 2, 3], prefix=[5, 1, 2], extend=[1, 1, 0], rtt=rtt, window=2, lut=lut)
+    assert verify_state(vplan) == {
+        "slots": padded([113, -1, 120, 130, 131], 8),
+        "tokens": padded([-1] * 5, 8),
+        "positions": padded([3, 4, 0, 0, 1], 8),
+        "prevs": padded([0, 113, -1, -1, 130], 8),
+        "num_valid": 5,
+        "enable": 1,
+    }
+    assert write_state(wplan) == {"offsets": [0, 1, 2, 2], "seeds": [-1, 120, -1], "num_reqs": 3}
+
+
+def test_plan_lut_index_past_end(impl):
+    """Reference raises (SPEC D4); kernels clamp the LUT index to the last entry."""
+    vplan, wplan = poisoned_plans(impl.device, 8, 2)
+    lut = [100 + x for x in range(12)]  # covers full slots 0..11; row 1 holds 10..17
+    kw = dict(rpi=[1], prefix=[3], extend=[1], rtt=RTT, lut=lut)
+    if impl.name == "reference":
+        with pytest.raises(ValueError, match=r"^kv-canary: SWA slot 12 is outside full_to_swa_index_mapping length 12$"):
+            run_plan(impl, vplan, wplan, **kw)
+        return
+    run_plan(impl, vplan, wplan, **kw)
+    assert verify_state(vplan)["slots"][:3] == [110, 111, 111]
+    assert write_state(wplan)["seeds"] == [111, POISON_I64]
+
+
+@pytest.mark.parametrize("offset", [0, 1, -1])
+def test_plan_expected_token_pool(impl, offset):
+    """pool[rp, q] with q = pos + offset iff 0 <= q < valid_len, q < pool width, rp < pool rows."""
+    pool = [[-1000 * r - q for q in range(5)] for r in range(3)]  # rows 0..2 only; negatives sign-extend
+    vplan, wplan = poisoned_plans(impl.device, 16, 3)
+    run_plan(impl, vplan, wplan, rpi=[1, 2, 3], prefix=[6, 2, 2], extend=[1, 1, 1], rtt=RTT,
+             pool=pool, valid_lens=[4, 9, 9], offset=offset)
+
+    def want(rp, pos, valid_len):
+        q = pos + offset
+        ok = 0 <= q < valid_len and q < 5 and rp < 3
+        return pool[rp][q] if ok else -1
+
+    expected = [want(1, p, 4) for p in range(6)] + [want(2, p, 9) for p in range(2)] + [-1, -1]
+    assert verify_state(vplan)["tokens"] == padded(expected, 16)
+
+
+def test_plan_verify_capacity_overflow(impl):
+    vplan, wplan = poisoned_plans(impl.device, 4, 2)
+    run_plan(impl, vplan, wplan, rpi=[1, 2], prefix=[3, 2], extend=[1, 1], rtt=RTT)
+    assert verify_state(vplan) == {
+        "slots": [POISON_I64] * 4, "tokens": [POISON_I64] * 4, "positions": [POISON_I64] * 4,
+        "prevs": [POISON_I64] * 4, "num_valid": 4, "enable": 0,
+    }
+    assert write_state(wplan) == {"offsets": [0, 1, 2], "seeds": [12, 21], "num_reqs": 2}
+    run_plan(impl, vplan, wplan, rpi=[1, 2], prefix=[2, 2], extend=[1, 1], rtt=RTT)
+    v = verify_state(vplan)
+    assert (v["slots"], v["num_valid"], v["enable"]) == ([10, 11, 20, 21], 4, 1)
+
+
+def test_plan_no_verify_entries_enables(impl):
+    vplan, wplan = poisoned_plans(impl.device, 2, 2)
+    run_plan(impl, vplan, wplan, rpi=[0, 1], prefix=[4, 0], extend=[1, 3], rtt=RTT)
+    assert verify_state(vplan) == {
+        "slots": [POISON_I64] * 2, "tokens": [POISON_I64] * 2, "positions": [POISON_I64] * 2,
+        "prevs": [POISON_I64] * 2, "num_valid": 0, "enable": 1,
+    }
+    assert write_state(wplan) == {"offsets": [0, 0, 3], "seeds": [-1, -1], "num_reqs": 2}
+
+
+def test_plan_shrinking_batch_keeps_stale_tails(impl):
+    vplan, wplan = poisoned_plans(impl.device, 8, 4)
+    run_plan(impl, vplan, wplan, rpi=[1, 2, 3], prefix=[2, 2, 2], extend=[1, 2, 3], rtt=RTT)
+    assert write_state(wplan) == {"offsets": [0, 1, 3, 6, 0], "seeds": [11, 21, 31, POISON_I64], "num_reqs": 3}
+    run_plan(impl, vplan, wplan, rpi=[3], prefix=[1], extend=[2], rtt=RTT)
+    assert verify_state(vplan) == {
+        "slots": padded([30, 11, 20, 21, 30, 31], 8),
+        "tokens": padded([-1] * 6, 8),
+        "positions": padded([0, 1, 0, 1, 0, 1], 8),
+        "prevs": padded([-1, 10, -1, 20, -1, 30], 8),
+        "num_valid": 1,
+        "enable": 1,
+    }
+    assert write_state(wplan) == {"offsets": [0, 2, 0, 0, 0], "seeds": [30, 21, 31, POISON_I64], "num_reqs": 1}
+
+
+def test_plan_reference_errors():
+    """Messages of SPEC 4 "Plan reference" (the front end raises its own texts first)."""
+    vplan, wplan = poisoned_plans("cpu", 4, 2)
+    kw = dict(
+        verify_plan_out=vplan, write_plan_out=wplan, req_pool_indices=i64([1]), prefix_lens=i64([1]),
+        extend_seq_lens=i64([1]), req_to_token=i32(RTT), swa_window_size=0, full_to_swa_index_mapping=None,
+        verify_capacity=4, req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
+        kv_token_id_vs_position_offset=0,
+    )
+    with pytest.raises(ValueError, match=r"^kv-canary: launch_canary_plan_kernels_torch_reference verify_capacity=5 "
+                       r"does not match verify_plan_out\.verify_slot_indices\.shape\[0\]=4$"):
+        reference.canary_plan_ref(**(kw | {"verify_capacity": 5}))
+    with pytest.raises(ValueError, match=r"^kv-canary: launch_canary_plan_kernels_torch_reference requires "
+                       r"req_to_verify_expected_tokens_valid_lens when req_to_verify_expected_tokens is set$"):
+        reference.canary_plan_ref(**(kw | {"req_to_verify_expected_tokens": i32(RTT)}))
+    assert verify_state(vplan)["num_valid"] == POISON_I64  # raised before touching the plans
+
+
+# ================================================================ scatter (SPEC 3.4)
+
+
+def run_scatter(impl, flat, offsets, rpi, pool):
+    dev = impl.device
+    impl.scatter(flat_in=i64(flat, dev), offsets=i64(offsets, dev), req_pool_indices=i64(rpi, dev), pool_out=pool)
+
+
+def poisoned_pool(device, rows=4, cols=5):
+    return torch.full((rows, cols), POISON_I64, dtype=torch.int32, device=device)
+
+
+def test_scatter_rows_and_truncation(impl):
+    pool = poisoned_pool(impl.device)
+    run_scatter(impl, list(range(1, 10)), [0, 3, 9], [2, 1], pool)
+    want = poisoned_pool("cpu")
+    want[2, :3] = torch.tensor([1, 2, 3])
+    want[1, :5] = torch.tensor([4, 5, 6, 7, 8])
+    assert torch.equal(pool.cpu(), want)
+
+
+def test_scatter_truncates_int64_to_int32(impl):
+    pool = poisoned_pool(impl.device)
+    run_scatter(impl, [(1 << 32) + 5, 1 << 31, -1, (1 << 40) - 1, -(1 << 31) - 1], [0, 5], [3], pool)
+    assert pool[3].tolist() == [5, -(1 << 31), -1, -1, (1 << 31) - 1]
+
+
+@pytest.mark.parametrize("flat,offsets,rpi", [([], [0, 0], [1]), ([1, 2], [0], [])], ids=["empty-flat", "bs0"])
+def test_scatter_noop(impl, flat, offsets, rpi):
+    pool = poisoned_pool(impl.device)
+    run_scatter(impl, flat, offsets, rpi, pool)
+    assert torch.equal(pool.cpu(), poisoned_pool("cpu"))
+
+
+def test_scatter_skips_bad_rows_and_masks_reads(impl):
+    """Rows 0, 1 have pool indices -1 and 4 (outside the pool); rows 2, 3 have end < start; row 4
+    reads from start -2 (columns 0, 1 untouched), row 5 from start 7 of 9 (columns 2.. untouched)."""
+    pool = poisoned_pool(impl.device)
+    flat = list(range(100, 109))
+    run_scatter(impl, flat, [0, 2, 4, 3, -2, 7, 12], [-1, 4, 1, 2, 3, 0], pool)
+    want = poisoned_pool("cpu")
+    want[3, 2:5] = torch.tensor([100, 101, 102])
+    want[0, :2] = torch.tensor([107, 108])
+    assert torch.equal(pool.cpu(), want)
+
+
+# ================================================================ plan -> write -> verify
+
+
+def test_plan_write_verify_round_trip(impl):
+    """Two steps of one request through plan, write and verify: no violations; then a corruption."""
+    dev = impl.device
+    buf = make_canary(32, device=dev)
+    ctx = make_context(buf)
+    vplan, wplan = poisoned_plans(dev, 16, 2)
+    rtt = [[0] * 8, [5, 9, 3, 7, 11, 13, 2, 4]]
+    toks = [40, 41, 42, 43, 44, 45]
+    # step 1: prefill 4 tokens; step 2: decode 1 token at position 4.
+    for prefix, extend in ((0, 4), (4, 1)):
+        run_plan(impl, vplan, wplan, rpi=[1], prefix=[prefix], extend=[extend], rtt=rtt,
+                 pool=[[0] * 8, toks + [0, 0]], valid_lens=[6])
+        run_verify(impl, ctx, vplan)
+        run_write(impl, ctx, wplan, toks[prefix : prefix + extend], list(range(prefix, prefix + extend)),
+                  rtt[1][prefix : prefix + extend])
+    assert ring_state(ctx) == (0, expected_ring(8, []))
+    assert counters(ctx) == (4, 4 + 5)
+    h = ANCHOR
+    for p in range(5):
+        assert get_slot(buf, rtt[1][p]) == (toks[p], p, h, 0)
+        h = link(h, toks[p], p)
+    set_slot(buf, 3, 99, 2, get_slot(buf, 3)[2])
+    run_plan(impl, vplan, wplan, rpi=[1], prefix=[5], extend=[1], rtt=rtt, pool=[[0] * 8, toks + [0, 0]],
+             valid_lens=[6])
+    run_verify(impl, ctx, vplan)
+    sh3, sh7 = get_slot(buf, 3)[2], get_slot(buf, 7)[2]
+    assert ring_state(ctx) == (2, expected_ring(8, [
+        [KIND, 3, 2, 99, 42, sh3, sh3, V_TOK],
+        [KIND, 7, 3, 43, 43, sh7, py_chain_hash(buf, 3), V_CHAIN],
+    ]))

@@ -1,0 +1,227 @@
+"""Write kernel (SPEC 3.1 + D2-D4): stamp each request's tokens as one hash chain.
+
+Arguments (in order): canary ``int64[S, F]`` (written: fields 0..3 of each written slot, read at seed
+slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs int32[1]``;
+``input_ids/positions/out_cache_loc int64[N]``; ``expected_tokens/expected_positions int64[N]``
+(read only when the input assert is on); ``chain_assert int32[1]``; ``ring int64[R, 8]``,
+``write_index int32[1]``, ``slot_counter int64[1]``, ``kernel_counter int64[1]`` (written);
+``flags int32[>= ceil(cap / CHUNK)]`` (zero on entry and exit); ``kind``; four sources with their
+``(page_size, token_words, fold_words)``.
+
+Two phases in one function, both walking a request with the same ``walk`` macro:
+1. *stamp* (one thread per request, grid-stride): writes the slots, adds the written count to the
+   slot counter and marks the request's chunk in ``flags`` if it produced violation rows.
+2. *emit* (one block): for marked chunks, counts each request's rows, ranks them (request order) and
+   walks again to append the rows to the ring in reference order (SPEC D3); bumps the kernel counter.
+Phase 2 re-reads only seed slots, which phase 1 does not write for plans that do not alias (SPEC D7).
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ..consts import FailReason
+from .common import FLAG_CHUNK as CHUNK
+from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, mix3, slot_hash
+
+TOKEN = int(FailReason.WRITE_TOKEN_MISMATCH)
+POSITION = int(FailReason.WRITE_POSITION_MISMATCH)
+STAMP, COUNT, EMIT = "stamp", "count", "emit"
+
+
+def make(num_sources: int, input_assert: bool, geom: Geometry):
+    """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
+    G, TH, TB = geom.blocks, geom.threads, geom.tile
+    sync = geom.sync
+
+    def record_macro(mode):
+        @T.macro
+        def record(ring, nrows, base, f1, f2, f3, f4, f5, f6, f7, kind):
+            """Account one violation row; in EMIT mode store it at ring[base + nrows] if it fits."""
+            if mode == EMIT:
+                d = base + nrows[0]
+                if d < ring.shape[0]:
+                    ring[d, 0] = kind
+                    ring[d, 1] = f1
+                    ring[d, 2] = f2
+                    ring[d, 3] = f3
+                    ring[d, 4] = f4
+                    ring[d, 5] = f5
+                    ring[d, 6] = f6
+                    ring[d, 7] = f7
+            nrows[0] = nrows[0] + T.int64(1)
+
+        return record
+
+    def walk_macro(mode):
+        record = record_macro(mode)
+
+        @T.macro
+        def walk(r, base, nrows, written, st, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params):
+            """Walk request r in `mode`: nrows[0] := its violation rows, written[0] += slots written."""
+            h = T.alloc_buffer((1,), "uint64", scope="local")
+            acc = T.alloc_buffer((1,), "uint64", scope="local")
+            part = T.alloc_buffer((1,), "uint64", scope="local")
+            ok = T.alloc_buffer((1,), "int32", scope="local")
+            prev_pos = T.alloc_buffer((1,), "int64", scope="local")
+            n = ids.shape[0]
+            s0 = T.min(T.max(offsets[r], T.int64(0)), n)
+            s1 = T.min(T.max(offsets[r + 1], s0), n)
+            seed = seeds[r]
+            nrows[0] = T.int64(0)
+            if s1 > s0:
+                if seed >= buf.shape[0]:
+                    record(ring, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(INVALID_INDEX), kind)
+                else:
+                    slot_hash(h, buf, seed)
+                    check_pos = seed >= T.int64(0) and cpa[0] != 0
+                    prev_pos[0] = T.int64(0)
+                    if check_pos:
+                        prev_pos[0] = buf[seed, 1]
+                    for i in T.serial(s1 - s0):
+                        slot = ocl[s0 + i]
+                        if slot >= T.int64(0):
+                            tok = ids[s0 + i]
+                            pos = pos_in[s0 + i]
+                            hs = T.reinterpret("int64", h[0])
+                            check_slot(ok, slot, buf.shape[0], srcs, params, num_sources)
+                            if ok[0] == 0:
+                                record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
+                            else:
+                                if input_assert:
+                                    et = etoks[s0 + i]
+                                    ep = epos[s0 + i]
+                                    bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
+                                    if bits != T.int64(0):
+                                        record(ring, nrows, base, slot, pos, tok, et, hs, ep, bits, kind)
+                                if check_pos:
+                                    if pos != prev_pos[0] + T.int64(1):
+                                        record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
+                                    prev_pos[0] = pos
+                                if mode == STAMP:
+                                    fold_sources(acc, part, srcs, params, num_sources, slot)
+                                    buf[slot, 0] = tok
+                                    buf[slot, 1] = pos
+                                    buf[slot, 2] = hs
+                                    buf[slot, 3] = T.reinterpret("int64", acc[0])
+                                    written[0] = written[0] + T.int64(1)
+                                mix3(h, tok, pos)
+
+        return walk
+
+    walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
+
+    @T.macro
+    def add_written(counter_u64, counter, value):
+        if geom.gpu:
+            T.evaluate(T.cuda.atomic_add(T.address_of(counter_u64[0]), T.reinterpret("uint64", value)))
+        else:
+            counter[0] = counter[0] + value
+
+    # fmt: off
+    @T.prim_func(private=False)
+    def canary_write(
+        buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, num_valid_reqs: T.Buffer((1,), "int32"),
+        ids_h: T.handle, pos_h: T.handle, ocl_h: T.handle, etoks_h: T.handle, epos_h: T.handle,
+        cpa: T.Buffer((1,), "int32"), ring_h: T.handle, write_index: T.Buffer((1,), "int32"),
+        slot_counter: T.Buffer((1,), "int64"), kernel_counter: T.Buffer((1,), "int64"),
+        flags_h: T.handle, kind: T.int64,
+        src0_h: T.handle, ps0: T.int64, tw0: T.int64, fw0: T.int64,
+        src1_h: T.handle, ps1: T.int64, tw1: T.int64, fw1: T.int64,
+        src2_h: T.handle, ps2: T.int64, tw2: T.int64, fw2: T.int64,
+        src3_h: T.handle, ps3: T.int64, tw3: T.int64, fw3: T.int64,
+    ):
+        T.func_attr({"tirx.noalias": True})
+        S = T.int64(); F = T.int64(); cap = T.int64(); cap1 = T.int64(); N = T.int64(); N2 = T.int64()
+        R = T.int64(); NF = T.int64()
+        buf = T.match_buffer(buf_h, (S, F), "int64")
+        offsets = T.match_buffer(offsets_h, (cap1,), "int64")
+        seeds = T.match_buffer(seeds_h, (cap,), "int64")
+        ids = T.match_buffer(ids_h, (N,), "int64")
+        pos_in = T.match_buffer(pos_h, (N,), "int64")
+        ocl = T.match_buffer(ocl_h, (N,), "int64")
+        etoks = T.match_buffer(etoks_h, (N2,), "int64")
+        epos = T.match_buffer(epos_h, (N2,), "int64")
+        ring = T.match_buffer(ring_h, (R, 8), "int64")
+        flags = T.match_buffer(flags_h, (NF,), "int32")
+        r0 = T.int64(); c0 = T.int64(); s0 = T.int64(); o0 = T.int64()
+        r1 = T.int64(); c1 = T.int64(); s1 = T.int64(); o1 = T.int64()
+        r2 = T.int64(); c2 = T.int64(); s2 = T.int64(); o2 = T.int64()
+        r3 = T.int64(); c3 = T.int64(); s3 = T.int64(); o3 = T.int64()
+        src0 = T.match_buffer(src0_h, (r0, c0), "int64", strides=(s0, T.int64(1)), elem_offset=o0)
+        src1 = T.match_buffer(src1_h, (r1, c1), "int64", strides=(s1, T.int64(1)), elem_offset=o1)
+        src2 = T.match_buffer(src2_h, (r2, c2), "int64", strides=(s2, T.int64(1)), elem_offset=o2)
+        src3 = T.match_buffer(src3_h, (r3, c3), "int64", strides=(s3, T.int64(1)), elem_offset=o3)
+        counter_u64 = T.decl_buffer((1,), "uint64", data=slot_counter.data)
+        srcs = [src0, src1, src2, src3]
+        params = [(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)]
+
+        # Phase 1: one thread per request stamps its chain.
+        for b in geom.grid(G):
+            for t in geom.lanes(TH):
+                active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
+                live = active > T.int64(0) and offsets[active] > T.int64(0)
+                r = T.alloc_buffer((1,), "int64", scope="local")
+                nrows = T.alloc_buffer((1,), "int64", scope="local")
+                written = T.alloc_buffer((1,), "int64", scope="local")
+                written[0] = T.int64(0)
+                if live:
+                    r[0] = T.Cast("int64", b * TH + t)
+                    while r[0] < active:
+                        walk_stamp(r[0], T.int64(0), nrows, written, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                        if nrows[0] != T.int64(0):
+                            flags[r[0] // CHUNK] = 1
+                        r[0] = r[0] + T.int64(G * TH)
+                    if written[0] != T.int64(0):
+                        add_written(counter_u64, slot_counter, written[0])
+
+        # Phase 2: one block appends the rows of the marked requests in request order.
+        for b in geom.grid(1):
+            active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
+            live = active > T.int64(0) and offsets[active] > T.int64(0)
+            sflag = T.alloc_buffer((TB,), "int32", scope="shared")
+            scount = T.alloc_buffer((TB,), "int64", scope="shared")
+            base = T.alloc_buffer((1,), "int64", scope="local")
+            marked = T.alloc_buffer((1,), "int32", scope="local")
+            base[0] = T.Cast("int64", write_index[0])
+            n_chunks = T.Select(live, (active + CHUNK - 1) // CHUNK, T.int64(0))
+            for c in T.serial((n_chunks + TB - 1) // TB):
+                sync()
+                for t in geom.lanes(TB):
+                    ci = c * TB + t
+                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(ci, NF - 1)], 0)
+                    if ci < n_chunks:
+                        flags[ci] = 0
+                sync()
+                for j in T.serial(TB):
+                    marked[0] = sflag[j]
+                    for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TB, 0)):
+                        for t in geom.lanes(TB):
+                            nrows = T.alloc_buffer((1,), "int64", scope="local")
+                            unused = T.alloc_buffer((1,), "int64", scope="local")
+                            rr = (c * TB + j) * CHUNK + tile * TB + t
+                            nrows[0] = T.int64(0)
+                            if rr < active:
+                                walk_count(rr, T.int64(0), nrows, unused, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                            scount[t] = nrows[0]
+                        sync()
+                        for t in geom.lanes(TB):
+                            nrows = T.alloc_buffer((1,), "int64", scope="local")
+                            unused = T.alloc_buffer((1,), "int64", scope="local")
+                            rank = T.alloc_buffer((1,), "int64", scope="local")
+                            rank[0] = base[0]
+                            for q in T.serial(TB):
+                                rows_q = scount[q]
+                                base[0] = base[0] + rows_q
+                                rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
+                            rr = (c * TB + j) * CHUNK + tile * TB + t
+                            if rr < active:
+                                walk_emit(rr, rank[0], nrows, unused, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                        sync()
+            for t in geom.lanes(TB):
+                if t == 0:
+                    write_index[0] = T.Cast("int32", base[0])
+                    kernel_counter[0] = kernel_counter[0] + T.int64(1)
+    # fmt: on
+
+    return canary_write
