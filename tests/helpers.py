@@ -78,6 +78,19 @@ def random_source(
     return RealKvSource(tensor=tensor, page_size=page_size, num_bytes_per_token=nbpt, read_bytes=read_bytes)
 
 
+def four_sources(seed: int, device="cpu") -> tuple[RealKvSource, ...]:
+    """Four differently shaped sources of random bytes, each covering slots 0..15: plain, paged and
+    strided, float16, paged with a holey row tail (row wider than page_size * nbpt)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        random_source(gen, rows=16, page_size=1, nbpt=32, read_bytes=32, device=device),
+        random_source(gen, rows=4, page_size=4, nbpt=64, read_bytes=48, row_stride_bytes=512, device=device),
+        random_source(gen, rows=8, page_size=2, nbpt=48, read_bytes=16, dtype=torch.float16, device=device),
+        random_source(gen, rows=2, page_size=8, nbpt=32, read_bytes=32, row_bytes=320, dtype=torch.int32,
+                      device=device),
+    )
+
+
 def source_strip(src: RealKvSource, slot: int, nbytes: int) -> bytes:
     """``nbytes`` of ``slot``'s strip addressed from the storage as
     ``row * stride(0) * elsize + (slot % page_size) * nbpt + k`` (SPEC D5)."""

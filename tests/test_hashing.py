@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from helpers import I64, i64, make_canary, poke_source_byte, py_chain_hash, py_fold, random_source, set_slot
+from helpers import I64, four_sources, i64, make_canary, poke_source_byte, py_chain_hash, py_fold, random_source, set_slot
 from tvm_canary import consts
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.context import RealKvSource
@@ -120,32 +120,22 @@ def test_fold_known_strip_value():
     assert real_kv_fold_t((src,), ALL, i64([5, 7, 0])).tolist() == [0, 0, 0]  # all-zero strips fold to 0
 
 
-def source_set(gen: torch.Generator) -> list[RealKvSource]:
-    """Four differently shaped sources covering 16 slots: paged, strided, multi-byte dtypes."""
-    return [
-        random_source(gen, rows=16, page_size=1, nbpt=32, read_bytes=32),
-        random_source(gen, rows=4, page_size=4, nbpt=64, read_bytes=48, row_stride_bytes=512),
-        random_source(gen, rows=8, page_size=2, nbpt=48, read_bytes=16, dtype=torch.float16),
-        random_source(gen, rows=2, page_size=8, nbpt=16, read_bytes=16, row_bytes=160, dtype=torch.int32),
-    ]
-
-
 @pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
 @pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
 def test_fold_matches_definition(mode, num_sources):
-    sources = tuple(source_set(torch.Generator().manual_seed(10 + num_sources))[:num_sources])
+    sources = four_sources(10 + num_sources)[:num_sources]
     slots = list(range(16))
     assert real_kv_fold_t(sources, mode, i64(slots)).tolist() == [py_fold(sources, mode, s) for s in slots]
 
 
 def test_fold_none_mode_and_no_sources_give_zero():
-    sources = tuple(source_set(torch.Generator().manual_seed(1)))
+    sources = four_sources(1)
     assert real_kv_fold_t(sources, RealKvHashMode.NONE, i64([1, 2])).tolist() == [0, 0]
     assert real_kv_fold_t((), ALL, i64([1, 2])).tolist() == [0, 0]
 
 
 def test_fold_source_order_matters():
-    a, b = source_set(torch.Generator().manual_seed(2))[:2]
+    a, b = four_sources(2)[:2]
     slots = i64([1, 2, 3])
     assert (real_kv_fold_t((a, b), ALL, slots) != real_kv_fold_t((b, a), ALL, slots)).all()
 

@@ -7,6 +7,8 @@ Python ints (tests/helpers.py), never from the reference. Outputs are poisoned b
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from helpers import (
     POISON_I64,
     counters,
     expected_ring,
+    four_sources,
     get_slot,
     i32,
     i64,
@@ -25,7 +28,6 @@ from helpers import (
     make_context,
     make_verify_plan,
     make_write_plan,
-    poke_source_byte,
     py_chain_hash,
     py_fold,
     random_source,
@@ -35,7 +37,7 @@ from helpers import (
 )
 from tvm_canary import reference
 from tvm_canary.consts import FailReason, RealKvHashMode
-from tvm_canary.context import CanaryLaunchTag, VerifyOrWriteContext
+from tvm_canary.context import CanaryLaunchTag
 from tvm_canary.plans import VerifyPlan, WritePlan
 
 NONE, PARTIAL, ALL = RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL
@@ -46,18 +48,6 @@ V_CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
 V_POS = int(FailReason.VERIFY_POSITION_MISMATCH)
 V_RKV = int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
 V_TOK = int(FailReason.VERIFY_TOKEN_MISMATCH)
-
-
-def sources_for(device, num_sources: int, seed: int = 0):
-    """Up to four differently shaped sources covering slots 0..15 (paged, strided, holey rows)."""
-    gen = torch.Generator().manual_seed(seed)
-    all4 = (
-        random_source(gen, rows=16, page_size=1, nbpt=32, read_bytes=32, device=device),
-        random_source(gen, rows=4, page_size=4, nbpt=64, read_bytes=48, row_stride_bytes=512, device=device),
-        random_source(gen, rows=8, page_size=2, nbpt=48, read_bytes=16, dtype=torch.float16, device=device),
-        random_source(gen, rows=2, page_size=8, nbpt=32, read_bytes=32, row_bytes=320, device=device),
-    )
-    return all4[:num_sources]
 
 
 # ================================================================ write (SPEC 3.1)
@@ -166,7 +156,7 @@ def test_write_chain_position_assert_needs_seed_and_flag(impl, seed, flag):
     set_slot(buf, 1, 100, 3, 0)
     ctx = make_context(buf, chain_assert=flag)
     run_write(impl, ctx, make_write_plan([0, 2], [seed], device=impl.device), [1, 2], [5, 7], [2, 3])
-    h0 = py_chain_hash(make_canary(8), -1) if seed < 0 else link(0, 100, 3)
+    h0 = ANCHOR if seed < 0 else link(0, 100, 3)
     rows = []
     if seed >= 0 and flag:
         rows = [[KIND, 2, 5, 1, 1, h0, 4, W_POS], [KIND, 3, 7, 2, 2, link(h0, 1, 5), 6, W_POS]]
@@ -289,7 +279,7 @@ def test_write_slot_unreadable_for_a_source(impl, mode):
 @pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
 @pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
 def test_write_real_kv_hash_field(impl, mode, num_sources):
-    sources = sources_for(impl.device, num_sources, seed=num_sources)
+    sources = four_sources(num_sources, impl.device)[:num_sources]
     buf = make_canary(16, device=impl.device)
     ctx = make_context(buf, sources=sources, mode=mode)
     slots = [1, 6, 11, 15]
@@ -328,9 +318,8 @@ def test_write_updates_per_tag_counter_views(impl):
     slot_runs = torch.zeros(12, dtype=torch.int64, device=dev)
     tag = CanaryLaunchTag.TAIL_K_SWA
     base = make_context(make_canary(8, device=dev), kind=tag)
-    ctx = VerifyOrWriteContext(**{
-        f: getattr(base, f) for f in VerifyOrWriteContext.__dataclass_fields__
-    } | {"kernel_run_counter": kernel_runs[tag : tag + 1], "slot_run_counter": slot_runs[tag : tag + 1]})
+    ctx = dataclasses.replace(base, kernel_run_counter=kernel_runs[tag : tag + 1],
+                              slot_run_counter=slot_runs[tag : tag + 1])
     run_write(impl, ctx, make_write_plan([0, 2], [-1], device=dev), [1, 2], [0, 1], [1, 2])
     assert kernel_runs.tolist() == [1 if t == tag else 0 for t in range(12)]
     assert slot_runs.tolist() == [2 if t == tag else 0 for t in range(12)]
@@ -340,8 +329,9 @@ def test_write_updates_per_tag_counter_views(impl):
 
 
 def chain_buf(device, sources=(), mode=NONE):
-    """16 slots; chain [3, 4, 5] (tokens 10..12, positions 0..2) from the anchor; slot 0 all zero."""
-    buf = make_canary(16, device=device)
+    """16 slots of 48 bytes; chain [3, 4, 5] (tokens 10..12, positions 0..2) from the anchor; slot 0
+    all zero."""
+    buf = make_canary(16, stride=48, device=device)
     stamp_chain(buf, [(3, 10, 0), (4, 11, 1), (5, 12, 2)], sources=sources, mode=mode)
     return buf
 
@@ -440,7 +430,7 @@ def test_verify_nonzero_real_kv_without_folding(impl, mode, sources):
     buf = chain_buf(impl.device)
     tok, pos, sh, _ = get_slot(buf, 4)
     set_slot(buf, 4, tok, pos, sh, 5)
-    ctx = make_context(buf, sources=sources_for(impl.device, sources), mode=mode)
+    ctx = make_context(buf, sources=four_sources(0, impl.device)[:sources], mode=mode)
     run_verify(impl, ctx, clean_plan(impl.device))
     eh = py_chain_hash(buf, 3)
     assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 1, 11, 11, sh, eh, V_RKV]]))
@@ -451,7 +441,7 @@ def test_verify_nonzero_real_kv_without_folding(impl, mode, sources):
 def test_verify_real_kv_sources(impl, mode, num_sources):
     """Slot 6 is in row 1 of the paged sources. Byte 3 is folded by both modes, byte 20 by ALL only
     (if read_bytes > 16), byte read_bytes and the holey row tail by neither."""
-    sources = sources_for(impl.device, num_sources, seed=7 + num_sources)
+    sources = four_sources(7 + num_sources, impl.device)[:num_sources]
     buf = make_canary(16, device=impl.device)
     stamp_chain(buf, [(5, 1, 0), (6, 2, 1)], sources=sources, mode=mode)
     plan = make_verify_plan([5, 6], [1, 2], [0, 1], [-1, 5], device=impl.device)
@@ -459,31 +449,29 @@ def test_verify_real_kv_sources(impl, mode, num_sources):
     sh6 = get_slot(buf, 6)[2]
     bad_row = [KIND, 6, 1, 2, 2, sh6, sh6, V_RKV]
 
-    def rows_after_poke(k):
+    u8 = last.tensor.view(torch.uint8)
+    row, col0 = 6 // last.page_size, (6 % last.page_size) * last.num_bytes_per_token
+    clean = (0, expected_ring(8, []))
+    flagged = (1, expected_ring(8, [bad_row]))
+
+    def ring_after_flip(col):
+        """Verify with byte ``col`` of slot 6's source row flipped, then restore it."""
+        u8[row, col] ^= 0xFF
         ctx = make_context(buf, sources=sources, mode=mode)
-        u8 = last.tensor.view(torch.uint8)
-        idx = (6 // last.page_size, (6 % last.page_size) * last.num_bytes_per_token + k)
-        old = int(u8[idx])
-        poke_source_byte(last, 6, k, old ^ 0xFF)
         run_verify(impl, ctx, plan)
-        poke_source_byte(last, 6, k, old)
+        u8[row, col] ^= 0xFF
         return ring_state(ctx)
 
     ctx = make_context(buf, sources=sources, mode=mode)
     run_verify(impl, ctx, plan)
-    assert ring_state(ctx) == (0, expected_ring(8, []))
-    assert rows_after_poke(3) == (1, expected_ring(8, [bad_row]))
+    assert ring_state(ctx) == clean
+    assert ring_after_flip(col0 + 3) == flagged
     if last.read_bytes > 16:
-        assert rows_after_poke(20) == ((1, expected_ring(8, [bad_row])) if mode == ALL else (0, expected_ring(8, [])))
+        assert ring_after_flip(col0 + 20) == (flagged if mode == ALL else clean)
     if last.read_bytes < last.num_bytes_per_token:
-        assert rows_after_poke(last.read_bytes) == (0, expected_ring(8, []))
-    u8 = last.tensor.view(torch.uint8)
-    tail = u8.shape[1] - last.page_size * last.num_bytes_per_token
-    if tail > 0:
-        u8[6 // last.page_size, -1] ^= 0xFF
-        ctx = make_context(buf, sources=sources, mode=mode)
-        run_verify(impl, ctx, plan)
-        assert ring_state(ctx) == (0, expected_ring(8, []))
+        assert ring_after_flip(col0 + last.read_bytes) == clean
+    if u8.shape[1] > last.page_size * last.num_bytes_per_token:
+        assert ring_after_flip(u8.shape[1] - 1) == clean
 
 
 def test_verify_enable_zero_skips_everything(impl):

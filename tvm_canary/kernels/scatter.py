@@ -1,0 +1,45 @@
+"""Scatter kernel (SPEC 3.4 + D4): copy each request's tokens into its row of the expected-token pool.
+
+Arguments: ``flat_in int64[n]``, ``offsets int64[bs+1]``, ``req_pool_indices int64[bs]`` (read),
+``pool_out int32[rows, width]`` (written: row ``req_pool_indices[r]``, columns ``[0, L_r)`` with
+``L_r = min(offsets[r+1] - offsets[r], width)``; only elements whose source index lies in
+``[0, n)``; rows outside ``[0, rows)`` are skipped). Blocks stride over requests, threads over columns,
+so the work is proportional to the tokens copied, with no cap on bs.
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from .common import Geometry
+
+
+def make(geom: Geometry):
+    """TensorIR of the scatter kernel (no specializations)."""
+    G, TH = geom.blocks, geom.threads
+
+    # fmt: off
+    @T.prim_func(private=False)
+    def canary_scatter(flat_h: T.handle, offsets_h: T.handle, rpi_h: T.handle, pool_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        n = T.int64(); bs1 = T.int64(); bs = T.int64(); rows = T.int64(); width = T.int64()
+        flat = T.match_buffer(flat_h, (n,), "int64")
+        offsets = T.match_buffer(offsets_h, (bs1,), "int64")
+        rpi = T.match_buffer(rpi_h, (bs,), "int64")
+        pool = T.match_buffer(pool_h, (rows, width), "int32")
+        for b in geom.grid(G):
+            for t in geom.lanes(TH):
+                for it in T.serial((bs - b + G - 1) // G):
+                    r = b + it * G
+                    start = offsets[r]
+                    length = T.min(offsets[r + 1] - start, width)
+                    rp = rpi[r]
+                    if T.int64(0) <= rp and rp < rows:
+                        for c in T.serial((T.max(length, T.int64(0)) - t + TH - 1) // TH):
+                            col = t + c * TH
+                            src = start + col
+                            if T.int64(0) <= src and src < n:
+                                pool[rp, col] = T.Cast("int32", flat[src])
+    # fmt: on
+
+    return canary_scatter
