@@ -120,7 +120,7 @@ def canary_write_ref(
         for i in range(s0, s1):
             slot = locs[i]
             if slot < 0:
-                pass
+                continue
             tok, pos = toks[i], poss[i]
             h_i64 = consts.to_signed_int64(h)
             if not slot_ok[i]:
