@@ -160,12 +160,11 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         for b in geom.grid(G):
             for t in geom.lanes(TH):
                 active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
-                live = active > T.int64(0) and offsets[active] > T.int64(0)
                 r = T.alloc_buffer((1,), "int64", scope="local")
                 nrows = T.alloc_buffer((1,), "int64", scope="local")
                 written = T.alloc_buffer((1,), "int64", scope="local")
                 written[0] = T.int64(0)
-                if live:
+                if active > T.int64(0):
                     r[0] = T.Cast("int64", b * TH + t)
                     while r[0] < active:
                         walk_stamp(r[0], T.int64(0), nrows, written, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
@@ -178,13 +177,12 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         # Phase 2: one block appends the rows of the marked requests in request order.
         for b in geom.grid(1):
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
-            live = active > T.int64(0) and offsets[active] > T.int64(0)
             sflag = T.alloc_buffer((TB,), "int32", scope="shared")
             scount = T.alloc_buffer((TB,), "int64", scope="shared")
             base = T.alloc_buffer((1,), "int64", scope="local")
             marked = T.alloc_buffer((1,), "int32", scope="local")
             base[0] = T.Cast("int64", write_index[0])
-            n_chunks = T.Select(live, (active + CHUNK - 1) // CHUNK, T.int64(0))
+            n_chunks = (active + CHUNK - 1) // CHUNK
             for c in T.serial((n_chunks + TB - 1) // TB):
                 sync()
                 for t in geom.lanes(TB):

@@ -1,0 +1,42 @@
+"""Walking the tensors inside launch arguments (dataclasses, tuples) and the devices under test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def devices() -> list[str]:
+    """``cpu`` always; ``cuda`` when a GPU is visible (CUDA cases are skipped with a reason otherwise)."""
+    return ["cpu", "cuda"]
+
+
+def require(device: str) -> None:
+    import pytest
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine (the CUDA suite runs on GPU hosts)")
+
+
+def tensors(obj) -> list[torch.Tensor]:
+    """Every tensor reachable from ``obj`` in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in tensors(getattr(obj, f.name))]
+    if isinstance(obj, dict):
+        return [t for k in obj for t in tensors(obj[k])]
+    if isinstance(obj, (tuple, list)):
+        return [t for x in obj for t in tensors(x)]
+    return []
+
+
+def assert_same_bytes(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        g, w = g.cpu(), w.cpu()
+        assert g.dtype == w.dtype and g.shape == w.shape, i
+        if not torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)):
+            diff = (g != w).nonzero()[:5].tolist()
+            raise AssertionError(f"tensor #{i} {tuple(g.shape)} differs at {diff}")
