@@ -54,7 +54,7 @@ class Geometry:
         return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}"
 
 
-CPU_GEOMETRY = Geometry(gpu=False)
+CPU_GEOMETRY = Geometry(gpu=False, unroll=4)
 
 
 @T.macro

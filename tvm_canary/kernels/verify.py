@@ -3,7 +3,7 @@
 Arguments (in order): canary ``int64[S, F]`` (the uint8 buffer viewed as int64, read only); plan
 ``slots/expected_tokens/expected_positions/prev_slots int64[cap]``, ``num_valid int32[1]``,
 ``enable int32[1]``; ``ring int64[R, 8]``, ``write_index int32[1]``, ``slot_counter int64[1]``,
-``kernel_counter int64[1]`` (written); ``flags int32[>= ceil(cap / CHUNK)]`` (zero on entry, zero on
+``kernel_counter int64[1]`` (written); ``flags int32[>= 1 + ceil(cap / CHUNK)]`` (``[0]``: any mark; zero on entry, zero on
 exit); ``kind`` (int); four source views ``int64[rows, row_words]`` and their
 ``(page_size, token_words, fold_words)`` scalars.
 
@@ -130,7 +130,8 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                     while k[0] < active:
                         entry(k[0], bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
                         if bits[0] != 0:
-                            flags[k[0] // CHUNK] = 1
+                            flags[0] = 1
+                            flags[1 + k[0] // CHUNK] = 1
                         k[0] = k[0] + T.int64(G * TH)
 
         # Phase 2: one block appends the rows of the marked chunks in entry order. Every lane keeps
@@ -144,14 +145,14 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
             base = T.alloc_buffer((1,), "int64", scope="local")
             marked = T.alloc_buffer((1,), "int32", scope="local")
             base[0] = T.Cast("int64", write_index[0])
-            n_chunks = T.Select(on, (active + CHUNK - 1) // CHUNK, T.int64(0))
+            n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
             for c in T.serial((n_chunks + TB - 1) // TB):
                 sync()
                 for t in geom.lanes(TB):
                     ci = c * TB + t
-                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(ci, NF - 1)], 0)
+                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
                     if ci < n_chunks:
-                        flags[ci] = 0
+                        flags[1 + ci] = 0
                 sync()
                 for j in T.serial(TB):
                     marked[0] = sflag[j]
@@ -187,6 +188,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
             sync()
             for t in geom.lanes(TB):
                 if t == 0:
+                    flags[0] = 0
                     write_index[0] = T.Cast("int32", base[0])
                     kernel_counter[0] = kernel_counter[0] + T.int64(1)
                     if on:

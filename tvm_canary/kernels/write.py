@@ -5,7 +5,7 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 ``input_ids/positions/out_cache_loc int64[N]``; ``expected_tokens/expected_positions int64[N]``
 (read only when the input assert is on); ``chain_assert int32[1]``; ``ring int64[R, 8]``,
 ``write_index int32[1]``, ``slot_counter int64[1]``, ``kernel_counter int64[1]`` (written);
-``flags int32[>= ceil(cap / CHUNK)]`` (zero on entry and exit); ``kind``; four sources with their
+``flags int32[>= 1 + ceil(cap / CHUNK)]`` (``[0]``: any mark; zero on entry and exit); ``kind``; four sources with their
 ``(page_size, token_words, fold_words)``.
 
 Two phases in one function, both walking a request with the same ``walk`` macro:
@@ -31,7 +31,7 @@ STAMP, COUNT, EMIT = "stamp", "count", "emit"
 
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
-    G, TH, TB = geom.blocks, geom.threads, geom.tile
+    G, TH, TB, U = geom.blocks, geom.threads, geom.tile, geom.unroll
     sync = geom.sync
 
     def record_macro(mode):
@@ -64,6 +64,11 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             part = T.alloc_buffer((1,), "uint64", scope="local")
             ok = T.alloc_buffer((1,), "int32", scope="local")
             prev_pos = T.alloc_buffer((1,), "int64", scope="local")
+            slot_u = T.alloc_buffer((U,), "int64", scope="local")
+            tok_u = T.alloc_buffer((U,), "int64", scope="local")
+            pos_u = T.alloc_buffer((U,), "int64", scope="local")
+            et_u = T.alloc_buffer((U,), "int64", scope="local")
+            ep_u = T.alloc_buffer((U,), "int64", scope="local")
             n = ids.shape[0]
             s0 = T.min(T.max(offsets[r], T.int64(0)), n)
             s1 = T.min(T.max(offsets[r + 1], s0), n)
@@ -78,34 +83,44 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     prev_pos[0] = T.int64(0)
                     if check_pos:
                         prev_pos[0] = buf[seed, 1]
-                    for i in T.serial(s1 - s0):
-                        slot = ocl[s0 + i]
-                        if slot >= T.int64(0):
-                            tok = ids[s0 + i]
-                            pos = pos_in[s0 + i]
-                            hs = T.reinterpret("int64", h[0])
-                            check_slot(ok, slot, buf.shape[0], srcs, params, num_sources)
-                            if ok[0] == 0:
-                                record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
-                            else:
-                                if input_assert:
-                                    et = etoks[s0 + i]
-                                    ep = epos[s0 + i]
-                                    bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
-                                    if bits != T.int64(0):
-                                        record(ring, nrows, base, slot, pos, tok, et, hs, ep, bits, kind)
-                                if check_pos:
-                                    if pos != prev_pos[0] + T.int64(1):
-                                        record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
-                                    prev_pos[0] = pos
-                                if mode == STAMP:
-                                    fold_sources(acc, part, srcs, params, num_sources, slot)
-                                    buf[slot, 0] = tok
-                                    buf[slot, 1] = pos
-                                    buf[slot, 2] = hs
-                                    buf[slot, 3] = T.reinterpret("int64", acc[0])
-                                    written[0] = written[0] + T.int64(1)
-                                mix3(h, tok, pos)
+                    # Groups of U entries: the group's loads are issued together, ahead of the chain.
+                    for g in T.serial((s1 - s0 + U - 1) // U):
+                        for u in T.unroll(U):
+                            i = T.min(s0 + g * U + u, s1 - 1)
+                            slot_u[u] = T.Select(s0 + g * U + u < s1, ocl[i], T.int64(-1))
+                            tok_u[u] = ids[i]
+                            pos_u[u] = pos_in[i]
+                            if input_assert:
+                                et_u[u] = etoks[i]
+                                ep_u[u] = epos[i]
+                        for u in T.unroll(U):
+                            slot = slot_u[u]
+                            if slot >= T.int64(0):
+                                tok = tok_u[u]
+                                pos = pos_u[u]
+                                hs = T.reinterpret("int64", h[0])
+                                check_slot(ok, slot, buf.shape[0], srcs, params, num_sources)
+                                if ok[0] == 0:
+                                    record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
+                                else:
+                                    if input_assert:
+                                        et = et_u[u]
+                                        ep = ep_u[u]
+                                        bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
+                                        if bits != T.int64(0):
+                                            record(ring, nrows, base, slot, pos, tok, et, hs, ep, bits, kind)
+                                    if check_pos:
+                                        if pos != prev_pos[0] + T.int64(1):
+                                            record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
+                                        prev_pos[0] = pos
+                                    if mode == STAMP:
+                                        fold_sources(acc, part, srcs, params, num_sources, slot)
+                                        buf[slot, 0] = tok
+                                        buf[slot, 1] = pos
+                                        buf[slot, 2] = hs
+                                        buf[slot, 3] = T.reinterpret("int64", acc[0])
+                                        written[0] = written[0] + T.int64(1)
+                                    mix3(h, tok, pos)
 
         return walk
 
@@ -169,7 +184,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     while r[0] < active:
                         walk_stamp(r[0], T.int64(0), nrows, written, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
                         if nrows[0] != T.int64(0):
-                            flags[r[0] // CHUNK] = 1
+                            flags[0] = 1
+                            flags[1 + r[0] // CHUNK] = 1
                         r[0] = r[0] + T.int64(G * TH)
                     if written[0] != T.int64(0):
                         add_written(counter_u64, slot_counter, written[0])
@@ -182,14 +198,14 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             base = T.alloc_buffer((1,), "int64", scope="local")
             marked = T.alloc_buffer((1,), "int32", scope="local")
             base[0] = T.Cast("int64", write_index[0])
-            n_chunks = (active + CHUNK - 1) // CHUNK
+            n_chunks = T.Select(flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
             for c in T.serial((n_chunks + TB - 1) // TB):
                 sync()
                 for t in geom.lanes(TB):
                     ci = c * TB + t
-                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(ci, NF - 1)], 0)
+                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
                     if ci < n_chunks:
-                        flags[ci] = 0
+                        flags[1 + ci] = 0
                 sync()
                 for j in T.serial(TB):
                     marked[0] = sflag[j]
@@ -218,6 +234,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         sync()
             for t in geom.lanes(TB):
                 if t == 0:
+                    flags[0] = 0
                     write_index[0] = T.Cast("int32", base[0])
                     kernel_counter[0] = kernel_counter[0] + T.int64(1)
     # fmt: on

@@ -70,8 +70,8 @@ def source_args(context: VerifyOrWriteContext) -> list:
 
 
 def flags_for(ring: torch.Tensor, entries: int) -> torch.Tensor:
-    """Zeroed int32 chunk marks able to cover ``entries`` entries, owned by ``ring``."""
-    need = max(1, -(-entries // FLAG_CHUNK))
+    """Zeroed int32 marks (``[0]`` = any, then one per chunk) covering ``entries``, owned by ``ring``."""
+    need = 1 + -(-entries // FLAG_CHUNK)
     key = (ring.device.type, ring.device.index, ring.data_ptr())
     owned = _flags.setdefault(key, [])
     if not owned or owned[-1].numel() < need:
