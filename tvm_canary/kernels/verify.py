@@ -110,8 +110,8 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         src1 = T.match_buffer(src1_h, (r1, c1), "int64", strides=(s1, T.int64(1)), elem_offset=o1)
         src2 = T.match_buffer(src2_h, (r2, c2), "int64", strides=(s2, T.int64(1)), elem_offset=o2)
         src3 = T.match_buffer(src3_h, (r3, c3), "int64", strides=(s3, T.int64(1)), elem_offset=o3)
-        srcs = [src0, src1, src2, src3]
-        params = [(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)]
+        srcs = T.meta_var([src0, src1, src2, src3])
+        params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
 
         # Phase 1: check every active entry, mark the chunks that hold violations.
         for b in geom.grid(G):

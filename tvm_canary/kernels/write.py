@@ -27,6 +27,11 @@ from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, mix3, slo
 TOKEN = int(FailReason.WRITE_TOKEN_MISMATCH)
 POSITION = int(FailReason.WRITE_POSITION_MISMATCH)
 STAMP, COUNT, EMIT = "stamp", "count", "emit"
+ATOMIC_ADD_I64 = """
+__device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long value) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(value));
+}
+"""
 
 
 def make(num_sources: int, input_assert: bool, geom: Geometry):
@@ -127,9 +132,12 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
     @T.macro
-    def add_written(counter_u64, counter, value):
+    def add_written(counter, value, lane):
+        """counter[0] += the block's written counts: warp sums, then one 64-bit atomic per warp (CUDA)."""
         if geom.gpu:
-            T.evaluate(T.cuda.atomic_add(T.address_of(counter_u64[0]), T.reinterpret("uint64", value)))
+            warp_total = T.cuda.warp_sum(value)
+            if lane % 32 == 0 and warp_total != T.int64(0):
+                T.evaluate(T.cuda.func_call("canary_atomic_add_i64", T.address_of(counter[0]), warp_total, source_code=ATOMIC_ADD_I64))
         else:
             counter[0] = counter[0] + value
 
@@ -167,9 +175,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         src1 = T.match_buffer(src1_h, (r1, c1), "int64", strides=(s1, T.int64(1)), elem_offset=o1)
         src2 = T.match_buffer(src2_h, (r2, c2), "int64", strides=(s2, T.int64(1)), elem_offset=o2)
         src3 = T.match_buffer(src3_h, (r3, c3), "int64", strides=(s3, T.int64(1)), elem_offset=o3)
-        counter_u64 = T.decl_buffer((1,), "uint64", data=slot_counter.data)
-        srcs = [src0, src1, src2, src3]
-        params = [(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)]
+        srcs = T.meta_var([src0, src1, src2, src3])
+        params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
 
         # Phase 1: one thread per request stamps its chain.
         for b in geom.grid(G):
@@ -187,8 +194,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                             flags[0] = 1
                             flags[1 + r[0] // CHUNK] = 1
                         r[0] = r[0] + T.int64(G * TH)
-                    if written[0] != T.int64(0):
-                        add_written(counter_u64, slot_counter, written[0])
+                add_written(slot_counter, written[0], t)
 
         # Phase 2: one block appends the rows of the marked requests in request order.
         for b in geom.grid(1):
