@@ -10,7 +10,11 @@ import pytest
 # Makes ``import helpers`` work under every pytest import mode.
 sys.path.insert(0, str(Path(__file__).parent))
 
+import torch  # noqa: E402
+
+import tvm_canary as tc  # noqa: E402
 from tvm_canary import reference  # noqa: E402
+from tvm_canary.runtime import use_backend  # noqa: E402
 
 
 class ReferenceImpl:
@@ -32,10 +36,42 @@ class ReferenceImpl:
         reference.scatter_req_token_ids_ref(**kw)
 
 
+class TvmImpl:
+    """The compiled TensorIR kernels through the public launch functions (front-end checks included),
+    forced onto the ``tvm`` backend, with the case's tensors on ``device``."""
+
+    def __init__(self, name: str, device: str) -> None:
+        self.name = name
+        self.device = device
+
+    def write(self, **kw) -> None:
+        with use_backend("tvm"):
+            tc.launch_canary_write_kernel(**kw)
+
+    def verify(self, **kw) -> None:
+        with use_backend("tvm"):
+            tc.launch_canary_verify_kernel(**kw)
+
+    def plan(self, **kw) -> None:
+        with use_backend("tvm"):
+            tc.launch_canary_plan_kernels(**kw)
+
+    def scatter(self, **kw) -> None:
+        with use_backend("tvm"):
+            tc.launch_scatter_req_token_ids_kernel(**kw)
+
+
 # name -> implementation object with ``name``, ``device`` and write/verify/plan/scatter methods.
-IMPLS = {"reference": ReferenceImpl()}
+IMPLS = {
+    "reference": ReferenceImpl(),
+    "tvm-cpu": TvmImpl("tvm-cpu", "cpu"),
+    "tvm-cuda": TvmImpl("tvm-cuda", "cuda"),
+}
 
 
 @pytest.fixture(params=list(IMPLS), ids=list(IMPLS))
 def impl(request):
-    return IMPLS[request.param]
+    chosen = IMPLS[request.param]
+    if chosen.device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    return chosen
