@@ -157,11 +157,13 @@ def scatter_case(gen, device, valid=True):
     else:
         off = torch.randint(-(2**40), 2**40, (bs + 1,), generator=gen)
         off[::2] %= 50
-    rows = _one(gen, 1, 10)
+    rows = _one(gen, bs + 1, bs + 10)
+    # Valid batches address distinct pool rows (duplicates race on GPUs, as in the original).
+    rpi = torch.randperm(rows, generator=gen)[:bs] if valid else torch.randint(-3, rows + 3, (bs,), generator=gen)
     return dict(
         flat_in=_ints(gen, -(2**40), 2**40, n, device),
         offsets=off.to(device),
-        req_pool_indices=_ints(gen, 0 if valid else -3, rows + (0 if valid else 3), bs, device),
+        req_pool_indices=rpi.to(device),
         pool_out=torch.full((rows, _one(gen, 1, 30)), -5, dtype=torch.int32, device=device),
     )
 

@@ -1,0 +1,84 @@
+"""Physical floors measured beside the kernels (TensorIR, same geometry as the kernel they bound).
+
+* ``gather``: reads exactly the bytes verify reads, with the same indices (plan vectors, the slot's
+  four fields, the predecessor's three, the folded source words) and computes nothing but an XOR.
+* ``chain``: one thread runs ``steps`` chained mix3 hashes in registers (the write chain's arithmetic).
+* ``empty``: a one-warp kernel that does nothing (the launch cost).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+from tvm_canary.kernels.common import Geometry, mix3
+
+
+def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int):
+    G, TH = geom.blocks, geom.threads
+
+    @T.prim_func(private=False)
+    def gather_floor(buf_h: T.handle, slots_h: T.handle, etoks_h: T.handle, epos_h: T.handle, prevs_h: T.handle,
+                     num_valid: T.Buffer((1,), "int32"), src_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        S = T.int64(); F = T.int64(); cap = T.int64(); rows = T.int64(); cols = T.int64()
+        buf = T.match_buffer(buf_h, (S, F), "int64")
+        slots = T.match_buffer(slots_h, (cap,), "int64")
+        etoks = T.match_buffer(etoks_h, (cap,), "int64")
+        epos = T.match_buffer(epos_h, (cap,), "int64")
+        prevs = T.match_buffer(prevs_h, (cap,), "int64")
+        src = T.match_buffer(src_h, (rows, cols), "int64")
+        out = T.match_buffer(out_h, (G * TH,), "int64")
+        for b in T.thread_binding(G, thread="blockIdx.x"):
+            for t in T.thread_binding(TH, thread="threadIdx.x"):
+                acc = T.alloc_buffer((1,), "int64", scope="local")
+                k = T.alloc_buffer((1,), "int64", scope="local")
+                acc[0] = T.int64(0)
+                k[0] = T.Cast("int64", b * TH + t)
+                while k[0] < T.Cast("int64", num_valid[0]):
+                    slot = slots[k[0]]
+                    prev = prevs[k[0]]
+                    acc[0] = acc[0] ^ epos[k[0]] ^ buf[slot, 0] ^ buf[slot, 1] ^ buf[slot, 2] ^ buf[slot, 3]
+                    if check_token:
+                        acc[0] = acc[0] ^ etoks[k[0]]
+                    if prev > T.int64(0):
+                        acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
+                    for s in T.serial(num_sources):
+                        for q in T.serial(fold_words):
+                            acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
+                    k[0] = k[0] + T.int64(G * TH)
+                out[b * TH + t] = acc[0]
+
+    return gather_floor
+
+
+def chain():
+    @T.prim_func(private=False)
+    def chain_floor(out: T.Buffer((1,), "int64"), steps: T.int64):
+        T.func_attr({"tirx.noalias": True})
+        for b in T.thread_binding(1, thread="blockIdx.x"):
+            for t in T.thread_binding(1, thread="threadIdx.x"):
+                h = T.alloc_buffer((1,), "uint64", scope="local")
+                h[0] = T.reinterpret("uint64", out[0])
+                for i in T.serial(steps):
+                    mix3(h, i, i + T.int64(1))
+                out[0] = T.reinterpret("int64", h[0])
+
+    return chain_floor
+
+
+def empty():
+    @T.prim_func(private=False)
+    def empty_floor(x: T.Buffer((1,), "int32")):
+        for b in T.thread_binding(1, thread="blockIdx.x"):
+            for t in T.thread_binding(32, thread="threadIdx.x"):
+                if x[0] == 123456789:
+                    x[0] = 0
+
+    return empty_floor
+
+
+def compile_cuda(func, arch: str):
+    target = tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
+    ex = tvm.compile(func, target=target)
+    return ex[func.attrs["global_symbol"]]
