@@ -10,7 +10,7 @@ def verify(sms: int) -> Geometry:
 
 def write(sms: int) -> Geometry:
     # One thread per request; 128-thread blocks keep many SMs busy for a few thousand requests.
-    return Geometry(gpu=True, blocks=4 * sms, threads=128, tile=256, unroll=4)
+    return Geometry(gpu=True, blocks=4 * sms, threads=128, tile=256, unroll=8)
 
 
 def plan(sms: int) -> Geometry:

@@ -58,6 +58,18 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
         return record
 
+    @T.macro
+    def load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, first, ocl, ids, pos_in, etoks, epos):
+        """Registers := entries [s0 + first, s0 + first + U) of the request (slot -1 past s1)."""
+        for u in T.unroll(U):
+            i = T.min(s0 + first + u, s1 - 1)
+            slot_u[u] = T.Select(s0 + first + u < s1, ocl[i], T.int64(-1))
+            tok_u[u] = ids[i]
+            pos_u[u] = pos_in[i]
+            if input_assert:
+                et_u[u] = etoks[i]
+                ep_u[u] = epos[i]
+
     def walk_macro(mode):
         record = record_macro(mode)
 
@@ -74,6 +86,13 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             pos_u = T.alloc_buffer((U,), "int64", scope="local")
             et_u = T.alloc_buffer((U,), "int64", scope="local")
             ep_u = T.alloc_buffer((U,), "int64", scope="local")
+            ok_u = T.alloc_buffer((U,), "int32", scope="local")
+            rk_u = T.alloc_buffer((U,), "int64", scope="local")
+            slot_n = T.alloc_buffer((U,), "int64", scope="local")
+            tok_n = T.alloc_buffer((U,), "int64", scope="local")
+            pos_n = T.alloc_buffer((U,), "int64", scope="local")
+            et_n = T.alloc_buffer((U,), "int64", scope="local")
+            ep_n = T.alloc_buffer((U,), "int64", scope="local")
             n = ids.shape[0]
             s0 = T.min(T.max(offsets[r], T.int64(0)), n)
             s1 = T.min(T.max(offsets[r + 1], s0), n)
@@ -88,24 +107,27 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     prev_pos[0] = T.int64(0)
                     if check_pos:
                         prev_pos[0] = buf[seed, 1]
-                    # Groups of U entries: the group's loads are issued together, ahead of the chain.
+                    # Software pipeline over groups of U entries: the loads of group g + 1 are issued
+                    # before group g's chain steps, and group g's slot checks and real-KV folds run
+                    # ahead of its (serial) hash steps, so only the hash arithmetic is serial.
+                    load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, T.int64(0), ocl, ids, pos_in, etoks, epos)
                     for g in T.serial((s1 - s0 + U - 1) // U):
+                        load_group(slot_n, tok_n, pos_n, et_n, ep_n, s0, s1, (g + 1) * U, ocl, ids, pos_in, etoks, epos)
                         for u in T.unroll(U):
-                            i = T.min(s0 + g * U + u, s1 - 1)
-                            slot_u[u] = T.Select(s0 + g * U + u < s1, ocl[i], T.int64(-1))
-                            tok_u[u] = ids[i]
-                            pos_u[u] = pos_in[i]
-                            if input_assert:
-                                et_u[u] = etoks[i]
-                                ep_u[u] = epos[i]
+                            check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
+                            ok_u[u] = ok[0]
+                            rk_u[u] = T.int64(0)
+                            if mode == STAMP and num_sources > 0:
+                                if ok[0] != 0:
+                                    fold_sources(acc, part, srcs, params, num_sources, slot_u[u])
+                                    rk_u[u] = T.reinterpret("int64", acc[0])
                         for u in T.unroll(U):
                             slot = slot_u[u]
                             if slot >= T.int64(0):
                                 tok = tok_u[u]
                                 pos = pos_u[u]
                                 hs = T.reinterpret("int64", h[0])
-                                check_slot(ok, slot, buf.shape[0], srcs, params, num_sources)
-                                if ok[0] == 0:
+                                if ok_u[u] == 0:
                                     record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
                                 else:
                                     if input_assert:
@@ -119,13 +141,19 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                             record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
                                         prev_pos[0] = pos
                                     if mode == STAMP:
-                                        fold_sources(acc, part, srcs, params, num_sources, slot)
                                         buf[slot, 0] = tok
                                         buf[slot, 1] = pos
                                         buf[slot, 2] = hs
-                                        buf[slot, 3] = T.reinterpret("int64", acc[0])
+                                        buf[slot, 3] = rk_u[u]
                                         written[0] = written[0] + T.int64(1)
                                     mix3(h, tok, pos)
+                        for u in T.unroll(U):
+                            slot_u[u] = slot_n[u]
+                            tok_u[u] = tok_n[u]
+                            pos_u[u] = pos_n[u]
+                            if input_assert:
+                                et_u[u] = et_n[u]
+                                ep_u[u] = ep_n[u]
 
         return walk
 
