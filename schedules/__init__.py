@@ -1,4 +1,4 @@
-"""Launch geometries per kernel: the default used when nothing is tuned (``DEFAULTS``)."""
+"""Launch geometries per kernel: ``DEFAULTS`` are used when nothing is tuned."""
 
 from .defaults import DEFAULTS
 

@@ -1,24 +1,14 @@
-"""Default (untuned) CUDA geometries, as functions of the device's SM count."""
+"""Default (untuned) CUDA geometries. Grids are grid-stride, so one size serves every GPU; the
+numbers suit a 132-SM Hopper (8 blocks per SM) and stay cheap when few entries are active."""
 
-from tvm_canary.kernels.common import Geometry
+from tvm_canary.geometry import Geometry
 
-
-def verify(sms: int) -> Geometry:
-    # Persistent grid: 8 blocks of 512 threads per SM, grid-stride over the active entries.
-    return Geometry(gpu=True, blocks=8 * sms, threads=512, tile=256)
-
-
-def write(sms: int) -> Geometry:
-    # One thread per request; 128-thread blocks keep many SMs busy for a few thousand requests.
-    return Geometry(gpu=True, blocks=4 * sms, threads=128, tile=256, unroll=8)
-
-
-def plan(sms: int) -> Geometry:
-    return Geometry(gpu=True, blocks=8 * sms, threads=128, tile=1024)
-
-
-def scatter(sms: int) -> Geometry:
-    return Geometry(gpu=True, blocks=8 * sms, threads=256, tile=1)
-
-
-DEFAULTS = {"verify": verify, "write": write, "plan": plan, "scatter": scatter}
+DEFAULTS = {
+    # Persistent grid of 1056 x 512 threads, grid-stride over the active entries.
+    "verify": Geometry(gpu=True, blocks=1056, threads=512, tile=256),
+    # One thread per request; 128-thread blocks spread a few thousand requests over all SMs; the
+    # chain walk keeps 8 entries in flight.
+    "write": Geometry(gpu=True, blocks=528, threads=128, tile=256, unroll=8),
+    "plan": Geometry(gpu=True, blocks=1056, threads=128, tile=1024),
+    "scatter": Geometry(gpu=True, blocks=1056, threads=256, tile=1),
+}

@@ -5,28 +5,21 @@ nvcc for sm_80 and sm_90, so CUDA breakage is caught in CPU CI.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import subprocess
 
 import pytest
-import tvm
-
 from tvm_canary.runtime import compile as C
+from tvm_canary.runtime.aot import SPECIALIZATIONS
 from tvm_canary.runtime import targets
 
-SPECS = {
-    "verify": [(n, c) for n, c in itertools.product(range(5), (False, True))],
-    "write": [(n, a) for n, a in itertools.product(range(5), (False, True))],
-    "plan": list(itertools.product((False, True), (False, True))),
-    "scatter": [()],
-}
+SPECS = SPECIALIZATIONS
 CASES = [(k, s) for k, specs in SPECS.items() for s in specs]
 
 
 def cuda_build(kernel, spec, arch="sm_90"):
-    target = tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
-    return C.build(kernel, spec, target, targets.geometry_for(kernel, target, 132))
+    tag = f"cuda-{arch}"
+    return C.build(kernel, spec, tag, targets.geometry_for(kernel, tag))
 
 
 @pytest.mark.parametrize("kernel,spec", CASES, ids=[f"{k}-{'-'.join(map(str, map(int, s))) or 'none'}" for k, s in CASES])

@@ -6,64 +6,25 @@ straight-line ``h ^= h >> 30; h *= C1; ...`` rather than duplicated expression t
 
 from __future__ import annotations
 
-import dataclasses
-
 import tvm
 from tvm.script import tirx as T
 
 from .. import consts
+from ..geometry import CPU_GEOMETRY, FLAG_CHUNK, Geometry  # noqa: F401  (re-exported for kernel files)
 
 C1 = tvm.tirx.const(consts.SPLITMIX64_MUL1, "uint64")
 C2 = tvm.tirx.const(consts.SPLITMIX64_MUL2, "uint64")
 ANCHOR_HASH_I64 = tvm.tirx.const(consts.to_signed_int64(consts.ANCHOR_HASH), "int64")
 INVALID_INDEX = int(consts.FailReason.INVALID_INDEX)
-# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every tile.
-FLAG_CHUNK = 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class Geometry:
-    """Launch shape of a kernel.
-
-    Fields:
-        gpu: bind grid/lane loops to CUDA blocks/threads (else serial CPU loops, extents 1).
-        blocks: blocks of the parallel phase (grid-stride; independent of the active count).
-        threads: threads per block of the parallel phase.
-        tile: threads of the single-block ordered phase (ring emission, plan offsets).
-        unroll: entries a thread keeps in flight per step (write chain prefetch, verify batch).
-    """
-
-    gpu: bool
-    blocks: int = 1
-    threads: int = 1
-    tile: int = 1
-    unroll: int = 1
-
-    def grid(self, n):
-        return T.thread_binding(n, thread="blockIdx.x") if self.gpu else T.serial(n)
-
-    def lanes(self, n):
-        return T.thread_binding(n, thread="threadIdx.x") if self.gpu else T.serial(n)
-
-    @property
-    def sync(self):
-        """A macro emitting a block barrier on CUDA and nothing on CPU (where lanes run serially)."""
-        return _barrier if self.gpu else _no_barrier
-
-    def key(self) -> str:
-        return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}"
-
-
-CPU_GEOMETRY = Geometry(gpu=False, unroll=4)
 
 
 @T.macro
-def _barrier():
+def barrier():
     T.tvm_storage_sync("shared")
 
 
 @T.macro
-def _no_barrier():
+def no_barrier():
     T.evaluate(0)
 
 

@@ -1,13 +1,18 @@
-"""Build a kernel for a device once per process and once per machine.
+"""Finding the compiled module of a kernel: memory, prebuilt artifacts, disk cache, then compile.
 
-``get_kernel(name, spec, device)`` returns the compiled ``tvm_ffi.Function``. Lookup order: the
-in-process dict, then the disk cache (``$TVM_CANARY_CACHE`` or ``~/.cache/tvm_canary``), then
-``tvm.compile``. The disk key holds the kernel, its specialization, the geometry, the target, the TVM
-version and a hash of the kernel sources, so a stale module is never loaded.
+``get_kernel(name, spec, device)`` returns the compiled ``tvm_ffi.Function``. Lookup order:
+1. the in-process dict;
+2. ahead-of-time artifacts in the directories of ``$TVM_CANARY_MODULES`` (``os.pathsep``-separated;
+   written by ``tvm-canary build``), which need only the TVM runtime;
+3. the disk cache (``$TVM_CANARY_CACHE`` or ``~/.cache/tvm_canary``);
+4. ``tvm.compile`` (needs the TVM compiler), stored into the disk cache.
+Module keys hold the kernel, its specialization, the geometry, the target tag, the TVM version and a
+hash of the kernel sources, so a stale module is never loaded.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import importlib
@@ -28,9 +33,9 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=None)
 def source_hash() -> str:
-    """Hash of everything that shapes the generated code (kernels, consts, default schedules)."""
+    """Hash of everything that shapes the generated code (kernels, consts, geometry)."""
     pkg = pathlib.Path(__file__).resolve().parent.parent
-    files = sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py"]
+    files = sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "geometry.py"]
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())
@@ -42,21 +47,35 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(root) / tvm.__version__
 
 
-def build(name: str, spec: tuple, target: tvm.target.Target, geom):
-    """Compile kernel ``name`` for one specialization; returns a ``tvm.runtime.Executable``."""
-    factory = importlib.import_module(f"tvm_canary.kernels.{name}").make
-    return tvm.compile(factory(*spec, geom), target=target)
-
-
-def module_key(name: str, spec: tuple, target: tvm.target.Target, geom) -> str:
+def module_key(name: str, spec: tuple, tag: str, geom) -> str:
     spec_s = "-".join(str(int(x)) for x in spec) or "none"
-    return f"{name}-{spec_s}-{geom.key()}-{targets.target_tag(target)}-{source_hash()}"
+    return f"{name}-{spec_s}-{geom.key()}-{tag}-tvm{tvm.__version__}-{source_hash()}"
+
+
+def build(name: str, spec: tuple, tag: str, geom):
+    """Compile kernel ``name`` for one specialization; returns a ``tvm.runtime.Executable``.
+
+    Built inside the target's scope so that, where TVM's CUDA runtime is loaded, the device code is
+    compiled for the tag's arch at build time (and so stored in exported artifacts).
+    """
+    factory = importlib.import_module(f"tvm_canary.kernels.{name}").make
+    target = targets.target_from_tag(tag)
+    with target:
+        return tvm.compile(factory(*spec, geom), target=target)
+
+
+def export(ex, path: pathlib.Path) -> None:
+    """Write an executable to ``path`` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as tmp:
+        tmp_path = tmp.name
+    ex.export_library(tmp_path)
+    os.replace(tmp_path, path)
 
 
 def get_kernel(name: str, spec: tuple, device: torch.device):
     """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached)."""
-    dev_key = (device.type, device.index)
-    key = (name, spec, dev_key)
+    key = (name, spec, device.type, device.index)
     fn = _memory.get(key)
     if fn is not None:
         return fn
@@ -69,21 +88,44 @@ def get_kernel(name: str, spec: tuple, device: torch.device):
 
 
 def _load_or_build(name: str, spec: tuple, device: torch.device):
-    target = targets.target_for(device)
-    geom = targets.geometry_for(name, target, _sms(device))
-    path = cache_dir() / f"{module_key(name, spec, target, geom)}.so"
-    if path.exists():
-        return tvm.runtime.load_module(str(path))[f"canary_{name}"]
-    ex = build(name, spec, target, geom)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as tmp:
-        tmp_path = tmp.name
-    ex.export_library(tmp_path)
-    os.replace(tmp_path, path)
+    if device.type == "cuda":
+        ensure_cuda_runtime()
+    tag = targets.tag_for(device)
+    geom = targets.geometry_for(name, tag)
+    filename = f"{module_key(name, spec, tag, geom)}.so"
+    for directory in prebuilt_dirs() + [cache_dir()]:
+        if (directory / filename).exists():
+            return tvm.runtime.load_module(str(directory / filename))[f"canary_{name}"]
+    if not compiler_available():
+        raise RuntimeError(
+            f"kv-canary: no prebuilt module {filename} in TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} "
+            "and this TVM has no compiler (runtime-only); build it with `tvm-canary build` on a host with the compiler"
+        )
+    path = cache_dir() / filename
+    export(build(name, spec, tag, geom), path)
     return tvm.runtime.load_module(str(path))[f"canary_{name}"]
 
 
-def _sms(device: torch.device):
-    if device.type != "cuda":
-        return None
-    return targets.sm_count(device.index if device.index is not None else torch.cuda.current_device())
+def prebuilt_dirs() -> list[pathlib.Path]:
+    return [pathlib.Path(p) for p in os.environ.get("TVM_CANARY_MODULES", "").split(os.pathsep) if p]
+
+
+def compiler_available() -> bool:
+    return not getattr(tvm.base, "_RUNTIME_ONLY", False)
+
+
+@functools.lru_cache(maxsize=None)
+def ensure_cuda_runtime() -> None:
+    """Make TVM's CUDA runtime available; raise a clear error if it cannot be.
+
+    TVM loads ``libtvm_runtime_cuda.so`` only when it can (it needs ``libcudart.so.13``), and
+    otherwise silently reports no CUDA device; runtime-only builds never load it.
+    """
+    if not tvm.cuda(0).exist:
+        lib = pathlib.Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+        try:
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise RuntimeError(f"kv-canary: TVM's CUDA runtime could not be loaded ({e}); a CUDA 13 libcudart is required") from e
+    if not tvm.cuda(0).exist:
+        raise RuntimeError("kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)")

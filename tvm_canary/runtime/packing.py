@@ -15,7 +15,7 @@ import torch
 
 from ..consts import MAX_REAL_KV_SOURCES, PARTIAL_READ_BYTES, RealKvHashMode
 from ..context import VerifyOrWriteContext
-from ..kernels.common import FLAG_CHUNK
+from ..geometry import FLAG_CHUNK
 
 _dummies: dict[tuple, torch.Tensor] = {}
 _flags: dict[tuple, list[torch.Tensor]] = {}

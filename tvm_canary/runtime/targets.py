@@ -1,13 +1,16 @@
-"""TVM targets and launch geometries for torch devices."""
+"""Targets, target tags and launch geometries for torch devices.
+
+Tags (``llvm``, ``cuda-sm_90``) name a build in cache keys and ahead-of-time artifacts; they are
+computed without the TVM compiler so that a runtime-only host can find prebuilt modules.
+"""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-import tvm
 
-from ..kernels.common import CPU_GEOMETRY, Geometry
+from ..geometry import CPU_GEOMETRY, Geometry
 
 
 @functools.lru_cache(maxsize=None)
@@ -16,31 +19,32 @@ def cuda_arch(device_index: int) -> str:
     return f"sm_{major}{minor}"
 
 
-def target_for(device: torch.device, arch: str | None = None) -> tvm.target.Target:
-    """``llvm`` for CPU tensors; ``cuda`` (host llvm) with the device's or the given ``sm_XX`` arch."""
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def tag_for(device: torch.device) -> str:
     if device.type == "cpu":
-        return tvm.target.Target({"kind": "llvm"})
+        return "llvm"
     if device.type == "cuda":
-        arch = arch or cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
-        return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
+        return f"cuda-{cuda_arch(device_index(device))}"
     raise ValueError(f"kv-canary: unsupported device type {device.type!r} (expected cpu or cuda)")
 
 
-def target_tag(target: tvm.target.Target) -> str:
-    if target.kind.name == "cuda":
-        return f"cuda-{target.attrs['arch']}"
-    return target.kind.name
+def target_from_tag(tag: str):
+    """The ``tvm.target.Target`` of a tag (needs the TVM compiler)."""
+    import tvm
+
+    if tag == "llvm":
+        return tvm.target.Target({"kind": "llvm"})
+    kind, arch = tag.split("-", 1)
+    return tvm.target.Target({"kind": kind, "arch": arch}, host="llvm")
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def geometry_for(kernel: str, target: tvm.target.Target, sms: int | None = None) -> Geometry:
-    """The launch geometry of ``kernel`` on ``target``: serial on CPU, the schedule's default on CUDA."""
-    if target.kind.name != "cuda":
+def geometry_for(kernel: str, tag: str) -> Geometry:
+    """The launch geometry of ``kernel`` for a tag: serial on CPU, the default schedule on CUDA."""
+    if not tag.startswith("cuda"):
         return CPU_GEOMETRY
     from schedules import DEFAULTS
 
-    return DEFAULTS[kernel](sms or 132)
+    return DEFAULTS[kernel]

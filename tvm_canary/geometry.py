@@ -1,0 +1,53 @@
+"""Launch geometry of a kernel (plain data: importable without the TVM compiler).
+
+Every kernel is written once with *grid* loops (blocks) and *lane* loops (threads of a block). A
+``Geometry`` binds them: to ``blockIdx.x`` / ``threadIdx.x`` on CUDA, or to serial loops of extent 1
+on CPU, where the same code then runs in reference order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every tile.
+FLAG_CHUNK = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Fields:
+    gpu: bind grid/lane loops to CUDA blocks/threads (else serial CPU loops, extents 1).
+    blocks: blocks of the parallel phase (grid-stride; independent of the active count).
+    threads: threads per block of the parallel phase (a multiple of 32 on CUDA).
+    tile: threads of the single-block ordered phase (ring emission, plan offsets).
+    unroll: entries a thread keeps in flight per step (write chain pipeline).
+    """
+
+    gpu: bool
+    blocks: int = 1
+    threads: int = 1
+    tile: int = 1
+    unroll: int = 1
+
+    def grid(self, n):
+        from tvm.script import tirx as T
+
+        return T.thread_binding(n, thread="blockIdx.x") if self.gpu else T.serial(n)
+
+    def lanes(self, n):
+        from tvm.script import tirx as T
+
+        return T.thread_binding(n, thread="threadIdx.x") if self.gpu else T.serial(n)
+
+    @property
+    def sync(self):
+        """A macro emitting a block barrier on CUDA and nothing on CPU (where lanes run serially)."""
+        from .kernels.common import barrier, no_barrier
+
+        return barrier if self.gpu else no_barrier
+
+    def key(self) -> str:
+        return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}"
+
+
+CPU_GEOMETRY = Geometry(gpu=False, unroll=4)
