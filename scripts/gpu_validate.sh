@@ -3,7 +3,7 @@
 # kernel benchmarks. Usage (on the GPU host, repo root):  bash scripts/gpu_validate.sh OUTDIR
 set -uo pipefail
 out="${1:-/tmp/gpu-validate}"; mkdir -p "$out"
-source scripts/gpu-env.sh | tee "$out/env.log"
+source scripts/gpu-env.sh > "$out/env.log" 2>&1; cat "$out/env.log"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$out/env.log"
 python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tvm_ffi', tvm_ffi.__version__)" | tee -a "$out/env.log"
