@@ -1,0 +1,305 @@
+"""CanarySession (SPEC 6) and violation decoding, on CPU tensors with the default backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tvm_canary.consts import FailReason
+from tvm_canary.context import CanaryLaunchTag as Tag
+from tvm_canary.demo.engine import EngineConfig, KvPool
+from tvm_canary.session import CanaryGroup, CanarySession, CanaryViolationError, CanaryViolationWarning
+from tvm_canary.violations import Violation
+
+NUM_SLOTS = 64
+ROWS = (1, 2)
+MAX_LEN = 16
+TABLE = torch.tensor([[0] * MAX_LEN] + [[1 + MAX_LEN * (r - 1) + p for p in range(MAX_LEN)] for r in ROWS],
+                     dtype=torch.int32)
+
+
+def slot(row: int, pos: int) -> int:
+    return int(TABLE[row, pos])
+
+
+def token(row: int, pos: int) -> int:
+    return 100 * row + pos
+
+
+def make_session(swa_lut: torch.Tensor | None = None, **kw) -> tuple[CanarySession, KvPool]:
+    """Session over a random K/V pool (2 sources per half); ``swa_lut`` adds an SWA group of window 2
+    (``2 * NUM_SLOTS`` slots, no real-KV sources)."""
+    kv = KvPool(NUM_SLOTS, EngineConfig(), torch.Generator().manual_seed(0), torch.device("cpu"))
+    swa = None
+    if swa_lut is not None:
+        swa = CanaryGroup(num_slots=2 * NUM_SLOTS, swa_window_size=2, full_to_swa_index_mapping=swa_lut)
+    args = dict(
+        full=CanaryGroup(num_slots=NUM_SLOTS, k_sources=kv.sources("K"), v_sources=kv.sources("V")),
+        swa=swa, device="cpu", write_req_capacity=2, write_entry_capacity=16, violation_mode="quiet",
+    )
+    args.update(kw)
+    return CanarySession(**args), kv
+
+
+def step(session: CanarySession, kv: KvPool, prefix: int, extend: int, *, reported: list[int] | None = None,
+         **extra) -> None:
+    """Both rows write positions [prefix, prefix + extend); ``reported`` overrides the prefix lengths.
+    Expected tokens are passed when the session has a pool."""
+    span = [(r, p) for r in ROWS for p in range(prefix, prefix + extend)]
+    if session.expected_token_pool is not None:
+        extra.update(token_ids=[token(r, p) for r in ROWS for p in range(prefix + extend)],
+                     token_lens=[prefix + extend] * len(ROWS))
+    session.before_forward(
+        req_pool_indices=list(ROWS), prefix_lens=reported or [prefix] * len(ROWS),
+        extend_seq_lens=[extend] * len(ROWS), input_ids=[token(r, p) for r, p in span],
+        positions=[p for _, p in span], out_cache_loc=[slot(r, p) for r, p in span], req_to_token=TABLE, **extra,
+    )
+    kv.write([slot(r, p) for r, p in span])
+    session.after_forward()
+
+
+def chain(row: int, length: int) -> list[tuple[int, int, int]]:
+    return [(slot(row, p), p, slot(row, p - 1) if p else -1) for p in range(length)]
+
+
+def poke(session: CanarySession, endpoint: str, half: str, s: int, field: int, delta: int, group="FULL") -> None:
+    session.canary_buffer(endpoint, half, group).view(torch.int64)[s, field] += delta
+
+
+# ---------------------------------------------------------------------- counters, groups, capacities
+
+
+@pytest.mark.parametrize("enable_v", [True, False])
+def test_clean_steps_record_nothing_and_count_per_tag(enable_v):
+    session, kv = make_session(enable_v=enable_v, sweep_interval=1)
+    step(session, kv, 0, 4)
+    step(session, kv, 4, 1)
+    session.sweep(chain(1, 5))
+    assert not session.violations()
+    kernel, slots = session.kernel_run_counters.tolist(), session.slot_run_counters.tolist()
+    halves = ("K", "V") if enable_v else ("K",)
+    for t in Tag:
+        half = t.name.split("_")[1]
+        on = t.name.endswith("FULL") and half in halves
+        if t.name.startswith(("HEAD", "TAIL")):
+            # 2 steps x (verify + write); slots: 8 verified in step 2, 8 + 2 written.
+            assert (kernel[t], slots[t]) == ((4, 18) if on else (0, 0)), t.name
+        else:
+            assert (kernel[t], slots[t]) == ((1, 5) if on else (0, 0)), t.name
+    assert set(session.active_tags) == {t for t in Tag if t.name.endswith("FULL") and t.name.split("_")[1] in halves}
+
+
+def test_swa_group_verifies_the_window_in_swa_slots():
+    lut = torch.zeros(NUM_SLOTS, dtype=torch.int64)
+    lut[1:] = torch.arange(1, NUM_SLOTS) + NUM_SLOTS  # SWA slot = full slot + 64
+    session, kv = make_session(swa_lut=lut)
+    step(session, kv, 0, 4)
+    step(session, kv, 4, 1)
+    assert not session.violations()
+    slots = session.slot_run_counters.tolist()
+    assert slots[Tag.HEAD_K_SWA] == 2 * 2 + 10  # window of 2 per row verified, 10 written
+    poke(session, "HEAD", "K", slot(1, 4) + NUM_SLOTS, 1, 7, group="SWA")
+    step(session, kv, 5, 1)
+    (row,) = session.violations().records
+    assert (row.tag, row.slot, row.position, row.reasons) == (
+        Tag.HEAD_K_SWA, slot(1, 4) + NUM_SLOTS, 11, FailReason.VERIFY_POSITION_MISMATCH)
+
+
+def test_capacities_raise():
+    session, kv = make_session(write_req_capacity=1)
+    with pytest.raises(RuntimeError, match="batch of 2 requests exceeds the session's write request capacity 1"):
+        step(session, kv, 0, 4)
+    session, kv = make_session(write_entry_capacity=4)
+    with pytest.raises(RuntimeError, match="batch of 8 tokens exceeds the session's write entry capacity 4"):
+        step(session, kv, 0, 4)
+
+
+def test_verify_capacity_overflow_warns_and_skips_verify():
+    session, kv = make_session(verify_capacity=4)
+    step(session, kv, 0, 4)
+    with pytest.warns(RuntimeWarning, match="per-forward verify skipped this step due to overflow"):
+        step(session, kv, 4, 1)
+    assert session.slot_run_counters[Tag.HEAD_K_FULL] == 8 + 2  # writes only: the 8 entries did not fit
+
+
+def test_session_argument_errors():
+    with pytest.raises(ValueError, match="violation_mode"):
+        make_session(violation_mode="loud")
+    with pytest.raises(ValueError, match="health check would flag the sweep tags"):
+        make_session(sweep_interval=10, health_check_interval=5)
+    session, _ = make_session()
+    with pytest.raises(RuntimeError, match="after_forward\\(\\) called without a matching before_forward"):
+        session.after_forward()
+
+
+# ---------------------------------------------------------------------- detection through the session
+
+
+def test_chain_position_assert_is_off_until_init_finished():
+    session, kv = make_session()
+    step(session, kv, 0, 4)
+    step(session, kv, 4, 1, reported=[4, 3])  # row 2 seeds from position 2 instead of 3
+    assert not session.violations()
+    session.mark_init_finished()
+    step(session, kv, 5, 1, reported=[5, 4])
+    rows = session.violations().records
+    assert {(r.tag, r.slot, r.reasons) for r in rows} == {
+        (t, slot(2, 5), FailReason.WRITE_POSITION_MISMATCH)
+        for t in (Tag.HEAD_K_FULL, Tag.HEAD_V_FULL, Tag.TAIL_K_FULL, Tag.TAIL_V_FULL)
+    }
+
+
+def test_verify_token_check_and_decoded_fields():
+    session, kv = make_session(expected_token_pool_shape=(3, MAX_LEN))
+    step(session, kv, 0, 4)
+    poke(session, "HEAD", "K", slot(2, 1), 0, 5)
+    step(session, kv, 4, 1)
+    token_row, chain_row = session.violations().records
+    assert (token_row.tag, token_row.reason_names, token_row.slot, token_row.position) == (
+        Tag.HEAD_K_FULL, ("verify_token",), slot(2, 1), 1)
+    assert (token_row.stored_token, token_row.expected_token) == (token(2, 1) + 5, token(2, 1))
+    assert token_row.stored_chain_hash == token_row.expected_aux
+    assert (chain_row.reason_names, chain_row.slot) == (("verify_chain_hash",), slot(2, 2))
+    assert chain_row.stored_chain_hash != chain_row.expected_aux
+
+
+def test_write_input_assert():
+    session, kv = make_session(enable_write_input_assert=True)
+    wrong = [token(r, p) + (r == 2 and p == 1) for r in ROWS for p in range(4)]
+    step(session, kv, 0, 4, expected_input_tokens=wrong, expected_input_positions=[p for _ in ROWS for p in range(4)])
+    rows = session.violations().records
+    assert {(r.tag, r.slot, r.stored_token, r.expected_token, r.reasons) for r in rows} == {
+        (t, slot(2, 1), token(2, 1), token(2, 1) + 1, FailReason.WRITE_TOKEN_MISMATCH)
+        for t in (Tag.HEAD_K_FULL, Tag.HEAD_V_FULL, Tag.TAIL_K_FULL, Tag.TAIL_V_FULL)
+    }
+    with pytest.raises(ValueError, match="expected input tensors are required"):
+        step(session, kv, 4, 1)
+
+
+def test_sweep_finds_a_stale_chain():
+    session, kv = make_session(sweep_interval=1)
+    step(session, kv, 0, 4)
+    session.sweep(chain(1, 4))
+    assert not session.violations()
+    stale = [(slot(2, 0), 0, -1), (slot(2, 1), 5, slot(2, 0))]  # row 2's slot 1 claimed at position 5
+    session.sweep(stale)
+    assert {(r.tag, r.slot, r.position, r.reasons) for r in session.violations().records} == {
+        (t, slot(2, 1), 1, FailReason.VERIFY_POSITION_MISMATCH) for t in (Tag.SWEEP_K_FULL, Tag.SWEEP_V_FULL)
+    }
+
+
+# ---------------------------------------------------------------------- ring reading and reporting
+
+
+def test_reads_only_new_rows_and_reports_overflow():
+    session, kv = make_session(ring_capacity=2)
+    step(session, kv, 0, 4)
+    for p in range(3):
+        poke(session, "HEAD", "K", slot(1, p), 1, 100)
+    step(session, kv, 4, 1)  # 3 position rows + 1 chain row (position 3's predecessor)
+    report = session.violations()
+    assert (len(report.records), report.total, report.dropped) == (2, 4, 2)
+    assert report.messages(step=2)[-1] == (
+        "kv_canary: 2 more violations were dropped (ring capacity 2, total_violations=4)")
+    assert not session.violations()
+    step(session, kv, 5, 1)
+    report = session.violations()
+    assert (report.records, report.total, report.dropped) == ((), 8, 4)
+
+
+def test_log_mode_warns_each_row():
+    session, kv = make_session(violation_mode="log")
+    step(session, kv, 0, 4)
+    poke(session, "TAIL", "V", slot(1, 3), 1, 1)
+    step(session, kv, 4, 1)
+    with pytest.warns(CanaryViolationWarning) as caught:
+        report = session.violations()
+    assert [str(w.message).splitlines()[0] for w in caught] == [v.line() for v in report.records]
+    assert report.records[0].line().startswith(
+        f"kv_canary violation: launch_tag=TAIL_V_FULL fail_reason=verify_position slot_idx={slot(1, 3)} position=4 ")
+
+
+def test_raise_mode_raises_once():
+    session, kv = make_session(violation_mode="raise")
+    step(session, kv, 0, 4)
+    poke(session, "HEAD", "K", slot(2, 0), 1, 1)
+    step(session, kv, 4, 1)
+    with pytest.raises(CanaryViolationError, match="^kv_canary violation: launch_tag=HEAD_K_FULL") as err:
+        session.violations()
+    assert err.value.report.records[0].slot == slot(2, 0)
+    step(session, kv, 5, 1)
+    assert session.violations().records  # reported, not raised again
+
+
+def test_health_check_flags_a_tag_that_stops_running():
+    session, kv = make_session(sweep_interval=2, health_warmup_steps=1, health_check_interval=2)
+    step(session, kv, 0, 4)
+    for p in range(4, 7):
+        step(session, kv, p, 1)
+        if session.sweep_due:
+            session.sweep(chain(1, p + 1))
+    session, kv = make_session(sweep_interval=2, health_warmup_steps=1, health_check_interval=2)
+    step(session, kv, 0, 4)
+    step(session, kv, 4, 1)
+    step(session, kv, 5, 1)
+    with pytest.raises(RuntimeError, match="canary path is not executing: kernel_run_counter of SWEEP_K_FULL, "
+                                           "SWEEP_V_FULL did not advance over steps 2..3"):
+        step(session, kv, 6, 1)
+
+
+# ---------------------------------------------------------------------- formatting (no kernels)
+
+
+def make_row(kind=Tag.HEAD_K_FULL, slot_idx=17, position=42, stored_token=111, expected_token=0, stored_chain_hash=0,
+        expected_aux=0, bits=0) -> Violation:
+    return Violation.from_row([int(kind), slot_idx, position, stored_token, expected_token, stored_chain_hash,
+                               expected_aux, int(bits)])
+
+
+def test_message_of_a_verify_row():
+    v = make_row(stored_chain_hash=0x1111111111111111, expected_aux=0x2222222222222222,
+            bits=FailReason.VERIFY_CHAIN_HASH_MISMATCH | FailReason.VERIFY_POSITION_MISMATCH
+            | FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
+    assert v.message(total=1, ring_overflow=False, step=7) == (
+        "kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_chain_hash+verify_position+verify_real_kv_hash "
+        "slot_idx=17 position=42 stored_token=111 expected_token=0 stored_chain_hash=0x1111111111111111 "
+        "expected_aux=0x2222222222222222\n"
+        "KV cache canary violation detected (kernel_kind=HEAD_K_FULL, slot_idx=17, position=42)\n"
+        "canary_kind:       per_forward_head_k_full\n"
+        "  fail_reasons: verify_chain_hash verify_position verify_real_kv_hash\n"
+        "  stored:   token_id=111   position=42 prev_hash=0x1111111111111111\n"
+        "  expected: prev_hash=0x2222222222222222\n"
+        "  total_violations=1 ring_overflow=False step_when_pumped=7"
+    )
+
+
+def test_message_of_a_write_row():
+    v = make_row(position=42, stored_token=999, expected_token=888, stored_chain_hash=0xDEADBEEFCAFEBABE - (1 << 64),
+            expected_aux=43, bits=FailReason.WRITE_TOKEN_MISMATCH)
+    assert v.message(total=1, ring_overflow=False, step=0) == (
+        "kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=write_token slot_idx=17 position=42 "
+        "stored_token=999 expected_token=888 stored_chain_hash=0xdeadbeefcafebabe "
+        "expected_aux=0x000000000000002b\n"
+        "KV cache canary violation detected (kernel_kind=HEAD_K_FULL, slot_idx=17, position=42)\n"
+        "canary_kind:       per_forward_head_k_full\n"
+        "  fail_reasons: write_token\n"
+        "  actual:   token_id=999   position=42 prev_hash=0xdeadbeefcafebabe\n"
+        "  expected: token_id=888   position=43\n"
+        "  total_violations=1 ring_overflow=False step_when_pumped=0"
+    )
+
+
+def test_labels_of_sweep_unknown_token_and_invalid_rows():
+    sweep = make_row(kind=Tag.SWEEP_V_SWA, expected_token=5, bits=FailReason.VERIFY_TOKEN_MISMATCH)
+    assert sweep.message(total=3, ring_overflow=True, step=1).splitlines()[2:] == [
+        "canary_kind:       sweep_v_swa",
+        "  fail_reasons: verify_token",
+        "  stored:   token_id=111   position=42 prev_hash=0x0000000000000000",
+        "  expected: token_id=5 prev_hash=0x0000000000000000",
+        "  total_violations=3 ring_overflow=True step_when_pumped=1",
+    ]
+    unknown = make_row(kind=9999, bits=FailReason.INVALID_INDEX | FailReason.VERIFY_POSITION_MISMATCH)
+    assert (unknown.tag, unknown.tag_name) == (None, "unknown(9999)")
+    assert unknown.line().startswith(
+        "kv_canary violation: launch_tag=unknown(9999) fail_reason=verify_position+invalid_index ")
+    assert make_row().line().split()[3] == "fail_reason=none"
