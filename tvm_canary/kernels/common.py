@@ -57,37 +57,68 @@ def slot_hash(h, buf, s):
 
 
 @T.macro
-def fold_source(acc, part, src, page_size, token_words, fold_words, slot):
-    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4).
+def load_head(heads, i, src, page_size, token_words, slot):
+    """heads[i], heads[i + 1] := the first two words of the slot's strip in src.
 
-    src is an int64 view ``[rows, row_words]``; the slot's strip starts at word
-    ``(slot % page_size) * token_words`` of row ``slot // page_size``; ``fold_words`` words are folded.
-    part is a uint64 local scratch of one element. The caller guarantees the row is in range.
+    src is an int64 view ``[rows, row_words]``; the strip starts at word
+    ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
+    Every fold reads at least these two words (PARTIAL reads exactly them), so they are loaded ahead.
     """
-    part[0] = T.uint64(0)
-    for q in T.serial(fold_words):
-        part[0] = part[0] ^ T.reinterpret("uint64", src[slot // page_size, (slot % page_size) * token_words + q])
+    heads[i] = src[slot // page_size, (slot % page_size) * token_words]
+    heads[i + 1] = src[slot // page_size, (slot % page_size) * token_words + 1]
+
+
+@T.macro
+def fold_source(acc, part, w0, w1, src, page_size, token_words, fold_words, slot):
+    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4), given the strip's first words."""
+    part[0] = T.reinterpret("uint64", w0)
+    splitmix64(part)
+    part[0] = part[0] ^ T.reinterpret("uint64", w1)
+    splitmix64(part)
+    for q in T.serial(fold_words - 2):
+        part[0] = part[0] ^ T.reinterpret("uint64", src[slot // page_size, (slot % page_size) * token_words + 2 + q])
         splitmix64(part)
     acc[0] = acc[0] ^ part[0]
     splitmix64(acc)
 
 
 @T.macro
-def fold_sources(acc, part, srcs, params, num_sources, slot):
-    """acc[0] := real_kv_fold_sources(slot) over the first num_sources (a Python int) sources.
+def load_heads(heads, base, srcs, params, num_sources, slot):
+    """heads[base + 2j .. base + 2j + 1] := first two strip words of source j, j < num_sources."""
+    if num_sources > 0:
+        load_head(heads, base, srcs[0], params[0][0], params[0][1], slot)
+    if num_sources > 1:
+        load_head(heads, base + 2, srcs[1], params[1][0], params[1][1], slot)
+    if num_sources > 2:
+        load_head(heads, base + 4, srcs[2], params[2][0], params[2][1], slot)
+    if num_sources > 3:
+        load_head(heads, base + 6, srcs[3], params[3][0], params[3][1], slot)
+
+
+@T.macro
+def fold_loaded(acc, part, heads, base, srcs, params, num_sources, slot):
+    """acc[0] := real_kv_fold_sources(slot) over the first num_sources (a Python int) sources, whose
+    first words ``load_heads`` put at ``heads[base:]``.
 
     srcs: Python list of 4 source buffers; params: Python list of 4 (page_size, token_words,
     fold_words) scalar triples.
     """
     acc[0] = T.uint64(0)
     if num_sources > 0:
-        fold_source(acc, part, srcs[0], params[0][0], params[0][1], params[0][2], slot)
+        fold_source(acc, part, heads[base], heads[base + 1], srcs[0], params[0][0], params[0][1], params[0][2], slot)
     if num_sources > 1:
-        fold_source(acc, part, srcs[1], params[1][0], params[1][1], params[1][2], slot)
+        fold_source(acc, part, heads[base + 2], heads[base + 3], srcs[1], params[1][0], params[1][1], params[1][2], slot)
     if num_sources > 2:
-        fold_source(acc, part, srcs[2], params[2][0], params[2][1], params[2][2], slot)
+        fold_source(acc, part, heads[base + 4], heads[base + 5], srcs[2], params[2][0], params[2][1], params[2][2], slot)
     if num_sources > 3:
-        fold_source(acc, part, srcs[3], params[3][0], params[3][1], params[3][2], slot)
+        fold_source(acc, part, heads[base + 6], heads[base + 7], srcs[3], params[3][0], params[3][1], params[3][2], slot)
+
+
+@T.macro
+def fold_sources(acc, part, heads, srcs, params, num_sources, slot):
+    """acc[0] := real_kv_fold_sources(slot); heads is an int64 local scratch of 8 elements."""
+    load_heads(heads, 0, srcs, params, num_sources, slot)
+    fold_loaded(acc, part, heads, 0, srcs, params, num_sources, slot)
 
 
 @T.macro

@@ -38,6 +38,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     @T.macro
     def entry(k, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok):
         """bits[0], row[0:8] := verdict and violation row of entry k (bits 0: no row)."""
+        heads = T.alloc_buffer((8,), "int64", scope="local")
         slot = slots[k]
         bits[0] = 0
         if slot != T.int64(0):
@@ -75,7 +76,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                         bits[0] = bits[0] | TOKEN
                 if sp != epos[k]:
                     bits[0] = bits[0] | POSITION
-                fold_sources(acc, part, srcs, params, num_sources, slot)
+                fold_sources(acc, part, heads, srcs, params, num_sources, slot)
                 if sr != T.reinterpret("int64", acc[0]):
                     bits[0] = bits[0] | REAL_KV
         row[7] = T.Cast("int64", bits[0])

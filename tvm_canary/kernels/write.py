@@ -22,7 +22,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, mix3, slot_hash
+from .common import INVALID_INDEX, Geometry, check_slot, fold_loaded, load_heads, mix3, slot_hash
 
 TOKEN = int(FailReason.WRITE_TOKEN_MISMATCH)
 POSITION = int(FailReason.WRITE_POSITION_MISMATCH)
@@ -88,6 +88,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             ep_u = T.alloc_buffer((U,), "int64", scope="local")
             ok_u = T.alloc_buffer((U,), "int32", scope="local")
             rk_u = T.alloc_buffer((U,), "int64", scope="local")
+            heads = T.alloc_buffer((U * 8,), "int64", scope="local")
             slot_n = T.alloc_buffer((U,), "int64", scope="local")
             tok_n = T.alloc_buffer((U,), "int64", scope="local")
             pos_n = T.alloc_buffer((U,), "int64", scope="local")
@@ -108,18 +109,22 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     if check_pos:
                         prev_pos[0] = buf[seed, 1]
                     # Software pipeline over groups of U entries: the loads of group g + 1 are issued
-                    # before group g's chain steps, and group g's slot checks and real-KV folds run
-                    # ahead of its (serial) hash steps, so only the hash arithmetic is serial.
+                    # before group g's chain steps; group g's real-KV words are all loaded before any
+                    # is folded, and the folds run ahead of the (serial) chain steps.
                     load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, T.int64(0), ocl, ids, pos_in, etoks, epos)
                     for g in T.serial((s1 - s0 + U - 1) // U):
                         load_group(slot_n, tok_n, pos_n, et_n, ep_n, s0, s1, (g + 1) * U, ocl, ids, pos_in, etoks, epos)
                         for u in T.unroll(U):
                             check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
                             ok_u[u] = ok[0]
-                            rk_u[u] = T.int64(0)
                             if mode == STAMP and num_sources > 0:
                                 if ok[0] != 0:
-                                    fold_sources(acc, part, srcs, params, num_sources, slot_u[u])
+                                    load_heads(heads, u * 8, srcs, params, num_sources, slot_u[u])
+                        for u in T.unroll(U):
+                            rk_u[u] = T.int64(0)
+                            if mode == STAMP and num_sources > 0:
+                                if ok_u[u] != 0:
+                                    fold_loaded(acc, part, heads, u * 8, srcs, params, num_sources, slot_u[u])
                                     rk_u[u] = T.reinterpret("int64", acc[0])
                         for u in T.unroll(U):
                             slot = slot_u[u]
