@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import demo, selftest
+from . import build, demo, selftest
 
-SUBCOMMANDS = (demo, selftest)
+SUBCOMMANDS = (demo, selftest, build)
 
 
 def build_parser() -> argparse.ArgumentParser:
