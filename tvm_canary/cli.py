@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import build, demo, selftest
+from . import build, demo, selftest, tune
 
-SUBCOMMANDS = (demo, selftest, build)
+SUBCOMMANDS = (demo, selftest, build, tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,17 +12,7 @@ import torch
 from . import checks, reference
 from .context import VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
-from .runtime import get_kernel, use_reference
-from .runtime.packing import canary_words, flags_for, folded_sources, source_args
-
-
-def _context_args(context: VerifyOrWriteContext) -> list:
-    return [
-        context.violation_ring,
-        context.violation_write_index,
-        context.slot_run_counter,
-        context.kernel_run_counter,
-    ]
+from .runtime import get_kernel, packing, use_reference
 
 
 def launch_canary_write_kernel(
@@ -51,27 +41,7 @@ def launch_canary_write_kernel(
     if use_reference():
         reference.canary_write_ref(**kwargs)
         return
-    assert_on = bool(enable_write_input_assert)
-    fn = get_kernel("write", (folded_sources(context), assert_on), context.canary_buf.device)
-    cap = plan.write_seed_slot_indices.shape[0]
-    expected_tokens = expected_input_tokens if assert_on else input_ids
-    expected_positions = expected_input_positions if assert_on else positions
-    fn(
-        canary_words(context.canary_buf),
-        plan.write_offsets,
-        plan.write_seed_slot_indices,
-        plan.write_num_valid_reqs,
-        input_ids,
-        positions,
-        out_cache_loc,
-        expected_tokens,
-        expected_positions,
-        context.enable_chain_position_assert,
-        *_context_args(context),
-        flags_for(context.violation_ring, cap),
-        int(context.kernel_kind),
-        *source_args(context),
-    )
+    _run("write", *packing.write_call(**kwargs))
 
 
 def launch_canary_verify_kernel(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
@@ -80,20 +50,7 @@ def launch_canary_verify_kernel(*, context: VerifyOrWriteContext, plan: VerifyPl
     if use_reference():
         reference.canary_verify_ref(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
         return
-    fn = get_kernel("verify", (folded_sources(context), bool(check_verify_expected_token)), context.canary_buf.device)
-    fn(
-        canary_words(context.canary_buf),
-        plan.verify_slot_indices,
-        plan.verify_expected_tokens,
-        plan.verify_expected_positions,
-        plan.verify_prev_slot_indices,
-        plan.verify_num_valid,
-        plan.enable,
-        *_context_args(context),
-        flags_for(context.violation_ring, plan.verify_slot_indices.shape[0]),
-        int(context.kernel_kind),
-        *source_args(context),
-    )
+    _run("verify", *packing.verify_call(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token))
 
 
 def launch_canary_plan_kernels(
@@ -130,36 +87,7 @@ def launch_canary_plan_kernels(
     if use_reference():
         reference.canary_plan_ref(**kwargs)
         return
-    device = verify_plan_out.verify_slot_indices.device
-    has_lut = full_to_swa_index_mapping is not None
-    has_pool = req_to_verify_expected_tokens is not None
-    fn = get_kernel("plan", (has_lut, has_pool), device)
-    bs = req_pool_indices.shape[0]
-    scratch = torch.empty(bs + 1, dtype=torch.int64, device=device)
-    lut = full_to_swa_index_mapping if has_lut else _placeholder(device, torch.int64, (1,))
-    pool = req_to_verify_expected_tokens if has_pool else _placeholder(device, torch.int32, (1, 1))
-    lens = req_to_verify_expected_tokens_valid_lens if has_pool else req_pool_indices
-    fn(
-        verify_plan_out.verify_slot_indices,
-        verify_plan_out.verify_expected_tokens,
-        verify_plan_out.verify_expected_positions,
-        verify_plan_out.verify_prev_slot_indices,
-        verify_plan_out.verify_num_valid,
-        verify_plan_out.enable,
-        write_plan_out.write_offsets,
-        write_plan_out.write_seed_slot_indices,
-        write_plan_out.write_num_valid_reqs,
-        req_pool_indices,
-        prefix_lens,
-        extend_seq_lens,
-        req_to_token,
-        lut,
-        pool,
-        lens,
-        scratch,
-        int(swa_window_size),
-        int(kv_token_id_vs_position_offset),
-    )
+    _run("plan", *packing.plan_call(**kwargs))
 
 
 def launch_scatter_req_token_ids_kernel(
@@ -172,15 +100,9 @@ def launch_scatter_req_token_ids_kernel(
         return
     if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
         return
-    get_kernel("scatter", (), pool_out.device)(flat_in, offsets, req_pool_indices, pool_out)
+    _run("scatter", *packing.scatter_call(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
 
 
-_placeholders: dict[tuple, torch.Tensor] = {}
-
-
-def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    """A small zero tensor standing in for an absent optional input (never read by the kernel)."""
-    key = (device.type, device.index, dtype, shape)
-    if key not in _placeholders:
-        _placeholders[key] = torch.zeros(shape, dtype=dtype, device=device)
-    return _placeholders[key]
+def _run(kernel: str, spec: tuple, size: int, args: list) -> None:
+    """Launch the compiled ``kernel`` (specialization ``spec``, tuned for ``size``) on ``args``."""
+    get_kernel(kernel, spec, args[0].device, size)(*args)

@@ -27,7 +27,8 @@ import tvm
 from . import targets
 
 KERNELS = ("write", "verify", "plan", "scatter")
-_memory: dict[tuple, object] = {}
+_memory: dict[tuple, object] = {}  # (kernel, spec, device, geometry) -> function
+_by_launch: dict[tuple, object] = {}  # (kernel, spec, device, size) -> function
 _lock = threading.Lock()
 
 
@@ -73,25 +74,38 @@ def export(ex, path: pathlib.Path) -> None:
     os.replace(tmp_path, path)
 
 
-def get_kernel(name: str, spec: tuple, device: torch.device):
-    """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached)."""
-    key = (name, spec, device.type, device.index)
-    fn = _memory.get(key)
+def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0):
+    """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached), with the
+    tuned geometry of the bucket nearest to ``size`` (a capacity) when the device has one."""
+    launch_key = (name, spec, device.type, device.index, size)
+    fn = _by_launch.get(launch_key)
     if fn is not None:
         return fn
     with _lock:
-        fn = _memory.get(key)
-        if fn is None:
-            fn = _load_or_build(name, spec, device)
-            _memory[key] = fn
+        geom = geometry(name, device, size)
+        key = (name, spec, device.type, device.index, geom)
+        if key not in _memory:
+            _memory[key] = _load_or_build(name, spec, device, geom)
+        _by_launch[launch_key] = fn = _memory[key]
     return fn
 
 
-def _load_or_build(name: str, spec: tuple, device: torch.device):
+def geometry(name: str, device: torch.device, size: int):
+    """Tuned geometry for the device (see ``tuning.apply``) when enabled and found, else the default.
+    Reading tuning databases needs the TVM compiler; runtime-only hosts use the default."""
+    if os.environ.get("TVM_CANARY_TUNED", "1") != "0" and compiler_available():
+        from ..tuning.apply import tuned_geometry
+
+        tuned = tuned_geometry(name, device, size)
+        if tuned is not None:
+            return tuned
+    return targets.geometry_for(name, targets.tag_for(device))
+
+
+def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     if device.type == "cuda":
         ensure_cuda_runtime()
     tag = targets.tag_for(device)
-    geom = targets.geometry_for(name, tag)
     filename = f"{module_key(name, spec, tag, geom)}.so"
     for directory in prebuilt_dirs() + [cache_dir()]:
         if (directory / filename).exists():

@@ -1,5 +1,9 @@
 """Turning public-API tensors into the arguments of the compiled kernels (zero-copy views).
 
+``*_call(...)`` take a launch's (already checked) keyword arguments and return
+``(spec, size, args)``: the kernel's specialization, the size its geometry is chosen for (a capacity)
+and the positional arguments of the compiled function.
+
 * The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
 * A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
   ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
@@ -77,3 +81,68 @@ def flags_for(ring: torch.Tensor, entries: int) -> torch.Tensor:
     if not owned or owned[-1].numel() < need:
         owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32, device=ring.device))
     return owned[-1]
+
+
+def _context_args(context: VerifyOrWriteContext) -> list:
+    return [context.violation_ring, context.violation_write_index, context.slot_run_counter, context.kernel_run_counter]
+
+
+def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+               expected_input_tokens, expected_input_positions):
+    assert_on = bool(enable_write_input_assert)
+    cap = plan.write_seed_slot_indices.shape[0]
+    args = [
+        canary_words(context.canary_buf), plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs,
+        input_ids, positions, out_cache_loc,
+        expected_input_tokens if assert_on else input_ids, expected_input_positions if assert_on else positions,
+        context.enable_chain_position_assert, *_context_args(context), flags_for(context.violation_ring, cap),
+        int(context.kernel_kind), *source_args(context),
+    ]
+    return (folded_sources(context), assert_on), cap, args
+
+
+def verify_call(*, context, plan, check_verify_expected_token):
+    cap = plan.verify_slot_indices.shape[0]
+    args = [
+        canary_words(context.canary_buf), plan.verify_slot_indices, plan.verify_expected_tokens,
+        plan.verify_expected_positions, plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable,
+        *_context_args(context), flags_for(context.violation_ring, cap), int(context.kernel_kind), *source_args(context),
+    ]
+    return (folded_sources(context), bool(check_verify_expected_token)), cap, args
+
+
+def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+              swa_window_size, full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens,
+              req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset):
+    device = verify_plan_out.verify_slot_indices.device
+    has_lut = full_to_swa_index_mapping is not None
+    has_pool = req_to_verify_expected_tokens is not None
+    bs = req_pool_indices.shape[0]
+    args = [
+        verify_plan_out.verify_slot_indices, verify_plan_out.verify_expected_tokens,
+        verify_plan_out.verify_expected_positions, verify_plan_out.verify_prev_slot_indices,
+        verify_plan_out.verify_num_valid, verify_plan_out.enable,
+        write_plan_out.write_offsets, write_plan_out.write_seed_slot_indices, write_plan_out.write_num_valid_reqs,
+        req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+        full_to_swa_index_mapping if has_lut else placeholder(device, torch.int64, (1,)),
+        req_to_verify_expected_tokens if has_pool else placeholder(device, torch.int32, (1, 1)),
+        req_to_verify_expected_tokens_valid_lens if has_pool else req_pool_indices,
+        torch.empty(bs + 1, dtype=torch.int64, device=device),  # verify offsets scratch (capture-safe)
+        int(swa_window_size), int(kv_token_id_vs_position_offset),
+    ]
+    return (has_lut, has_pool), write_plan_out.write_seed_slot_indices.shape[0], args
+
+
+def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
+    return (), pool_out.shape[0], [flat_in, offsets, req_pool_indices, pool_out]
+
+
+_placeholders: dict[tuple, torch.Tensor] = {}
+
+
+def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """A small zero tensor standing in for an absent optional input (never read by the kernel)."""
+    key = (device.type, device.index, dtype, shape)
+    if key not in _placeholders:
+        _placeholders[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return _placeholders[key]

@@ -1,0 +1,40 @@
+"""Turning a kernel's knobs into a MetaSchedule design space, and a tuned trace back into a Geometry.
+
+A tuning workload is a small schedulable stand-in function (one block named ``canary``) whose shape
+is the tuned size bucket. The design space samples each knob with ``sample_categorical`` and records
+the draw as a block annotation ``canary.<knob>``; the builder reads the annotations back and builds
+the real kernel with that geometry. So MetaSchedule's own search, builder, runner and database do the
+tuning, and replaying a stored trace yields the geometry again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm_canary.geometry import Geometry
+
+KNOB_FIELDS = ("blocks", "threads", "tile", "unroll")
+
+
+def make_space(knobs: dict[str, list[int]]):
+    """A ScheduleFn body sampling every knob with more than one choice (uniformly)."""
+
+    def space(sch) -> None:
+        block = sch.get_sblock("canary")
+        for name, choices in knobs.items():
+            if len(choices) > 1:
+                value = sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices))
+                sch.annotate(block, f"canary.{name}", value)
+
+    return space
+
+
+def geometry_from(mod, default: Geometry) -> Geometry:
+    """The geometry a scheduled workload's annotations select (unsampled knobs keep ``default``)."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(mod)
+    block = sch.get(sch.get_sblock("canary"))
+    ann = {k: int(v) for k, v in block.annotations.items() if k.startswith("canary.")}
+    values = {f: ann[f"canary.{f}"] for f in KNOB_FIELDS if f"canary.{f}" in ann}
+    return dataclasses.replace(default, **values)

@@ -1,0 +1,57 @@
+"""MetaSchedule builder and runner hooks (run in MetaSchedule's worker processes).
+
+* ``build_candidate``: reads the geometry a candidate's trace annotated on the stand-in workload and
+  builds the real kernel with it.
+* ``alloc_case`` / ``run_case``: the runner allocates valid inputs for the bucket once per worker
+  (random valid plans, a clean canary), checks every candidate's outputs against the torch reference
+  byte for byte (a mismatch is a failed measurement, so it can never win) and then times it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..geometry import CPU_GEOMETRY
+from ..runtime import compile as C
+from . import workloads
+
+
+def geometry_of(mod, cuda: bool):
+    from schedules import DEFAULTS
+    from schedules.space import geometry_from
+
+    kernel = str(mod["main"].attrs["canary.kernel"])
+    return kernel, geometry_from(mod, DEFAULTS[kernel] if cuda else CPU_GEOMETRY)
+
+
+def build_candidate(mod, target, _params):
+    cuda = target.kind.name == "cuda"
+    kernel, geom = geometry_of(mod, cuda)
+    tag = f"cuda-{target.attrs['arch']}" if cuda else "llvm"
+    return C.build(kernel, workloads.TUNED_SPEC[kernel], tag, geom).mod
+
+
+@functools.lru_cache(maxsize=None)
+def _case(kernel: str, bucket: tuple, device_type: str):
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    return workloads.make_case(kernel, bucket, device)
+
+
+def alloc_case(kernel: str, bucket: tuple, device, _args_info, alloc_repeat: int):
+    case = _case(kernel, bucket, "cuda" if device.dlpack_device_type() == 2 else "cpu")
+    return [[case]] * alloc_repeat
+
+
+def run_case(kernel: str, rt_mod, device, config, repeated_args):
+    case = repeated_args[0][0]
+    name = f"canary_{kernel}"
+    case.reset()
+    rt_mod[name](*case.args)
+    if case.args[0].is_cuda:
+        torch.cuda.synchronize()
+    if not case.matches():
+        raise RuntimeError(f"candidate output of {name} differs from the torch reference")
+    timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
+    return list(timer(*case.args).results)
