@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
-# One GPU session: the CUDA test suite, ahead-of-time artifacts loaded by a runtime-only TVM, and the
-# kernel benchmarks. Usage (on the GPU host, repo root):  bash scripts/gpu_validate.sh OUTDIR
+# One GPU session on the H200 (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [bench]
+#   tune:  MetaSchedule tuning of verify and write (database copied to OUTDIR/tune/<device key>/)
+#   tests: the CUDA test suite (with the tuned database active when tune ran)
+#   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
+#   bench: benchmarks/bench_kernels.py with the default (untuned) geometries
 set -uo pipefail
-out="${1:-/tmp/gpu-validate}"; mkdir -p "$out"
+out="${1:-/tmp/gpu-validate}"; shift; mkdir -p "$out"
+stages="${*:-tune tests aot bench}"
 source scripts/gpu-env.sh > "$out/env.log" 2>&1; cat "$out/env.log"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$out/env.log"
 python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tvm_ffi', tvm_ffi.__version__)" | tee -a "$out/env.log"
 
-echo "== CUDA test suite" | tee "$out/pytest.log"
-timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rs tests -k "cuda or graph" 2>&1 | tail -15 | tee -a "$out/pytest.log"
-
-echo "== ahead-of-time build (sm_90, sm_80) and runtime-only run" | tee "$out/aot.log"
-python3 - <<'PY' 2>&1 | tail -5 | tee -a "$out/aot.log"
-import time, torch
-from tvm_canary.runtime import compile as C
-from tvm_canary.runtime.aot import build_all
-C.ensure_cuda_runtime()
-t = time.time()
-files = build_all(["cuda-sm_90", "cuda-sm_80"], "/tmp/aot")
-print(f"built {len(files)} modules in {time.time() - t:.1f} s, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB")
-PY
-TVM_USE_RUNTIME_LIB=1 TVM_CANARY_MODULES=/tmp/aot TVM_CANARY_CACHE=/tmp/empty-cache timeout 200 \
-  python3 -m pytest -q -p no:cacheprovider tests/test_differential.py tests/test_cuda_graph.py -k "cuda or graph" 2>&1 | tail -3 | tee -a "$out/aot.log"
-TVM_USE_RUNTIME_LIB=1 python3 -c "import tvm; print('runtime-only:', tvm.base._RUNTIME_ONLY)" | tee -a "$out/aot.log"
-ls /tmp/empty-cache 2>/dev/null | wc -l | sed 's/^/modules compiled at load in runtime-only mode: /' | tee -a "$out/aot.log"
-
-echo "== benchmarks" | tee "$out/bench.log"
-timeout 280 python3 benchmarks/bench_kernels.py --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
+if [[ " $stages " == *" tune "* ]]; then
+  echo "== tune" | tee "$out/tune.log"
+  timeout 300 python3 -m tvm_canary tune --target cuda --kernels verify write --trials 20 --out /tmp/tune_logs 2>&1 \
+    | grep -v "INFO\|^ \|^--\|^Total\|^$" | tail -12 | tee -a "$out/tune.log"
+  cp -r /tmp/tune_logs "$out/tune"
+  export TVM_CANARY_TUNE_LOGS=/tmp/tune_logs
+fi
+if [[ " $stages " == *" tests "* ]]; then
+  echo "== CUDA test suite (TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-none})" | tee "$out/pytest.log"
+  timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rs tests -k "cuda or graph" 2>&1 | tail -6 | tee -a "$out/pytest.log"
+fi
+if [[ " $stages " == *" aot "* ]]; then
+  echo "== ahead-of-time build (sm_90, sm_80) and runtime-only run" | tee "$out/aot.log"
+  python3 -m tvm_canary build --target cuda --arch sm_90 --arch sm_80 -o /tmp/aot 2>&1 | tail -1 | tee -a "$out/aot.log"
+  TVM_USE_RUNTIME_LIB=1 TVM_CANARY_MODULES=/tmp/aot TVM_CANARY_CACHE=/tmp/empty-cache timeout 200 \
+    python3 -m pytest -q -p no:cacheprovider tests/test_differential.py tests/test_cuda_graph.py -k "cuda or graph" 2>&1 | tail -3 | tee -a "$out/aot.log"
+  ls /tmp/empty-cache 2>/dev/null | wc -l | sed 's/^/modules compiled at load in runtime-only mode: /' | tee -a "$out/aot.log"
+fi
+if [[ " $stages " == *" bench "* ]]; then
+  echo "== benchmarks (default geometries)" | tee "$out/bench.log"
+  TVM_CANARY_TUNED=0 timeout 280 python3 benchmarks/bench_kernels.py --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
+fi
