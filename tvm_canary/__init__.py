@@ -9,12 +9,18 @@ from .launch import (
     launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
+from .session import CanaryGroup, CanarySession
+from .violations import Violation, ViolationReport
 
 __all__ = [
+    "CanaryGroup",
     "CanaryLaunchTag",
+    "CanarySession",
     "RealKvSource",
     "VerifyOrWriteContext",
     "VerifyPlan",
+    "Violation",
+    "ViolationReport",
     "WritePlan",
     "consts",
     "launch_canary_plan_kernels",
