@@ -2,8 +2,8 @@
 
 ``tuned_geometry(kernel, device, size)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
-of the fastest record among the kernel's buckets nearest to ``size``; ``None`` (with a one-line notice,
-once per kernel and device) when the device has no database or no matching record.
+of the fastest record among the kernel's buckets nearest to ``size``; ``None`` when the device has no
+database (a one-line warning, once per device) or no record for the kernel (once per kernel).
 """
 
 from __future__ import annotations
@@ -81,10 +81,12 @@ def nearest(buckets: list[tuple], size: int) -> tuple:
 
 def tuned_geometry(kernel: str, device: torch.device, size: int) -> Geometry | None:
     key = keys.device_key(device)
-    per_bucket = _records(key, device.type == "cuda").get(kernel)
+    records = _records(key, device.type == "cuda")
+    per_bucket = records.get(kernel)
     if not per_bucket:
-        if (key, kernel) not in _noticed:
-            _noticed.add((key, kernel))
-            log.info("tvm_canary: no tuned schedule for %s on %s; using the default schedule", kernel, key)
+        what = f"{kernel} on {key}" if records else key
+        if what not in _noticed:
+            _noticed.add(what)
+            log.warning("tvm_canary: no tuned schedule for %s; using the default schedule", what)
         return None
     return per_bucket[nearest(list(per_bucket), size)]
