@@ -27,30 +27,12 @@ def launch_canary_write_kernel(
     expected_input_positions: torch.Tensor | None,
 ) -> None:
     """Stamp the fingerprints of the plan's tokens into ``context.canary_buf`` (SPEC 3.1)."""
-    kwargs = dict(
-        context=context,
-        plan=plan,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        enable_write_input_assert=enable_write_input_assert,
-        expected_input_tokens=expected_input_tokens,
-        expected_input_positions=expected_input_positions,
-    )
-    checks.check_write(**kwargs)
-    if use_reference():
-        reference.canary_write_ref(**kwargs)
-        return
-    _run("write", *packing.write_call(**kwargs))
+    _launch("write", locals())
 
 
 def launch_canary_verify_kernel(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
     """Check the plan's entries against ``context.canary_buf`` and append violations (SPEC 3.2)."""
-    checks.check_verify(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
-    if use_reference():
-        reference.canary_verify_ref(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
-        return
-    _run("verify", *packing.verify_call(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token))
+    _launch("verify", locals())
 
 
 def launch_canary_plan_kernels(
@@ -69,40 +51,33 @@ def launch_canary_plan_kernels(
     kv_token_id_vs_position_offset: int,
 ) -> None:
     """Fill ``verify_plan_out`` and ``write_plan_out`` from the engine's tables (SPEC 3.3)."""
-    kwargs = dict(
-        verify_plan_out=verify_plan_out,
-        write_plan_out=write_plan_out,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        verify_capacity=verify_capacity,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    )
-    checks.check_plan(**kwargs)
-    if use_reference():
-        reference.canary_plan_ref(**kwargs)
-        return
-    _run("plan", *packing.plan_call(**kwargs))
+    _launch("plan", locals())
 
 
 def launch_scatter_req_token_ids_kernel(
     *, flat_in: torch.Tensor, offsets: torch.Tensor, req_pool_indices: torch.Tensor, pool_out: torch.Tensor
 ) -> None:
     """Copy each request's tokens into its row of the expected-token pool (SPEC 3.4)."""
-    checks.check_scatter(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+    _launch("scatter", locals())
+
+
+# kernel -> (front-end check, torch reference, packing of the compiled function's arguments)
+_STAGES = {
+    "write": (checks.check_write, reference.canary_write_ref, packing.write_call),
+    "verify": (checks.check_verify, reference.canary_verify_ref, packing.verify_call),
+    "plan": (checks.check_plan, reference.canary_plan_ref, packing.plan_call),
+    "scatter": (checks.check_scatter, reference.scatter_req_token_ids_ref, packing.scatter_call),
+}
+
+
+def _launch(kernel: str, kwargs: dict) -> None:
+    """Check the arguments, then run the reference (if chosen) or the compiled kernel."""
+    check, ref, pack = _STAGES[kernel]
+    check(**kwargs)
     if use_reference():
-        reference.scatter_req_token_ids_ref(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+        ref(**kwargs)
         return
-    if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
-        return
-    _run("scatter", *packing.scatter_call(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
-
-
-def _run(kernel: str, spec: tuple, size: int, args: list) -> None:
-    """Launch the compiled ``kernel`` (specialization ``spec``, tuned for ``size``) on ``args``."""
-    get_kernel(kernel, spec, args[0].device, size)(*args)
+    call = pack(**kwargs)
+    if call is not None:
+        spec, size, args = call
+        get_kernel(kernel, spec, args[0].device, size)(*args)

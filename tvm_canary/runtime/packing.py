@@ -1,7 +1,7 @@
 """Turning public-API tensors into the arguments of the compiled kernels (zero-copy views).
 
 ``*_call(...)`` take a launch's (already checked) keyword arguments and return
-``(spec, size, args)``: the kernel's specialization, the size its geometry is chosen for (a capacity)
+``(spec, size, args)`` (or None when there is nothing to launch): the kernel's specialization, the size its geometry is chosen for (a capacity)
 and the positional arguments of the compiled function.
 
 * The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
@@ -134,6 +134,9 @@ def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
 
 
 def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
+    """None (nothing to launch) for an empty batch or no tokens (SPEC 3.4)."""
+    if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
+        return None
     return (), pool_out.shape[0], [flat_in, offsets, req_pool_indices, pool_out]
 
 
