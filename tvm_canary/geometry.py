@@ -39,6 +39,13 @@ class Geometry:
 
         return T.thread_binding(n, thread="threadIdx.x") if self.gpu else T.serial(n)
 
+    def blocks_for(self, units):
+        """Blocks a grid-stride loop over ``units`` one-thread work items uses: enough to give each a
+        thread, at most ``blocks``, at least 1 (``units`` is an int64 TIR expression, e.g. a capacity)."""
+        from tvm.script import tirx as T
+
+        return T.max(T.min((units + self.threads - 1) // self.threads, T.int64(self.blocks)), T.int64(1))
+
     @property
     def sync(self):
         """A macro emitting a block barrier on CUDA and nothing on CPU (where lanes run serially)."""

@@ -8,12 +8,19 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 ``flags int32[>= 1 + ceil(cap / CHUNK)]`` (``[0]``: any mark; zero on entry and exit); ``kind``; four sources with their
 ``(page_size, token_words, fold_words)``.
 
-Two phases in one function, both walking a request with the same ``walk`` macro:
-1. *stamp* (one thread per request, grid-stride): writes the slots, adds the written count to the
-   slot counter and marks the request's chunk in ``flags`` if it produced violation rows.
+Phases of one function (each a launch on CUDA; grids are grid-stride, sized by the capacity and
+capped by the geometry, so a small plan launches few blocks):
+0. *fold* (real-KV modes only; a warp per request, its lanes striding the request's entries): field
+   3 of every slot the request stamps := the slot's real-KV fold. The fold depends on the slot
+   alone, so it runs in parallel, off the serial chain.
+1. *stamp* (one thread per request): walks the chain branch-free (every entry's mix3 is computed
+   and kept only if the entry is stamped), writes fields 0-2 (and 3 := 0 in NONE mode), adds the
+   written count to the slot counter and marks the request's chunk in ``flags`` if any entry of it
+   produces violation rows.
 2. *emit* (one block): for marked chunks, counts each request's rows, ranks them (request order) and
    walks again to append the rows to the ring in reference order (SPEC D3); bumps the kernel counter.
-Phase 2 re-reads only seed slots, which phase 1 does not write for plans that do not alias (SPEC D7).
+Phases 1 and 2 walk a request with the same ``walk`` macro and re-read only seed slots, which the
+phases do not write for plans that do not alias (SPEC D7).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long v
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
     G, TH, TB, U = geom.blocks, geom.threads, geom.tile, geom.unroll
+    W = 32 if geom.gpu else 1  # lanes folding one request's entries (a warp on CUDA)
     sync = geom.sync
 
     def record_macro(mode):
@@ -70,15 +78,71 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 et_u[u] = etoks[i]
                 ep_u[u] = epos[i]
 
-    def walk_macro(mode):
+    @T.macro
+    def stamp_group(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf):
+        """Stamp U loaded entries without branches on the chain: every entry's mix3 is computed and
+        kept only if the entry is stamped; nrows[0] counts entries that produce violation rows."""
+        for u in T.unroll(U):
+            slot = slot_u[u]
+            tok = tok_u[u]
+            pos = pos_u[u]
+            live = slot >= T.int64(0)
+            good = live and ok_u[u] != 0
+            seq = good and check_pos
+            mismatch = (tok != et_u[u] or pos != ep_u[u]) if input_assert else T.bool(False)
+            bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
+            nrows[0] = nrows[0] + T.Cast("int64", bad)
+            prev_pos[0] = T.Select(seq, pos, prev_pos[0])
+            if good:
+                buf[slot, 0] = tok
+                buf[slot, 1] = pos
+                buf[slot, 2] = T.reinterpret("int64", h[0])
+                if num_sources == 0:
+                    buf[slot, 3] = T.int64(0)
+            written[0] = written[0] + T.Cast("int64", good)
+            hn[0] = h[0]
+            mix3(hn, tok, pos)
+            h[0] = T.Select(good, hn[0], h[0])
+
+    def record_group_macro(mode):
         record = record_macro(mode)
 
         @T.macro
-        def walk(r, base, nrows, written, st, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params):
-            """Walk request r in `mode`: nrows[0] := its violation rows, written[0] += slots written."""
+        def record_group(h, prev_pos, nrows, base, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, ring, kind):
+            """Re-walk U loaded entries and account (COUNT) or append (EMIT) their rows in order."""
+            for u in T.unroll(U):
+                slot = slot_u[u]
+                if slot >= T.int64(0):
+                    tok = tok_u[u]
+                    pos = pos_u[u]
+                    hs = T.reinterpret("int64", h[0])
+                    if ok_u[u] == 0:
+                        record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
+                    else:
+                        if input_assert:
+                            et = et_u[u]
+                            ep = ep_u[u]
+                            bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
+                            if bits != T.int64(0):
+                                record(ring, nrows, base, slot, pos, tok, et, hs, ep, bits, kind)
+                        if check_pos:
+                            if pos != prev_pos[0] + T.int64(1):
+                                record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
+                            prev_pos[0] = pos
+                        mix3(h, tok, pos)
+
+        return record_group
+
+    def walk_macro(mode):
+        record = record_macro(mode)
+        record_group = record_group_macro(mode)
+
+        @T.macro
+        def walk(r, base, nrows, written, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params):
+            """Walk request r in `mode`: nrows[0] := its violation rows (STAMP: violating entries),
+            written[0] += slots written (STAMP)."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
-            acc = T.alloc_buffer((1,), "uint64", scope="local")
-            part = T.alloc_buffer((1,), "uint64", scope="local")
+            hn = T.alloc_buffer((1,), "uint64", scope="local")
             ok = T.alloc_buffer((1,), "int32", scope="local")
             prev_pos = T.alloc_buffer((1,), "int64", scope="local")
             slot_u = T.alloc_buffer((U,), "int64", scope="local")
@@ -87,8 +151,6 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             et_u = T.alloc_buffer((U,), "int64", scope="local")
             ep_u = T.alloc_buffer((U,), "int64", scope="local")
             ok_u = T.alloc_buffer((U,), "int32", scope="local")
-            rk_u = T.alloc_buffer((U,), "int64", scope="local")
-            heads = T.alloc_buffer((U * 8,), "int64", scope="local")
             slot_n = T.alloc_buffer((U,), "int64", scope="local")
             tok_n = T.alloc_buffer((U,), "int64", scope="local")
             pos_n = T.alloc_buffer((U,), "int64", scope="local")
@@ -109,49 +171,17 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     if check_pos:
                         prev_pos[0] = buf[seed, 1]
                     # Software pipeline over groups of U entries: the loads of group g + 1 are issued
-                    # before group g's chain steps; group g's real-KV words are all loaded before any
-                    # is folded, and the folds run ahead of the (serial) chain steps.
+                    # before group g's chain steps.
                     load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, T.int64(0), ocl, ids, pos_in, etoks, epos)
                     for g in T.serial((s1 - s0 + U - 1) // U):
                         load_group(slot_n, tok_n, pos_n, et_n, ep_n, s0, s1, (g + 1) * U, ocl, ids, pos_in, etoks, epos)
                         for u in T.unroll(U):
                             check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
                             ok_u[u] = ok[0]
-                            if mode == STAMP and num_sources > 0:
-                                if ok[0] != 0:
-                                    load_heads(heads, u * 8, srcs, params, num_sources, slot_u[u])
-                        for u in T.unroll(U):
-                            rk_u[u] = T.int64(0)
-                            if mode == STAMP and num_sources > 0:
-                                if ok_u[u] != 0:
-                                    fold_loaded(acc, part, heads, u * 8, srcs, params, num_sources, slot_u[u])
-                                    rk_u[u] = T.reinterpret("int64", acc[0])
-                        for u in T.unroll(U):
-                            slot = slot_u[u]
-                            if slot >= T.int64(0):
-                                tok = tok_u[u]
-                                pos = pos_u[u]
-                                hs = T.reinterpret("int64", h[0])
-                                if ok_u[u] == 0:
-                                    record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
-                                else:
-                                    if input_assert:
-                                        et = et_u[u]
-                                        ep = ep_u[u]
-                                        bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
-                                        if bits != T.int64(0):
-                                            record(ring, nrows, base, slot, pos, tok, et, hs, ep, bits, kind)
-                                    if check_pos:
-                                        if pos != prev_pos[0] + T.int64(1):
-                                            record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
-                                        prev_pos[0] = pos
-                                    if mode == STAMP:
-                                        buf[slot, 0] = tok
-                                        buf[slot, 1] = pos
-                                        buf[slot, 2] = hs
-                                        buf[slot, 3] = rk_u[u]
-                                        written[0] = written[0] + T.int64(1)
-                                    mix3(h, tok, pos)
+                        if mode == STAMP:
+                            stamp_group(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf)
+                        else:
+                            record_group(h, prev_pos, nrows, base, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, ring, kind)
                         for u in T.unroll(U):
                             slot_u[u] = slot_n[u]
                             tok_u[u] = tok_n[u]
@@ -161,6 +191,34 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                 ep_u[u] = ep_n[u]
 
         return walk
+
+    @T.macro
+    def fold_request(r, lane, buf, offsets, seeds, ocl, srcs, params):
+        """Fields 3 of the slots request r stamps := their real-KV folds; lane `lane` of W takes
+        entries s0 + lane, s0 + lane + W, ..., U at a time with all their first words loaded first."""
+        slot_u = T.alloc_buffer((U,), "int64", scope="local")
+        ok_u = T.alloc_buffer((U,), "int32", scope="local")
+        ok = T.alloc_buffer((1,), "int32", scope="local")
+        heads = T.alloc_buffer((U * 8,), "int64", scope="local")
+        acc = T.alloc_buffer((1,), "uint64", scope="local")
+        part = T.alloc_buffer((1,), "uint64", scope="local")
+        n = ocl.shape[0]
+        s0 = T.min(T.max(offsets[r], T.int64(0)), n)
+        s1 = T.min(T.max(offsets[r + 1], s0), n)
+        if seeds[r] < buf.shape[0]:
+            for g in T.serial((T.max(s1 - s0 - lane, T.int64(0)) + W * U - 1) // (W * U)):
+                for u in T.unroll(U):
+                    i = s0 + lane + (g * U + u) * W
+                    slot_u[u] = T.Select(i < s1, ocl[T.min(i, s1 - 1)], T.int64(-1))
+                for u in T.unroll(U):
+                    check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
+                    ok_u[u] = ok[0]
+                    if ok[0] != 0:
+                        load_heads(heads, u * 8, srcs, params, num_sources, slot_u[u])
+                for u in T.unroll(U):
+                    if ok_u[u] != 0:
+                        fold_loaded(acc, part, heads, u * 8, srcs, params, num_sources, slot_u[u])
+                        buf[slot_u[u], 3] = T.reinterpret("int64", acc[0])
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
@@ -211,8 +269,19 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         srcs = T.meta_var([src0, src1, src2, src3])
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
 
-        # Phase 1: one thread per request stamps its chain.
-        for b in geom.grid(G):
+        # Phase 0 (real-KV modes): W lanes per request fold the slots it stamps into field 3.
+        if num_sources > 0:
+            for b in geom.grid(geom.blocks_for(cap * W)):
+                for t in geom.lanes(TH):
+                    active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
+                    r = T.alloc_buffer((1,), "int64", scope="local")
+                    r[0] = T.Cast("int64", (b * TH + t) // W)
+                    while r[0] < active:
+                        fold_request(r[0], T.Cast("int64", t % W), buf, offsets, seeds, ocl, srcs, params)
+                        r[0] = r[0] + geom.blocks_for(cap * W) * (TH // W)
+
+        # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE mode).
+        for b in geom.grid(geom.blocks_for(cap)):
             for t in geom.lanes(TH):
                 active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
                 r = T.alloc_buffer((1,), "int64", scope="local")
@@ -222,11 +291,11 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 if active > T.int64(0):
                     r[0] = T.Cast("int64", b * TH + t)
                     while r[0] < active:
-                        walk_stamp(r[0], T.int64(0), nrows, written, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                        walk_stamp(r[0], T.int64(0), nrows, written, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
                         if nrows[0] != T.int64(0):
                             flags[0] = 1
                             flags[1 + r[0] // CHUNK] = 1
-                        r[0] = r[0] + T.int64(G * TH)
+                        r[0] = r[0] + geom.blocks_for(cap) * TH
                 add_written(slot_counter, written[0], t)
 
         # Phase 2: one block appends the rows of the marked requests in request order.
@@ -255,7 +324,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                             rr = (c * TB + j) * CHUNK + tile * TB + t
                             nrows[0] = T.int64(0)
                             if rr < active:
-                                walk_count(rr, T.int64(0), nrows, unused, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                                walk_count(rr, T.int64(0), nrows, unused, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
                             scount[t] = nrows[0]
                         sync()
                         for t in geom.lanes(TB):
@@ -269,7 +338,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                 rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
                             rr = (c * TB + j) * CHUNK + tile * TB + t
                             if rr < active:
-                                walk_emit(rr, rank[0], nrows, unused, 0, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                                walk_emit(rr, rank[0], nrows, unused, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
                         sync()
             for t in geom.lanes(TB):
                 if t == 0:
