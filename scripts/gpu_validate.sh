@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One GPU session on the H200 (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [bench]
-#   tune:  MetaSchedule tuning of verify and write (database copied to OUTDIR/tune/<device key>/)
+# One GPU session on the H200 (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [bench] [bench-tuned]
+#   tune:  MetaSchedule tuning of all kernels (database copied to OUTDIR/tune/<device key>/)
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
 #   bench: benchmarks/bench_kernels.py with the default (untuned) geometries
+#   bench-tuned: the same with the tuned database (TVM_CANARY_TUNE_LOGS), compared with bench
 set -uo pipefail
 out="${1:-/tmp/gpu-validate}"; shift; mkdir -p "$out"
 stages="${*:-tune tests aot bench}"
@@ -14,7 +15,7 @@ python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', tor
 
 if [[ " $stages " == *" tune "* ]]; then
   echo "== tune" | tee "$out/tune.log"
-  timeout 300 python3 -m tvm_canary tune --target cuda --kernels verify write --trials 20 --out /tmp/tune_logs 2>&1 \
+  timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --out /tmp/tune_logs 2>&1 \
     | grep -v "INFO\|^ \|^--\|^Total\|^$" | tail -12 | tee -a "$out/tune.log"
   cp -r /tmp/tune_logs "$out/tune"
   export TVM_CANARY_TUNE_LOGS=/tmp/tune_logs
@@ -33,4 +34,10 @@ fi
 if [[ " $stages " == *" bench "* ]]; then
   echo "== benchmarks (default geometries)" | tee "$out/bench.log"
   TVM_CANARY_TUNED=0 timeout 280 python3 benchmarks/bench_kernels.py --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
+fi
+if [[ " $stages " == *" bench-tuned "* ]]; then
+  echo "== benchmarks (tuned geometries, TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-repo tune_logs})" | tee "$out/bench-tuned.log"
+  timeout 280 python3 benchmarks/bench_kernels.py --json "$out/bench-tuned.json" 2>&1 | tee -a "$out/bench-tuned.log" | tail -52
+  base="${BENCH_DEFAULT:-$out/bench.json}"  # a default-geometry run of this or an earlier call
+  [[ -f "$base" ]] && python3 benchmarks/compare.py "$base" "$out/bench-tuned.json" | tee "$out/compare.log"
 fi

@@ -20,7 +20,7 @@ PRESETS = {
     "ci": {"verify": [(1024,)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
     "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)], "plan": [(64, 512)], "scatter": [(64, 512)]},
     "gpu": {
-        "verify": [(4096,), (1 << 20,)],
+        "verify": [(4096,), (1 << 20,), (1 << 24,)],
         "write": [(4096, 1), (1, 32768)],
         "plan": [(4096, 2048)],
         "scatter": [(4096, 1024)],
@@ -76,7 +76,7 @@ class Case:
         _, _, self.args = getattr(packing, f"{kernel}_call")(**call_kwargs)
         self.tensors = [a for a in self.args if isinstance(a, torch.Tensor)]
         self.initial = [t.clone() for t in self.tensors]
-        ref_kwargs = _to_cpu(call_kwargs)
+        ref_kwargs = _copy(call_kwargs)  # the reference runs on the same device, on copies
         getattr(reference, _REFERENCE[kernel])(**ref_kwargs)
         _, _, ref_args = getattr(packing, f"{kernel}_call")(**ref_kwargs)
         self.expected = [a for a in ref_args if isinstance(a, torch.Tensor)]
@@ -97,17 +97,17 @@ _REFERENCE = {"verify": "canary_verify_ref", "write": "canary_write_ref", "plan"
 _UNCHECKED = {"verify": {11}, "write": {14}, "plan": {16}, "scatter": set()}
 
 
-def _to_cpu(obj):
+def _copy(obj):
     import dataclasses
 
     if isinstance(obj, torch.Tensor):
-        return obj.cpu().clone()
+        return obj.clone()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _to_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+        return dataclasses.replace(obj, **{f.name: _copy(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _copy(v) for k, v in obj.items()}
     if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
+        return tuple(_copy(v) for v in obj)
     return obj
 
 
@@ -135,10 +135,10 @@ def _verify_kwargs(bucket, device, gen):
     (n,) = bucket
     length = 64
     chains = -(-n // length)
-    slots = (torch.randperm(2 * chains * length, generator=gen)[: chains * length] + 1).view(chains, length)
-    toks = torch.randint(0, 150000, (chains, length), generator=gen)
-    words = torch.zeros(2 * chains * length + 1, 4, dtype=torch.int64)
-    h = torch.full((chains,), tc.consts.to_signed_int64(tc.consts.ANCHOR_HASH), dtype=torch.int64)
+    slots = (torch.randperm(2 * chains * length, generator=gen)[: chains * length] + 1).view(chains, length).to(device)
+    toks = torch.randint(0, 150000, (chains, length), generator=gen).to(device)
+    words = torch.zeros(2 * chains * length + 1, 4, dtype=torch.int64, device=device)
+    h = torch.full((chains,), tc.consts.to_signed_int64(tc.consts.ANCHOR_HASH), dtype=torch.int64, device=device)
     for p in range(length):
         words[slots[:, p], 0] = toks[:, p]
         words[slots[:, p], 1] = p
@@ -146,7 +146,7 @@ def _verify_kwargs(bucket, device, gen):
         h = mix3_t(h, toks[:, p], torch.full_like(h, p))
     ctx = _context(words.shape[0], device)
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
-    pick = torch.randperm(chains * length, generator=gen)[:n]
+    pick = torch.randperm(chains * length, generator=gen)[:n].to(device)
     r, p = pick // length, pick % length
     plan = tc.VerifyPlan.allocate(verify_capacity=n, device=device)
     plan.verify_slot_indices.copy_(slots[r, p])

@@ -1,0 +1,36 @@
+"""Compare two ``bench_kernels.py --json`` runs row by row (e.g. default vs tuned geometries).
+
+    python benchmarks/compare.py DEFAULT.json TUNED.json
+
+Prints, per case, both times, tuned/default, and each run's ratio to its own floor; ends with the
+cases where the second run is more than 3% slower (run-to-run noise on an H200 is about 1-2%).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    a_path, b_path = (argv or sys.argv[1:])[:2]
+    a, b = (json.load(open(p)) for p in (a_path, b_path))
+    rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
+    slower = []
+    print(f"{a['gpu']}: {a_path} vs {b_path}")
+    print(f"{'kernel':8} {'case':24} {'default us':>11} {'tuned us':>10} {'tuned/def':>9} {'def/floor':>9} {'tuned/floor':>11}")
+    for ra in a["rows"]:
+        rb = rows_b.get((ra["kernel"], ra["case"]))
+        if rb is None:
+            continue
+        rel = rb["us"] / ra["us"]
+        print(f"{ra['kernel']:8} {ra['case']:24} {ra['us']:11.1f} {rb['us']:10.1f} {rel:9.3f} "
+              f"{ra['us'] / ra['floor_us']:9.2f} {rb['us'] / rb['floor_us']:11.2f}")
+        if rel > 1.03:
+            slower.append(f"{ra['kernel']} {ra['case']} ({rel:.3f}x)")
+    print(f"tuned more than 3% slower than default: {', '.join(slower) if slower else 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
