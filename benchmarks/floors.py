@@ -1,7 +1,8 @@
 """Physical floors measured beside the kernels (TensorIR, same geometry as the kernel they bound).
 
 * ``gather``: reads exactly the bytes verify reads, with the same indices (plan vectors, the slot's
-  four fields, the predecessor's three, the folded source words) and computes nothing but an XOR.
+  four fields, the predecessor's three, the folded source words) and computes nothing but an XOR. Its
+  grid follows verify's policy: ``max(1, min(blocks, ceil(cap / threads)))`` blocks, grid-stride.
 * ``chain``: one thread runs ``steps`` chained mix3 hashes in registers (the write chain's arithmetic).
 * ``empty``: a one-warp kernel that does nothing (the launch cost).
 """
@@ -29,7 +30,8 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
         prevs = T.match_buffer(prevs_h, (cap,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
         out = T.match_buffer(out_h, (G * TH,), "int64")
-        for b in T.thread_binding(G, thread="blockIdx.x"):
+        nb = T.meta_var(T.Cast("int32", T.max(T.int64(1), T.min(T.int64(G), (cap + T.int64(TH - 1)) // T.int64(TH)))))
+        for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
                 k = T.alloc_buffer((1,), "int64", scope="local")
@@ -46,7 +48,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
                     for s in T.serial(num_sources):
                         for q in T.serial(fold_words):
                             acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
-                    k[0] = k[0] + T.int64(G * TH)
+                    k[0] = k[0] + T.Cast("int64", nb) * TH
                 out[b * TH + t] = acc[0]
 
     return gather_floor

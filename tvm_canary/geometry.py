@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every tile.
+# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every tile
+# (write) and of every verify ``threads`` (CUDA).
 FLAG_CHUNK = 1024
 
 
@@ -19,7 +20,8 @@ class Geometry:
     gpu: bind grid/lane loops to CUDA blocks/threads (else serial CPU loops, extents 1).
     blocks: blocks of the parallel phase (grid-stride; independent of the active count).
     threads: threads per block of the parallel phase (a multiple of 32 on CUDA).
-    tile: threads of the single-block ordered phase (ring emission, plan offsets).
+    tile: threads of the single-block ordered phase (write's ring emission, plan offsets); verify
+        ignores it (its emit phase runs in the last block of the check grid, with ``threads`` lanes).
     unroll: entries a thread keeps in flight per step (write chain pipeline).
     """
 

@@ -137,3 +137,46 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
     if num_sources > 3:
         if slot // params[3][0] >= srcs[3].shape[0]:
             ok[0] = 0
+
+
+# Last-block ticket (one launch for "every block, then one ordered pass"): after its share of the
+# work and a block barrier, thread 0 of every block publishes the block's global writes (fence,
+# cumulative over the barrier), then draws a ticket from an int32 counter that is zero on entry. The
+# block drawing ``nblocks - 1`` is the last to finish: it resets the counter to zero for the next
+# launch and fences again, so that everything the other blocks wrote is visible to it.
+LAST_BLOCK_TICKET = """
+__device__ __forceinline__ int canary_last_block_ticket(void* counter, int last) {
+  __threadfence();
+  int drawn = atomicAdd(static_cast<int*>(counter), 1);
+  if (drawn != last) return 0;
+  *static_cast<volatile int*>(counter) = 0;
+  __threadfence();
+  return 1;
+}
+"""
+
+
+def last_block(geom: Geometry):
+    """Macro ``ticket(out, counter, index, nblocks, b)``: ``out[0] := 1`` in the block that finishes last
+    (else 0), using the int32 ``counter[index]`` (zero on entry and on exit).
+
+    Call it from ONE thread of each block, after a barrier, and broadcast ``out`` (a shared buffer)
+    with another barrier. On CPU the blocks run serially, so the last block is simply ``b == nblocks - 1``
+    and the counter is never touched.
+    """
+    if geom.gpu:
+
+        @T.macro
+        def ticket(out, counter, index, nblocks, b):
+            out[0] = T.cuda.func_call(
+                "canary_last_block_ticket", T.address_of(counter[index]), T.Cast("int32", nblocks - 1),
+                source_code=LAST_BLOCK_TICKET, return_type="int32",
+            )
+
+    else:
+
+        @T.macro
+        def ticket(out, counter, index, nblocks, b):
+            out[0] = T.Select(b == nblocks - 1, 1, 0)
+
+    return ticket

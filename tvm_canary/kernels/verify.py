@@ -3,16 +3,25 @@
 Arguments (in order): canary ``int64[S, F]`` (the uint8 buffer viewed as int64, read only); plan
 ``slots/expected_tokens/expected_positions/prev_slots int64[cap]``, ``num_valid int32[1]``,
 ``enable int32[1]``; ``ring int64[R, 8]``, ``write_index int32[1]``, ``slot_counter int64[1]``,
-``kernel_counter int64[1]`` (written); ``flags int32[>= 1 + ceil(cap / CHUNK)]`` (``[0]``: any mark; zero on entry, zero on
-exit); ``kind`` (int); four source views ``int64[rows, row_words]`` and their
-``(page_size, token_words, fold_words)`` scalars.
+``kernel_counter int64[1]`` (written); ``flags int32[NF >= 2 + ceil(cap / CHUNK)]`` (scratch, zero on
+entry and on exit: ``[0]`` any mark, ``[1 + c]`` the mark of chunk ``c`` (CHUNK entries),
+``[NF - 1]`` the last-block ticket counter); ``kind`` (int); four source views ``int64[rows, row_words]``
+and their ``(page_size, token_words, fold_words)`` scalars.
 
-Two phases in one function:
-1. *check* (grid-stride over entries, any geometry): computes each entry's fail bits and marks the
-   CHUNK-sized chunk of every failing entry in ``flags``. Nothing else is written.
-2. *emit* (one block): walks the marked chunks in order, recomputes their entries, appends the rows to
-   the ring in entry order (SPEC D3), clears the flags and bumps the counters.
-A clean launch therefore reads every entry once and writes only the counters.
+ONE launch of ``nb = max(1, min(blocks, ceil(cap / threads)))`` blocks of ``threads`` lanes (``cap``
+is a shape, so the grid needs no host sync and a small plan gets a small grid):
+1. *check* (every block, grid-stride with stride ``nb * threads``): computes each entry's fail bits and
+   marks the CHUNK-sized chunk of every failing entry in ``flags``. Nothing else is written.
+2. *ticket*: after a block barrier, thread 0 of each block fences (publishing the block's marks) and
+   draws a ticket with an atomicAdd on ``flags[NF - 1]`` (``common.last_block``). The block drawing
+   ``nb - 1`` finished last: it resets the counter to zero, fences, and alone runs phase 3. On CPU
+   (serial blocks, ``blocks = threads = 1``) the last block is simply the last one.
+3. *emit* (the last block, its ``threads`` lanes): walks the marked chunks in order, recomputes their
+   entries ``threads`` at a time, and each lane stores its own row from registers at its rank (prefix
+   count of the failing lanes before it), so rows land in entry order (SPEC D3); rows past the ring
+   capacity are dropped but counted in ``write_index``. It then clears the marks and bumps the counters.
+A clean launch therefore reads every entry once and writes only the counters. The geometry's ``tile``
+is not used by verify (the emit phase runs with the block's own lanes).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, slot_hash
+from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, last_block, slot_hash
 
 CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
 POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)
@@ -31,9 +40,13 @@ TOKEN = int(FailReason.VERIFY_TOKEN_MISMATCH)
 
 def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
-    G, TH, TB = geom.blocks, geom.threads, geom.tile
+    G, TH = geom.blocks, geom.threads
     sync = geom.sync
-    assert CHUNK % TB == 0
+    ticket = last_block(geom)
+    assert CHUNK % TH == 0
+    # The emit phase keeps each lane's row in registers across lane loops: on CPU (serial lanes) that
+    # needs one lane per block. Serial CPU blocks (G > 1) are fine: the last one emits.
+    assert geom.gpu or TH == 1
 
     @T.macro
     def entry(k, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok):
@@ -113,19 +126,32 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         src3 = T.match_buffer(src3_h, (r3, c3), "int64", strides=(s3, T.int64(1)), elem_offset=o3)
         srcs = T.meta_var([src0, src1, src2, src3])
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
+        # Blocks: enough for one entry per thread, at most G (a shape expression: no host sync).
+        # A meta_var (the expression itself): a bound variable would not reach the host's launch code.
+        nb = T.meta_var(T.Cast("int32", T.max(T.int64(1), T.min(T.int64(G), (cap + T.int64(TH - 1)) // T.int64(TH)))))
 
-        # Phase 1: check every active entry, mark the chunks that hold violations.
-        for b in geom.grid(G):
+        # One launch: nb blocks check the entries (grid-stride), then the block that finishes last
+        # appends the rows of the marked chunks in entry order. Every lane keeps the ring base in a
+        # register; branches around barriers are loops of uniform extent 0 or n.
+        for b in geom.grid(nb):
+            sflag = T.alloc_buffer((TH,), "int32", scope="shared")
+            sbits = T.alloc_buffer((TH,), "int32", scope="shared")
+            slast = T.alloc_buffer((1,), "int32", scope="shared")
+            last = T.alloc_buffer((1,), "int32", scope="local")
+            base = T.alloc_buffer((1,), "int64", scope="local")
+            marked = T.alloc_buffer((1,), "int32", scope="local")
+            bits = T.alloc_buffer((1,), "int32", scope="local")
+            row = T.alloc_buffer((8,), "int64", scope="local")
+            h = T.alloc_buffer((1,), "uint64", scope="local")
+            acc = T.alloc_buffer((1,), "uint64", scope="local")
+            part = T.alloc_buffer((1,), "uint64", scope="local")
+            ok = T.alloc_buffer((1,), "int32", scope="local")
+            k = T.alloc_buffer((1,), "int64", scope="local")
+            active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
+            on = enable[0] != 0
+
+            # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
             for t in geom.lanes(TH):
-                active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
-                on = enable[0] != 0
-                bits = T.alloc_buffer((1,), "int32", scope="local")
-                row = T.alloc_buffer((8,), "int64", scope="local")
-                h = T.alloc_buffer((1,), "uint64", scope="local")
-                acc = T.alloc_buffer((1,), "uint64", scope="local")
-                part = T.alloc_buffer((1,), "uint64", scope="local")
-                ok = T.alloc_buffer((1,), "int32", scope="local")
-                k = T.alloc_buffer((1,), "int64", scope="local")
                 if on:
                     k[0] = T.Cast("int64", b * TH + t)
                     while k[0] < active:
@@ -133,67 +159,56 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                         if bits[0] != 0:
                             flags[0] = 1
                             flags[1 + k[0] // CHUNK] = 1
-                        k[0] = k[0] + T.int64(G * TH)
-
-        # Phase 2: one block appends the rows of the marked chunks in entry order. Every lane keeps
-        # the ring base in a register; branches around barriers are loops of uniform extent 0 or n.
-        for b in geom.grid(1):
-            active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
-            on = enable[0] != 0
-            sflag = T.alloc_buffer((TB,), "int32", scope="shared")
-            sbits = T.alloc_buffer((TB,), "int32", scope="shared")
-            srow = T.alloc_buffer((TB, 8), "int64", scope="shared")
-            base = T.alloc_buffer((1,), "int64", scope="local")
-            marked = T.alloc_buffer((1,), "int32", scope="local")
-            base[0] = T.Cast("int64", write_index[0])
-            n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
-            for c in T.serial((n_chunks + TB - 1) // TB):
-                sync()
-                for t in geom.lanes(TB):
-                    ci = c * TB + t
-                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
-                    if ci < n_chunks:
-                        flags[1 + ci] = 0
-                sync()
-                for j in T.serial(TB):
-                    marked[0] = sflag[j]
-                    for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TB, 0)):
-                        for t in geom.lanes(TB):
-                            bits = T.alloc_buffer((1,), "int32", scope="local")
-                            row = T.alloc_buffer((8,), "int64", scope="local")
-                            h = T.alloc_buffer((1,), "uint64", scope="local")
-                            acc = T.alloc_buffer((1,), "uint64", scope="local")
-                            part = T.alloc_buffer((1,), "uint64", scope="local")
-                            ok = T.alloc_buffer((1,), "int32", scope="local")
-                            kk = (c * TB + j) * CHUNK + tile * TB + t
-                            bits[0] = 0
-                            if kk < active:
-                                entry(kk, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
-                            sbits[t] = bits[0]
-                            for f in T.serial(8):
-                                srow[t, f] = row[f]
-                        sync()
-                        for t in geom.lanes(TB):
-                            rank = T.alloc_buffer((1,), "int64", scope="local")
-                            mine = T.alloc_buffer((1,), "int32", scope="local")
-                            mine[0] = sbits[t]
-                            rank[0] = base[0]
-                            for q in T.serial(TB):
-                                mark = T.Cast("int64", sbits[q] != 0)
-                                base[0] = base[0] + mark
-                                rank[0] = rank[0] + T.Select(q < t, mark, T.int64(0))
-                            if mine[0] != 0 and rank[0] < R:
-                                for f in T.serial(8):
-                                    ring[rank[0], f] = srow[t, f]
-                        sync()
+                        k[0] = k[0] + T.Cast("int64", nb) * TH
             sync()
-            for t in geom.lanes(TB):
+            for t in geom.lanes(TH):
                 if t == 0:
-                    flags[0] = 0
-                    write_index[0] = T.Cast("int32", base[0])
-                    kernel_counter[0] = kernel_counter[0] + T.int64(1)
-                    if on:
-                        slot_counter[0] = slot_counter[0] + active
+                    ticket(slast, flags, NF - 1, nb, b)
+            sync()
+            last[0] = slast[0]
+
+            # Phase 2 (the last block only): emit the marked chunks' rows in entry order, TH entries
+            # at a time; each lane stores its own row from registers at its rank among the TH.
+            for _ in T.serial(last[0]):
+                base[0] = T.Cast("int64", write_index[0])
+                n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
+                for c in T.serial((n_chunks + TH - 1) // TH):
+                    sync()
+                    for t in geom.lanes(TH):
+                        ci = c * TH + t
+                        sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
+                        if ci < n_chunks:
+                            flags[1 + ci] = 0
+                    sync()
+                    for j in T.serial(TH):
+                        marked[0] = sflag[j]
+                        for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
+                            for t in geom.lanes(TH):
+                                kk = (c * TH + j) * CHUNK + tile * TH + t
+                                bits[0] = 0
+                                if kk < active:
+                                    entry(kk, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
+                                sbits[t] = bits[0]
+                            sync()
+                            for t in geom.lanes(TH):
+                                rank = T.alloc_buffer((1,), "int64", scope="local")
+                                rank[0] = base[0]
+                                for q in T.serial(TH):
+                                    mark = T.Cast("int64", sbits[q] != 0)
+                                    base[0] = base[0] + mark
+                                    rank[0] = rank[0] + T.Select(q < t, mark, T.int64(0))
+                                if bits[0] != 0 and rank[0] < R:
+                                    for f in T.serial(8):
+                                        ring[rank[0], f] = row[f]
+                            sync()
+                sync()
+                for t in geom.lanes(TH):
+                    if t == 0:
+                        flags[0] = 0
+                        write_index[0] = T.Cast("int32", base[0])
+                        kernel_counter[0] = kernel_counter[0] + T.int64(1)
+                        if on:
+                            slot_counter[0] = slot_counter[0] + active
     # fmt: on
 
     return canary_verify

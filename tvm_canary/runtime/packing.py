@@ -8,9 +8,12 @@ and the positional arguments of the compiled function.
 * A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
   ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
   Unused source slots get a 1x1 dummy on the device and zero parameters; kernels never read them.
-* Scratch ``flags`` (chunk marks of the ordered ring emission) live per ring: zero between launches,
-  because each launch clears what it marked. They only grow, and old ones stay referenced so that
-  CUDA graphs captured with them stay valid.
+* Scratch ``flags`` (int32, per ring, shared by write and verify): ``[0]`` = any chunk marked,
+  ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows, and the LAST element
+  ``[NF - 1]`` is verify's last-block ticket counter (always past every chunk mark, since ``need``
+  reserves it). Zero between launches, because each launch clears what it marked and the last block
+  resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
+  them stay valid.
 """
 
 from __future__ import annotations
@@ -74,8 +77,10 @@ def source_args(context: VerifyOrWriteContext) -> list:
 
 
 def flags_for(ring: torch.Tensor, entries: int) -> torch.Tensor:
-    """Zeroed int32 marks (``[0]`` = any, then one per chunk) covering ``entries``, owned by ``ring``."""
-    need = 1 + -(-entries // FLAG_CHUNK)
+    """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = any mark, ``[1 + c]`` one
+    mark per chunk, then at least one more element; the last one is the ticket counter of verify's
+    single launch."""
+    need = 2 + -(-entries // FLAG_CHUNK)
     key = (ring.device.type, ring.device.index, ring.data_ptr())
     owned = _flags.setdefault(key, [])
     if not owned or owned[-1].numel() < need:
