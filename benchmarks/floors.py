@@ -30,7 +30,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
         prevs = T.match_buffer(prevs_h, (cap,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
         out = T.match_buffer(out_h, (G * TH,), "int64")
-        nb = T.meta_var(T.Cast("int32", T.max(T.int64(1), T.min(T.int64(G), (cap + T.int64(TH - 1)) // T.int64(TH)))))
+        nb = T.meta_var(geom.blocks_for(cap))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
@@ -48,7 +48,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
                     for s in T.serial(num_sources):
                         for q in T.serial(fold_words):
                             acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
-                    k[0] = k[0] + T.Cast("int64", nb) * TH
+                    k[0] = k[0] + nb * TH
                 out[b * TH + t] = acc[0]
 
     return gather_floor

@@ -128,7 +128,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
         # Blocks: enough for one entry per thread, at most G (a shape expression: no host sync).
         # A meta_var (the expression itself): a bound variable would not reach the host's launch code.
-        nb = T.meta_var(T.Cast("int32", T.max(T.int64(1), T.min(T.int64(G), (cap + T.int64(TH - 1)) // T.int64(TH)))))
+        nb = T.meta_var(geom.blocks_for(cap))
 
         # One launch: nb blocks check the entries (grid-stride), then the block that finishes last
         # appends the rows of the marked chunks in entry order. Every lane keeps the ring base in a
@@ -159,7 +159,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                         if bits[0] != 0:
                             flags[0] = 1
                             flags[1 + k[0] // CHUNK] = 1
-                        k[0] = k[0] + T.Cast("int64", nb) * TH
+                        k[0] = k[0] + nb * TH
             sync()
             for t in geom.lanes(TH):
                 if t == 0:
