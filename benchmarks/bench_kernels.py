@@ -10,7 +10,7 @@ predecessor's 32 B sector + per source one 32 B sector (PARTIAL) or ``read_bytes
 of token vectors read + 32 B stamped per token. Plan: 32 B written per verify entry + 4 B of table read.
 Scatter: 8 B read + 4 B written per token.
 
-    python benchmarks/bench_kernels.py [--quick] [--json OUT.json]
+    python benchmarks/bench_kernels.py [--quick] [--kernels verify write plan scatter] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -238,6 +238,7 @@ def scatter_rows():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
+    ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=("verify", "write", "plan", "scatter"))
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     arch = targets.cuda_arch(0)
@@ -248,7 +249,9 @@ def main(argv=None):
     acc = torch.zeros(1, dtype=torch.int64, device=DEV)
     chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
     pool = Pool(1 << 22 if args.quick else 1 << 25)
-    rows = verify_rows(pool, args.quick) + write_rows(pool, chain_ns, empty_us) + plan_rows() + scatter_rows()
+    sweeps = {"verify": lambda: verify_rows(pool, args.quick), "write": lambda: write_rows(pool, chain_ns, empty_us),
+              "plan": plan_rows, "scatter": scatter_rows}
+    rows = [row for kernel in args.kernels for row in sweeps[kernel]()]
     print(f"\n{torch.cuda.get_device_name(0)} ({arch}); empty launch {empty_us:.2f} us; register-only chain {chain_ns:.1f} ns/step")
     print(f"{'kernel':8} {'case':24} {'time us':>10} {'MB':>9} {'GB/s':>7} {'floor':>22} {'floor us':>10} {'ratio':>6} {'ref us':>12} {'speedup':>8}")
     for r in rows:

@@ -57,6 +57,15 @@ def slot_hash(h, buf, s):
 
 
 @T.macro
+def strip_start(rc, slot, page_size, token_words):
+    """rc[0], rc[1] := row and first word of the slot's strip: ``slot // page_size`` and
+    ``(slot % page_size) * token_words`` for slot >= 0, page_size >= 1 (one truncating division,
+    none when page_size is 1: a 64-bit division is a slow subroutine call on CUDA)."""
+    rc[0] = T.if_then_else(page_size == T.int64(1), slot, T.truncdiv(slot, page_size))
+    rc[1] = (slot - rc[0] * page_size) * token_words
+
+
+@T.macro
 def load_head(heads, i, src, page_size, token_words, slot):
     """heads[i], heads[i + 1] := the first two words of the slot's strip in src.
 
@@ -64,8 +73,10 @@ def load_head(heads, i, src, page_size, token_words, slot):
     ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
     Every fold reads at least these two words (PARTIAL reads exactly them), so they are loaded ahead.
     """
-    heads[i] = src[slot // page_size, (slot % page_size) * token_words]
-    heads[i + 1] = src[slot // page_size, (slot % page_size) * token_words + 1]
+    rc = T.alloc_buffer((2,), "int64", scope="local")
+    strip_start(rc, slot, page_size, token_words)
+    heads[i] = src[rc[0], rc[1]]
+    heads[i + 1] = src[rc[0], rc[1] + 1]
 
 
 @T.macro
@@ -75,9 +86,12 @@ def fold_source(acc, part, w0, w1, src, page_size, token_words, fold_words, slot
     splitmix64(part)
     part[0] = part[0] ^ T.reinterpret("uint64", w1)
     splitmix64(part)
-    for q in T.serial(fold_words - 2):
-        part[0] = part[0] ^ T.reinterpret("uint64", src[slot // page_size, (slot % page_size) * token_words + 2 + q])
-        splitmix64(part)
+    if fold_words > T.int64(2):
+        rc = T.alloc_buffer((2,), "int64", scope="local")
+        strip_start(rc, slot, page_size, token_words)
+        for q in T.serial(fold_words - 2):
+            part[0] = part[0] ^ T.reinterpret("uint64", src[rc[0], rc[1] + 2 + q])
+            splitmix64(part)
     acc[0] = acc[0] ^ part[0]
     splitmix64(acc)
 
@@ -123,19 +137,20 @@ def fold_sources(acc, part, heads, srcs, params, num_sources, slot):
 
 @T.macro
 def check_slot(ok, slot, num_slots, srcs, params, num_sources):
-    """ok[0] := 1 iff slot is in [0, num_slots) and its row exists in each of the first num_sources."""
+    """ok[0] := 1 iff slot is in [0, num_slots) and its row ``slot // page_size`` exists in each of the
+    first num_sources (tested as ``slot < rows * page_size``: no division)."""
     ok[0] = T.Select(T.int64(0) <= slot and slot < num_slots, 1, 0)
     if num_sources > 0:
-        if slot // params[0][0] >= srcs[0].shape[0]:
+        if slot >= srcs[0].shape[0] * params[0][0]:
             ok[0] = 0
     if num_sources > 1:
-        if slot // params[1][0] >= srcs[1].shape[0]:
+        if slot >= srcs[1].shape[0] * params[1][0]:
             ok[0] = 0
     if num_sources > 2:
-        if slot // params[2][0] >= srcs[2].shape[0]:
+        if slot >= srcs[2].shape[0] * params[2][0]:
             ok[0] = 0
     if num_sources > 3:
-        if slot // params[3][0] >= srcs[3].shape[0]:
+        if slot >= srcs[3].shape[0] * params[3][0]:
             ok[0] = 0
 
 

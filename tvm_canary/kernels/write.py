@@ -78,31 +78,51 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 et_u[u] = etoks[i]
                 ep_u[u] = epos[i]
 
+    def stamp_group_macro(guarded):
+        @T.macro
+        def stamp_group(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf):
+            """Stamp U loaded entries; nrows[0] counts entries that produce violation rows.
+
+            guarded (some entry of the group is not stamped): every entry's mix3 is computed and
+            kept only if the entry is stamped, and its stores sit behind a branch. Unguarded (every
+            entry is stamped, the common case): no branch at all, so the compiler interleaves the
+            stores and bookkeeping with the serial chain."""
+            for u in T.unroll(U):
+                slot = slot_u[u]
+                tok = tok_u[u]
+                pos = pos_u[u]
+                live = slot >= T.int64(0)
+                good = live and ok_u[u] != 0
+                seq = good and check_pos
+                mismatch = (tok != et_u[u] or pos != ep_u[u]) if input_assert else T.bool(False)
+                bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
+                nrows[0] = nrows[0] + T.Cast("int64", bad)
+                prev_pos[0] = T.Select(seq, pos, prev_pos[0])
+                if guarded:
+                    if good:
+                        stamp(buf, slot, tok, pos, h)
+                    written[0] = written[0] + T.Cast("int64", good)
+                    hn[0] = h[0]
+                    mix3(hn, tok, pos)
+                    h[0] = T.Select(good, hn[0], h[0])
+                else:
+                    stamp(buf, slot, tok, pos, h)
+                    written[0] = written[0] + T.int64(1)
+                    mix3(h, tok, pos)
+
+        return stamp_group
+
     @T.macro
-    def stamp_group(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf):
-        """Stamp U loaded entries without branches on the chain: every entry's mix3 is computed and
-        kept only if the entry is stamped; nrows[0] counts entries that produce violation rows."""
-        for u in T.unroll(U):
-            slot = slot_u[u]
-            tok = tok_u[u]
-            pos = pos_u[u]
-            live = slot >= T.int64(0)
-            good = live and ok_u[u] != 0
-            seq = good and check_pos
-            mismatch = (tok != et_u[u] or pos != ep_u[u]) if input_assert else T.bool(False)
-            bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
-            nrows[0] = nrows[0] + T.Cast("int64", bad)
-            prev_pos[0] = T.Select(seq, pos, prev_pos[0])
-            if good:
-                buf[slot, 0] = tok
-                buf[slot, 1] = pos
-                buf[slot, 2] = T.reinterpret("int64", h[0])
-                if num_sources == 0:
-                    buf[slot, 3] = T.int64(0)
-            written[0] = written[0] + T.Cast("int64", good)
-            hn[0] = h[0]
-            mix3(hn, tok, pos)
-            h[0] = T.Select(good, hn[0], h[0])
+    def stamp(buf, slot, tok, pos, h):
+        """The slot's fields 0-2 := token, position, chain hash (field 3 := 0 in NONE mode; the fold
+        phase wrote it otherwise)."""
+        buf[slot, 0] = tok
+        buf[slot, 1] = pos
+        buf[slot, 2] = T.reinterpret("int64", h[0])
+        if num_sources == 0:
+            buf[slot, 3] = T.int64(0)
+
+    stamp_guarded, stamp_all = stamp_group_macro(True), stamp_group_macro(False)
 
     def record_group_macro(mode):
         record = record_macro(mode)
@@ -143,6 +163,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             written[0] += slots written (STAMP)."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
             hn = T.alloc_buffer((1,), "uint64", scope="local")
+            all_ok = T.alloc_buffer((1,), "int32", scope="local")
             ok = T.alloc_buffer((1,), "int32", scope="local")
             prev_pos = T.alloc_buffer((1,), "int64", scope="local")
             slot_u = T.alloc_buffer((U,), "int64", scope="local")
@@ -175,11 +196,16 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, T.int64(0), ocl, ids, pos_in, etoks, epos)
                     for g in T.serial((s1 - s0 + U - 1) // U):
                         load_group(slot_n, tok_n, pos_n, et_n, ep_n, s0, s1, (g + 1) * U, ocl, ids, pos_in, etoks, epos)
+                        all_ok[0] = 1
                         for u in T.unroll(U):
                             check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
                             ok_u[u] = ok[0]
+                            all_ok[0] = all_ok[0] & ok[0]
                         if mode == STAMP:
-                            stamp_group(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf)
+                            if all_ok[0] != 0:
+                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf)
+                            else:
+                                stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf)
                         else:
                             record_group(h, prev_pos, nrows, base, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, ring, kind)
                         for u in T.unroll(U):
