@@ -13,7 +13,7 @@ import dataclasses
 
 from tvm_canary.geometry import Geometry
 
-KNOB_FIELDS = ("blocks", "threads", "tile", "unroll")
+KNOB_FIELDS = ("blocks", "threads", "tile", "unroll", "min_blocks")
 
 
 def make_space(knobs: dict[str, list[int]]):

@@ -23,6 +23,8 @@ class Geometry:
     tile: threads of the single-block ordered phase (write's ring emission, plan offsets); verify
         ignores it (its emit phase runs in the last block of the check grid, with ``threads`` lanes).
     unroll: entries a thread keeps in flight per step (write chain pipeline).
+    min_blocks: blocks of ``threads`` that must fit on one SM at once (CUDA ``__launch_bounds__``
+        minimum; caps registers per thread; 1 leaves the choice to the compiler). Verify only.
     """
 
     gpu: bool
@@ -30,6 +32,7 @@ class Geometry:
     threads: int = 1
     tile: int = 1
     unroll: int = 1
+    min_blocks: int = 1
 
     def grid(self, n):
         from tvm.script import tirx as T
@@ -56,7 +59,7 @@ class Geometry:
         return barrier if self.gpu else no_barrier
 
     def key(self) -> str:
-        return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}"
+        return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}"
 
 
 CPU_GEOMETRY = Geometry(gpu=False, unroll=4)

@@ -134,81 +134,82 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         # appends the rows of the marked chunks in entry order. Every lane keeps the ring base in a
         # register; branches around barriers are loops of uniform extent 0 or n.
         for b in geom.grid(nb):
-            sflag = T.alloc_buffer((TH,), "int32", scope="shared")
-            sbits = T.alloc_buffer((TH,), "int32", scope="shared")
-            slast = T.alloc_buffer((1,), "int32", scope="shared")
-            last = T.alloc_buffer((1,), "int32", scope="local")
-            base = T.alloc_buffer((1,), "int64", scope="local")
-            marked = T.alloc_buffer((1,), "int32", scope="local")
-            bits = T.alloc_buffer((1,), "int32", scope="local")
-            row = T.alloc_buffer((8,), "int64", scope="local")
-            h = T.alloc_buffer((1,), "uint64", scope="local")
-            acc = T.alloc_buffer((1,), "uint64", scope="local")
-            part = T.alloc_buffer((1,), "uint64", scope="local")
-            ok = T.alloc_buffer((1,), "int32", scope="local")
-            k = T.alloc_buffer((1,), "int64", scope="local")
-            active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
-            on = enable[0] != 0
+            with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", geom.min_blocks):
+                sflag = T.alloc_buffer((TH,), "int32", scope="shared")
+                sbits = T.alloc_buffer((TH,), "int32", scope="shared")
+                slast = T.alloc_buffer((1,), "int32", scope="shared")
+                last = T.alloc_buffer((1,), "int32", scope="local")
+                base = T.alloc_buffer((1,), "int64", scope="local")
+                marked = T.alloc_buffer((1,), "int32", scope="local")
+                bits = T.alloc_buffer((1,), "int32", scope="local")
+                row = T.alloc_buffer((8,), "int64", scope="local")
+                h = T.alloc_buffer((1,), "uint64", scope="local")
+                acc = T.alloc_buffer((1,), "uint64", scope="local")
+                part = T.alloc_buffer((1,), "uint64", scope="local")
+                ok = T.alloc_buffer((1,), "int32", scope="local")
+                k = T.alloc_buffer((1,), "int64", scope="local")
+                active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
+                on = enable[0] != 0
 
-            # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
-            for t in geom.lanes(TH):
-                if on:
-                    k[0] = T.Cast("int64", b * TH + t)
-                    while k[0] < active:
-                        entry(k[0], bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
-                        if bits[0] != 0:
-                            flags[0] = 1
-                            flags[1 + k[0] // CHUNK] = 1
-                        k[0] = k[0] + nb * TH
-            sync()
-            for t in geom.lanes(TH):
-                if t == 0:
-                    ticket(slast, flags, NF - 1, nb, b)
-            sync()
-            last[0] = slast[0]
-
-            # Phase 2 (the last block only): emit the marked chunks' rows in entry order, TH entries
-            # at a time; each lane stores its own row from registers at its rank among the TH.
-            for _ in T.serial(last[0]):
-                base[0] = T.Cast("int64", write_index[0])
-                n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
-                for c in T.serial((n_chunks + TH - 1) // TH):
-                    sync()
-                    for t in geom.lanes(TH):
-                        ci = c * TH + t
-                        sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
-                        if ci < n_chunks:
-                            flags[1 + ci] = 0
-                    sync()
-                    for j in T.serial(TH):
-                        marked[0] = sflag[j]
-                        for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
-                            for t in geom.lanes(TH):
-                                kk = (c * TH + j) * CHUNK + tile * TH + t
-                                bits[0] = 0
-                                if kk < active:
-                                    entry(kk, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
-                                sbits[t] = bits[0]
-                            sync()
-                            for t in geom.lanes(TH):
-                                rank = T.alloc_buffer((1,), "int64", scope="local")
-                                rank[0] = base[0]
-                                for q in T.serial(TH):
-                                    mark = T.Cast("int64", sbits[q] != 0)
-                                    base[0] = base[0] + mark
-                                    rank[0] = rank[0] + T.Select(q < t, mark, T.int64(0))
-                                if bits[0] != 0 and rank[0] < R:
-                                    for f in T.serial(8):
-                                        ring[rank[0], f] = row[f]
-                            sync()
+                # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
+                for t in geom.lanes(TH):
+                    if on:
+                        k[0] = T.Cast("int64", b * TH + t)
+                        while k[0] < active:
+                            entry(k[0], bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
+                            if bits[0] != 0:
+                                flags[0] = 1
+                                flags[1 + k[0] // CHUNK] = 1
+                            k[0] = k[0] + nb * TH
                 sync()
                 for t in geom.lanes(TH):
                     if t == 0:
-                        flags[0] = 0
-                        write_index[0] = T.Cast("int32", base[0])
-                        kernel_counter[0] = kernel_counter[0] + T.int64(1)
-                        if on:
-                            slot_counter[0] = slot_counter[0] + active
+                        ticket(slast, flags, NF - 1, nb, b)
+                sync()
+                last[0] = slast[0]
+
+                # Phase 2 (the last block only): emit the marked chunks' rows in entry order, TH entries
+                # at a time; each lane stores its own row from registers at its rank among the TH.
+                for _ in T.serial(last[0]):
+                    base[0] = T.Cast("int64", write_index[0])
+                    n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
+                    for c in T.serial((n_chunks + TH - 1) // TH):
+                        sync()
+                        for t in geom.lanes(TH):
+                            ci = c * TH + t
+                            sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
+                            if ci < n_chunks:
+                                flags[1 + ci] = 0
+                        sync()
+                        for j in T.serial(TH):
+                            marked[0] = sflag[j]
+                            for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
+                                for t in geom.lanes(TH):
+                                    kk = (c * TH + j) * CHUNK + tile * TH + t
+                                    bits[0] = 0
+                                    if kk < active:
+                                        entry(kk, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
+                                    sbits[t] = bits[0]
+                                sync()
+                                for t in geom.lanes(TH):
+                                    rank = T.alloc_buffer((1,), "int64", scope="local")
+                                    rank[0] = base[0]
+                                    for q in T.serial(TH):
+                                        mark = T.Cast("int64", sbits[q] != 0)
+                                        base[0] = base[0] + mark
+                                        rank[0] = rank[0] + T.Select(q < t, mark, T.int64(0))
+                                    if bits[0] != 0 and rank[0] < R:
+                                        for f in T.serial(8):
+                                            ring[rank[0], f] = row[f]
+                                sync()
+                    sync()
+                    for t in geom.lanes(TH):
+                        if t == 0:
+                            flags[0] = 0
+                            write_index[0] = T.Cast("int32", base[0])
+                            kernel_counter[0] = kernel_counter[0] + T.int64(1)
+                            if on:
+                                slot_counter[0] = slot_counter[0] + active
     # fmt: on
 
     return canary_verify
