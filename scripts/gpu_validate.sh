@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session on the H200 (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [bench] [bench-tuned]
-#   tune:  MetaSchedule tuning of all kernels (database copied to OUTDIR/tune/<device key>/)
+#   tune:  MetaSchedule tuning of all kernels, resuming tune_logs/ (databases in OUTDIR/tune.tgz)
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
 #   bench: benchmarks/bench_kernels.py with the default (untuned) geometries
@@ -15,9 +15,10 @@ python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', tor
 
 if [[ " $stages " == *" tune "* ]]; then
   echo "== tune" | tee "$out/tune.log"
+  mkdir -p /tmp/tune_logs && cp -r tune_logs/. /tmp/tune_logs/  # resume from the committed databases
   timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --out /tmp/tune_logs 2>&1 \
     | grep -v "INFO\|^ \|^--\|^Total\|^$" | tail -12 | tee -a "$out/tune.log"
-  cp -r /tmp/tune_logs "$out/tune"
+  tar czf "$out/tune.tgz" -C /tmp tune_logs  # one file: a call returns few files
   export TVM_CANARY_TUNE_LOGS=/tmp/tune_logs
 fi
 if [[ " $stages " == *" tests "* ]]; then

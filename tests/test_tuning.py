@@ -22,7 +22,7 @@ def tuned_logs(tmp_path_factory):
 def test_tune_writes_a_database_per_device(tuned_logs):
     key = keys.device_key(torch.device("cpu"))
     assert (tuned_logs / key / "database_workload.json").exists()
-    assert (tuned_logs / key / "database_tuning_record.json").read_text().count("\n") >= 4  # 4 write + 1 verify
+    assert (tuned_logs / key / "database_tuning_record.json").read_text().count("\n") >= 6  # 4 write + 2 verify (NONE and ALL)
 
 
 def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
@@ -39,6 +39,18 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
         run_differential("write", "cpu", seed)
         run_differential("verify", "cpu", seed)
     assert any(k[0] == "write" and k[4] == want for k in C._memory)  # the tuned build was the one run
+    apply._records.cache_clear()
+
+
+def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
+    monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
+    apply._records.cache_clear()
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
+    folded = apply.measured_records(db)[("verify", (1024, 2))][0][1]
+    assert apply.tuned_geometry("verify", torch.device("cpu"), 1 << 20, 2) == apply.record_geometry(folded, cuda=False)
+    assert apply.tuned_geometry("verify", torch.device("cpu"), 1024, 1) is None  # no PARTIAL bucket: default
     apply._records.cache_clear()
 
 

@@ -79,5 +79,5 @@ def _launch(kernel: str, kwargs: dict) -> None:
         return
     call = pack(**kwargs)
     if call is not None:
-        spec, size, args = call
-        get_kernel(kernel, spec, args[0].device, size)(*args)
+        spec, (size, mode), args = call
+        get_kernel(kernel, spec, args[0].device, size, mode)(*args)

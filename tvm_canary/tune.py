@@ -27,7 +27,7 @@ from .tuning import keys, workloads
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule", description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True)
-    p.add_argument("--kernels", nargs="+", choices=sorted(workloads.TUNED_SPEC), default=sorted(workloads.TUNED_SPEC))
+    p.add_argument("--kernels", nargs="+", choices=workloads.KERNELS, default=workloads.KERNELS)
     p.add_argument("--trials", type=int, default=32, help="candidates per workload")
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None, help="bucket preset (default: gpu or cpu)")
     p.add_argument("--out", default=str(keys.tune_logs_dirs()[-1]), help="database root (a folder per device key)")
@@ -105,7 +105,7 @@ def default_time_us(kernel: str, bucket: tuple, device: torch.device, default) -
 
     from .runtime.compile import build
 
-    ex = build(kernel, workloads.TUNED_SPEC[kernel], targets.tag_for(device), default)
+    ex = build(kernel, workloads.tuned_spec(kernel, bucket), targets.tag_for(device), default)
     case = workloads.make_case(kernel, bucket, device)
     dev = tvm.cuda(0) if device.type == "cuda" else tvm.cpu(0)
     timer = ex.mod.time_evaluator(f"canary_{kernel}", dev, number=10, repeat=3, min_repeat_ms=0)

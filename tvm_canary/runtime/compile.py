@@ -74,15 +74,16 @@ def export(ex, path: pathlib.Path) -> None:
     os.replace(tmp_path, path)
 
 
-def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0):
+def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0, mode: int = 0):
     """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached), with the
-    tuned geometry of the bucket nearest to ``size`` (a capacity) when the device has one."""
-    launch_key = (name, spec, device.type, device.index, size)
+    tuned geometry of the bucket nearest to ``size`` (a capacity) among those of ``mode`` (verify's
+    real-KV hash mode) when the device has one."""
+    launch_key = (name, spec, device.type, device.index, size, mode)
     fn = _by_launch.get(launch_key)
     if fn is not None:
         return fn
     with _lock:
-        geom = geometry(name, device, size)
+        geom = geometry(name, device, size, mode)
         key = (name, spec, device.type, device.index, geom)
         if key not in _memory:
             _memory[key] = _load_or_build(name, spec, device, geom)
@@ -90,13 +91,13 @@ def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0):
     return fn
 
 
-def geometry(name: str, device: torch.device, size: int):
+def geometry(name: str, device: torch.device, size: int, mode: int = 0):
     """Tuned geometry for the device (see ``tuning.apply``) when enabled and found, else the default.
     Reading tuning databases needs the TVM compiler; runtime-only hosts use the default."""
     if os.environ.get("TVM_CANARY_TUNED", "1") != "0" and compiler_available():
         from ..tuning.apply import tuned_geometry
 
-        tuned = tuned_geometry(name, device, size)
+        tuned = tuned_geometry(name, device, size, mode)
         if tuned is not None:
             return tuned
     return targets.geometry_for(name, targets.tag_for(device))

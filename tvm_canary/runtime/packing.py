@@ -1,8 +1,9 @@
 """Turning public-API tensors into the arguments of the compiled kernels (zero-copy views).
 
 ``*_call(...)`` take a launch's (already checked) keyword arguments and return
-``(spec, size, args)`` (or None when there is nothing to launch): the kernel's specialization, the size its geometry is chosen for (a capacity)
-and the positional arguments of the compiled function.
+``(spec, (size, mode), args)`` (or None when there is nothing to launch): the kernel's
+specialization, the workload point its geometry is chosen for (a capacity, and verify's real-KV hash
+mode; 0 elsewhere) and the positional arguments of the compiled function.
 
 * The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
 * A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
@@ -103,7 +104,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
         context.enable_chain_position_assert, *_context_args(context), flags_for(context.violation_ring, cap),
         int(context.kernel_kind), *source_args(context),
     ]
-    return (folded_sources(context), assert_on), cap, args
+    return (folded_sources(context), assert_on), (cap, 0), args
 
 
 def verify_call(*, context, plan, check_verify_expected_token):
@@ -113,7 +114,8 @@ def verify_call(*, context, plan, check_verify_expected_token):
         plan.verify_expected_positions, plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable,
         *_context_args(context), flags_for(context.violation_ring, cap), int(context.kernel_kind), *source_args(context),
     ]
-    return (folded_sources(context), bool(check_verify_expected_token)), cap, args
+    mode = int(context.real_kv_hash_mode) if folded_sources(context) else 0
+    return (folded_sources(context), bool(check_verify_expected_token)), (cap, mode), args
 
 
 def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
@@ -135,14 +137,14 @@ def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
         torch.empty(bs + 1, dtype=torch.int64, device=device),  # verify offsets scratch (capture-safe)
         int(swa_window_size), int(kv_token_id_vs_position_offset),
     ]
-    return (has_lut, has_pool), write_plan_out.write_seed_slot_indices.shape[0], args
+    return (has_lut, has_pool), (write_plan_out.write_seed_slot_indices.shape[0], 0), args
 
 
 def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
     """None (nothing to launch) for an empty batch or no tokens (SPEC 3.4)."""
     if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
         return None
-    return (), pool_out.shape[0], [flat_in, offsets, req_pool_indices, pool_out]
+    return (), (pool_out.shape[0], 0), [flat_in, offsets, req_pool_indices, pool_out]
 
 
 _placeholders: dict[tuple, torch.Tensor] = {}

@@ -1,8 +1,8 @@
 """Applying tuned schedules at load: the geometry of the best record of the nearest tuned bucket.
 
-``tuned_geometry(kernel, device, size)`` looks for ``<dir>/<device key>/`` in the tuning log
+``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
-of the fastest record among the kernel's buckets nearest to ``size``; ``None`` when the device has no
+of the fastest record of the kernel's bucket nearest to ``size`` among its buckets of ``mode``; ``None`` when the device has no
 database (a one-line warning, once per device) or no record for the kernel (once per kernel).
 """
 
@@ -79,14 +79,18 @@ def nearest(buckets: list[tuple], size: int) -> tuple:
     return min(buckets, key=lambda b: abs(math.log2(max(b[0], 1)) - math.log2(max(size, 1))))
 
 
-def tuned_geometry(kernel: str, device: torch.device, size: int) -> Geometry | None:
+def tuned_geometry(kernel: str, device: torch.device, size: int, mode: int = 0) -> Geometry | None:
+    """Geometry of the best record of the bucket nearest to ``size`` among the kernel's buckets of
+    ``mode`` (``workloads.mode_of``: verify's RealKvHashMode), or None (the default applies)."""
+    from .workloads import mode_of
+
     key = keys.device_key(device)
     records = _records(key, device.type == "cuda")
-    per_bucket = records.get(kernel)
-    if not per_bucket:
-        what = f"{kernel} on {key}" if records else key
+    buckets = [b for b in records.get(kernel, {}) if mode_of(kernel, b) == mode]
+    if not buckets:
+        what = (f"{kernel}" + (f" (real-KV mode {mode})" if mode else "") + f" on {key}") if records else key
         if what not in _noticed:
             _noticed.add(what)
             log.warning("tvm_canary: no tuned schedule for %s; using the default schedule", what)
         return None
-    return per_bucket[nearest(list(per_bucket), size)]
+    return records[kernel][nearest(buckets, size)]

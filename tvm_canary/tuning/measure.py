@@ -30,7 +30,7 @@ def build_candidate(mod, target, _params):
     cuda = target.kind.name == "cuda"
     kernel, geom = geometry_of(mod, cuda)
     tag = f"cuda-{target.attrs['arch']}" if cuda else "llvm"
-    return C.build(kernel, workloads.TUNED_SPEC[kernel], tag, geom).mod
+    return C.build(kernel, workloads.tuned_spec(kernel, workloads.bucket_of(mod["main"])), tag, geom).mod
 
 
 @functools.lru_cache(maxsize=None)

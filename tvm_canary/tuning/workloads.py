@@ -1,11 +1,16 @@
 """Tuning workloads: size buckets, their stand-in functions, and valid inputs with expected outputs.
 
-A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)``, write
-``(requests, tokens per request)``, plan ``(bs, prefix)``, scatter ``(bs, tokens)``. The kernels'
-NONE / no-check specialization is tuned; its geometry serves every specialization of the kernel.
+A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` in NONE mode and
+``(entries, mode)`` with two real-KV sources of 256 bytes per token folded in ``RealKvHashMode``
+``mode`` (PARTIAL or ALL); write ``(requests, tokens per request)``, plan ``(bs, prefix)``, scatter
+``(bs, tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply;
+within a mode the nearest size wins. Write, plan and scatter are tuned in their NONE / no-check
+specialization, whose geometry serves all of theirs.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from tvm.script import tirx as T
@@ -13,20 +18,34 @@ from tvm.script import tirx as T
 import tvm_canary as tc
 from tvm_canary import reference
 from tvm_canary.consts import RealKvHashMode
-from tvm_canary.reference.hashing import mix3_t
+from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
 from tvm_canary.runtime import packing
 
 PRESETS = {
-    "ci": {"verify": [(1024,)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
+    "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
     "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)], "plan": [(64, 512)], "scatter": [(64, 512)]},
     "gpu": {
-        "verify": [(4096,), (1 << 20,), (1 << 24,)],
+        "verify": [(n,) for n in (4096, 1 << 20, 1 << 24)] + [(n, m) for m in (1, 2) for n in (4096, 1 << 20, 1 << 24)],
         "write": [(4096, 1), (1, 32768)],
         "plan": [(4096, 2048)],
         "scatter": [(4096, 1024)],
     },
 }
-TUNED_SPEC = {"verify": (0, False), "write": (0, False), "plan": (False, False), "scatter": ()}
+KERNELS = ("plan", "scatter", "verify", "write")
+KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of folded verify buckets
+
+
+def mode_of(kernel: str, bucket: tuple) -> int:
+    """The bucket's RealKvHashMode (verify; 0 = NONE for every other kernel)."""
+    return bucket[1] if kernel == "verify" and len(bucket) > 1 else 0
+
+
+def tuned_spec(kernel: str, bucket: tuple) -> tuple:
+    """The specialization a workload is compiled in: no input checks, sources folded per its mode."""
+    return {
+        "verify": (KV_SOURCES if mode_of(kernel, bucket) else 0, False), "write": (0, False),
+        "plan": (False, False), "scatter": (),
+    }[kernel]
 
 
 def descriptor(kernel: str, bucket: tuple):
@@ -89,7 +108,7 @@ class Case:
         """Outputs equal the reference byte for byte (plan scratch and verify tails excluded)."""
         got, want = self.tensors, self.expected
         skip = _UNCHECKED[self.kernel]
-        return all(torch.equal(g.cpu(), w.cpu()) for i, (g, w) in enumerate(zip(got, want)) if i not in skip)
+        return all(torch.equal(g, w.to(g.device)) for i, (g, w) in enumerate(zip(got, want)) if i not in skip)
 
 
 _REFERENCE = {"verify": "canary_verify_ref", "write": "canary_write_ref", "plan": "canary_plan_ref", "scatter": "scatter_req_token_ids_ref"}
@@ -98,8 +117,6 @@ _UNCHECKED = {"verify": {11}, "write": {14}, "plan": {16}, "scatter": set()}
 
 
 def _copy(obj):
-    import dataclasses
-
     if isinstance(obj, torch.Tensor):
         return obj.clone()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -131,20 +148,29 @@ def make_case(kernel: str, bucket: tuple, device) -> Case:
 
 
 def _verify_kwargs(bucket, device, gen):
-    """A clean canary of chains over random slots; entries in random order, chain-checked."""
-    (n,) = bucket
+    """A clean canary of chains over random slots (real-KV fields folded from random K/V pools in
+    the bucket's mode); entries in random order, chain-checked."""
+    n, mode = bucket[0], mode_of("verify", bucket)
     length = 64
     chains = -(-n // length)
     slots = (torch.randperm(2 * chains * length, generator=gen)[: chains * length] + 1).view(chains, length).to(device)
     toks = torch.randint(0, 150000, (chains, length), generator=gen).to(device)
-    words = torch.zeros(2 * chains * length + 1, 4, dtype=torch.int64, device=device)
+    num_slots = 2 * chains * length + 1
+    words = torch.zeros(num_slots, 4, dtype=torch.int64, device=device)
     h = torch.full((chains,), tc.consts.to_signed_int64(tc.consts.ANCHOR_HASH), dtype=torch.int64, device=device)
     for p in range(length):
         words[slots[:, p], 0] = toks[:, p]
         words[slots[:, p], 1] = p
         words[slots[:, p], 2] = h
         h = mix3_t(h, toks[:, p], torch.full_like(h, p))
-    ctx = _context(words.shape[0], device)
+    ctx = _context(num_slots, device)
+    if mode:
+        kv_gen = torch.Generator(device=device).manual_seed(1)  # 16 GB at 16M entries: drawn on the device
+        kv = torch.randint(-(2**62), 2**62, (KV_SOURCES * num_slots, KV_BYTES // 8), generator=kv_gen, device=device)
+        sources = tuple(tc.RealKvSource(tensor=part, page_size=1, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
+                        for part in kv.view(torch.uint8).chunk(KV_SOURCES))
+        ctx = dataclasses.replace(ctx, real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode(mode))
+        words[:, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), torch.arange(num_slots, device=device))
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
     pick = torch.randperm(chains * length, generator=gen)[:n].to(device)
     r, p = pick // length, pick % length
