@@ -33,7 +33,7 @@ def build_candidate(mod, target, _params):
     return C.build(kernel, workloads.tuned_spec(kernel, workloads.bucket_of(mod["main"])), tag, geom).mod
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1)  # one bucket at a time: a 16M-entry ALL case holds ~35 GB
 def _case(kernel: str, bucket: tuple, device_type: str):
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     return workloads.make_case(kernel, bucket, device)
