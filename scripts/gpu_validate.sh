@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session on the H200 (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [bench] [bench-tuned]
+# (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_DEFAULT: a default-geometry bench JSON)
 #   tune:  MetaSchedule tuning of all kernels, resuming tune_logs/ (databases in OUTDIR/tune.tgz)
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
@@ -16,7 +17,7 @@ python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', tor
 if [[ " $stages " == *" tune "* ]]; then
   echo "== tune" | tee "$out/tune.log"
   mkdir -p /tmp/tune_logs && cp -r tune_logs/. /tmp/tune_logs/  # resume from the committed databases
-  timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --out /tmp/tune_logs 2>&1 \
+  timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --out /tmp/tune_logs ${TUNE_ARGS:-} 2>&1 \
     | grep -v "INFO\|^ \|^--\|^Total\|^$" | tail -12 | tee -a "$out/tune.log"
   tar czf "$out/tune.tgz" -C /tmp tune_logs  # one file: a call returns few files
   export TVM_CANARY_TUNE_LOGS=/tmp/tune_logs
@@ -34,11 +35,11 @@ if [[ " $stages " == *" aot "* ]]; then
 fi
 if [[ " $stages " == *" bench "* ]]; then
   echo "== benchmarks (default geometries)" | tee "$out/bench.log"
-  TVM_CANARY_TUNED=0 timeout 280 python3 benchmarks/bench_kernels.py --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
+  TVM_CANARY_TUNED=0 timeout 280 python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
 fi
 if [[ " $stages " == *" bench-tuned "* ]]; then
   echo "== benchmarks (tuned geometries, TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-repo tune_logs})" | tee "$out/bench-tuned.log"
-  timeout 280 python3 benchmarks/bench_kernels.py --json "$out/bench-tuned.json" 2>&1 | tee -a "$out/bench-tuned.log" | tail -52
+  timeout 280 python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} --json "$out/bench-tuned.json" 2>&1 | tee -a "$out/bench-tuned.log" | tail -52
   base="${BENCH_DEFAULT:-$out/bench.json}"  # a default-geometry run of this or an earlier call
   [[ -f "$base" ]] && python3 benchmarks/compare.py "$base" "$out/bench-tuned.json" | tee "$out/compare.log"
 fi

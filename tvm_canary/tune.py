@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(tune_workload(kernel, bucket, device, work_dir, args.trials))
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
     for r in rows:
-        note = "" if r["candidates"] > 1 else "  (no knobs on this target: nothing to tune)"
+        note = "  (no knobs on this target: nothing to tune)" if r["candidates"] == 1 else ""
         print(f"{r['kernel']:8} {str(r['bucket']):14} {r['candidates']:>10} {r['default_us']:11.1f} {r['tuned_us']:9.1f} "
               f"{r['default_us'] / r['tuned_us']:8.2f}  {r['geometry']}{note}")
     return 0
@@ -75,6 +75,7 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
     if len(measured_records(db).get((kernel, bucket), [])) < trials:
         runner = ms.runner.LocalRunner(
             evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
+            timeout_sec=120,  # the first run of a worker builds the case (16M entries: seconds)
             f_alloc_argument=functools.partial(measure.alloc_case, kernel, bucket),
             f_run_evaluator=functools.partial(measure.run_case, kernel),
         )
@@ -89,11 +90,15 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
                 # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
                 strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0), seed=0,
             )
-    rows = measured_records(db)[(kernel, bucket)]
+        runner.pool.shutdown()  # its worker holds this bucket's case (up to ~35 GB of device memory)
+    default = targets.geometry_for(kernel, targets.tag_for(device))
+    rows = measured_records(db).get((kernel, bucket), [])
+    if not rows:
+        return dict(kernel=kernel, bucket=bucket, candidates=0, default_us=float("nan"), tuned_us=float("nan"),
+                    geometry="every candidate failed: the default applies")
     best_cost, best = rows[0]
     geom = record_geometry(best, cuda)
     tuned_us = 1e6 * best_cost
-    default = targets.geometry_for(kernel, targets.tag_for(device))
     same = [c for c, r in rows if record_geometry(r, cuda) == default]
     default_us = 1e6 * same[0] if same else default_time_us(kernel, bucket, device, default)
     return dict(kernel=kernel, bucket=bucket, candidates=len(rows), default_us=default_us, tuned_us=tuned_us, geometry=geom.key())
@@ -110,6 +115,9 @@ def default_time_us(kernel: str, bucket: tuple, device: torch.device, default) -
     dev = tvm.cuda(0) if device.type == "cuda" else tvm.cpu(0)
     timer = ex.mod.time_evaluator(f"canary_{kernel}", dev, number=10, repeat=3, min_repeat_ms=0)
     res = timer(*case.args).results
+    del case
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # give the case's memory back before the next bucket's workers need it
     return 1e6 * sum(res) / len(res)
 
 

@@ -18,6 +18,7 @@ from ..geometry import Geometry
 from . import keys
 
 log = logging.getLogger("tvm_canary")
+FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,8 +36,8 @@ def measured_records(db) -> dict:
 
     out: dict = {}
     for record in db.get_all_tuning_records():
-        if not record.run_secs:
-            continue
+        if not record.run_secs or min(float(s) for s in record.run_secs) >= FAILED_RUN_SECS:
+            continue  # not measured, or failed (build error, timeout, output differing from the reference)
         func = record.workload.mod["main"]
         key = (str(func.attrs["canary.kernel"]), bucket_of(func))
         cost = sum(float(s) for s in record.run_secs) / len(record.run_secs)

@@ -170,7 +170,9 @@ def _verify_kwargs(bucket, device, gen):
         sources = tuple(tc.RealKvSource(tensor=part, page_size=1, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
                         for part in kv.view(torch.uint8).chunk(KV_SOURCES))
         ctx = dataclasses.replace(ctx, real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode(mode))
-        words[:, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), torch.arange(num_slots, device=device))
+        for first in range(0, num_slots, 1 << 20):  # chunks: the reference's gather is 2 KB of indices per slot
+            chunk = torch.arange(first, min(first + (1 << 20), num_slots), device=device)
+            words[chunk, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), chunk)
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
     pick = torch.randperm(chains * length, generator=gen)[:n].to(device)
     r, p = pick // length, pick % length
