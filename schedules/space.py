@@ -16,17 +16,24 @@ from tvm_canary.geometry import Geometry
 KNOB_FIELDS = ("blocks", "threads", "tile", "unroll", "min_blocks")
 
 
-def make_space(knobs: dict[str, list[int]]):
-    """A ScheduleFn body sampling every knob with more than one choice (uniformly)."""
+def make_space(knobs: dict[str, list[int]], fixed: Geometry | None = None):
+    """A ScheduleFn body sampling every knob with more than one choice (uniformly); with ``fixed``,
+    every draw is decided to that geometry's value (the trace of one known candidate)."""
 
     def space(sch) -> None:
         block = sch.get_sblock("canary")
         for name, choices in knobs.items():
             if len(choices) > 1:
-                value = sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices))
+                decision = None if fixed is None else list(choices).index(getattr(fixed, name))
+                value = sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices), decision=decision)
                 sch.annotate(block, f"canary.{name}", value)
 
     return space
+
+
+def knob_values_of(knobs: dict[str, list[int]], geom: Geometry) -> bool:
+    """True when every knob's choices include ``geom``'s value (so ``make_space(knobs, geom)`` works)."""
+    return all(getattr(geom, name) in choices for name, choices in knobs.items())
 
 
 def geometry_from(mod, default: Geometry) -> Geometry:

@@ -61,3 +61,21 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024) is None
     apply._records.cache_clear()
+
+
+def test_default_geometry_competes_as_a_record(tmp_path):
+    """``record_default`` stores the default's measurement with a trace that replays to the default."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    import schedules
+    from tvm_canary.geometry import CPU_GEOMETRY
+    from tvm_canary.runtime import targets
+    from tvm_canary.tune import record_default
+    from tvm_canary.tuning import workloads
+
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16))})
+    record_default(db, mod, schedules.knobs("write", False), CPU_GEOMETRY, 1e-3, targets.target_from_tag("llvm"))
+    ((cost, record),) = apply.measured_records(db)[("write", (8, 16))]
+    assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == CPU_GEOMETRY

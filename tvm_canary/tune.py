@@ -57,7 +57,7 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
     from tvm.s_tir import meta_schedule as ms
 
     import schedules
-    from schedules.space import make_space
+    from schedules.space import knob_values_of, make_space
 
     from .tuning import measure
     from .tuning.apply import measured_records, record_geometry
@@ -93,6 +93,10 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
         runner.pool.shutdown()  # its worker holds this bucket's case (up to ~35 GB of device memory)
     default = targets.geometry_for(kernel, targets.tag_for(device))
     rows = measured_records(db).get((kernel, bucket), [])
+    if not any(record_geometry(r, cuda) == default for _, r in rows) and knob_values_of(knobs, default):
+        # The default competes too: a bucket's best record is then never slower than the default.
+        record_default(db, mod, knobs, default, default_time_us(kernel, bucket, device, default) / 1e6, target)
+        rows = measured_records(db).get((kernel, bucket), [])
     if not rows:
         return dict(kernel=kernel, bucket=bucket, candidates=0, default_us=float("nan"), tuned_us=float("nan"),
                     geometry="every candidate failed: the default applies")
@@ -102,6 +106,20 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
     same = [c for c, r in rows if record_geometry(r, cuda) == default]
     default_us = 1e6 * same[0] if same else default_time_us(kernel, bucket, device, default)
     return dict(kernel=kernel, bucket=bucket, candidates=len(rows), default_us=default_us, tuned_us=tuned_us, geometry=geom.key())
+
+
+def record_default(db, mod, knobs: dict, default, seconds: float, target) -> None:
+    """Commit the default geometry's measurement as a record of the workload (its trace decides every
+    knob to the default's value)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedules.space import make_space
+
+    sch = tvm.s_tir.Schedule(mod)
+    make_space(knobs, default)(sch)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
 
 
 def default_time_us(kernel: str, bucket: tuple, device: torch.device, default) -> float:

@@ -94,4 +94,4 @@ def tuned_geometry(kernel: str, device: torch.device, size: int, mode: int = 0) 
             _noticed.add(what)
             log.warning("tvm_canary: no tuned schedule for %s; using the default schedule", what)
         return None
-    return records[kernel][nearest(buckets, size)]
+    return records[kernel][nearest(sorted(buckets), size)]  # sorted: a tie goes to the smaller bucket
