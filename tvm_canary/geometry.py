@@ -23,8 +23,9 @@ class Geometry:
     tile: threads of the single-block ordered phase (write's ring emission, plan offsets); verify
         ignores it (its emit phase runs in the last block of the check grid, with ``threads`` lanes).
     unroll: entries a thread keeps in flight per step (write chain pipeline).
-    min_blocks: blocks of ``threads`` that must fit on one SM at once (CUDA ``__launch_bounds__``
-        minimum; caps registers per thread; 1 leaves the choice to the compiler). Verify only.
+    min_blocks: blocks of ``threads`` that must fit on one SM at once: CUDA
+        ``__launch_bounds__(threads, min_blocks)``, which caps registers per thread (with 1, ptxas may
+        use up to 128 at 512 threads). Verify only.
     """
 
     gpu: bool
