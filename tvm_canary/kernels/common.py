@@ -29,6 +29,15 @@ def no_barrier():
 
 
 @T.macro
+def close_emit(flags, write_index, kernel_counter, base):
+    """End of a launch's ordered emit phase (one lane): clear the any-mark, publish the ring's new write
+    index ``base[0]`` and count the launch."""
+    flags[0] = 0
+    write_index[0] = T.Cast("int32", base[0])
+    kernel_counter[0] = kernel_counter[0] + T.int64(1)
+
+
+@T.macro
 def splitmix64(h):
     """h[0] := splitmix64(h[0]) (finalizer only)."""
     h[0] = (h[0] ^ (h[0] >> T.uint64(30))) * C1

@@ -30,7 +30,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, fold_sources, last_block, slot_hash
+from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_sources, last_block, slot_hash
 
 CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
 POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)
@@ -205,9 +205,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                     sync()
                     for t in geom.lanes(TH):
                         if t == 0:
-                            flags[0] = 0
-                            write_index[0] = T.Cast("int32", base[0])
-                            kernel_counter[0] = kernel_counter[0] + T.int64(1)
+                            close_emit(flags, write_index, kernel_counter, base)
                             if on:
                                 slot_counter[0] = slot_counter[0] + active
     # fmt: on

@@ -29,7 +29,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, fold_loaded, load_heads, mix3, slot_hash
+from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_loaded, load_heads, mix3, slot_hash
 
 TOKEN = int(FailReason.WRITE_TOKEN_MISMATCH)
 POSITION = int(FailReason.WRITE_POSITION_MISMATCH)
@@ -368,9 +368,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         sync()
             for t in geom.lanes(TB):
                 if t == 0:
-                    flags[0] = 0
-                    write_index[0] = T.Cast("int32", base[0])
-                    kernel_counter[0] = kernel_counter[0] + T.int64(1)
+                    close_emit(flags, write_index, kernel_counter, base)
     # fmt: on
 
     return canary_write
