@@ -3,6 +3,8 @@ reloaded at kernel load, and the tuned kernels pass the differential tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_differential import run_differential
@@ -63,19 +65,24 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     apply._records.cache_clear()
 
 
-def test_default_geometry_competes_as_a_record(tmp_path):
-    """``record_default`` stores the default's measurement with a trace that replays to the default."""
+def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
+    """``record_default`` stores the default's measurement with a trace that replays to the default; a
+    record MetaSchedule marked failed (1e10 s) is not a measurement."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
     import schedules
     from tvm_canary.geometry import CPU_GEOMETRY
     from tvm_canary.runtime import targets
-    from tvm_canary.tune import record_default
+    from tvm_canary.tune import commit_measurement
     from tvm_canary.tuning import workloads
 
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
     mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16))})
-    record_default(db, mod, schedules.knobs("write", False), CPU_GEOMETRY, 1e-3, targets.target_from_tag("llvm"))
+    knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
+    failed = dataclasses.replace(CPU_GEOMETRY, unroll=1)
+    commit_measurement(db, mod, knobs, failed, 1e10, target)
+    assert ("write", (8, 16)) not in apply.measured_records(db)
+    commit_measurement(db, mod, knobs, CPU_GEOMETRY, 1e-3, target)
     ((cost, record),) = apply.measured_records(db)[("write", (8, 16))]
     assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == CPU_GEOMETRY

@@ -95,7 +95,7 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
     rows = measured_records(db).get((kernel, bucket), [])
     if not any(record_geometry(r, cuda) == default for _, r in rows) and knob_values_of(knobs, default):
         # The default competes too: a bucket's best record is then never slower than the default.
-        record_default(db, mod, knobs, default, default_time_us(kernel, bucket, device, default) / 1e6, target)
+        commit_measurement(db, mod, knobs, default, default_time_us(kernel, bucket, device, default) / 1e6, target)
         rows = measured_records(db).get((kernel, bucket), [])
     if not rows:
         return dict(kernel=kernel, bucket=bucket, candidates=0, default_us=float("nan"), tuned_us=float("nan"),
@@ -108,16 +108,16 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, work_dir: pa
     return dict(kernel=kernel, bucket=bucket, candidates=len(rows), default_us=default_us, tuned_us=tuned_us, geometry=geom.key())
 
 
-def record_default(db, mod, knobs: dict, default, seconds: float, target) -> None:
-    """Commit the default geometry's measurement as a record of the workload (its trace decides every
-    knob to the default's value)."""
+def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> None:
+    """Commit a measurement of ``geom`` on the workload ``mod`` as a tuning record (its trace decides
+    every knob to ``geom``'s value); ``tune`` does it for the default geometry."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from schedules.space import make_space
 
     sch = tvm.s_tir.Schedule(mod)
-    make_space(knobs, default)(sch)
+    make_space(knobs, geom)(sch)
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
 

@@ -40,7 +40,7 @@ TOKEN = int(FailReason.VERIFY_TOKEN_MISMATCH)
 
 def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
-    G, TH = geom.blocks, geom.threads
+    TH = geom.threads
     sync = geom.sync
     ticket = last_block(geom)
     assert CHUNK % TH == 0

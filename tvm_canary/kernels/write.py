@@ -43,7 +43,7 @@ __device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long v
 
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
-    G, TH, TB, U = geom.blocks, geom.threads, geom.tile, geom.unroll
+    TH, TB, U = geom.threads, geom.tile, geom.unroll
     W = 32 if geom.gpu else 1  # lanes folding one request's entries (a warp on CUDA)
     sync = geom.sync
 
