@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tvm
 from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
 
 from .. import consts
 from ..geometry import CPU_GEOMETRY, FLAG_CHUNK, Geometry  # noqa: F401  (re-exported for kernel files)
@@ -142,6 +143,18 @@ def fold_sources(acc, part, heads, srcs, params, num_sources, slot):
     """acc[0] := real_kv_fold_sources(slot); heads is an int64 local scratch of 8 elements."""
     load_heads(heads, 0, srcs, params, num_sources, slot)
     fold_loaded(acc, part, heads, 0, srcs, params, num_sources, slot)
+
+
+def source_buffers(handles):
+    """The four real-KV source views ``src<i>`` (int64 ``[r<i>, c<i>]``, row stride ``s<i>``, unit inner
+    stride, element offset ``o<i>``) matched from their handles; call at the top of a prim_func, inside
+    ``T.meta_var`` (the kernels index them as a Python list)."""
+    bufs = []
+    for i, handle in enumerate(handles):
+        rows, cols, stride, offset = (IRBuilder.name(f"{v}{i}", T.int64()) for v in "rcso")
+        buf = T.match_buffer(handle, (rows, cols), "int64", strides=(stride, T.int64(1)), elem_offset=offset)
+        bufs.append(IRBuilder.name(f"src{i}", buf))
+    return bufs
 
 
 @T.macro

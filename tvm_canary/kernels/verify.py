@@ -30,7 +30,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_sources, last_block, slot_hash
+from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_sources, last_block, slot_hash, source_buffers
 
 CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
 POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)
@@ -116,15 +116,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         prevs = T.match_buffer(prevs_h, (cap,), "int64")
         ring = T.match_buffer(ring_h, (R, 8), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
-        r0 = T.int64(); c0 = T.int64(); s0 = T.int64(); o0 = T.int64()
-        r1 = T.int64(); c1 = T.int64(); s1 = T.int64(); o1 = T.int64()
-        r2 = T.int64(); c2 = T.int64(); s2 = T.int64(); o2 = T.int64()
-        r3 = T.int64(); c3 = T.int64(); s3 = T.int64(); o3 = T.int64()
-        src0 = T.match_buffer(src0_h, (r0, c0), "int64", strides=(s0, T.int64(1)), elem_offset=o0)
-        src1 = T.match_buffer(src1_h, (r1, c1), "int64", strides=(s1, T.int64(1)), elem_offset=o1)
-        src2 = T.match_buffer(src2_h, (r2, c2), "int64", strides=(s2, T.int64(1)), elem_offset=o2)
-        src3 = T.match_buffer(src3_h, (r3, c3), "int64", strides=(s3, T.int64(1)), elem_offset=o3)
-        srcs = T.meta_var([src0, src1, src2, src3])
+        srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
         # Blocks: enough for one entry per thread, at most G (a shape expression: no host sync).
         # A meta_var (the expression itself): a bound variable would not reach the host's launch code.
