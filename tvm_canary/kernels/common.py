@@ -193,6 +193,25 @@ __device__ __forceinline__ int canary_last_block_ticket(void* counter, int last)
 """
 
 
+def take_marks(geom: Geometry, width: int):
+    """Macro ``take(sflag, flags, c, n_chunks)`` for an ordered emit phase of ``width`` lanes: between
+    two barriers, ``sflag[t]`` := the mark of chunk ``c * width + t`` (0 past ``n_chunks``), and the
+    marks taken are cleared in ``flags`` (chunk marks at ``[1 + chunk]``)."""
+    sync = geom.sync
+
+    @T.macro
+    def take(sflag, flags, c, n_chunks):
+        sync()
+        for t in geom.lanes(width):
+            ci = c * width + t
+            sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, flags.shape[0] - 1)], 0)
+            if ci < n_chunks:
+                flags[1 + ci] = 0
+        sync()
+
+    return take
+
+
 def last_block(geom: Geometry):
     """Macro ``ticket(out, counter, index, nblocks, b)``: ``out[0] := 1`` in the block that finishes last
     (else 0), using the int32 ``counter[index]`` (zero on entry and on exit).

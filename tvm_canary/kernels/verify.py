@@ -30,7 +30,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_sources, last_block, slot_hash, source_buffers
+from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_sources, last_block, slot_hash, source_buffers, take_marks
 
 CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
 POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)
@@ -42,6 +42,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
     TH = geom.threads
     sync = geom.sync
+    take = take_marks(geom, TH)
     ticket = last_block(geom)
     assert CHUNK % TH == 0
     # The emit phase keeps each lane's row in registers across lane loops: on CPU (serial lanes) that
@@ -166,13 +167,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                     base[0] = T.Cast("int64", write_index[0])
                     n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
                     for c in T.serial((n_chunks + TH - 1) // TH):
-                        sync()
-                        for t in geom.lanes(TH):
-                            ci = c * TH + t
-                            sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
-                            if ci < n_chunks:
-                                flags[1 + ci] = 0
-                        sync()
+                        take(sflag, flags, c, n_chunks)
                         for j in T.serial(TH):
                             marked[0] = sflag[j]
                             for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):

@@ -29,7 +29,7 @@ from tvm.script import tirx as T
 
 from ..consts import FailReason
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_loaded, load_heads, mix3, slot_hash, source_buffers
+from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_loaded, load_heads, mix3, slot_hash, source_buffers, take_marks
 
 TOKEN = int(FailReason.WRITE_TOKEN_MISMATCH)
 POSITION = int(FailReason.WRITE_POSITION_MISMATCH)
@@ -46,6 +46,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     TH, TB, U = geom.threads, geom.tile, geom.unroll
     W = 32 if geom.gpu else 1  # lanes folding one request's entries (a warp on CUDA)
     sync = geom.sync
+    take = take_marks(geom, TB)
 
     def record_macro(mode):
         @T.macro
@@ -326,13 +327,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             base[0] = T.Cast("int64", write_index[0])
             n_chunks = T.Select(flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
             for c in T.serial((n_chunks + TB - 1) // TB):
-                sync()
-                for t in geom.lanes(TB):
-                    ci = c * TB + t
-                    sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, NF - 1)], 0)
-                    if ci < n_chunks:
-                        flags[1 + ci] = 0
-                sync()
+                take(sflag, flags, c, n_chunks)
                 for j in T.serial(TB):
                     marked[0] = sflag[j]
                     for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TB, 0)):
