@@ -41,6 +41,8 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
             )
         )
     sources = tuple(sources)
+    if not sources:
+        mode = RealKvHashMode.NONE  # a folding mode needs sources (SPEC D9)
     buf = torch.randint(0, 256, (num_slots, 32), generator=gen, dtype=torch.uint8).to(device)
     return tc.VerifyOrWriteContext(
         canary_buf=buf,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -542,8 +543,208 @@ def test_launch_errors(base, check, mutate, error, message):
     assert type(info.value) is error
 
 
+# ---------------------------------------------------------------------------------------------
+# Argument types (SPEC D9): a TypeError with the kv-canary prefix where the contract's own check
+# would have crashed; the "order_*" cases pin that contract messages keep their precedence.
+# ---------------------------------------------------------------------------------------------
+
+
+def numpy(t: torch.Tensor):
+    return t.numpy()
+
+
+def as_list(t: torch.Tensor):
+    return t.tolist()
+
+
+def plan_of(plan_key, cls, capacity):
+    return lambda a: dict(a, **{plan_key: cls.allocate(**{
+        "verify_capacity" if cls is VerifyPlan else "write_req_capacity": capacity}, device="cpu")})
+
+
+TYPE_CASES = [
+    # --- write ---
+    ("t_w_context_none", W, CW, arg("context", const(None)), TypeError,
+     "kv-canary: context must be a VerifyOrWriteContext, got NoneType"),
+    ("t_w_plan_is_verify_plan", W, CW, plan_of("plan", VerifyPlan, 2), TypeError,
+     "kv-canary: plan must be a WritePlan, got tvm_canary.VerifyPlan"),
+    ("t_w_order_presence_before_plan_type", W, CW,
+     lambda a: plan_of("plan", VerifyPlan, 2)(dict(a, enable_write_input_assert=True)), ValueError,
+     "kv-canary: expected input tensors are required when enable_write_input_assert=True"),
+    ("t_w_input_ids_numpy", W, CW, arg("input_ids", numpy), TypeError,
+     "kv-canary: input_ids must be a torch.Tensor, got numpy.ndarray"),
+    ("t_w_positions_list", W, CW, arg("positions", as_list), TypeError,
+     "kv-canary: positions must be a torch.Tensor, got list"),
+    ("t_w_expected_tokens_numpy", WA, CW, arg("expected_input_tokens", numpy), TypeError,
+     "kv-canary: expected_input_tokens must be a torch.Tensor, got numpy.ndarray"),
+    ("t_w_ring_none", W, CW, ctx(violation_ring=None), TypeError,
+     "kv-canary: violation_ring must be a torch.Tensor, got NoneType"),
+    ("t_w_canary_buf_numpy", W, CW, ctx_field("canary_buf", numpy), TypeError,
+     "kv-canary: canary_buf must be a torch.Tensor, got numpy.ndarray"),
+    ("t_w_plan_field_list", W, CW, plan_field("plan", "write_offsets", as_list), TypeError,
+     "kv-canary: plan.write_offsets must be a torch.Tensor, got list"),
+    ("t_w_order_contiguity_before_later_type", W, CW,
+     lambda a: arg("input_ids", numpy)(plan_field("plan", "write_offsets", noncontig)(a)), ValueError,
+     "kv-canary: plan.write_offsets must be contiguous"),
+    # --- verify ---
+    ("t_v_context_dict", V, CV, arg("context", lambda c: {"canary_buf": c.canary_buf}), TypeError,
+     "kv-canary: context must be a VerifyOrWriteContext, got dict"),
+    ("t_v_plan_is_write_plan", V, CV, plan_of("plan", WritePlan, 4), TypeError,
+     "kv-canary: plan must be a VerifyPlan, got tvm_canary.WritePlan"),
+    ("t_v_order_source_count_before_plan_type", V, CV, lambda a: FIVE_SOURCES(plan_of("plan", WritePlan, 4)(a)),
+     ValueError, "kv-canary: at most 4 RealKvSource entries supported by the CUDA ABI, got 5"),
+    ("t_v_plan_field_numpy", V, CV, plan_field("plan", "verify_slot_indices", numpy), TypeError,
+     "kv-canary: plan.verify_slot_indices must be a torch.Tensor, got numpy.ndarray"),
+    ("t_v_counter_none", V, CV, ctx(kernel_run_counter=None), TypeError,
+     "kv-canary: kernel_run_counter must be a torch.Tensor, got NoneType"),
+    # --- plan ---
+    ("t_p_verify_plan_out_is_write_plan", P, CP, plan_of("verify_plan_out", WritePlan, 8), TypeError,
+     "kv-canary: verify_plan_out must be a VerifyPlan, got tvm_canary.WritePlan"),
+    ("t_p_order_step1_before_plan_type", P, CP,
+     lambda a: plan_of("verify_plan_out", WritePlan, 8)(dict(a, swa_window_size=4)), ValueError,
+     "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"),
+    ("t_p_write_plan_out_none", P, CP, arg("write_plan_out", const(None)), TypeError,
+     "kv-canary: write_plan_out must be a WritePlan, got NoneType"),
+    ("t_p_order_step4_before_write_plan_type", P, CP,
+     lambda a: dict(a, write_plan_out=None, verify_capacity=3), ValueError,
+     "kv-canary: launch_canary_plan_kernels verify_capacity=3 does not match "
+     "verify_plan_out.verify_slot_indices.shape[0]=8"),
+    ("t_p_slot_indices_list", P, CP, plan_field("verify_plan_out", "verify_slot_indices", as_list), TypeError,
+     "kv-canary: out_verify_slot_indices must be a torch.Tensor, got list"),
+    ("t_p_req_to_token_numpy", P, CP, arg("req_to_token", numpy), TypeError,
+     "kv-canary: req_to_token must be a torch.Tensor, got numpy.ndarray"),
+    ("t_p_req_pool_indices_list", P, CP, arg("req_pool_indices", as_list), TypeError,
+     "kv-canary: req_pool_indices must be a torch.Tensor, got list"),
+    ("t_p_lut_numpy", PL, CP, arg("full_to_swa_index_mapping", numpy), TypeError,
+     "kv-canary: lut_tensor must be a torch.Tensor, got numpy.ndarray"),
+    ("t_p_pool_numpy", PP, CP, arg("req_to_verify_expected_tokens", numpy), TypeError,
+     "kv-canary: req_to_verify_expected_tokens must be a torch.Tensor, got numpy.ndarray"),
+    ("t_p_swa_window_none", P, CP, lambda a: dict(a, swa_window_size=None), TypeError,
+     "kv-canary: swa_window_size must be an int, got NoneType"),
+    ("t_p_swa_window_float", PL, CP, lambda a: dict(a, swa_window_size=4.0), TypeError,
+     "kv-canary: swa_window_size must be an int, got float 4.0"),
+    ("t_p_order_step1_before_swa_window_type", P, CP, lambda a: dict(a, swa_window_size=4.0), ValueError,
+     "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"),
+    ("t_p_verify_capacity_float", P, CP, lambda a: dict(a, verify_capacity=8.0), TypeError,
+     "kv-canary: verify_capacity must be an int, got float 8.0"),
+    # A string never equals the plan's length, so the contract's step 4 answers it.
+    ("t_p_order_verify_capacity_str", P, CP, lambda a: dict(a, verify_capacity="8"), ValueError,
+     "kv-canary: launch_canary_plan_kernels verify_capacity=8 does not match "
+     "verify_plan_out.verify_slot_indices.shape[0]=8"),
+    ("t_p_order_step5_before_capacity_type", P, CP,
+     lambda a: arg("prefix_lens", retype(I32))(dict(a, verify_capacity=8.0)), ValueError,
+     "kv-canary: prefix_lens must have dtype torch.int64, got torch.int32"),
+    ("t_p_offset_str", P, CP, lambda a: dict(a, kv_token_id_vs_position_offset="1"), TypeError,
+     "kv-canary: kv_token_id_vs_position_offset must be an int, got str '1'"),
+    # --- scatter: ranks (ValueError), then dtypes (TypeError), as in the contract ---
+    ("t_s_flat_in_numpy", S, CS, arg("flat_in", numpy), TypeError,
+     "kv-canary: scatter_req_token_ids flat_in must be a torch.Tensor, got numpy.ndarray"),
+    ("t_s_offsets_list", S, CS, arg("offsets", as_list), TypeError,
+     "kv-canary: scatter_req_token_ids offsets must be a torch.Tensor, got list"),
+    ("t_s_order_rank_before_type", S, CS, arg("pool_out", lambda t: t.reshape(-1).numpy()), ValueError,
+     "kv-canary: scatter_req_token_ids pool_out must be 2-D, got shape (64,)"),
+]
+
+
+@pytest.mark.parametrize(
+    "base, check, mutate, error, message", [c[1:] for c in TYPE_CASES], ids=[c[0] for c in TYPE_CASES]
+)
+def test_argument_type_errors(base, check, mutate, error, message):
+    with pytest.raises(error) as info:
+        check(**mutate(base()))
+    assert type(info.value) is error
+    assert str(info.value) == message
+
+
+def test_launch_functions_raise_type_errors_before_any_backend():
+    """The public launch functions run the same checks (nothing is dispatched on a bad argument)."""
+    import tvm_canary as tc
+
+    with pytest.raises(TypeError, match=re.escape("kv-canary: plan must be a WritePlan, got NoneType")):
+        tc.launch_canary_write_kernel(**dict(write_args(), plan=None))
+    with pytest.raises(
+        TypeError, match=re.escape("kv-canary: scatter_req_token_ids flat_in must be a torch.Tensor, got list")
+    ):
+        tc.launch_scatter_req_token_ids_kernel(**dict(scatter_args(), flat_in=[1, 2, 3]))
+
+
+def _context_fields(**overrides) -> dict:
+    fields = dict(
+        canary_buf=zeros(8, 32, dtype=U8), kernel_kind=CanaryLaunchTag.TAIL_K_FULL, violation_ring=zeros(4, 8),
+        violation_write_index=zeros(1, dtype=I32), slot_run_counter=zeros(1), kernel_run_counter=zeros(1),
+        real_kv_sources=(), real_kv_hash_mode=RealKvHashMode.NONE, enable_chain_position_assert=zeros(1, dtype=I32),
+    )
+    return dict(fields, **overrides)
+
+
+TYPE_CONSTRUCTION_CASES = [
+    # --- plan capacities: the contract's "must be positive" first, then the type ---
+    ("t_verify_plan_str", lambda: VerifyPlan.allocate(verify_capacity="8", device="cpu"), TypeError,
+     "kv-canary: VerifyPlan verify_capacity must be an int, got str"),
+    ("t_verify_plan_none", lambda: VerifyPlan.allocate(verify_capacity=None, device="cpu"), TypeError,
+     "kv-canary: VerifyPlan verify_capacity must be an int, got NoneType"),
+    ("t_verify_plan_float", lambda: VerifyPlan.allocate(verify_capacity=2.5, device="cpu"), TypeError,
+     "kv-canary: VerifyPlan verify_capacity must be an int, got float 2.5"),
+    ("t_verify_plan_order_float_zero", lambda: VerifyPlan.allocate(verify_capacity=0.0, device="cpu"), ValueError,
+     "kv-canary: VerifyPlan verify_capacity must be positive, got 0.0"),
+    ("t_write_plan_str", lambda: WritePlan.allocate(write_req_capacity="4", device="cpu"), TypeError,
+     "kv-canary: WritePlan write_req_capacity must be an int, got str"),
+    ("t_write_plan_float", lambda: WritePlan.allocate(write_req_capacity=4.0, device="cpu"), TypeError,
+     "kv-canary: WritePlan write_req_capacity must be an int, got float 4.0"),
+    ("t_write_plan_order_negative_float", lambda: WritePlan.allocate(write_req_capacity=-1.5, device="cpu"),
+     ValueError, "kv-canary: WritePlan write_req_capacity must be positive, got -1.5"),
+    # --- RealKvSource ---
+    ("t_source_page_size_str", lambda: source(page_size="1"), TypeError,
+     "kv-canary: RealKvSource.page_size must be an int, got str"),
+    ("t_source_order_page_size_range", lambda: source(page_size=0.5), ValueError,
+     "kv-canary: RealKvSource.page_size must be >= 1, got 0.5"),
+    ("t_source_page_size_float", lambda: source(page_size=1.0), TypeError,
+     "kv-canary: RealKvSource.page_size must be an int, got float 1.0"),
+    ("t_source_read_bytes_none", lambda: source(read_bytes=None), TypeError,
+     "kv-canary: RealKvSource.read_bytes must be an int, got NoneType"),
+    ("t_source_tensor_numpy", lambda: source(np.zeros((8, 32), dtype=np.uint8)), TypeError,
+     "kv-canary: RealKvSource.tensor must be a torch.Tensor, got numpy.ndarray"),
+    # --- VerifyOrWriteContext: hash mode and sources ---
+    ("t_context_mode_7", lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=7)), ValueError,
+     "kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got 7"),
+    ("t_context_mode_str", lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode="ALL")), TypeError,
+     "kv-canary: real_kv_hash_mode must be a RealKvHashMode, got str"),
+    ("t_context_all_without_sources",
+     lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=RealKvHashMode.ALL)), ValueError,
+     "kv-canary: real_kv_hash_mode=ALL folds real-KV sources but real_kv_sources is empty; "
+     "use RealKvHashMode.NONE for a context without sources"),
+    ("t_context_partial_without_sources",
+     lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=1)), ValueError,
+     "kv-canary: real_kv_hash_mode=PARTIAL folds real-KV sources but real_kv_sources is empty; "
+     "use RealKvHashMode.NONE for a context without sources"),
+    ("t_context_sources_none", lambda: VerifyOrWriteContext(**_context_fields(real_kv_sources=None)), TypeError,
+     "kv-canary: real_kv_sources must be a tuple of RealKvSource, got NoneType"),
+    ("t_context_source_is_tensor",
+     lambda: VerifyOrWriteContext(**_context_fields(real_kv_sources=(zeros(8, 32, dtype=U8),))), TypeError,
+     "kv-canary: real_kv_sources[0] must be a RealKvSource, got torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize(
+    "build, error, message", [c[1:] for c in TYPE_CONSTRUCTION_CASES], ids=[c[0] for c in TYPE_CONSTRUCTION_CASES]
+)
+def test_construction_type_errors(build, error, message):
+    with pytest.raises(error) as info:
+        build()
+    assert type(info.value) is error
+    assert str(info.value) == message
+
+
+def test_integer_like_values_are_accepted():
+    """numpy ints and the int-valued IntEnum modes pass (anything with ``__index__``)."""
+    assert VerifyPlan.allocate(verify_capacity=np.int64(3), device="cpu").verify_slot_indices.shape == (3,)
+    assert WritePlan.allocate(write_req_capacity=np.int32(2), device="cpu").write_offsets.shape == (3,)
+    src = RealKvSource(tensor=zeros(8, 32, dtype=U8), page_size=np.int64(1), num_bytes_per_token=32, read_bytes=16)
+    VerifyOrWriteContext(**_context_fields(real_kv_sources=(src,), real_kv_hash_mode=2))
+
+
 def test_case_ids_are_unique():
-    ids = [c[0] for c in LAUNCH_CASES + CONSTRUCTION_CASES]
+    ids = [c[0] for c in LAUNCH_CASES + CONSTRUCTION_CASES + TYPE_CASES + TYPE_CONSTRUCTION_CASES]
     assert len(ids) == len(set(ids))
 
 
@@ -580,7 +781,10 @@ def _strided_source() -> RealKvSource:
 VALID_CASES = [
     ("write", W, CW, lambda a: a),
     ("write_asserting", WA, CW, lambda a: a),
-    ("write_no_sources", W, CW, sources()),
+    ("write_no_sources", W, CW, ctx(real_kv_sources=(), real_kv_hash_mode=RealKvHashMode.NONE)),
+    ("write_source_list", W, CW, ctx(real_kv_sources=[source()])),
+    ("plan_numpy_int_scalars", P, CP,
+     lambda a: dict(a, verify_capacity=np.int64(PLAN_VERIFY_CAP), kv_token_id_vs_position_offset=np.int32(1))),
     ("write_four_sources", W, CW, sources(*(source() for _ in range(4)))),
     ("write_strided_source", W, CW, sources(_strided_source())),
     ("write_wide_slots", W, CW, ctx(canary_buf=zeros(8, 48, dtype=U8))),

@@ -1,4 +1,4 @@
-"""Front-end argument checks shared by every backend (SPEC section 4, SPEC D1).
+"""Front-end argument checks shared by every backend (docs/SPEC.md section 4, D1, D9).
 
 Every public launch function calls the matching ``check_*`` function here before it dispatches to
 the LLVM, CUDA or torch-reference backend, so the same bad argument raises the same error with the
@@ -9,6 +9,10 @@ positionally), return None, and raise ``ValueError`` except where SPEC 4 says ``
 Tensor names in messages follow the original front ends: ``plan.write_offsets`` / ``plan.verify_*``
 for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors (the names of the
 original offsets-kernel validator), ``scatter_req_token_ids <arg>`` for scatter.
+
+Arguments of the wrong type (a numpy array, a list or None for a tensor, another class for a plan or
+context, a float or string for an int) raise ``TypeError`` (SPEC D9) at the point where the contract's
+own check would have crashed on them, so every contract message keeps its text and precedence.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Optional
 import torch
 
 from . import consts
+from .argtypes import require_instance, require_integer, require_number, require_tensor
 from .context import VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
 
@@ -39,6 +44,7 @@ def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
 
 
 def _require_contiguous(tensor: torch.Tensor, name: str) -> None:
+    require_tensor(tensor, name)
     if not tensor.is_contiguous():
         raise ValueError(f"kv-canary: {name} must be contiguous")
 
@@ -56,6 +62,7 @@ def _require_dtype(
     message: str = _DTYPE_MESSAGE,
     error: type[Exception] = ValueError,
 ) -> None:
+    require_tensor(tensor, name)
     if tensor.dtype != dtype:
         raise error(
             message.format(
@@ -68,6 +75,8 @@ def _require_dtype(
 
 
 def _require_ndim(tensor: torch.Tensor, name: str, ndim: int) -> None:
+    if not hasattr(tensor, "ndim"):  # array-likes with a rank get their rank checked first, as in the contract
+        require_tensor(tensor, name)
     if tensor.ndim != ndim:
         raise ValueError(f"kv-canary: {name} must be {ndim}-D, got shape {_shape(tensor)}")
 
@@ -230,12 +239,14 @@ def check_write(
     expected_input_positions: Optional[torch.Tensor],
 ) -> None:
     """Arguments of ``launch_canary_write_kernel`` (SPEC 3.1, 4 "Shared" and "Write front end")."""
+    require_instance(context, VerifyOrWriteContext, "context")
     _check_real_kv_source_count(context)
     if enable_write_input_assert:
         if expected_input_tokens is None or expected_input_positions is None:
             raise ValueError("kv-canary: expected input tensors are required when enable_write_input_assert=True")
     elif expected_input_tokens is not None or expected_input_positions is not None:
         raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
+    require_instance(plan, WritePlan, "plan")
 
     plan_tensors = [
         (plan.write_offsets, "plan.write_offsets"),
@@ -273,7 +284,9 @@ def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verif
     ``check_verify_expected_token`` is accepted for signature parity; any truthy value is allowed.
     """
     del check_verify_expected_token
+    require_instance(context, VerifyOrWriteContext, "context")
     _check_real_kv_source_count(context)
+    require_instance(plan, VerifyPlan, "plan")
 
     vectors = [
         (plan.verify_slot_indices, "plan.verify_slot_indices"),
@@ -324,15 +337,15 @@ def check_plan(
     scratch tensor in this front end. The reference device is the plan's
     (``verify_plan_out.verify_slot_indices``, named ``out_verify_slot_indices``).
     """
-    del kv_token_id_vs_position_offset  # any int is valid (0 for target pools, +1 for EAGLE draft)
-
     # Step 1.
+    require_number(swa_window_size, "swa_window_size")
     if swa_window_size > 0 and full_to_swa_index_mapping is None:
         raise ValueError(
             "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"
         )
 
     # Step 4.
+    require_instance(verify_plan_out, VerifyPlan, "verify_plan_out")
     slot_indices = verify_plan_out.verify_slot_indices
     _require_1d(slot_indices, "out_verify_slot_indices")
     plan_verify_capacity = int(slot_indices.shape[0])
@@ -343,6 +356,7 @@ def check_plan(
         )
 
     # Step 5: the offsets-kernel validator, adapted (no scratch; entries-kernel outputs included).
+    require_instance(write_plan_out, WritePlan, "write_plan_out")
     has_lut = full_to_swa_index_mapping is not None
     row_inputs = [
         (req_pool_indices, "req_pool_indices"),
@@ -404,10 +418,22 @@ def check_plan(
     _require_same_device(slot_indices, "out_verify_slot_indices", named)
 
     # Step 6: the expected-token pool (entries kernel).
-    pool = req_to_verify_expected_tokens
-    if pool is None:
-        return
-    valid_lens = req_to_verify_expected_tokens_valid_lens
+    if req_to_verify_expected_tokens is not None:
+        _check_expected_token_pool(
+            req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens, bs, slot_indices
+        )
+
+    # Integer scalars (SPEC D9): after every contract check, which all pass for e.g. a float 8.0.
+    require_integer(swa_window_size, "swa_window_size")
+    require_integer(verify_capacity, "verify_capacity")
+    # Any int is valid: 0 for target pools, +1 for EAGLE draft pools.
+    require_integer(kv_token_id_vs_position_offset, "kv_token_id_vs_position_offset")
+
+
+def _check_expected_token_pool(
+    pool: torch.Tensor, valid_lens: Optional[torch.Tensor], bs: int, slot_indices: torch.Tensor
+) -> None:
+    """Step 6 of SPEC 4 "Plan": the expected-token pool and its valid lengths."""
     if valid_lens is None:
         raise ValueError(
             "kv-canary: launch_plan_entries_kernel requires "

@@ -1,4 +1,9 @@
-"""Launch tags, real-KV sources and the per-endpoint launch context (SPEC 1.2, 2.3, 2.6)."""
+"""Launch tags, real-KV sources and the per-endpoint launch context (docs/SPEC.md sections 1.2, 2.3, 2.6).
+
+Construction checks: the contract's ``RealKvSource`` messages (SPEC 4), each preceded by a type check
+only where the contract's comparison would have crashed (SPEC D9); the context's hash mode and
+sources (SPEC D9).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import enum
 
 import torch
 
+from .argtypes import require_instance, require_integer, require_number, require_tensor, type_name
 from .consts import RealKvHashMode
 
 
@@ -33,7 +39,7 @@ class RealKvSource:
 
     Fields:
         tensor: any dtype, ndim >= 2; viewed as ``uint8[rows, row_bytes]`` at launch. Rows may be
-            ``stride(0)`` elements apart (SPEC D5); the innermost stride must be 1.
+            ``stride(0)`` elements apart (docs/SPEC.md D5); the innermost stride must be 1.
         page_size: slots per row (slot ``s`` lives in row ``s // page_size``).
         num_bytes_per_token: bytes of one slot's strip, a positive multiple of 16.
         read_bytes: bytes folded in ALL mode, a multiple of 16 in ``(0, num_bytes_per_token]``.
@@ -45,20 +51,24 @@ class RealKvSource:
     read_bytes: int
 
     def __post_init__(self) -> None:
+        require_number(self.page_size, "RealKvSource.page_size")
         if self.page_size < 1:
             raise ValueError(f"kv-canary: RealKvSource.page_size must be >= 1, got {self.page_size}")
         nbpt = self.num_bytes_per_token
+        require_number(nbpt, "RealKvSource.num_bytes_per_token")
         if nbpt <= 0 or nbpt % 16 != 0:
             raise ValueError(
                 f"kv-canary: RealKvSource.num_bytes_per_token must be a positive multiple of 16, got {nbpt}"
             )
         rb = self.read_bytes
+        require_number(rb, "RealKvSource.read_bytes")
         if rb <= 0 or rb % 16 != 0 or rb > nbpt:
             raise ValueError(
                 "kv-canary: RealKvSource.read_bytes must be a positive multiple of 16 in "
                 f"(0, num_bytes_per_token={nbpt}], got {rb}"
             )
         t = self.tensor
+        require_tensor(t, "RealKvSource.tensor")
         if t.ndim < 2:
             raise ValueError(f"kv-canary: RealKvSource.tensor must be at least 2-D, got shape {tuple(t.shape)}")
         row_stride_bytes = t.stride(0) * t.element_size()
@@ -67,6 +77,8 @@ class RealKvSource:
                 "kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes, got "
                 f"{row_stride_bytes} bytes (shape={tuple(t.shape)}, strides={tuple(t.stride())}, dtype={t.dtype})"
             )
+        for name in ("page_size", "num_bytes_per_token", "read_bytes"):
+            require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,3 +105,23 @@ class VerifyOrWriteContext:
     real_kv_sources: tuple[RealKvSource, ...]
     real_kv_hash_mode: RealKvHashMode
     enable_chain_position_assert: torch.Tensor
+
+    def __post_init__(self) -> None:
+        """The hash mode is one of the three modes, and a folding mode has sources to fold (SPEC D9)."""
+        sources = self.real_kv_sources
+        if not isinstance(sources, (tuple, list)):
+            raise TypeError(f"kv-canary: real_kv_sources must be a tuple of RealKvSource, got {type_name(sources)}")
+        for i, source in enumerate(sources):
+            require_instance(source, RealKvSource, f"real_kv_sources[{i}]")
+        mode = self.real_kv_hash_mode
+        if not isinstance(mode, int) or isinstance(mode, bool):
+            raise TypeError(f"kv-canary: real_kv_hash_mode must be a RealKvHashMode, got {type_name(mode)}")
+        if mode not in RealKvHashMode._value2member_map_:
+            raise ValueError(
+                f"kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got {mode}"
+            )
+        if mode != RealKvHashMode.NONE and not sources:
+            raise ValueError(
+                f"kv-canary: real_kv_hash_mode={RealKvHashMode(mode).name} folds real-KV sources but "
+                "real_kv_sources is empty; use RealKvHashMode.NONE for a context without sources"
+            )

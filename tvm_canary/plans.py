@@ -1,10 +1,16 @@
-"""Verify and write plans: device tensors filled by the plan kernels, read by verify/write (SPEC 2.4, 2.5)."""
+"""Verify and write plans: device tensors filled by the plan kernels, read by verify/write.
+
+docs/SPEC.md sections 2.4 and 2.5. A capacity that is not an int raises ``TypeError`` (docs/SPEC.md D9) after the contract's own
+"must be positive" check, which keeps its text and its precedence.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+
+from .argtypes import require_integer, require_number
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,8 +37,10 @@ class VerifyPlan:
     @classmethod
     def allocate(cls, *, verify_capacity: int, device) -> "VerifyPlan":
         """Uninitialised vectors and ``verify_num_valid``; ``enable`` starts at 1."""
+        require_number(verify_capacity, "VerifyPlan verify_capacity")
         if verify_capacity <= 0:
             raise ValueError(f"kv-canary: VerifyPlan verify_capacity must be positive, got {verify_capacity}")
+        verify_capacity = require_integer(verify_capacity, "VerifyPlan verify_capacity")
 
         def vec():
             return torch.empty(verify_capacity, dtype=torch.int64, device=device)
@@ -80,8 +88,10 @@ class WritePlan:
     @classmethod
     def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
         """All tensors uninitialised."""
+        require_number(write_req_capacity, "WritePlan write_req_capacity")
         if write_req_capacity <= 0:
             raise ValueError(f"kv-canary: WritePlan write_req_capacity must be positive, got {write_req_capacity}")
+        write_req_capacity = require_integer(write_req_capacity, "WritePlan write_req_capacity")
         return cls(
             write_offsets=torch.empty(write_req_capacity + 1, dtype=torch.int64, device=device),
             write_seed_slot_indices=torch.empty(write_req_capacity, dtype=torch.int64, device=device),

@@ -1,0 +1,50 @@
+"""Type checks of public-API arguments (docs/SPEC.md section 4 "Argument types", D9).
+
+The contract's own checks (section 4) compare values and read tensor attributes; given a value of the
+wrong type they would crash with a bare ``AttributeError`` or ``TypeError``. The helpers here raise a
+``TypeError`` with the ``kv-canary:`` prefix instead, and the callers place them exactly where the
+contract's check would have crashed, so every contract message keeps its text and its precedence.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import torch
+
+
+def type_name(value: object) -> str:
+    """``numpy.ndarray``, ``list``, ``NoneType``: the qualified name of ``value``'s type."""
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__.split('.')[0]}.{cls.__qualname__}"
+
+
+def require_tensor(value: object, name: str) -> None:
+    """``value`` is a ``torch.Tensor`` (numpy arrays and lists are not converted)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type_name(value)}")
+
+
+def require_instance(value: object, cls: type, name: str) -> None:
+    """``value`` is a ``cls`` (for plans, contexts and real-KV sources)."""
+    if not isinstance(value, cls):
+        raise TypeError(f"kv-canary: {name} must be a {cls.__name__}, got {type_name(value)}")
+
+
+def require_number(value: object, name: str) -> None:
+    """``value`` can be compared with an int: the precondition of a contract range check.
+
+    Call it just before the range check, and ``require_integer`` after it, so that a float outside the
+    range still gets the contract's ``ValueError`` first.
+    """
+    if not isinstance(value, numbers.Real) and not hasattr(type(value), "__index__"):
+        raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
+
+
+def require_integer(value: object, name: str) -> int:
+    """``value`` as an int; Python and numpy ints (anything with ``__index__``) are accepted."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)} {value!r}") from None
