@@ -2,19 +2,42 @@
 
 A subcommand module provides ``add_parser(subparsers)``, which registers its parser and sets
 ``func`` to a callable taking the parsed namespace and returning the exit status.
+
+Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``) and
+the package's own ``kv-canary:`` errors raised while a subcommand runs (exit status 1). Anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.metadata
+import pathlib
+import re
+import sys
 
 from . import build, demo, selftest, tune
+from .cliargs import Parser
 
 SUBCOMMANDS = (demo, selftest, build, tune)
+DISTRIBUTION = "tvm_canary"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tvm-canary", description="KV-cache canary (sglang kv-canary on Apache TVM)")
+def package_version() -> str:
+    """The installed distribution's version; else the source tree's pyproject.toml version."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+    return f"{found.group(1)} (source tree, not installed)" if found else "unknown (not installed)"
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="tvm-canary", description="KV-cache canary (sglang kv-canary on Apache TVM)")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {package_version()}", help="print the version and exit"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
@@ -24,4 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the process arguments), run the subcommand, return its exit status."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, RuntimeError, KeyError) as e:
+        message = str(e.args[0]) if e.args else ""
+        if not message.startswith("kv-canary:"):
+            raise
+        print(f"tvm-canary {args.command}: error: {message}", file=sys.stderr)
+        return 1

@@ -10,6 +10,7 @@ import argparse
 
 import torch
 
+from .cliargs import default_device, torch_device
 from .consts import CANARY_FIELD_POSITION, CANARY_FIELD_TOKEN, FailReason
 from .demo.engine import EngineConfig, KvPool
 from .session import CanaryGroup, CanarySession
@@ -21,7 +22,8 @@ REQS = 3
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("selftest", help="detect a few injected faults on a synthetic batch",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=torch_device, choices=("cpu", "cuda"), default=default_device(),
+                   help="where the canary buffers and kernels run (default: cuda when torch sees a GPU, else cpu)")
     p.set_defaults(func=run)
 
 

@@ -1,0 +1,114 @@
+"""The ``tvm-canary`` top level: --version, help with defaults, one-line errors (tvm_canary/cli.py,
+tvm_canary/cliargs.py), and the selftest's --device check."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tvm_canary import cli, cliargs, selftest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_main(argv, capsys):
+    """(exit status, stdout, stderr) of ``cli.main(argv)``, whether it returns or exits."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_version(capsys):
+    status, out, _ = run_main(["--version"], capsys)
+    assert status == 0
+    assert out == f"tvm-canary {cli.package_version()}\n"
+
+
+def test_version_falls_back_to_the_source_tree(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert cli.package_version() == f"{declared} (source tree, not installed)"
+
+
+def test_python_m_version():
+    done = subprocess.run([sys.executable, "-m", "tvm_canary", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("tvm-canary ")
+
+
+def test_every_top_level_option_has_help():
+    parser = cli.build_parser()
+    options = [a for a in parser._actions if a.option_strings]
+    assert {"--help", "--version"} <= {s for a in options for s in a.option_strings}
+    assert all(a.help for a in options)
+
+
+def test_help_shows_defaults_once():
+    parser = cliargs.Parser(prog="p")
+    parser.add_argument("--trials", type=int, default=32, help="candidates per workload")
+    parser.add_argument("--steps", type=int, default=200, help="engine steps (default 200)")
+    parser.add_argument("--kernels", nargs="+", default=["write"])
+    parser.add_argument("--verbose", action="store_true", help="say more")
+    parser.add_argument("--out", default=None, help="output folder")
+    text = " ".join(parser.format_help().split())
+    assert "candidates per workload (default: 32)" in text
+    assert "engine steps (default 200)" in text and "(default: 200)" not in text
+    assert "(default: ['write'])" in text  # an option without help still shows its default
+    assert "say more" in text and "(default: False)" not in text
+    assert "output folder" in text and "(default: None)" not in text
+
+
+def test_usage_error_is_one_line(capsys):
+    status, out, err = run_main(["no-such-command"], capsys)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("tvm-canary: error: argument COMMAND: invalid choice: 'no-such-command'")
+    assert err.rstrip().endswith("(see tvm-canary --help)")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's answer")
+def test_selftest_cuda_without_gpu_is_a_one_line_usage_error(capsys):
+    status, out, err = run_main(["selftest", "--device", "cuda"], capsys)
+    assert status == 2 and out == ""
+    assert err == (
+        "tvm-canary selftest: error: argument --device: cuda: torch sees no CUDA device on this machine "
+        "(torch.cuda.is_available() is False); use --device cpu (see tvm-canary selftest --help)\n"
+    )
+
+
+def test_selftest_rejects_unknown_device(capsys):
+    status, _, err = run_main(["selftest", "--device", "tpu"], capsys)
+    assert status == 2
+    assert err.startswith("tvm-canary selftest: error: argument --device: invalid choice: 'tpu'")
+    assert err.count("\n") == 1
+
+
+def test_package_errors_while_running_are_one_line(monkeypatch, capsys):
+    def fails(_args):
+        raise RuntimeError("kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)")
+
+    monkeypatch.setattr(selftest, "run", fails)
+    status, out, err = run_main(["selftest", "--device", "cpu"], capsys)
+    assert status == 1 and out == ""
+    assert err == "tvm-canary selftest: error: kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)\n"
+
+
+def test_other_errors_keep_their_traceback(monkeypatch):
+    def bug(_args):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(selftest, "run", bug)
+    with pytest.raises(ValueError, match="an internal bug"):
+        cli.main(["selftest", "--device", "cpu"])

@@ -1,0 +1,56 @@
+"""argparse pieces shared by the ``tvm-canary`` subcommands.
+
+``Parser`` is the class of the top-level parser and, through ``add_subparsers``, of every subcommand's:
+usage errors are one line (no usage block), and option help shows each default that the help text
+does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
+GPU visible to torch is a usage error, not a traceback from inside torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help mentions its default, the option
+    is a flag, or it has no default; an option without help still shows its default."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and action.option_strings and self._get_help_string(action):
+            action = copy.copy(action)
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or action.required:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser with one-line usage errors and defaults shown in help."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def default_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_device(value: str) -> str:
+    """``--device`` value check: ``cuda`` needs a GPU visible to torch (choices are checked after this)."""
+    if value == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            "cuda: torch sees no CUDA device on this machine (torch.cuda.is_available() is False); use --device cpu"
+        )
+    return value
