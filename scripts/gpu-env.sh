@@ -1,7 +1,9 @@
-# Source on a GPU host that has python3 + torch (CUDA 13) but no TVM:  source scripts/gpu-env.sh
-# Unpacks the TVM bundle (.gpu-bundle, made by ../shared/gpu/make-bundle.sh) and makes libcudart.so.13
-# from the nvidia-* wheels visible, without which TVM silently reports no CUDA device.
-source .gpu-bundle/activate.sh
+# Source on a GPU host before running tvm_canary from this checkout:  source scripts/gpu-env.sh
+# TVM comes from the Python environment (pip install -e ".[test,cuda]"), or, on a host without network,
+# from an optional unpacked folder .gpu-bundle/ whose activate.sh puts TVM on the path (docs/gpu-validation.md).
+# Also makes libcudart.so.13 from the nvidia-* wheels visible, without which TVM silently reports no CUDA
+# device. Returns non-zero when TVM sees no CUDA device.
+if [ -f .gpu-bundle/activate.sh ]; then source .gpu-bundle/activate.sh; fi
 _nv=$(python3 -c "import glob, os, site; print(':'.join(sorted(glob.glob(os.path.join(site.getsitepackages()[0], 'nvidia', '*', 'lib')) + glob.glob(os.path.join(site.getsitepackages()[0], 'nvidia', 'cu*', 'lib')))))")
 export LD_LIBRARY_PATH="${_nv}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,0 +1,62 @@
+"""scripts/gpu_validate.sh reports failed stages in its exit status, with fake ``python3`` and
+``nvidia-smi`` on PATH (runs on any machine; the real run is on a GPU host)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_PYTHON = """#!/bin/sh
+case "$*" in
+  *pytest*) echo "pytest $FAKE_PYTEST_RC"; exit "${FAKE_PYTEST_RC:-0}";;
+esac
+exit "${FAKE_ENV_RC:-0}"
+"""
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def run(tmp_path: Path, *stages: str, **env: str) -> subprocess.CompletedProcess:
+    """The script copied into a scratch tree (no .gpu-bundle), run with fake tools first on PATH."""
+    tree, bin_dir = tmp_path / "tree", tmp_path / "bin"
+    shutil.copytree(ROOT / "scripts", tree / "scripts")
+    bin_dir.mkdir()
+    for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", "#!/bin/sh\nexit 0\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    full_env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", **env)
+    return subprocess.run(
+        ["bash", "scripts/gpu_validate.sh", str(tmp_path / "out"), *stages],
+        cwd=tree, env=full_env, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_failed_stage_fails_the_run_and_is_named(tmp_path):
+    done = run(tmp_path, "tests", FAKE_PYTEST_RC="1")
+    assert done.returncode == 1
+    assert "== tests: FAILED (exit status 1)" in done.stdout
+    assert done.stderr.strip().splitlines()[-1].startswith("gpu_validate: FAILED stages: tests ")
+
+
+def test_passing_stages_exit_zero(tmp_path):
+    done = run(tmp_path, "tests", FAKE_PYTEST_RC="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("gpu_validate: all stages passed: tests ")
+
+
+def test_broken_environment_stops_before_any_stage(tmp_path):
+    done = run(tmp_path, "tests", FAKE_ENV_RC="1")
+    assert done.returncode == 1
+    assert "gpu_validate: FAILED: environment (scripts/gpu-env.sh, exit status 1); no stage ran" in done.stderr
+    assert "pytest" not in done.stdout
+
+
+def test_unknown_stage_is_refused(tmp_path):
+    done = run(tmp_path, "tests", "sanity")
+    assert done.returncode == 2
+    assert "unknown stage 'sanity'" in done.stderr
