@@ -38,12 +38,12 @@ def test_version_falls_back_to_the_source_tree(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
     assert cli.package_version() == f"{declared} (source tree, not installed)"
 
 
 def test_python_m_version():
-    done = subprocess.run([sys.executable, "-m", "tvm_canary", "--version"], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "tvm_canary", "--version"], capture_output=True, text=True, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("tvm-canary ")
 

@@ -60,8 +60,8 @@ def test_cited_docs_exist():
 
 def spec_sections() -> set[str]:
     text = (ROOT / "docs" / "SPEC.md").read_text()
-    numbered = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)[. ]", text, re.M))
-    items = set(re.findall(r"^(D\d+)\. ", text, re.M))
+    numbered = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)[. ]", text, re.MULTILINE))
+    items = set(re.findall(r"^(D\d+)\. ", text, re.MULTILINE))
     return numbered | items
 
 

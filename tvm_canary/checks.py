@@ -431,7 +431,7 @@ def check_plan(
 
 
 def _check_expected_token_pool(
-    pool: torch.Tensor, valid_lens: Optional[torch.Tensor], bs: int, slot_indices: torch.Tensor
+    pool: torch.Tensor, valid_lens: torch.Tensor | None, bs: int, slot_indices: torch.Tensor
 ) -> None:
     """Step 6 of SPEC 4 "Plan": the expected-token pool and its valid lengths."""
     if valid_lens is None:

@@ -29,7 +29,7 @@ def package_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         pass
     pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
-    found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+    found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.MULTILINE) if pyproject.is_file() else None
     return f"{found.group(1)} (source tree, not installed)" if found else "unknown (not installed)"
 
 
