@@ -530,19 +530,6 @@ LAUNCH_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "base, check, mutate, error, message",
-    [c[1:] for c in LAUNCH_CASES],
-    ids=[c[0] for c in LAUNCH_CASES],
-)
-def test_launch_errors(base, check, mutate, error, message):
-    args = mutate(base())
-    with pytest.raises(error, match=re.escape(message)) as info:
-        check(**args)
-    assert str(info.value) == message
-    assert type(info.value) is error
-
-
 # ---------------------------------------------------------------------------------------------
 # Argument types (SPEC D9): a TypeError with the kv-canary prefix where the contract's own check
 # would have crashed; the "order_*" cases pin that contract messages keep their precedence.
@@ -647,13 +634,16 @@ TYPE_CASES = [
 
 
 @pytest.mark.parametrize(
-    "base, check, mutate, error, message", [c[1:] for c in TYPE_CASES], ids=[c[0] for c in TYPE_CASES]
+    "base, check, mutate, error, message",
+    [c[1:] for c in LAUNCH_CASES + TYPE_CASES],
+    ids=[c[0] for c in LAUNCH_CASES + TYPE_CASES],
 )
-def test_argument_type_errors(base, check, mutate, error, message):
-    with pytest.raises(error) as info:
-        check(**mutate(base()))
-    assert type(info.value) is error
+def test_launch_errors(base, check, mutate, error, message):
+    args = mutate(base())
+    with pytest.raises(error, match=re.escape(message)) as info:
+        check(**args)
     assert str(info.value) == message
+    assert type(info.value) is error
 
 
 def test_launch_functions_raise_type_errors_before_any_backend():
