@@ -43,7 +43,9 @@ def test_version_falls_back_to_the_source_tree(monkeypatch):
 
 
 def test_python_m_version():
-    done = subprocess.run([sys.executable, "-m", "tvm_canary", "--version"], capture_output=True, text=True, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "tvm_canary", "--version"], capture_output=True, text=True, cwd=ROOT, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("tvm-canary ")
 
@@ -102,7 +104,9 @@ def test_package_errors_while_running_are_one_line(monkeypatch, capsys):
     monkeypatch.setattr(selftest, "run", fails)
     status, out, err = run_main(["selftest", "--device", "cpu"], capsys)
     assert status == 1 and out == ""
-    assert err == "tvm-canary selftest: error: kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)\n"
+    assert err == (
+        "tvm-canary selftest: error: kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)\n"
+    )
 
 
 def test_other_errors_keep_their_traceback(monkeypatch):

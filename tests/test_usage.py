@@ -18,7 +18,8 @@ def test_usage_guide_runs(capsys):
     assert len(blocks) == 4  # setup, steps, reading violations, CanarySession
     namespace: dict = {"__name__": "usage_example"}
     for i, code in enumerate(blocks, 1):
-        exec(compile(code, f"{USAGE}:python block {i}", "exec"), namespace)  # noqa: S102 - the guide is this repo's own code
+        # The guide is this repository's own code: run it as written.
+        exec(compile(code, f"{USAGE}:python block {i}", "exec"), namespace)  # noqa: S102
     printed = capsys.readouterr().out
     shown = re.search(r"^```text\n(kv_canary violation: .*?)\n```$", USAGE.read_text(), re.MULTILINE).group(1)
     assert printed.splitlines()[0] == shown  # the output the guide shows is the output it produces

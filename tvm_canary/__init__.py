@@ -1,4 +1,4 @@
-"""tvm_canary: the sglang KV-cache canary (kv-canary) re-created on Apache TVM (SPEC section 0)."""
+"""tvm_canary: the sglang KV-cache canary (kv-canary) re-created on Apache TVM (docs/SPEC.md section 0)."""
 
 from . import consts
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
