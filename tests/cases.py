@@ -41,8 +41,8 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
             )
         )
     sources = tuple(sources)
-    if not sources:
-        mode = RealKvHashMode.NONE  # a folding mode needs sources (SPEC D9)
+    if not sources and mode == RealKvHashMode.ALL:
+        mode = RealKvHashMode.NONE  # ALL needs sources (SPEC D9); PARTIAL without sources folds nothing
     buf = torch.randint(0, 256, (num_slots, 32), generator=gen, dtype=torch.uint8).to(device)
     return tc.VerifyOrWriteContext(
         canary_buf=buf,

@@ -701,11 +701,7 @@ TYPE_CONSTRUCTION_CASES = [
      "kv-canary: real_kv_hash_mode must be a RealKvHashMode, got str"),
     ("t_context_all_without_sources",
      lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=RealKvHashMode.ALL)), ValueError,
-     "kv-canary: real_kv_hash_mode=ALL folds real-KV sources but real_kv_sources is empty; "
-     "use RealKvHashMode.NONE for a context without sources"),
-    ("t_context_partial_without_sources",
-     lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=1)), ValueError,
-     "kv-canary: real_kv_hash_mode=PARTIAL folds real-KV sources but real_kv_sources is empty; "
+     "kv-canary: real_kv_hash_mode=ALL hashes every byte of the real-KV sources but real_kv_sources is empty; "
      "use RealKvHashMode.NONE for a context without sources"),
     ("t_context_sources_none", lambda: VerifyOrWriteContext(**_context_fields(real_kv_sources=None)), TypeError,
      "kv-canary: real_kv_sources must be a tuple of RealKvSource, got NoneType"),

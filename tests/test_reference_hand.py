@@ -425,13 +425,14 @@ def test_verify_all_zero_slots_are_chain_consistent(impl):
     assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 3, 0, 0, -1, 0, 0, V_POS]]))
 
 
-def test_verify_nonzero_real_kv_without_folding(impl):
-    """NONE mode expects real_kv_hash 0 even with sources (a folding mode without sources is rejected
+@pytest.mark.parametrize("mode,sources", [(NONE, 1), (PARTIAL, 0)], ids=["none", "partial-no-src"])
+def test_verify_nonzero_real_kv_without_folding(impl, mode, sources):
+    """NONE mode, or PARTIAL with no sources, expects real_kv_hash 0 (ALL with no sources is rejected
     when the context is built, SPEC D9)."""
     buf = chain_buf(impl.device)
     tok, pos, sh, _ = get_slot(buf, 4)
     set_slot(buf, 4, tok, pos, sh, 5)
-    ctx = make_context(buf, sources=four_sources(0, impl.device)[:1], mode=NONE)
+    ctx = make_context(buf, sources=four_sources(0, impl.device)[:sources], mode=mode)
     run_verify(impl, ctx, clean_plan(impl.device))
     eh = py_chain_hash(buf, 3)
     assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 1, 11, 11, sh, eh, V_RKV]]))

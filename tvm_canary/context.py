@@ -120,8 +120,8 @@ class VerifyOrWriteContext:
             raise ValueError(
                 f"kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got {mode}"
             )
-        if mode != RealKvHashMode.NONE and not sources:
+        if mode == RealKvHashMode.ALL and not sources:
             raise ValueError(
-                f"kv-canary: real_kv_hash_mode={RealKvHashMode(mode).name} folds real-KV sources but "
+                "kv-canary: real_kv_hash_mode=ALL hashes every byte of the real-KV sources but "
                 "real_kv_sources is empty; use RealKvHashMode.NONE for a context without sources"
             )
