@@ -107,7 +107,7 @@ class VerifyOrWriteContext:
     enable_chain_position_assert: torch.Tensor
 
     def __post_init__(self) -> None:
-        """The hash mode is one of the three modes, and a folding mode has sources to fold (SPEC D9)."""
+        """The hash mode is one of the three modes, and ALL mode has sources to hash (SPEC D9)."""
         sources = self.real_kv_sources
         if not isinstance(sources, (tuple, list)):
             raise TypeError(f"kv-canary: real_kv_sources must be a tuple of RealKvSource, got {type_name(sources)}")
