@@ -160,7 +160,7 @@ def verify_plans(slots_2d, ids, n, order, sets, check):
 def verify_rows(pool, quick):
     rows = []
     sizes = [1 << 10, 1 << 12, 1 << 16, 1 << 20] + ([] if quick else [1 << 22, 1 << 24])
-    geom = targets.geometry_for("verify", targets.tag_for(DEV))
+    geom = targets.default_geometry("verify", targets.tag_for(DEV))
     arch = targets.cuda_arch(0)
     for mode in (RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL):
         for order in ("random", "chain"):

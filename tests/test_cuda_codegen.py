@@ -9,20 +9,20 @@ import shutil
 import subprocess
 
 import pytest
-from tvm_canary.runtime import compile as C
-from tvm_canary.runtime.aot import SPECIALIZATIONS
-from tvm_canary.runtime import targets
 
-SPECS = SPECIALIZATIONS
-CASES = [(k, s) for k, specs in SPECS.items() for s in specs]
+from tvm_canary.runtime import compile as C
+from tvm_canary.runtime import targets
+from tvm_canary.runtime.specializations import KERNELS, all_specs, spec_id
+
+CASES = [(k, s) for k in KERNELS for s in all_specs(k)]
 
 
 def cuda_build(kernel, spec, arch="sm_90"):
     tag = f"cuda-{arch}"
-    return C.build(kernel, spec, tag, targets.geometry_for(kernel, tag))
+    return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag))
 
 
-@pytest.mark.parametrize("kernel,spec", CASES, ids=[f"{k}-{'-'.join(map(str, map(int, s))) or 'none'}" for k, s in CASES])
+@pytest.mark.parametrize("kernel,spec", CASES, ids=[f"{k}-{spec_id(s)}" for k, s in CASES])
 def test_cuda_lowering_keeps_state_on_device(kernel, spec):
     ex = cuda_build(kernel, spec)
     host_ir = ex.mod.inspect_source("ll")
@@ -33,9 +33,10 @@ def test_cuda_lowering_keeps_state_on_device(kernel, spec):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("kernel", list(SPECS))
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_nvcc_compiles_generated_source(kernel, arch, tmp_path):
-    for spec in SPECS[kernel][:: max(1, len(SPECS[kernel]) // 3)]:
+    specs = all_specs(kernel)
+    for spec in specs[:: max(1, len(specs) // 3)]:
         source = cuda_build(kernel, spec, arch).mod.imports[0].inspect_source("cuda")
         cu = tmp_path / f"{kernel}.cu"
         cu.write_text(source)

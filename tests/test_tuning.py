@@ -35,7 +35,7 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
-    best = apply.measured_records(db)[("write", (8, 16))][0][1]
+    best = apply.measured_records(db, cuda=False)[("write", (8, 16))][0][1]
     want = apply.record_geometry(best, cuda=False)
     assert apply.tuned_geometry("write", torch.device("cpu"), 8) == want
     assert C.geometry("write", torch.device("cpu"), 8) == want
@@ -52,7 +52,7 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
-    folded = apply.measured_records(db)[("verify", (1024, 2))][0][1]
+    folded = apply.measured_records(db, cuda=False)[("verify", (1024, 2))][0][1]
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1 << 20, 2) == apply.record_geometry(folded, cuda=False)
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024, 1) is None  # no PARTIAL bucket: default
     apply._records.cache_clear()
@@ -73,18 +73,18 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    import schedules
-    from tvm_canary.geometry import CPU_GEOMETRY
+    from tvm_canary import schedules
     from tvm_canary.runtime import targets
-    from tvm_canary.tune import commit_measurement
     from tvm_canary.tuning import workloads
+    from tvm_canary.tuning.driver import commit_measurement
 
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
-    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16))})
+    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
-    failed = dataclasses.replace(CPU_GEOMETRY, unroll=1)
+    default = targets.default_geometry("write", "llvm")
+    failed = dataclasses.replace(default, unroll=1)
     commit_measurement(db, mod, knobs, failed, 1e10, target)
-    assert ("write", (8, 16)) not in apply.measured_records(db)
-    commit_measurement(db, mod, knobs, CPU_GEOMETRY, 1e-3, target)
-    ((cost, record),) = apply.measured_records(db)[("write", (8, 16))]
-    assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == CPU_GEOMETRY
+    assert ("write", (8, 16)) not in apply.measured_records(db, cuda=False)
+    commit_measurement(db, mod, knobs, default, 1e-3, target)
+    ((cost, record),) = apply.measured_records(db, cuda=False)[("write", (8, 16))]
+    assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == default

@@ -3,6 +3,9 @@
     tvm-canary build --target cuda --arch sm_90 [--arch sm_80 ...] -o DIR
     tvm-canary build --target llvm -o DIR
 
+Each specialization is built in its default geometry and in every geometry the tuning databases of the
+target select (by default: for cuda, every database whose device key ends in the arch, such as
+``nvidia-h200-sm_90``; for llvm, this CPU's), so a host loading with those databases compiles nothing.
 A host with only torch, apache-tvm-ffi and the TVM runtime loads them when ``TVM_CANARY_MODULES=DIR``.
 CUDA device code is compiled for each arch at build time when TVM's CUDA runtime loads on the
 building host (it needs the CUDA driver); otherwise the artifacts carry CUDA source, compiled by
@@ -13,18 +16,40 @@ from __future__ import annotations
 
 import argparse
 
+import torch
 from tqdm import tqdm
 
-from .runtime.aot import SPECIALIZATIONS, build_all
+from .console import DefaultsHelpFormatter
+from .runtime import compile as C
+from .runtime.aot import build_all
+from .runtime.specializations import KERNELS
+from .tuning import keys
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules", description=__doc__.splitlines()[0])
-    p.add_argument("--target", choices=("cuda", "llvm"), required=True)
+    p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules", description=__doc__.splitlines()[0],
+                              formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU code per --arch; llvm: the CPU")
     p.add_argument("--arch", action="append", default=[], help="CUDA arch such as sm_90 (repeatable; cuda only)")
-    p.add_argument("--kernels", nargs="+", choices=sorted(SPECIALIZATIONS), default=sorted(SPECIALIZATIONS))
+    p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to build")
+    p.add_argument("--tuning", action="append", default=None, metavar="DEVICE_KEY",
+                   help="also build the geometries of this device key's tuning database (repeatable); default: the "
+                        "databases found for the target (see `tvm-canary info`); `--tuning none` builds defaults only")
     p.add_argument("-o", "--out", required=True, help="output directory")
     p.set_defaults(func=run)
+
+
+def default_tuning_keys(tag: str) -> list[str]:
+    """The device keys whose databases a build for ``tag`` covers by default: for ``cuda-sm_XX`` every
+    database key ending in ``-sm_XX``; for ``llvm`` this CPU's key (when it has a database)."""
+    if not C.tuning_enabled():
+        return []
+    found = dict(keys.databases())
+    if tag == "llvm":
+        key = keys.device_key(torch.device("cpu"))
+        return [key] if key in found else []
+    arch = tag.split("-", 1)[1]
+    return [key for key in found if key.endswith(f"-{arch}")]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,13 +58,20 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("tvm-canary build: --target cuda needs at least one --arch (e.g. sm_90)")
         tags = [f"cuda-{arch}" for arch in args.arch]
         try:
-            from .runtime.compile import ensure_cuda_runtime
-
-            ensure_cuda_runtime()
+            C.ensure_cuda_runtime()
         except RuntimeError as e:
             print(f"note: {e}; artifacts will carry CUDA source compiled by NVRTC at load")
     else:
         tags = ["llvm"]
-    files = build_all(tags, args.out, kernels=tuple(args.kernels), progress=lambda jobs: tqdm(jobs, desc="build"))
+    if args.tuning is None:
+        tuning = sorted({key for tag in tags for key in default_tuning_keys(tag)})
+    else:
+        tuning = [key for key in args.tuning if key != "none"]
+    missing = [key for key in tuning if keys.database_dir(key) is None]
+    if missing:
+        raise SystemExit(f"tvm-canary build: no tuning database for {', '.join(missing)} (see `tvm-canary info`)")
+    print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning else "geometries: defaults (no tuning database)")
+    files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
+                      progress=lambda jobs: tqdm(jobs, desc="build"))
     print(f"wrote {len(files)} modules and manifest.json to {args.out}")
     return 0

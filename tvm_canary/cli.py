@@ -15,10 +15,12 @@ import pathlib
 import re
 import sys
 
-from . import build, demo, selftest, tune
+from . import build, demo, info, selftest
 from .cliargs import Parser
+from .console import print_notices_above_progress_bars
+from .tuning import command as tune
 
-SUBCOMMANDS = (demo, selftest, build, tune)
+SUBCOMMANDS = (demo, selftest, build, tune, info)
 DISTRIBUTION = "tvm_canary"
 
 
@@ -47,6 +49,7 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the process arguments), run the subcommand, return its exit status."""
     args = build_parser().parse_args(argv)
+    print_notices_above_progress_bars()
     try:
         return args.func(args)
     except (ValueError, TypeError, RuntimeError, KeyError) as e:

@@ -79,5 +79,4 @@ def _launch(kernel: str, kwargs: dict) -> None:
         return
     call = pack(**kwargs)
     if call is not None:
-        spec, (size, mode), args = call
-        get_kernel(kernel, spec, args[0].device, size, mode)(*args)
+        get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)(*call.args)

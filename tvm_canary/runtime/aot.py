@@ -1,41 +1,55 @@
-"""Ahead-of-time artifacts: every kernel specialization, compiled for the listed targets.
+"""Ahead-of-time artifacts: every kernel specialization, compiled for the listed targets, in every
+geometry a launch can ask for.
 
-``build_all(tags, out_dir)`` writes one ``<module key>.so`` per (kernel, specialization, tag) plus
-``manifest.json``. A host with only torch, apache-tvm-ffi and the TVM runtime library loads them
-through the normal public API when ``TVM_CANARY_MODULES`` names the directory. CUDA device code is
-compiled for each arch at build time where TVM's CUDA runtime can load (a host with the CUDA driver);
-elsewhere the artifact keeps CUDA source, compiled at load by NVRTC (cuda-bindings).
+``build_all(tags, out_dir, tuning_keys)`` writes one ``<module key>.so`` per (kernel, specialization,
+tag, geometry) plus ``manifest.json``. The geometries are the default and those the tuning databases
+of ``tuning_keys`` select for the specialization's launch modes, so a host whose launches take their
+geometry from one of those databases finds every module it asks for. A host with only torch,
+apache-tvm-ffi and the TVM runtime loads them through the normal public API when
+``TVM_CANARY_MODULES`` names the directory (it uses the default geometries: reading a database needs
+the TVM compiler). CUDA device code is compiled for each arch at build time where TVM's CUDA runtime
+can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA source, compiled at load by
+NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled before are copied.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import pathlib
+import shutil
 
 import tvm
 
 from . import compile as C
 from . import targets
-
-SPECIALIZATIONS = {
-    "verify": list(itertools.product(range(5), (False, True))),  # folded sources, token check
-    "write": list(itertools.product(range(5), (False, True))),  # folded sources, input assert
-    "plan": list(itertools.product((False, True), (False, True))),  # LUT, expected-token pool
-    "scatter": [()],
-}
+from .specializations import KERNELS, all_specs, launch_modes
 
 
-def build_all(tags: list[str], out_dir: str, kernels=tuple(SPECIALIZATIONS), progress=None) -> list[pathlib.Path]:
-    """Compile and export every specialization of ``kernels`` for each tag; returns the files."""
+def geometries(kernel: str, spec: tuple, tag: str, tuning_keys: tuple[str, ...] = ()) -> list:
+    """The geometries a launch of ``spec`` on ``tag`` can use: the default, then those the databases
+    of ``tuning_keys`` select for the specialization's launch modes (no duplicates)."""
+    out = [targets.default_geometry(kernel, tag)]
+    if tuning_keys:
+        from ..tuning.apply import selected_geometries
+
+        for key in tuning_keys:
+            out += selected_geometries(kernel, key, tag.startswith("cuda"), launch_modes(kernel, spec))
+    return list(dict.fromkeys(out))
+
+
+def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), progress=None) -> list[pathlib.Path]:
+    """Compile and export every specialization of ``kernels`` for each tag in each of its geometries
+    (``geometries``); returns the files."""
     out = pathlib.Path(out_dir)
-    jobs = [(tag, k, spec) for tag in tags for k in kernels for spec in SPECIALIZATIONS[k]]
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(tag, k, spec, geom) for tag in tags for k in kernels for spec in all_specs(k)
+            for geom in geometries(k, spec, tag, tuple(tuning_keys))]
     written = []
-    for tag, kernel, spec in progress(jobs) if progress else jobs:
-        geom = targets.geometry_for(kernel, tag)
+    for tag, kernel, spec, geom in progress(jobs) if progress else jobs:
         path = out / f"{C.module_key(kernel, spec, tag, geom)}.so"
-        C.export(C.build(kernel, spec, tag, geom), path)
+        shutil.copyfile(C.cached_module(kernel, spec, tag, geom), path)
         written.append(path)
-    manifest = dict(tvm_version=tvm.__version__, source_hash=C.source_hash(), tags=tags, modules=[p.name for p in written])
+    manifest = dict(tvm_version=tvm.__version__, source_hash=C.source_hash(), tags=tags, tuning_databases=list(tuning_keys),
+                    modules=[p.name for p in written])
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return written

@@ -25,8 +25,8 @@ import torch
 import tvm
 
 from . import targets
+from .specializations import spec_id
 
-KERNELS = ("write", "verify", "plan", "scatter")
 _memory: dict[tuple, object] = {}  # (kernel, spec, device, geometry) -> function
 _by_launch: dict[tuple, object] = {}  # (kernel, spec, device, size) -> function
 _lock = threading.Lock()
@@ -49,8 +49,7 @@ def cache_dir() -> pathlib.Path:
 
 
 def module_key(name: str, spec: tuple, tag: str, geom) -> str:
-    spec_s = "-".join(str(int(x)) for x in spec) or "none"
-    return f"{name}-{spec_s}-{geom.key()}-{tag}-tvm{tvm.__version__}-{source_hash()}"
+    return f"{name}-{spec_id(spec)}-{geom.key()}-{tag}-tvm{tvm.__version__}-{source_hash()}"
 
 
 def build(name: str, spec: tuple, tag: str, geom):
@@ -94,31 +93,45 @@ def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0, mode
 def geometry(name: str, device: torch.device, size: int, mode: int = 0):
     """Tuned geometry for the device (see ``tuning.apply``) when enabled and found, else the default.
     Reading tuning databases needs the TVM compiler; runtime-only hosts use the default."""
-    if os.environ.get("TVM_CANARY_TUNED", "1") != "0" and compiler_available():
+    if tuning_enabled():
         from ..tuning.apply import tuned_geometry
 
         tuned = tuned_geometry(name, device, size, mode)
         if tuned is not None:
             return tuned
-    return targets.geometry_for(name, targets.tag_for(device))
+    return targets.default_geometry(name, targets.tag_for(device))
+
+
+def tuning_enabled() -> bool:
+    """Whether launches take their geometry from tuning databases (``TVM_CANARY_TUNED`` not ``0``, and
+    the TVM compiler, which reading a database needs, is present)."""
+    return os.environ.get("TVM_CANARY_TUNED", "1") != "0" and compiler_available()
 
 
 def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     if device.type == "cuda":
         ensure_cuda_runtime()
     tag = targets.tag_for(device)
+    for directory in prebuilt_dirs():
+        path = directory / f"{module_key(name, spec, tag, geom)}.so"
+        if path.exists():
+            return tvm.runtime.load_module(str(path))[f"canary_{name}"]
+    return tvm.runtime.load_module(str(cached_module(name, spec, tag, geom)))[f"canary_{name}"]
+
+
+def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
+    """The module file of a build in the disk cache, compiled (``build``) and stored first if missing."""
     filename = f"{module_key(name, spec, tag, geom)}.so"
-    for directory in prebuilt_dirs() + [cache_dir()]:
-        if (directory / filename).exists():
-            return tvm.runtime.load_module(str(directory / filename))[f"canary_{name}"]
+    path = cache_dir() / filename
+    if path.exists():
+        return path
     if not compiler_available():
         raise RuntimeError(
             f"kv-canary: no prebuilt module {filename} in TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} "
             "and this TVM has no compiler (runtime-only); build it with `tvm-canary build` on a host with the compiler"
         )
-    path = cache_dir() / filename
     export(build(name, spec, tag, geom), path)
-    return tvm.runtime.load_module(str(path))[f"canary_{name}"]
+    return path
 
 
 def prebuilt_dirs() -> list[pathlib.Path]:

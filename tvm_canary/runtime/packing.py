@@ -1,9 +1,8 @@
 """Turning public-API tensors into the arguments of the compiled kernels (zero-copy views).
 
-``*_call(...)`` take a launch's (already checked) keyword arguments and return
-``(spec, (size, mode), args)`` (or None when there is nothing to launch): the kernel's
-specialization, the workload point its geometry is chosen for (a capacity, and verify's real-KV hash
-mode; 0 elsewhere) and the positional arguments of the compiled function.
+``write_call``, ``verify_call``, ``plan_call`` and ``scatter_call`` take a launch's (already checked)
+keyword arguments, the same names as the public launch function, and return a ``KernelCall`` (or None
+when there is nothing to launch).
 
 * The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
 * A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
@@ -19,11 +18,40 @@ mode; 0 elsewhere) and the positional arguments of the compiled function.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..consts import MAX_REAL_KV_SOURCES, PARTIAL_READ_BYTES, RealKvHashMode
 from ..context import VerifyOrWriteContext
 from ..geometry import FLAG_CHUNK
+from .specializations import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """One launch of a compiled kernel.
+
+    kernel: "write", "verify", "plan" or "scatter".
+    spec: its specialization (``specializations.spec``).
+    size, mode: the workload point its geometry is chosen for: a capacity, and verify's real-KV hash
+        mode (0 elsewhere; ``tuning.workloads.mode_of``).
+    args: the positional arguments of the compiled function.
+    scratch: positions in ``args`` of scratch tensors, whose contents after the launch are not part of
+        the result (the ring's chunk marks, plan's offsets); everything else is compared byte for byte
+        with the reference when a tuning candidate is checked.
+    """
+
+    kernel: str
+    spec: tuple
+    size: int
+    mode: int
+    args: tuple
+    scratch: frozenset = frozenset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.args[0].device
 
 _dummies: dict[tuple, torch.Tensor] = {}
 _flags: dict[tuple, list[torch.Tensor]] = {}
@@ -97,25 +125,28 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
                expected_input_tokens, expected_input_positions):
     assert_on = bool(enable_write_input_assert)
     cap = plan.write_seed_slot_indices.shape[0]
-    args = [
+    marks = flags_for(context.violation_ring, cap)
+    args = (
         canary_words(context.canary_buf), plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs,
         input_ids, positions, out_cache_loc,
         expected_input_tokens if assert_on else input_ids, expected_input_positions if assert_on else positions,
-        context.enable_chain_position_assert, *_context_args(context), flags_for(context.violation_ring, cap),
-        int(context.kernel_kind), *source_args(context),
-    ]
-    return (folded_sources(context), assert_on), (cap, 0), args
+        context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
+    )
+    kernel_spec = spec("write", num_sources=folded_sources(context), input_assert=assert_on)
+    return KernelCall("write", kernel_spec, cap, 0, args, scratch=_positions(args, marks))
 
 
 def verify_call(*, context, plan, check_verify_expected_token):
     cap = plan.verify_slot_indices.shape[0]
-    args = [
+    marks = flags_for(context.violation_ring, cap)
+    args = (
         canary_words(context.canary_buf), plan.verify_slot_indices, plan.verify_expected_tokens,
         plan.verify_expected_positions, plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable,
-        *_context_args(context), flags_for(context.violation_ring, cap), int(context.kernel_kind), *source_args(context),
-    ]
+        *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
+    )
     mode = int(context.real_kv_hash_mode) if folded_sources(context) else 0
-    return (folded_sources(context), bool(check_verify_expected_token)), (cap, mode), args
+    kernel_spec = spec("verify", num_sources=folded_sources(context), check_token=bool(check_verify_expected_token))
+    return KernelCall("verify", kernel_spec, cap, mode, args, scratch=_positions(args, marks))
 
 
 def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
@@ -125,7 +156,8 @@ def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
     has_lut = full_to_swa_index_mapping is not None
     has_pool = req_to_verify_expected_tokens is not None
     bs = req_pool_indices.shape[0]
-    args = [
+    offsets = torch.empty(bs + 1, dtype=torch.int64, device=device)  # verify offsets scratch (capture-safe)
+    args = (
         verify_plan_out.verify_slot_indices, verify_plan_out.verify_expected_tokens,
         verify_plan_out.verify_expected_positions, verify_plan_out.verify_prev_slot_indices,
         verify_plan_out.verify_num_valid, verify_plan_out.enable,
@@ -134,17 +166,23 @@ def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
         full_to_swa_index_mapping if has_lut else placeholder(device, torch.int64, (1,)),
         req_to_verify_expected_tokens if has_pool else placeholder(device, torch.int32, (1, 1)),
         req_to_verify_expected_tokens_valid_lens if has_pool else req_pool_indices,
-        torch.empty(bs + 1, dtype=torch.int64, device=device),  # verify offsets scratch (capture-safe)
+        offsets,
         int(swa_window_size), int(kv_token_id_vs_position_offset),
-    ]
-    return (has_lut, has_pool), (write_plan_out.write_seed_slot_indices.shape[0], 0), args
+    )
+    kernel_spec = spec("plan", has_lut=has_lut, has_pool=has_pool)
+    return KernelCall("plan", kernel_spec, write_plan_out.write_seed_slot_indices.shape[0], 0, args, scratch=_positions(args, offsets))
 
 
 def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
     """None (nothing to launch) for an empty batch or no tokens (SPEC 3.4)."""
     if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
         return None
-    return (), (pool_out.shape[0], 0), [flat_in, offsets, req_pool_indices, pool_out]
+    return KernelCall("scatter", spec("scatter"), pool_out.shape[0], 0, (flat_in, offsets, req_pool_indices, pool_out))
+
+
+def _positions(args: tuple, *scratch: torch.Tensor) -> frozenset:
+    """Positions in ``args`` of the ``scratch`` tensors (by identity)."""
+    return frozenset(i for i, a in enumerate(args) if any(a is t for t in scratch))
 
 
 _placeholders: dict[tuple, torch.Tensor] = {}

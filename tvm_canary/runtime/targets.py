@@ -1,4 +1,4 @@
-"""Targets, target tags and launch geometries for torch devices.
+"""Targets, target tags and the default launch geometry for torch devices.
 
 Tags (``llvm``, ``cuda-sm_90``) name a build in cache keys and ahead-of-time artifacts; they are
 computed without the TVM compiler so that a runtime-only host can find prebuilt modules.
@@ -10,7 +10,8 @@ import functools
 
 import torch
 
-from ..geometry import CPU_GEOMETRY, Geometry
+from ..geometry import Geometry
+from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,10 +42,9 @@ def target_from_tag(tag: str):
     return tvm.target.Target({"kind": kind, "arch": arch}, host="llvm")
 
 
-def geometry_for(kernel: str, tag: str) -> Geometry:
-    """The launch geometry of ``kernel`` for a tag: serial on CPU, the default schedule on CUDA."""
-    if not tag.startswith("cuda"):
-        return CPU_GEOMETRY
-    from schedules import DEFAULTS
-
-    return DEFAULTS[kernel]
+def default_geometry(kernel: str, target: str) -> Geometry:
+    """The untuned geometry of ``kernel`` (``tvm_canary/schedules/defaults.py``) for a target tag
+    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``). Every default in the package (at
+    launch, in tuning and in ahead-of-time builds) comes from here."""
+    cuda = target.startswith("cuda")
+    return Geometry(gpu=cuda, **(CUDA_DEFAULTS if cuda else CPU_DEFAULTS)[kernel])

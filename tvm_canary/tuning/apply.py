@@ -2,8 +2,12 @@
 
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
-of the fastest record of the kernel's bucket nearest to ``size`` among its buckets of ``mode``; ``None`` when the device has no
-database (a one-line warning, once per device) or no record for the kernel (once per kernel).
+of the fastest record of the kernel's bucket nearest to ``size`` among its buckets of ``mode``;
+``None`` when the device has no database (a one-line notice, once per device) or no record for the
+kernel (once per kernel). Records whose workload carries another kernel hash than the current kernels'
+(``workloads.kernel_hash``: the kernel changed since it was tuned) are ignored, with one warning per
+database naming the kernels to re-tune. Notices go to the ``tvm_canary`` logger (the CLI prints them
+above its progress bars).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 import torch
 
 from ..geometry import Geometry
+from ..runtime.targets import default_geometry
 from . import keys
 
 log = logging.getLogger("tvm_canary")
@@ -24,22 +29,26 @@ FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
     """{kernel: {bucket: Geometry}} of the first database found for ``key`` (best record each)."""
-    for root in keys.tune_logs_dirs():
-        if (root / key / "database_workload.json").exists():
-            return _best_geometries(str(root / key), cuda)
-    return {}
+    work_dir = keys.database_dir(key)
+    return {} if work_dir is None else _best_geometries(str(work_dir), cuda)
 
 
-def measured_records(db) -> dict:
-    """{(kernel, bucket): [(mean seconds, record), ...] fastest first} of a database's valid records."""
-    from .workloads import bucket_of
+def measured_records(db, cuda: bool, stale: set | None = None) -> dict:
+    """{(kernel, bucket): [(mean seconds, record), ...] fastest first} of a database's valid records
+    for the current kernels; the kernels of records tuned for other kernel code are added to ``stale``."""
+    from .workloads import bucket_of, kernel_hash, workload_kernel_hash
 
+    kind = "cuda" if cuda else "llvm"
     out: dict = {}
     for record in db.get_all_tuning_records():
         if not record.run_secs or min(float(s) for s in record.run_secs) >= FAILED_RUN_SECS:
             continue  # not measured, or failed (build error, timeout, output differing from the reference)
         func = record.workload.mod["main"]
         key = (str(func.attrs["canary.kernel"]), bucket_of(func))
+        if workload_kernel_hash(func) != kernel_hash(*key, kind):
+            if stale is not None:
+                stale.add(key[0])
+            continue
         cost = sum(float(s) for s in record.run_secs) / len(record.run_secs)
         out.setdefault(key, []).append((cost, record))
     for rows in out.values():
@@ -51,25 +60,36 @@ def record_geometry(record, cuda: bool) -> Geometry:
     """Replay a record's trace on its workload and read the geometry it selects."""
     import tvm
 
-    from schedules import DEFAULTS
-    from schedules.space import geometry_from
-
-    from ..geometry import CPU_GEOMETRY
+    from ..schedules.space import geometry_from
 
     kernel = str(record.workload.mod["main"].attrs["canary.kernel"])
     sch = tvm.s_tir.Schedule(record.workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    return geometry_from(sch.mod, DEFAULTS[kernel] if cuda else CPU_GEOMETRY)
+    return geometry_from(sch.mod, default_geometry(kernel, "cuda" if cuda else "llvm"))
 
 
 def _best_geometries(work_dir: str, cuda: bool) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=work_dir, allow_missing=False)
+    stale: set = set()
     out: dict = {}
-    for (kernel, bucket), rows in measured_records(db).items():
+    for (kernel, bucket), rows in measured_records(db, cuda, stale).items():
         out.setdefault(kernel, {})[bucket] = record_geometry(rows[0][1], cuda)
+    if stale:
+        names = " ".join(sorted(stale))
+        log.warning("tvm_canary: %s holds records of an older version of %s; they are ignored "
+                    "(re-tune with `tvm-canary tune --kernels %s`)", work_dir, ", ".join(sorted(stale)), names)
     return out
+
+
+def selected_geometries(kernel: str, key: str, cuda: bool, modes: tuple[int, ...]) -> list[Geometry]:
+    """The geometries the database of device key ``key`` selects for ``kernel`` in any of ``modes``
+    (what ahead-of-time builds must cover), in bucket order."""
+    from .workloads import mode_of
+
+    buckets = _records(key, cuda).get(kernel, {})
+    return [buckets[b] for b in sorted(buckets) if mode_of(kernel, b) in modes]
 
 
 _noticed: set = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 import pathlib
 import platform
@@ -36,7 +37,56 @@ def device_key(device: torch.device) -> str:
 
 
 def tune_logs_dirs() -> list[pathlib.Path]:
-    """Databases are looked up in ``$TVM_CANARY_TUNE_LOGS`` (``os.pathsep``-separated), then in the
-    repository's ``tune_logs/``."""
+    """Where databases are looked up, first match per device key wins: ``$TVM_CANARY_TUNE_LOGS``
+    (``os.pathsep``-separated), the user's folder (``user_tune_logs``: what ``tune`` writes outside a
+    checkout), then the committed databases (``committed_tune_logs``)."""
     dirs = [pathlib.Path(p) for p in os.environ.get("TVM_CANARY_TUNE_LOGS", "").split(os.pathsep) if p]
-    return dirs + [pathlib.Path(__file__).resolve().parents[2] / "tune_logs"]
+    return dirs + [user_tune_logs(), committed_tune_logs()]
+
+
+def committed_tune_logs() -> pathlib.Path:
+    """The databases committed with the code: in a source checkout (also an editable install) the
+    repository's top-level ``tune_logs/``, where they are edited; in an installed wheel the package
+    resource ``tvm_canary/tune_logs`` that the build maps that folder to (pyproject.toml)."""
+    checkout = source_checkout()
+    if checkout is not None:
+        return checkout / "tune_logs"
+    return pathlib.Path(str(importlib.resources.files("tvm_canary") / "tune_logs"))
+
+
+def source_checkout() -> pathlib.Path | None:
+    """The repository root when the package runs from a source checkout (it holds pyproject.toml and
+    tune_logs/ beside the package), else None (an installed copy)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "tune_logs").is_dir() else None
+
+
+def user_tune_logs() -> pathlib.Path:
+    """The user's database folder: ``$XDG_DATA_HOME/tvm_canary/tune_logs`` (default
+    ``~/.local/share/tvm_canary/tune_logs``)."""
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(pathlib.Path.home(), ".local", "share")
+    return pathlib.Path(data) / "tvm_canary" / "tune_logs"
+
+
+def default_out_dir() -> pathlib.Path:
+    """Where ``tune`` writes by default: the checkout's ``tune_logs/`` (the databases are edited there
+    and committed), else the user's folder; an installed package is never written to."""
+    return committed_tune_logs() if source_checkout() is not None else user_tune_logs()
+
+
+def database_dir(key: str) -> pathlib.Path | None:
+    """The database folder of device key ``key`` that lookups use (the first in ``tune_logs_dirs``)."""
+    for root in tune_logs_dirs():
+        if (root / key / "database_workload.json").is_file():
+            return root / key
+    return None
+
+
+def databases() -> list[tuple[str, pathlib.Path]]:
+    """(device key, folder) of every database found, in lookup order (a key may appear twice: the
+    first one is used)."""
+    found = []
+    for root in tune_logs_dirs():
+        if root.is_dir():
+            found += [(d.name, d) for d in sorted(root.iterdir()) if (d / "database_workload.json").is_file()]
+    return found

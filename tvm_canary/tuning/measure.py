@@ -13,23 +13,17 @@ import functools
 
 import torch
 
-from ..geometry import CPU_GEOMETRY
 from ..runtime import compile as C
+from ..runtime.targets import default_geometry
+from ..schedules.space import geometry_from
 from . import workloads
-
-
-def geometry_of(mod, cuda: bool):
-    from schedules import DEFAULTS
-    from schedules.space import geometry_from
-
-    kernel = str(mod["main"].attrs["canary.kernel"])
-    return kernel, geometry_from(mod, DEFAULTS[kernel] if cuda else CPU_GEOMETRY)
 
 
 def build_candidate(mod, target, _params):
     cuda = target.kind.name == "cuda"
-    kernel, geom = geometry_of(mod, cuda)
     tag = f"cuda-{target.attrs['arch']}" if cuda else "llvm"
+    kernel = str(mod["main"].attrs["canary.kernel"])
+    geom = geometry_from(mod, default_geometry(kernel, tag))
     return C.build(kernel, workloads.tuned_spec(kernel, workloads.bucket_of(mod["main"])), tag, geom).mod
 
 

@@ -6,11 +6,20 @@ A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` 
 ``(bs, tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply;
 within a mode the nearest size wins. Write, plan and scatter are tuned in their NONE / no-check
 specialization, whose geometry serves all of theirs.
+
+Every workload carries the *kernel hash* of the code it was tuned for (``kernel_hash``), so records
+of a kernel that changed since are recognised and ignored (``tuning.apply``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import importlib
+import json
+import os
+import pathlib
 
 import torch
 from tvm.script import tirx as T
@@ -18,8 +27,11 @@ from tvm.script import tirx as T
 import tvm_canary as tc
 from tvm_canary import reference
 from tvm_canary.consts import RealKvHashMode
+from tvm_canary.geometry import Geometry
 from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
+from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
+from tvm_canary.runtime.specializations import spec, spec_id
 
 PRESETS = {
     "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
@@ -31,7 +43,6 @@ PRESETS = {
         "scatter": [(4096, 1024)],
     },
 }
-KERNELS = ("plan", "scatter", "verify", "write")
 KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of folded verify buckets
 
 
@@ -43,22 +54,69 @@ def mode_of(kernel: str, bucket: tuple) -> int:
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
     """The specialization a workload is compiled in: no input checks, sources folded per its mode."""
     return {
-        "verify": (KV_SOURCES if mode_of(kernel, bucket) else 0, False), "write": (0, False),
-        "plan": (False, False), "scatter": (),
-    }[kernel]
+        "verify": lambda: spec("verify", num_sources=KV_SOURCES if mode_of(kernel, bucket) else 0, check_token=False),
+        "write": lambda: spec("write", num_sources=0, input_assert=False),
+        "plan": lambda: spec("plan", has_lut=False, has_pool=False),
+        "scatter": lambda: spec("scatter"),
+    }[kernel]()
 
 
-def descriptor(kernel: str, bucket: tuple):
-    """The schedulable stand-in of a workload: one block ``canary``; one buffer per bucket dimension
-    (its length), so each (kernel, bucket) is its own MetaSchedule workload."""
+# The geometry the kernel hash is taken in: fixed here (not the defaults, whose values are tuned by
+# hand) so that only a change of the kernel's TensorIR changes the hash.
+_HASH_GEOMETRY = {
+    "cuda": Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1),
+    "llvm": Geometry(gpu=False, unroll=4),
+}
+_IGNORED_ATTRS = ("tirx.is_scheduled",)  # says how the function may be scheduled further; no effect on its code
+
+
+def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
+    """Hash of the code a workload tunes: sha256 (16 hex digits) of the TVMScript of
+    ``kernels.<kernel>.make(*tuned_spec(kernel, bucket), geometry)`` for the target kind (``cuda`` or
+    ``llvm``) in a fixed reference geometry, without the attributes that do not shape the generated
+    code (``tirx.is_scheduled``). Renaming Python helpers, taking numbers from named constants or
+    reformatting the kernel source leaves it unchanged; a change of the TensorIR (and so possibly of
+    the generated code) changes it. Computing it parses the kernel (about a second), so hashes are
+    remembered per ``compile.source_hash()`` in the kernel cache folder."""
+    kernel_spec = tuned_spec(kernel, bucket)
+    path = C.cache_dir() / "kernel-hashes" / f"{C.source_hash()}.json"
+    table = _hash_table(path)
+    name = f"{kernel}/{spec_id(kernel_spec)}/{target_kind}"
+    if name not in table:
+        table[name] = _script_hash(kernel, kernel_spec, target_kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        tmp.replace(path)
+    return table[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _hash_table(path: pathlib.Path) -> dict:
+    """The kernel hashes remembered in ``path`` (``{kernel/spec/target kind: hash}``), loaded once."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
+    func = importlib.import_module(f"tvm_canary.kernels.{kernel}").make(*kernel_spec, _HASH_GEOMETRY[target_kind])
+    for attr in _IGNORED_ATTRS:
+        func = func.without_attr(attr)
+    return hashlib.sha256(func.script().encode()).hexdigest()[:16]
+
+
+def descriptor(kernel: str, bucket: tuple, target_kind: str):
+    """The schedulable stand-in of a workload for a target kind (``cuda`` or ``llvm``): one block
+    ``canary``; one buffer per bucket dimension (its length), so each (kernel, bucket) is its own
+    MetaSchedule workload; attributes name the kernel, the bucket and the kernel hash."""
     n = bucket[0]
     m = bucket[1] if len(bucket) > 1 else 0
+    attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket), "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
 
     if m:
 
         @T.prim_func(s_tir=True)
         def main(x: T.Buffer((n,), "int64"), y: T.Buffer((m,), "int64")):
-            T.func_attr({"canary.kernel": kernel, "canary.bucket": list(bucket)})
+            T.func_attr(attrs)
             for i in range(n):
                 with T.sblock("canary"):
                     vi = T.axis.spatial(n, i)
@@ -70,7 +128,7 @@ def descriptor(kernel: str, bucket: tuple):
 
     @T.prim_func(s_tir=True)
     def main(x: T.Buffer((n,), "int64")):
-        T.func_attr({"canary.kernel": kernel, "canary.bucket": list(bucket)})
+        T.func_attr(attrs)
         for i in range(n):
             with T.sblock("canary"):
                 vi = T.axis.spatial(n, i)
@@ -86,34 +144,38 @@ def bucket_of(func) -> tuple:
     return tuple(int(x) for x in func.attrs["canary.bucket"])
 
 
+def workload_kernel_hash(func) -> str | None:
+    """The kernel hash a stand-in function carries (None for workloads written before hashes)."""
+    value = func.attrs.get("canary.kernel_hash") if func.attrs is not None else None
+    return None if value is None else str(value)
+
+
 class Case:
     """Valid inputs of one launch, a snapshot to reset them, and the reference's outputs."""
 
     def __init__(self, kernel: str, call_kwargs: dict):
         self.kernel = kernel
         self.kwargs = call_kwargs
-        _, _, self.args = getattr(packing, f"{kernel}_call")(**call_kwargs)
-        self.tensors = [a for a in self.args if isinstance(a, torch.Tensor)]
-        self.initial = [t.clone() for t in self.tensors]
+        call = getattr(packing, f"{kernel}_call")(**call_kwargs)
+        self.args = call.args
+        # (argument position, tensor) of every result tensor: scratch is not part of the result
+        self.tensors = [(i, a) for i, a in enumerate(call.args) if isinstance(a, torch.Tensor) and i not in call.scratch]
+        self.initial = [a.clone() if isinstance(a, torch.Tensor) else a for a in call.args]
         ref_kwargs = _copy(call_kwargs)  # the reference runs on the same device, on copies
         getattr(reference, _REFERENCE[kernel])(**ref_kwargs)
-        _, _, ref_args = getattr(packing, f"{kernel}_call")(**ref_kwargs)
-        self.expected = [a for a in ref_args if isinstance(a, torch.Tensor)]
+        self.expected = getattr(packing, f"{kernel}_call")(**ref_kwargs).args
 
     def reset(self) -> None:
-        for t, t0 in zip(self.tensors, self.initial):
-            t.copy_(t0)
+        for a, a0 in zip(self.args, self.initial):
+            if isinstance(a, torch.Tensor):
+                a.copy_(a0)
 
     def matches(self) -> bool:
-        """Outputs equal the reference byte for byte (plan scratch and verify tails excluded)."""
-        got, want = self.tensors, self.expected
-        skip = _UNCHECKED[self.kernel]
-        return all(torch.equal(g, w.to(g.device)) for i, (g, w) in enumerate(zip(got, want)) if i not in skip)
+        """Every result tensor equals the reference's byte for byte (scratch excluded)."""
+        return all(torch.equal(t, self.expected[i].to(t.device)) for i, t in self.tensors)
 
 
 _REFERENCE = {"verify": "canary_verify_ref", "write": "canary_write_ref", "plan": "canary_plan_ref", "scatter": "scatter_req_token_ids_ref"}
-# Tensor positions (among the call's tensors) that are scratch: the ring's chunk marks, plan offsets.
-_UNCHECKED = {"verify": {11}, "write": {14}, "plan": {16}, "scatter": set()}
 
 
 def _copy(obj):

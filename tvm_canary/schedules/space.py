@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm_canary.geometry import Geometry
-
 KNOB_FIELDS = ("blocks", "threads", "tile", "unroll", "min_blocks")
 
 
-def make_space(knobs: dict[str, list[int]], fixed: Geometry | None = None):
-    """A ScheduleFn body sampling every knob with more than one choice (uniformly); with ``fixed``,
-    every draw is decided to that geometry's value (the trace of one known candidate)."""
+def make_space(knobs: dict[str, list[int]], fixed=None):
+    """A ScheduleFn body sampling every knob with more than one choice (uniformly); with ``fixed`` (a
+    ``Geometry``), every draw is decided to that geometry's value (the trace of one known candidate)."""
 
     def space(sch) -> None:
         block = sch.get_sblock("canary")
@@ -31,13 +29,14 @@ def make_space(knobs: dict[str, list[int]], fixed: Geometry | None = None):
     return space
 
 
-def knob_values_of(knobs: dict[str, list[int]], geom: Geometry) -> bool:
+def knob_values_of(knobs: dict[str, list[int]], geom) -> bool:
     """True when every knob's choices include ``geom``'s value (so ``make_space(knobs, geom)`` works)."""
     return all(getattr(geom, name) in choices for name, choices in knobs.items())
 
 
-def geometry_from(mod, default: Geometry) -> Geometry:
-    """The geometry a scheduled workload's annotations select (unsampled knobs keep ``default``)."""
+def geometry_from(mod, default):
+    """The geometry (a copy of the ``Geometry`` ``default``) that a scheduled workload's annotations
+    select; knobs that were not sampled keep ``default``'s values."""
     import tvm
 
     sch = tvm.s_tir.Schedule(mod)

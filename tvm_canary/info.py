@@ -1,0 +1,77 @@
+"""``tvm-canary info``: versions, devices, tuning databases and module folders this installation uses.
+
+Shows the package, TVM, tvm-ffi and torch versions, the devices seen with their device keys and whether
+each has a tuning database, every database found (device key, records, folder) in lookup order, the
+kernel cache folder and the ahead-of-time module folders (``$TVM_CANARY_MODULES``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import pathlib
+
+import torch
+
+from .console import DefaultsHelpFormatter
+from .runtime import compile as C
+from .tuning import keys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("info", help="show versions, devices, tuning databases and module folders",
+                              description=__doc__.splitlines()[0], formatter_class=DefaultsHelpFormatter)
+    p.set_defaults(func=run)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _records(folder: pathlib.Path) -> int:
+    path = folder / "database_tuning_record.json"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+
+
+def lines() -> list[str]:
+    """The report, line by line."""
+    import tvm
+
+    package = pathlib.Path(__file__).resolve().parent
+    compiler = "with compiler" if C.compiler_available() else "runtime only"
+    out = [
+        f"tvm_canary {_version('tvm_canary')} ({package}{', source checkout' if keys.source_checkout() else ''})",
+        f"TVM {tvm.__version__} ({compiler}), tvm-ffi {_version('apache-tvm-ffi')}, torch {torch.__version__}",
+    ]
+    found = keys.databases()
+    used = {}
+    for key, folder in found:
+        used.setdefault(key, folder)
+    devices = [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    out.append("devices:")
+    for device in devices:
+        key = keys.device_key(device)
+        db = used.get(key)
+        out.append(f"  {str(device):8} key {key:24} tuning database: {db if db else 'none (default geometries)'}")
+    if not C.tuning_enabled():
+        why = "TVM_CANARY_TUNED=0" if os.environ.get("TVM_CANARY_TUNED") == "0" else "runtime-only TVM cannot read them"
+        out.append(f"  (tuned geometries are not used: {why})")
+    out.append("tuning databases (lookup order: $TVM_CANARY_TUNE_LOGS, user folder, committed; first per key wins):")
+    for key, folder in found:
+        note = "" if used[key] == folder else "  (shadowed by the one above)"
+        out.append(f"  {key:24} {_records(folder):5} records  {folder}{note}")
+    if not found:
+        out.append("  none")
+    out.append(f"  searched: {os.pathsep.join(str(d) for d in keys.tune_logs_dirs())}")
+    out.append(f"kernel cache: {C.cache_dir()}")
+    modules = C.prebuilt_dirs()
+    out.append(f"AOT module folders ($TVM_CANARY_MODULES): {os.pathsep.join(map(str, modules)) if modules else 'none'}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    print("\n".join(lines()))
+    return 0

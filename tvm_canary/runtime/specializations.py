@@ -1,0 +1,63 @@
+"""The one enumeration of each kernel's specializations (compile-time variants).
+
+A specialization is the tuple of leading arguments of ``tvm_canary.kernels.<kernel>.make(*spec, geom)``;
+each element is one *axis* with a fixed set of values:
+
+* write: ``num_sources`` (real-KV sources folded, 0 = NONE mode), ``input_assert``;
+* verify: ``num_sources``, ``check_token``;
+* plan: ``has_lut`` (SWA translation table given), ``has_pool`` (expected-token pool given);
+* scatter: none.
+
+Packing (``spec``), ahead-of-time builds and the codegen tests (``all_specs``) and tuning (``spec``,
+``launch_modes``) all take specializations from here, so a new variant is added in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
+
+_SOURCES = tuple(range(MAX_REAL_KV_SOURCES + 1))
+_FLAG = (False, True)
+
+# kernel -> ((axis name, allowed values), ...) in ``make``'s argument order
+AXES: dict[str, tuple[tuple[str, tuple], ...]] = {
+    "write": (("num_sources", _SOURCES), ("input_assert", _FLAG)),
+    "verify": (("num_sources", _SOURCES), ("check_token", _FLAG)),
+    "plan": (("has_lut", _FLAG), ("has_pool", _FLAG)),
+    "scatter": (),
+}
+KERNELS = tuple(AXES)
+
+
+def spec(kernel: str, **values) -> tuple:
+    """The specialization tuple of ``kernel`` with the named axis values (every axis must be given)."""
+    axes = AXES[kernel]
+    if set(values) != {name for name, _ in axes}:
+        raise TypeError(f"kv-canary: {kernel} specializations take {[n for n, _ in axes]}, got {sorted(values)}")
+    out = []
+    for name, allowed in axes:
+        value = type(allowed[0])(values[name])
+        if value not in allowed:
+            raise ValueError(f"kv-canary: {kernel} specialization {name}={values[name]!r} not in {allowed}")
+        out.append(value)
+    return tuple(out)
+
+
+def all_specs(kernel: str) -> list[tuple]:
+    """Every specialization of ``kernel`` (the product of its axes)."""
+    return list(itertools.product(*(allowed for _, allowed in AXES[kernel])))
+
+
+def spec_id(spec_: tuple) -> str:
+    """A short name of a specialization for file names and test ids: ``2-1``, ``0-0``, ``none``."""
+    return "-".join(str(int(x)) for x in spec_) or "none"
+
+
+def launch_modes(kernel: str, spec_: tuple) -> tuple[int, ...]:
+    """The tuning *modes* (``tuning.workloads.mode_of``) a launch of this specialization can have:
+    verify folding sources runs in PARTIAL or ALL mode, everything else in mode 0 (NONE)."""
+    if kernel == "verify" and dict(zip((n for n, _ in AXES[kernel]), spec_))["num_sources"]:
+        return (int(RealKvHashMode.PARTIAL), int(RealKvHashMode.ALL))
+    return (0,)

@@ -1,0 +1,81 @@
+"""``tvm-canary tune``: tune the kernels' geometries on this machine's device with MetaSchedule.
+
+    tvm-canary tune --target cuda|llvm [--kernels ...] [--trials N] [--workloads PRESET] [--out DIR]
+
+Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``,
+or the user's folder for an installed package); workloads already in it with at least N measured
+candidates are skipped (resume). Ends with a table: kernel, workload, candidates, candidates measured
+in this run, default time, tuned time, speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import pathlib
+
+import torch
+from tqdm import tqdm
+
+from ..console import DefaultsHelpFormatter
+from ..runtime import compile as C
+from ..runtime.specializations import KERNELS
+from . import keys, workloads
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule", description=__doc__.splitlines()[0],
+                              formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU 0; llvm: this CPU")
+    p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to tune")
+    p.add_argument("--trials", type=_trials, default=32, help="measured candidates per workload (at most the design space's size)")
+    p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
+                   help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
+    p.add_argument("--out", type=pathlib.Path, default=keys.default_out_dir(), help="database root (one folder per device key)")
+    p.add_argument("--log-dir", type=pathlib.Path, default=None,
+                   help="MetaSchedule's log folder; default: a new folder under <kernel cache>/tune-runs/")
+    p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
+    p.set_defaults(func=run)
+
+
+def _trials(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from tvm.s_tir import meta_schedule as ms
+
+    from .driver import tune_workload
+
+    cuda = args.target == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("tvm-canary tune: --target cuda needs a CUDA GPU, and torch sees none")
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    key = keys.device_key(device)
+    preset = workloads.PRESETS[args.workloads or ("gpu" if cuda else "cpu")]
+    work_dir = args.out / key
+    log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    jobs = [(k, b) for k in args.kernels for b in preset[k]]
+    results = [tune_workload(kernel, bucket, device, db, args.trials, log_dir, args.verbose)
+               for kernel, bucket in tqdm(jobs, desc=f"tune {key}")]
+    print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
+    for r in results:
+        note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
+        speedup = r.default_us / r.tuned_us if r.candidates else math.nan
+        print(f"{r.kernel:8} {str(r.bucket):14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
+              f"{speedup:8.2f}  {r.geometry}{note}")
+    new = sum(r.measured for r in results)
+    if new == 0:
+        print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
+              f"database's, measured when it was tuned on a {key} (not necessarily this host).")
+    else:
+        print(f"\nmeasured {new} candidates on this host ({key}); rows with fewer new than candidates also show the "
+              f"database's earlier measurements. Wrote {work_dir}")
+    return 0

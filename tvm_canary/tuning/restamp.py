@@ -1,0 +1,50 @@
+"""Re-stamp a tuning database's workloads with the current kernel hashes.
+
+    python -m tvm_canary.tuning.restamp tune_logs/<device key> [...]
+
+Only for a kernel change that provably keeps the generated code identical (e.g. the generated CUDA of
+every specialization compared byte for byte before and after) but changes the kernel hash
+(``workloads.kernel_hash``); any other change needs a re-tune, which ignoring the old records forces.
+Each workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (so it
+carries the current hash), in the same order, so ``database_tuning_record.json``, whose records refer
+to workloads by position, stays byte-identical. The target kind comes from the records.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+
+def restamp(work_dir: pathlib.Path) -> int:
+    """Rewrite ``work_dir``'s workload table with the current kernel hashes; returns the entries."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from .workloads import bucket_of, descriptor
+
+    records = [json.loads(line) for line in (work_dir / "database_tuning_record.json").read_text().splitlines() if line.strip()]
+    kinds = {record[1][2]["kind"] for record in records}
+    if len(kinds) != 1:
+        raise SystemExit(f"restamp: {work_dir} has records for target kinds {sorted(kinds)}; expected one")
+    (kind,) = kinds
+    table = work_dir / "database_workload.json"
+    entries = []
+    for line in table.read_text().splitlines():
+        func = ms.database.Workload.from_json(json.loads(line)).mod["main"]
+        mod = tvm.IRModule({"main": descriptor(str(func.attrs["canary.kernel"]), bucket_of(func), kind)})
+        shash, encoded = ms.database.Workload(mod).as_json()
+        entries.append(json.dumps([str(shash), str(encoded)], separators=(",", ":")))
+    table.write_text("".join(e + "\n" for e in entries))
+    return len(entries)
+
+
+def main(argv: list[str]) -> int:
+    for folder in argv:
+        print(f"{folder}: {restamp(pathlib.Path(folder))} workloads re-stamped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
