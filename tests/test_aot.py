@@ -34,3 +34,46 @@ def test_runtime_only_host_runs_prebuilt_modules(tmp_path):
     env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", TVM_CANARY_MODULES=str(tmp_path / "modules"), TVM_CANARY_CACHE=str(tmp_path / "cache"))
     res = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout + res.stderr
+
+
+def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatch, capsys):
+    """A folder built with the device's tuning database holds the tuned geometry's module: loading with
+    that database compiles nothing."""
+    import dataclasses
+
+    import torch
+    import tvm
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import compile as C
+    from tvm_canary.runtime import specializations, targets
+    from tvm_canary.tuning import apply, keys, workloads
+    from tvm_canary.tuning.driver import commit_measurement
+    from tvm.s_tir import meta_schedule as ms
+
+    cpu = torch.device("cpu")
+    tuned = dataclasses.replace(targets.default_geometry("write", "llvm"), unroll=1)
+    (tmp_path / "logs" / keys.device_key(cpu)).mkdir(parents=True)
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "logs" / keys.device_key(cpu)))
+    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
+    commit_measurement(db, mod, schedules.knobs("write", False), tuned, 1e-6, targets.target_from_tag("llvm"))
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path / "logs"])
+    apply._records.cache_clear()
+    # One specialization keeps the test to two builds (default and tuned geometry).
+    monkeypatch.setitem(specializations.AXES, "write", (("num_sources", (0,)), ("input_assert", (False,))))
+    assert main(["build", "--target", "llvm", "--kernels", "write", "-o", str(tmp_path / "modules")]) == 0
+    assert f"tuning databases {keys.device_key(cpu)}" in capsys.readouterr().out
+    assert len(list((tmp_path / "modules").glob("write-0-0-*.so"))) == 2
+
+    def no_compiling(*args):
+        raise AssertionError(f"compiled {args[:2]} although the ahead-of-time folder has it")
+
+    monkeypatch.setattr(C, "build", no_compiling)
+    monkeypatch.setenv("TVM_CANARY_MODULES", str(tmp_path / "modules"))
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(C, "_memory", {})
+    monkeypatch.setattr(C, "_by_launch", {})
+    assert C.geometry("write", cpu, 8) == tuned
+    C.get_kernel("write", (0, False), cpu, 8)
+    assert [k[4] for k in C._memory] == [tuned]
+    apply._records.cache_clear()

@@ -14,11 +14,34 @@ from tvm_canary.runtime import compile as C
 from tvm_canary.tuning import apply, keys
 
 
+TUNE_CI = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials", "4", "--workloads", "ci"]
+
+
 @pytest.fixture(scope="module")
 def tuned_logs(tmp_path_factory):
     out = tmp_path_factory.mktemp("tune_logs")
-    assert main(["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials", "4", "--workloads", "ci", "--out", str(out)]) == 0
+    assert main([*TUNE_CI, "--out", str(out), "--log-dir", str(out.parent / "ms-logs")]) == 0
     return out
+
+
+def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
+    assert any((tuned_logs.parent / "ms-logs" / "logs").glob("*.log"))
+
+
+def test_tune_again_says_it_measured_nothing(tuned_logs, capsys):
+    assert main([*TUNE_CI, "--out", str(tuned_logs), "--log-dir", str(tuned_logs.parent / "ms-logs-2")]) == 0
+    out = capsys.readouterr().out
+    key = keys.device_key(torch.device("cpu"))
+    assert "nothing measured" in out and f"tuned on a {key}" in out
+    assert not (tuned_logs.parent / "ms-logs-2").exists()  # MetaSchedule never ran
+
+
+@pytest.mark.parametrize("trials", ["0", "-1"])
+def test_tune_rejects_fewer_than_one_trial(trials, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--target", "llvm", "--trials", trials])
+    assert exit_info.value.code == 2
+    assert f"argument --trials: must be at least 1, got {trials}" in capsys.readouterr().err
 
 
 def test_tune_writes_a_database_per_device(tuned_logs):
@@ -88,3 +111,49 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
     commit_measurement(db, mod, knobs, default, 1e-3, target)
     ((cost, record),) = apply.measured_records(db, cuda=False)[("write", (8, 16))]
     assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == default
+
+
+def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):
+    """A database tuned for other kernel code: its records do not apply, and one warning names the
+    kernels to re-tune."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import workloads
+    from tvm_canary.tuning.driver import commit_measurement
+
+    key = keys.device_key(torch.device("cpu"))
+    (tmp_path / key).mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / key))
+    target = targets.target_from_tag("llvm")
+    tuned = dataclasses.replace(targets.default_geometry("write", "llvm"), unroll=1)
+    for kernel, bucket in [("write", (8, 16)), ("write", (1, 64)), ("scatter", (8, 16))]:
+        mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, "llvm")})
+        geom = tuned if kernel == "write" else targets.default_geometry(kernel, "llvm")
+        commit_measurement(db, mod, schedules.knobs(kernel, False), geom, 1e-3, target)
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
+    apply._records.cache_clear()
+    assert apply.tuned_geometry("write", torch.device("cpu"), 8) == tuned  # current kernels: applies
+    current = workloads.kernel_hash
+    monkeypatch.setattr(workloads, "kernel_hash", lambda k, b, kind: "0" * 16 if k == "write" else current(k, b, kind))
+    apply._records.cache_clear()
+    with caplog.at_level("WARNING", logger="tvm_canary"):
+        assert apply.tuned_geometry("write", torch.device("cpu"), 8) is None
+        assert apply.tuned_geometry("write", torch.device("cpu"), 1) is None
+        assert apply.tuned_geometry("scatter", torch.device("cpu"), 8) is not None  # unchanged kernel: still applies
+    stale = [r.getMessage() for r in caplog.records if "older version" in r.getMessage()]
+    assert len(stale) == 1 and "of write;" in stale[0] and "tvm-canary tune --kernels write" in stale[0], stale
+    apply._records.cache_clear()
+
+
+@pytest.mark.parametrize("key,cuda", [("amd-epyc", False), ("nvidia-h200-sm_90", True)])
+def test_committed_databases_match_the_current_kernels(key, cuda):
+    """Every committed record was tuned for the kernels of this tree (a kernel change that alters its
+    TensorIR needs a re-tune; one that provably keeps the generated code needs tuning/restamp.py)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(keys.committed_tune_logs() / key), allow_missing=False)
+    stale: set = set()
+    assert apply.measured_records(db, cuda, stale) and not stale

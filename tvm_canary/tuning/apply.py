@@ -77,9 +77,8 @@ def _best_geometries(work_dir: str, cuda: bool) -> dict:
     for (kernel, bucket), rows in measured_records(db, cuda, stale).items():
         out.setdefault(kernel, {})[bucket] = record_geometry(rows[0][1], cuda)
     if stale:
-        names = " ".join(sorted(stale))
-        log.warning("tvm_canary: %s holds records of an older version of %s; they are ignored "
-                    "(re-tune with `tvm-canary tune --kernels %s`)", work_dir, ", ".join(sorted(stale)), names)
+        log.warning("tvm_canary: %s holds records tuned for an older version of %s; they are ignored "
+                    "(re-tune with `tvm-canary tune --kernels %s`)", work_dir, ", ".join(sorted(stale)), " ".join(sorted(stale)))
     return out
 
 

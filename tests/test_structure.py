@@ -1,0 +1,54 @@
+"""Decisions made in one place: the public launch functions, their checks, the torch reference and the
+argument packing take the same keywords; ``schedules`` is data that imports nothing of the package;
+packing names its specializations from the one enumeration."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+
+import pytest
+
+import tvm_canary as tc
+from tvm_canary import checks, reference
+from tvm_canary.runtime import packing, specializations
+
+FAMILIES = {
+    "write": (tc.launch_canary_write_kernel, checks.check_write, reference.canary_write_ref, packing.write_call),
+    "verify": (tc.launch_canary_verify_kernel, checks.check_verify, reference.canary_verify_ref, packing.verify_call),
+    "plan": (tc.launch_canary_plan_kernels, checks.check_plan, reference.canary_plan_ref, packing.plan_call),
+    "scatter": (tc.launch_scatter_req_token_ids_kernel, checks.check_scatter, reference.scatter_req_token_ids_ref, packing.scatter_call),
+}
+
+
+@pytest.mark.parametrize("kernel", list(FAMILIES))
+def test_launch_check_reference_and_packing_take_the_same_keywords(kernel):
+    def keywords(fn):
+        params = inspect.signature(fn).parameters.values()
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params), fn
+        return [p.name for p in params]
+
+    launch, *others = FAMILIES[kernel]
+    for fn in others:
+        assert keywords(fn) == keywords(launch), fn.__qualname__
+
+
+def test_schedules_import_nothing_from_the_package():
+    folder = pathlib.Path(tc.__file__).parent / "schedules"
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1 and not (node.module or "").startswith("tvm_canary"), f"{path.name}: {ast.unparse(node)}"
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("tvm_canary") for a in node.names), f"{path.name}: {ast.unparse(node)}"
+
+
+def test_specializations_are_checked_against_the_enumeration():
+    assert specializations.spec("verify", num_sources=2, check_token=True) == (2, True)
+    assert specializations.spec("verify", num_sources=2, check_token=True) in specializations.all_specs("verify")
+    assert len(specializations.all_specs("write")) == 10 and specializations.all_specs("scatter") == [()]
+    with pytest.raises(ValueError, match="num_sources=5"):
+        specializations.spec("write", num_sources=5, input_assert=False)
+    with pytest.raises(TypeError, match="has_lut"):
+        specializations.spec("plan", has_lut=True)
