@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     new = sum(r.measured for r in results)
     if new == 0:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
-              f"database's, measured when it was tuned on a {key} (not necessarily this host).")
+              f"database's, measured when it was tuned on a device with key {key} (not necessarily this host).")
     else:
-        print(f"\nmeasured {new} candidates on this host ({key}); rows with fewer new than candidates also show the "
+        print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on this host ({key}); rows with fewer new than candidates also show the "
               f"database's earlier measurements. Wrote {work_dir}")
     return 0
