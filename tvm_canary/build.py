@@ -19,7 +19,6 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from .console import DefaultsHelpFormatter
 from .runtime import compile as C
 from .runtime.aot import build_all
 from .runtime.specializations import KERNELS
@@ -27,8 +26,7 @@ from .tuning import keys
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules", description=__doc__.splitlines()[0],
-                              formatter_class=DefaultsHelpFormatter)
+    p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules", description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU code per --arch; llvm: the CPU")
     p.add_argument("--arch", action="append", default=[], help="CUDA arch such as sm_90 (repeatable; cuda only)")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to build")

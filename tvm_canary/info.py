@@ -13,14 +13,13 @@ import pathlib
 
 import torch
 
-from .console import DefaultsHelpFormatter
 from .runtime import compile as C
 from .tuning import keys
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("info", help="show versions, devices, tuning databases and module folders",
-                              description=__doc__.splitlines()[0], formatter_class=DefaultsHelpFormatter)
+                              description=__doc__.splitlines()[0])
     p.set_defaults(func=run)
 
 

@@ -18,15 +18,13 @@ import pathlib
 import torch
 from tqdm import tqdm
 
-from ..console import DefaultsHelpFormatter
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import keys, workloads
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule", description=__doc__.splitlines()[0],
-                              formatter_class=DefaultsHelpFormatter)
+    p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule", description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU 0; llvm: this CPU")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to tune")
     p.add_argument("--trials", type=_trials, default=32, help="measured candidates per workload (at most the design space's size)")
