@@ -30,9 +30,21 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _records(folder: pathlib.Path) -> int:
+def _records(folder: pathlib.Path) -> str:
+    """``N records`` and, where the TVM compiler can read the database, how many are usable (measured
+    for the current kernels) and which kernels' records are stale."""
     path = folder / "database_tuning_record.json"
-    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+    text = f"{sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0:5} records"
+    if not C.compiler_available():
+        return text
+    from tvm.s_tir import meta_schedule as ms
+
+    from .tuning.apply import measured_records
+
+    stale: set = set()
+    usable = measured_records(ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False), stale)
+    text += f", {sum(len(rows) for rows in usable.values()):4} usable"
+    return text + (f" (stale, re-tune: {' '.join(sorted(stale))})" if stale else "")
 
 
 def lines() -> list[str]:
@@ -61,7 +73,7 @@ def lines() -> list[str]:
     out.append("tuning databases (lookup order: $TVM_CANARY_TUNE_LOGS, user folder, committed; first per key wins):")
     for key, folder in found:
         note = "" if used[key] == folder else "  (shadowed by the one above)"
-        out.append(f"  {key:24} {_records(folder):5} records  {folder}{note}")
+        out.append(f"  {key:24} {_records(folder)}  {folder}{note}")
     if not found:
         out.append("  none")
     out.append(f"  searched: {os.pathsep.join(str(d) for d in keys.tune_logs_dirs())}")

@@ -33,19 +33,19 @@ def _records(key: str, cuda: bool) -> dict:
     return {} if work_dir is None else _best_geometries(str(work_dir), cuda)
 
 
-def measured_records(db, cuda: bool, stale: set | None = None) -> dict:
+def measured_records(db, stale: set | None = None) -> dict:
     """{(kernel, bucket): [(mean seconds, record), ...] fastest first} of a database's valid records
-    for the current kernels; the kernels of records tuned for other kernel code are added to ``stale``."""
+    for the current kernels (hashed for each record's target kind); the kernels of records tuned for
+    other kernel code are added to ``stale``."""
     from .workloads import bucket_of, kernel_hash, workload_kernel_hash
 
-    kind = "cuda" if cuda else "llvm"
     out: dict = {}
     for record in db.get_all_tuning_records():
         if not record.run_secs or min(float(s) for s in record.run_secs) >= FAILED_RUN_SECS:
             continue  # not measured, or failed (build error, timeout, output differing from the reference)
         func = record.workload.mod["main"]
         key = (str(func.attrs["canary.kernel"]), bucket_of(func))
-        if workload_kernel_hash(func) != kernel_hash(*key, kind):
+        if workload_kernel_hash(func) != kernel_hash(*key, str(record.target.kind.name)):
             if stale is not None:
                 stale.add(key[0])
             continue
@@ -74,7 +74,7 @@ def _best_geometries(work_dir: str, cuda: bool) -> dict:
     db = ms.database.JSONDatabase(work_dir=work_dir, allow_missing=False)
     stale: set = set()
     out: dict = {}
-    for (kernel, bucket), rows in measured_records(db, cuda, stale).items():
+    for (kernel, bucket), rows in measured_records(db, stale).items():
         out.setdefault(kernel, {})[bucket] = record_geometry(rows[0][1], cuda)
     if stale:
         log.warning("tvm_canary: %s holds records tuned for an older version of %s; they are ignored "

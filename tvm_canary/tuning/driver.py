@@ -70,7 +70,7 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, db, trials: 
     for choices in knobs.values():
         space_size *= len(choices)
     trials = min(trials, space_size)
-    before = len(measured_records(db, cuda).get((kernel, bucket), []))
+    before = len(measured_records(db).get((kernel, bucket), []))
     searched = before < trials
     if searched:
         runner = runner or local_runner(kernel, bucket)
@@ -89,11 +89,11 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, db, trials: 
         if hasattr(runner, "pool"):
             runner.pool.shutdown()  # a local worker holds this bucket's case (up to ~35 GB of device memory)
     default = default_geometry(kernel, kind)
-    rows = measured_records(db, cuda).get((kernel, bucket), [])
+    rows = measured_records(db).get((kernel, bucket), [])
     if not any(record_geometry(r, cuda) == default for _, r in rows) and knob_values_of(knobs, default):
         # The default competes too: a bucket's best record is then never slower than the default.
         commit_measurement(db, mod, knobs, default, default_time_us(kernel, bucket, device, default) / 1e6, target)
-        rows = measured_records(db, cuda).get((kernel, bucket), [])
+        rows = measured_records(db).get((kernel, bucket), [])
     measured = len(rows) - before
     if not rows:
         return Result(kernel, bucket, 0, measured, float("nan"), float("nan"), "every candidate failed: the default applies")
