@@ -1,12 +1,24 @@
-"""Ahead-of-time artifacts load and run in a runtime-only TVM (no compiler library) through the API."""
+"""Ahead-of-time artifacts: they load and run in a runtime-only TVM (no compiler library) through the
+API, and a folder built with the device's tuning database covers what loading with it asks for."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 
+import pytest
+import torch
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_canary import schedules
 from tvm_canary.cli import main
+from tvm_canary.runtime import compile as C
+from tvm_canary.runtime import specializations, targets
+from tvm_canary.tuning import apply, keys, workloads
+from tvm_canary.tuning.driver import commit_measurement
 
 CHILD = """
 import torch, tvm
@@ -39,18 +51,6 @@ def test_runtime_only_host_runs_prebuilt_modules(tmp_path):
 def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatch, capsys):
     """A folder built with the device's tuning database holds the tuned geometry's module: loading with
     that database compiles nothing."""
-    import dataclasses
-
-    import torch
-    import tvm
-
-    from tvm_canary import schedules
-    from tvm_canary.runtime import compile as C
-    from tvm_canary.runtime import specializations, targets
-    from tvm_canary.tuning import apply, keys, workloads
-    from tvm_canary.tuning.driver import commit_measurement
-    from tvm.s_tir import meta_schedule as ms
-
     cpu = torch.device("cpu")
     tuned = dataclasses.replace(targets.default_geometry("write", "llvm"), unroll=1)
     (tmp_path / "logs" / keys.device_key(cpu)).mkdir(parents=True)
@@ -77,3 +77,8 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
     C.get_kernel("write", (0, False), cpu, 8)
     assert [k[4] for k in C._memory] == [tuned]
     apply._records.cache_clear()
+
+
+def test_build_names_a_missing_tuning_database(tmp_path):
+    with pytest.raises(SystemExit, match="tvm-canary build: error: no tuning database for no-such-device"):
+        main(["build", "--target", "llvm", "--tuning", "no-such-device", "-o", str(tmp_path)])

@@ -175,3 +175,9 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
         assert apply.tuned_geometry(kernel, torch.device("cpu"), 8) is None
     assert printed == [f"tvm_canary: no tuned schedule for {keys.device_key(torch.device('cpu'))}; using the default schedule"]
     apply._records.cache_clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_tune_cuda_without_a_gpu_is_a_one_line_error():
+    with pytest.raises(SystemExit, match="tvm-canary tune: error: --target cuda needs a CUDA GPU"):
+        main(["tune", "--target", "cuda"])

@@ -53,7 +53,7 @@ def default_tuning_keys(tag: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.target == "cuda":
         if not args.arch:
-            raise SystemExit("tvm-canary build: --target cuda needs at least one --arch (e.g. sm_90)")
+            raise SystemExit("tvm-canary build: error: --target cuda needs at least one --arch (e.g. sm_90)")
         tags = [f"cuda-{arch}" for arch in args.arch]
         try:
             C.ensure_cuda_runtime()
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         tuning = [key for key in args.tuning if key != "none"]
     missing = [key for key in tuning if keys.database_dir(key) is None]
     if missing:
-        raise SystemExit(f"tvm-canary build: no tuning database for {', '.join(missing)} (see `tvm-canary info`)")
+        raise SystemExit(f"tvm-canary build: error: no tuning database for {', '.join(missing)} (see `tvm-canary info`)")
     print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning else "geometries: defaults (no tuning database)")
     files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
                       progress=lambda jobs: tqdm(jobs, desc="build"))

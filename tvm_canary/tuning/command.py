@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     cuda = args.target == "cuda"
     if cuda and not torch.cuda.is_available():
-        raise SystemExit("tvm-canary tune: --target cuda needs a CUDA GPU, and torch sees none")
+        raise SystemExit("tvm-canary tune: error: --target cuda needs a CUDA GPU, and torch sees none (use --target llvm)")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     key = keys.device_key(device)
     preset = workloads.PRESETS[args.workloads or ("gpu" if cuda else "cpu")]
