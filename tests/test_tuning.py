@@ -1,5 +1,7 @@
 """The tuning pipeline without a GPU: a tiny MetaSchedule run on llvm writes a database, the database is
-reloaded at kernel load, and the tuned kernels pass the differential tests."""
+reloaded at kernel load, and the tuned kernels pass the differential tests; records of a changed kernel
+are ignored; the committed databases match the current kernels; the ``tune`` command's errors, logs and
+summary."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from test_differential import run_differential
 from tvm_canary.cli import main
 from tvm_canary.runtime import compile as C
 from tvm_canary.tuning import apply, keys
-
 
 TUNE_CI = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials", "4", "--workloads", "ci"]
 

@@ -66,7 +66,7 @@ def lines() -> list[str]:
     for device in devices:
         key = keys.device_key(device)
         db = used.get(key)
-        out.append(f"  {str(device):8} key {key:24} tuning database: {db if db else 'none (default geometries)'}")
+        out.append(f"  {device!s:8} key {key:24} tuning database: {db if db else 'none (default geometries)'}")
     if not C.tuning_enabled():
         why = "TVM_CANARY_TUNED=0" if os.environ.get("TVM_CANARY_TUNED") == "0" else "runtime-only TVM cannot read them"
         out.append(f"  (tuned geometries are not used: {why})")

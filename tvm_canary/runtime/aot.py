@@ -49,7 +49,7 @@ def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), pr
         path = out / f"{C.module_key(kernel, spec, tag, geom)}.so"
         shutil.copyfile(C.cached_module(kernel, spec, tag, geom), path)
         written.append(path)
-    manifest = dict(tvm_version=tvm.__version__, source_hash=C.source_hash(), tags=tags, tuning_databases=list(tuning_keys),
-                    modules=[p.name for p in written])
+    manifest = {"tvm_version": tvm.__version__, "source_hash": C.source_hash(), "tags": tags,
+                "tuning_databases": list(tuning_keys), "modules": [p.name for p in written]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return written

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
-        print(f"{r.kernel:8} {str(r.bucket):14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
+        print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f}  {r.geometry}{note}")
     new = sum(r.measured for r in results)
     if new == 0:
