@@ -1,18 +1,21 @@
-"""Public launch functions (SPEC 0): check -> pick backend -> run the compiled kernel.
+"""Public launch functions (SPEC 0): check the arguments, then call the kernel's torch operator.
 
 Every function is keyword-only, mutates its outputs in place on the device of its inputs, and
-returns None. CUDA launches go on torch's current stream with no host synchronisation; tensors reach
-the kernels zero-copy through DLPack (tvm-ffi).
+returns None. The checks read only metadata (dtypes, shapes, strides, devices), so they also run
+while ``torch.compile`` traces a caller; the operators (``tvm_canary.ops``) run the compiled kernel,
+or the torch reference under ``use_backend("reference")``. CUDA launches go on torch's current
+stream with no host synchronisation; tensors reach the kernels zero-copy through DLPack (tvm-ffi).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import checks, reference
+from . import checks, ops
 from .context import VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
-from .runtime import get_kernel, packing, use_reference
+
+_ops = torch.ops.tvm_canary
 
 
 def launch_canary_write_kernel(
@@ -27,12 +30,22 @@ def launch_canary_write_kernel(
     expected_input_positions: torch.Tensor | None,
 ) -> None:
     """Stamp the fingerprints of the plan's tokens into ``context.canary_buf`` (SPEC 3.1)."""
-    _launch("write", locals())
+    checks.check_write(
+        context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+        enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
+        expected_input_positions=expected_input_positions,
+    )
+    _ops.write(*ops.write_args(
+        context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+        enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
+        expected_input_positions=expected_input_positions,
+    ))
 
 
 def launch_canary_verify_kernel(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
     """Check the plan's entries against ``context.canary_buf`` and append violations (SPEC 3.2)."""
-    _launch("verify", locals())
+    checks.check_verify(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
+    _ops.verify(*ops.verify_args(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token))
 
 
 def launch_canary_plan_kernels(
@@ -51,32 +64,27 @@ def launch_canary_plan_kernels(
     kv_token_id_vs_position_offset: int,
 ) -> None:
     """Fill ``verify_plan_out`` and ``write_plan_out`` from the engine's tables (SPEC 3.3)."""
-    _launch("plan", locals())
+    checks.check_plan(
+        verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
+        prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
+        swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
+        verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
+    )
+    _ops.plan(*ops.plan_args(
+        verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
+        prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
+        swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
+        verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
+    ))
 
 
 def launch_scatter_req_token_ids_kernel(
     *, flat_in: torch.Tensor, offsets: torch.Tensor, req_pool_indices: torch.Tensor, pool_out: torch.Tensor
 ) -> None:
     """Copy each request's tokens into its row of the expected-token pool (SPEC 3.4)."""
-    _launch("scatter", locals())
-
-
-# kernel -> (front-end check, torch reference, packing of the compiled function's arguments)
-_STAGES = {
-    "write": (checks.check_write, reference.canary_write_ref, packing.write_call),
-    "verify": (checks.check_verify, reference.canary_verify_ref, packing.verify_call),
-    "plan": (checks.check_plan, reference.canary_plan_ref, packing.plan_call),
-    "scatter": (checks.check_scatter, reference.scatter_req_token_ids_ref, packing.scatter_call),
-}
-
-
-def _launch(kernel: str, kwargs: dict) -> None:
-    """Check the arguments, then run the reference (if chosen) or the compiled kernel."""
-    check, ref, pack = _STAGES[kernel]
-    check(**kwargs)
-    if use_reference():
-        ref(**kwargs)
-        return
-    call = pack(**kwargs)
-    if call is not None:
-        get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)(*call.args)
+    checks.check_scatter(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+    _ops.scatter(*ops.scatter_args(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))

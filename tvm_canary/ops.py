@@ -1,0 +1,241 @@
+"""The four kernels as torch operators: ``torch.ops.tvm_canary.{write, verify, plan, scatter}``.
+
+Importing ``tvm_canary`` registers them (``torch.library``), so a serving step that calls the public
+launch functions can be traced by ``torch.compile(fullgraph=True)`` and captured in CUDA graphs: the
+launch functions check their arguments (metadata only, so the checks run at trace time) and call
+these operators with flat arguments.
+
+Each operator
+* takes tensors, ints, bools, an int list and a tensor list (the real-KV sources) - never dataclasses;
+* declares as mutable (``Tensor(a!)`` in its schema) exactly the caller tensors its kernel writes:
+  write: ``canary_buf``, ``violation_ring``, ``violation_write_index``, ``slot_run_counter``,
+  ``kernel_run_counter``; verify: the same minus ``canary_buf``; plan: the nine plan tensors;
+  scatter: ``pool_out`` (SPEC 3.1-3.4);
+* returns nothing, so its fake (meta) implementation only returns None;
+* runs, on CPU and CUDA, the compiled module (``runtime.get_kernel``) on the arguments built by
+  ``runtime.packing``, or the torch reference under ``use_backend("reference")``.
+
+Scratch the kernels also write is owned here, not exposed: verify/write's per-ring ``flags`` (kept
+by ``runtime.packing``, zero again after every launch) and plan's offsets scratch (allocated per
+launch). Neither is an output, so traced graphs need not see them; allocated during a CUDA-graph
+capture, they come from the graph's pool and are valid on replay.
+
+The operators do not check their arguments (the public launch functions do, SPEC 4); called directly
+they trust the caller. Under ``torch.compile`` the implementations run as opaque calls: nothing in
+them is traced (locks, module loading and the tvm-ffi call stay outside the graph).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import reference
+from .consts import RealKvHashMode
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
+from .plans import VerifyPlan, WritePlan
+from .runtime import get_kernel, packing, use_reference
+
+NAMESPACE = "tvm_canary"
+_lib = torch.library.Library(NAMESPACE, "DEF")
+
+# kernel -> (torch reference, packing of the compiled function's arguments); both take the public
+# launch function's keyword arguments.
+_BACKENDS = {
+    "write": (reference.canary_write_ref, packing.write_call),
+    "verify": (reference.canary_verify_ref, packing.verify_call),
+    "plan": (reference.canary_plan_ref, packing.plan_call),
+    "scatter": (reference.scatter_req_token_ids_ref, packing.scatter_call),
+}
+
+
+def _run(kernel: str, launch_kwargs: dict) -> None:
+    """Run ``kernel`` on the public launch's keyword arguments: the reference when chosen, else the
+    compiled module. The only place that knows what ``runtime.packing`` returns: a ``KernelCall``
+    (``kernel, spec, size, mode, args``) or the older ``(spec, (size, mode), args)`` tuple; None
+    means there is nothing to launch."""
+    ref, pack = _BACKENDS[kernel]
+    if use_reference():
+        ref(**launch_kwargs)
+        return
+    call = pack(**launch_kwargs)
+    if call is None:
+        return
+    if isinstance(call, tuple):
+        spec, (size, mode), args = call
+    else:
+        spec, size, mode, args = call.spec, call.size, call.mode, call.args
+    get_kernel(kernel, spec, args[0].device, size, mode)(*args)
+
+
+# ----------------------------------------------------------------------------- flat <-> dataclasses
+
+
+def _context_args(context: VerifyOrWriteContext) -> tuple:
+    """A launch context as the operators' leading arguments (inverse: ``_context``)."""
+    sources = context.real_kv_sources
+    layout = [x for s in sources for x in (s.page_size, s.num_bytes_per_token, s.read_bytes)]
+    return (
+        context.canary_buf, context.violation_ring, context.violation_write_index, context.slot_run_counter,
+        context.kernel_run_counter, context.enable_chain_position_assert, int(context.kernel_kind),
+        [s.tensor for s in sources], layout, int(context.real_kv_hash_mode),
+    )
+
+
+def _context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
+             enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout, real_kv_hash_mode):
+    """Inverse of ``_context_args``; ``real_kv_layout`` is ``(page_size, num_bytes_per_token, read_bytes)``
+    per source, flattened."""
+    sources = tuple(
+        RealKvSource(tensor=t, page_size=real_kv_layout[3 * i], num_bytes_per_token=real_kv_layout[3 * i + 1],
+                     read_bytes=real_kv_layout[3 * i + 2])
+        for i, t in enumerate(real_kv_tensors)
+    )
+    return VerifyOrWriteContext(
+        canary_buf=canary_buf, kernel_kind=CanaryLaunchTag(kernel_kind), violation_ring=violation_ring,
+        violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
+        kernel_run_counter=kernel_run_counter, real_kv_sources=sources,
+        real_kv_hash_mode=RealKvHashMode(real_kv_hash_mode), enable_chain_position_assert=enable_chain_position_assert,
+    )
+
+
+def _verify_plan_args(plan: VerifyPlan) -> tuple:
+    return (plan.verify_slot_indices, plan.verify_expected_tokens, plan.verify_expected_positions,
+            plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable)
+
+
+def _write_plan_args(plan: WritePlan) -> tuple:
+    return (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs)
+
+
+# The public launch's keyword arguments -> the operator's positional arguments.
+
+
+def write_args(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+               expected_input_tokens, expected_input_positions) -> tuple:
+    return (*_context_args(context), *_write_plan_args(plan), input_ids, positions, out_cache_loc,
+            bool(enable_write_input_assert), expected_input_tokens, expected_input_positions)
+
+
+def verify_args(*, context, plan, check_verify_expected_token) -> tuple:
+    return (*_context_args(context), *_verify_plan_args(plan), bool(check_verify_expected_token))
+
+
+def plan_args(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+              swa_window_size, full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens,
+              req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset) -> tuple:
+    return (*_verify_plan_args(verify_plan_out), *_write_plan_args(write_plan_out), req_pool_indices, prefix_lens,
+            extend_seq_lens, req_to_token, int(swa_window_size), full_to_swa_index_mapping, int(verify_capacity),
+            req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
+            int(kv_token_id_vs_position_offset))
+
+
+def scatter_args(*, flat_in, offsets, req_pool_indices, pool_out) -> tuple:
+    return (flat_in, offsets, req_pool_indices, pool_out)
+
+
+# ----------------------------------------------------------------------------- the four operators
+# Parameter names are the schema's; ``_MUTATES`` names the tensors each kernel writes.
+
+Tensor = torch.Tensor
+
+
+def write(
+    canary_buf: Tensor, violation_ring: Tensor, violation_write_index: Tensor, slot_run_counter: Tensor,
+    kernel_run_counter: Tensor, enable_chain_position_assert: Tensor, kernel_kind: int,
+    real_kv_tensors: list[Tensor], real_kv_layout: list[int], real_kv_hash_mode: int,
+    write_offsets: Tensor, write_seed_slot_indices: Tensor, write_num_valid_reqs: Tensor,
+    input_ids: Tensor, positions: Tensor, out_cache_loc: Tensor, enable_write_input_assert: bool,
+    expected_input_tokens: Optional[Tensor], expected_input_positions: Optional[Tensor],
+) -> None:
+    """``launch_canary_write_kernel`` unchecked (SPEC 3.1)."""
+    _run("write", dict(
+        context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
+                         enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
+                         real_kv_hash_mode),
+        plan=WritePlan(write_offsets=write_offsets, write_seed_slot_indices=write_seed_slot_indices,
+                       write_num_valid_reqs=write_num_valid_reqs),
+        input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+        enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
+        expected_input_positions=expected_input_positions,
+    ))
+
+
+def verify(
+    canary_buf: Tensor, violation_ring: Tensor, violation_write_index: Tensor, slot_run_counter: Tensor,
+    kernel_run_counter: Tensor, enable_chain_position_assert: Tensor, kernel_kind: int,
+    real_kv_tensors: list[Tensor], real_kv_layout: list[int], real_kv_hash_mode: int,
+    verify_slot_indices: Tensor, verify_expected_tokens: Tensor, verify_expected_positions: Tensor,
+    verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor, check_verify_expected_token: bool,
+) -> None:
+    """``launch_canary_verify_kernel`` unchecked (SPEC 3.2)."""
+    _run("verify", dict(
+        context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
+                         enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
+                         real_kv_hash_mode),
+        plan=VerifyPlan(verify_slot_indices=verify_slot_indices, verify_expected_tokens=verify_expected_tokens,
+                        verify_expected_positions=verify_expected_positions,
+                        verify_prev_slot_indices=verify_prev_slot_indices, verify_num_valid=verify_num_valid,
+                        enable=enable),
+        check_verify_expected_token=check_verify_expected_token,
+    ))
+
+
+def plan(
+    verify_slot_indices: Tensor, verify_expected_tokens: Tensor, verify_expected_positions: Tensor,
+    verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor,
+    write_offsets: Tensor, write_seed_slot_indices: Tensor, write_num_valid_reqs: Tensor,
+    req_pool_indices: Tensor, prefix_lens: Tensor, extend_seq_lens: Tensor, req_to_token: Tensor,
+    swa_window_size: int, full_to_swa_index_mapping: Optional[Tensor], verify_capacity: int,
+    req_to_verify_expected_tokens: Optional[Tensor], req_to_verify_expected_tokens_valid_lens: Optional[Tensor],
+    kv_token_id_vs_position_offset: int,
+) -> None:
+    """``launch_canary_plan_kernels`` unchecked (SPEC 3.3)."""
+    _run("plan", dict(
+        verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
+                                   verify_expected_tokens=verify_expected_tokens,
+                                   verify_expected_positions=verify_expected_positions,
+                                   verify_prev_slot_indices=verify_prev_slot_indices,
+                                   verify_num_valid=verify_num_valid, enable=enable),
+        write_plan_out=WritePlan(write_offsets=write_offsets, write_seed_slot_indices=write_seed_slot_indices,
+                                 write_num_valid_reqs=write_num_valid_reqs),
+        req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+        req_to_token=req_to_token, swa_window_size=swa_window_size,
+        full_to_swa_index_mapping=full_to_swa_index_mapping, verify_capacity=verify_capacity,
+        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
+    ))
+
+
+def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out: Tensor) -> None:
+    """``launch_scatter_req_token_ids_kernel`` unchecked (SPEC 3.4)."""
+    _run("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
+
+
+_CONTEXT_WRITES = ("violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter")
+_MUTATES = {
+    write: ("canary_buf",) + _CONTEXT_WRITES,
+    verify: _CONTEXT_WRITES,
+    plan: ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
+           "verify_num_valid", "enable", "write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"),
+    scatter: ("pool_out",),
+}
+
+
+def _returns_none(*args) -> None:
+    """Fake (meta) implementation of every operator: they only mutate their arguments."""
+    return None
+
+
+def _register() -> None:
+    for fn, mutates in _MUTATES.items():
+        name = fn.__name__
+        _lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates))
+        for key in ("CPU", "CUDA"):
+            _lib.impl(name, fn, key)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _returns_none, lib=_lib)
+
+
+_register()
