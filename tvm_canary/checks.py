@@ -177,10 +177,17 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
                 f"{row_bytes} bytes but page_size={source.page_size} x "
                 f"num_bytes_per_token={source.num_bytes_per_token} needs {needed}"
             )
-        ptr = tensor.data_ptr()
-        if ptr % 8 != 0:
-            raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
+        if not torch.compiler.is_compiling():  # no data pointer while tracing: the operator checks it
+            check_real_kv_source_pointer(tensor, name)
         _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
+
+
+def check_real_kv_source_pointer(tensor: torch.Tensor, name: str) -> None:
+    """A source's data pointer is 8-byte aligned. Run by ``check_real_kv_sources`` in eager code, and
+    by the write/verify operators on every call (a traced caller's checks cannot see pointers)."""
+    ptr = tensor.data_ptr()
+    if ptr % 8 != 0:
+        raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
 
 
 def _context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bool) -> list[NamedTensor]:

@@ -1,0 +1,136 @@
+"""torch.compile over a serving step that calls the public API (scatter -> plan -> verify -> write).
+
+The step compiles with ``fullgraph=True`` (``torch._dynamo.explain`` finds one graph, no break) and
+every tensor it touches is byte-equal to eager, over two steps whose inputs are refilled in place,
+with Inductor and with ``aot_eager``; on CUDA also with ``mode="reduce-overhead"`` (Inductor's CUDA
+graphs, replayed). The graph holds only the operators and views, so Inductor compiles no C++ here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tree import assert_same_bytes, devices, require
+
+import tvm_canary as tc
+from tvm_canary.consts import RealKvHashMode
+
+SLOTS, ROWS, MAX_LEN, BS, EXTEND = 256, 5, 16, 4, 2
+TOKENS = BS * EXTEND
+
+
+def make_state(device: str) -> dict[str, torch.Tensor]:
+    """Canary state, plans, tables and one step's inputs (int64 unless the API says otherwise)."""
+    gen = torch.Generator().manual_seed(0)
+    r2t = torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN].add(1).to(torch.int32).view(ROWS, MAX_LEN)
+    s = dict(
+        canary=torch.zeros(SLOTS, 32, dtype=torch.uint8), ring=torch.full((32, 8), -7, dtype=torch.int64),
+        write_index=torch.zeros(1, dtype=torch.int32), counters=torch.zeros(12, dtype=torch.int64),
+        chain_assert=torch.ones(1, dtype=torch.int32), kv=torch.randint(0, 256, (SLOTS, 64), generator=gen, dtype=torch.uint8),
+        r2t=r2t, rpi=torch.arange(1, BS + 1), prefix=torch.zeros(BS, dtype=torch.int64),
+        ext=torch.full((BS,), EXTEND), valid_lens=torch.zeros(BS, dtype=torch.int64),
+        pool=torch.zeros(ROWS, MAX_LEN, dtype=torch.int32), flat=torch.zeros(BS * MAX_LEN, dtype=torch.int64),
+        offsets=torch.zeros(BS + 1, dtype=torch.int64), ids=torch.zeros(TOKENS, dtype=torch.int64),
+        pos=torch.zeros(TOKENS, dtype=torch.int64), ocl=torch.zeros(TOKENS, dtype=torch.int64),
+        v_slots=torch.zeros(64, dtype=torch.int64), v_tokens=torch.zeros(64, dtype=torch.int64),
+        v_pos=torch.zeros(64, dtype=torch.int64), v_prev=torch.zeros(64, dtype=torch.int64),
+        v_num=torch.zeros(1, dtype=torch.int32), v_enable=torch.ones(1, dtype=torch.int32),
+        w_offsets=torch.zeros(BS + 1, dtype=torch.int64), w_seeds=torch.zeros(BS, dtype=torch.int64),
+        w_num=torch.zeros(1, dtype=torch.int32),
+    )
+    return {k: v.to(device) for k, v in s.items()}
+
+
+def refill(s: dict[str, torch.Tensor], step_no: int) -> None:
+    """Step ``step_no`` (0, 1, ...) of a batch where every row extends by EXTEND tokens; a token of
+    row 2 is corrupted in the canary after step 0 so that step 1 records violations."""
+    prefix = torch.full((BS,), EXTEND * step_no)
+    pos = (prefix[:, None] + torch.arange(EXTEND)).flatten()
+    rows = torch.arange(1, BS + 1).repeat_interleave(EXTEND)
+    tokens = 1000 * rows + pos
+    lens = prefix + EXTEND
+    flat = torch.cat([1000 * r + torch.arange(int(n)) for r, n in zip(range(1, BS + 1), lens)])
+    dev = s["ids"].device
+    s["prefix"].copy_(prefix.to(dev))
+    s["valid_lens"].copy_(lens.to(dev))
+    s["pos"].copy_(pos.to(dev))
+    s["ids"].copy_(tokens.to(dev))
+    s["ocl"].copy_(s["r2t"][rows.to(dev), pos.to(dev)].to(torch.int64))
+    s["flat"][: flat.shape[0]].copy_(flat.to(dev))
+    s["offsets"][1:].copy_(torch.cumsum(lens, 0).to(dev))
+    if step_no == 1:
+        s["canary"].view(torch.int64)[int(s["r2t"][2, 1]), 0] += 1
+
+
+def serving_step(s: dict[str, torch.Tensor]) -> None:
+    """Scatter the known tokens, plan, then verify + write the TAIL_K_FULL endpoint (one real-KV source)."""
+    source = tc.RealKvSource(tensor=s["kv"], page_size=1, num_bytes_per_token=64, read_bytes=64)
+    tag = tc.CanaryLaunchTag.TAIL_K_FULL
+    context = tc.VerifyOrWriteContext(
+        canary_buf=s["canary"], kernel_kind=tag, violation_ring=s["ring"], violation_write_index=s["write_index"],
+        slot_run_counter=s["counters"][tag : tag + 1], kernel_run_counter=s["counters"][tag + 6 : tag + 7],
+        real_kv_sources=(source,), real_kv_hash_mode=RealKvHashMode.ALL, enable_chain_position_assert=s["chain_assert"],
+    )
+    verify_plan = tc.VerifyPlan(
+        verify_slot_indices=s["v_slots"], verify_expected_tokens=s["v_tokens"], verify_expected_positions=s["v_pos"],
+        verify_prev_slot_indices=s["v_prev"], verify_num_valid=s["v_num"], enable=s["v_enable"],
+    )
+    write_plan = tc.WritePlan(write_offsets=s["w_offsets"], write_seed_slot_indices=s["w_seeds"], write_num_valid_reqs=s["w_num"])
+    tc.launch_scatter_req_token_ids_kernel(flat_in=s["flat"], offsets=s["offsets"], req_pool_indices=s["rpi"], pool_out=s["pool"])
+    tc.launch_canary_plan_kernels(
+        verify_plan_out=verify_plan, write_plan_out=write_plan, req_pool_indices=s["rpi"], prefix_lens=s["prefix"],
+        extend_seq_lens=s["ext"], req_to_token=s["r2t"], swa_window_size=0, full_to_swa_index_mapping=None,
+        verify_capacity=verify_plan.verify_slot_indices.shape[0], req_to_verify_expected_tokens=s["pool"],
+        req_to_verify_expected_tokens_valid_lens=s["valid_lens"], kv_token_id_vs_position_offset=0,
+    )
+    tc.launch_canary_verify_kernel(context=context, plan=verify_plan, check_verify_expected_token=True)
+    tc.launch_canary_write_kernel(
+        context=context, plan=write_plan, input_ids=s["ids"], positions=s["pos"], out_cache_loc=s["ocl"],
+        enable_write_input_assert=False, expected_input_tokens=None, expected_input_positions=None,
+    )
+
+
+def run_steps(fn, s: dict[str, torch.Tensor], steps: int = 3) -> list[torch.Tensor]:
+    for i in range(steps):
+        refill(s, i)
+        fn(s)
+    return list(s.values())
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_serving_step_is_one_graph(device):
+    require(device)
+    s = make_state(device)
+    refill(s, 0)
+    explained = torch._dynamo.explain(serving_step)(s)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_fullgraph_compile_equals_eager(device, backend):
+    require(device)
+    want = run_steps(serving_step, make_state(device))
+    assert int(want[2][0]) > 0  # the corrupted slot was detected (write index of the ring)
+    got = run_steps(torch.compile(serving_step, fullgraph=True, backend=backend), make_state(device))
+    assert_same_bytes(got, want)
+
+
+def test_reduce_overhead_replays_with_refilled_inputs():
+    require("cuda")
+    want = run_steps(serving_step, make_state("cuda"), steps=4)
+    s = make_state("cuda")
+    for t in s.values():  # state lives at fixed addresses, so the CUDA graph may mutate it
+        torch._dynamo.mark_static_address(t)
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(serving_step, fullgraph=True, mode="reduce-overhead")
+    got = run_steps(compiled, s, steps=4)  # steps 0-1 warm up and record, 2-3 replay
+    assert not torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    assert_same_bytes(got, want)
