@@ -9,12 +9,22 @@ Per engine step the caller runs ``before_forward(...)`` before the model writes 
 HEAD verify + write with no real-KV sources) and ``after_forward()`` after it (TAIL verify + write with
 the group's real-KV sources). ``sweep(chains)`` verifies caller-given live chains on the SWEEP
 endpoints (when ``sweep_due``); ``violations()`` reads the new ring rows and logs or raises them.
+``capture_step(...)`` records a whole decode step in one CUDA graph (``StepGraph``).
+
+The per-step path never waits for the device. What the host needs from it (the ring's write index,
+each group's overflow flag, the kernel run counters of the health check) travels in a small status
+snapshot: one non-blocking copy into pinned memory at the end of each step (and at health-check
+points), decoded when it has arrived, normally by the next step. Overflow warnings, health-check
+errors and violation rows therefore surface one step late on CUDA (immediately on CPU);
+``flush()`` waits for everything already launched and reports it (shutdown, tests).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -27,11 +37,12 @@ from .launch import (
     launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
-from .violations import ViolationLog, ViolationReport
+from .violations import ViolationLog, ViolationReport, arrived, host_buffer, record_event
 
 VIOLATION_MODES = ("log", "raise", "quiet")
 OVERFLOW_WARNING = "kv-canary: per-forward verify skipped this step due to overflow"
 NOT_EXECUTING = "canary path is not executing"
+SNAPSHOT_SLOTS = 4  # status snapshots in flight before the host waits for the oldest
 
 
 class CanaryViolationWarning(UserWarning):
@@ -65,11 +76,12 @@ class CanaryGroup:
     full_to_swa_index_mapping: torch.Tensor | None = None
 
 
-def _translate(slots: torch.Tensor, lut: torch.Tensor | None) -> torch.Tensor:
-    """Full-pool slots -> a group's canary slots: ``lut[x]`` for ``x >= 0``; identity without a LUT."""
+def _translate(slots: torch.Tensor, lut: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """Full-pool slots -> a group's canary slots: ``lut[x]`` for ``x >= 0``, written into ``out`` (same
+    length); ``slots`` itself without a LUT."""
     if lut is None:
         return slots
-    return torch.where(slots < 0, slots, lut[slots.clamp(min=0)])
+    return torch.where(slots < 0, slots, lut[slots.clamp(min=0)], out=out)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,15 +91,35 @@ class _Group:
     verify_plan: VerifyPlan
     write_plan: WritePlan
     contexts: dict[tuple[str, str], VerifyOrWriteContext]  # (endpoint, half) -> context
+    out_cache_loc: torch.Tensor  # int64 [write_entry_capacity]: this step's slots translated (SWA)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class _Batch:
+    """One step's inputs on the session device (the static buffers of a ``StepGraph``)."""
+
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_seq_lens: torch.Tensor
+    req_to_token: torch.Tensor
+    token_ids: torch.Tensor | None
+    token_lens: torch.Tensor | None
     input_ids: torch.Tensor
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     expected_input_tokens: torch.Tensor | None
     expected_input_positions: torch.Tensor | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Snapshot:
+    """A status copy in flight: ``host`` (pinned) holds ``[write index, enable per group, kernel run
+    counter per tag]`` once ``event`` has completed."""
+
+    host: torch.Tensor
+    event: object
+    overflow_check: bool  # taken at the end of a step: warn if a group's plan overflowed
+    health_done: int | None  # taken for the health check after this many steps
 
 
 class CanarySession:
@@ -166,10 +198,17 @@ class CanarySession:
             else torch.zeros(expected_token_pool_shape, dtype=torch.int32, device=self.device)
         )
         self._groups = [self._make_group("FULL", full)] + ([self._make_group("SWA", swa)] if swa else [])
-        self.step = 0  # before_forward calls so far
+        self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
         self._raised = False
+        # Allocated once: scatter offsets, sweep plans (grown on demand), status snapshots.
+        self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
+        self._sweep_plans: dict[str, VerifyPlan] = {}
+        self._status = torch.empty(1 + len(self._groups) + num_tags, dtype=torch.int64, device=self.device)
+        self._free_snapshots = [host_buffer(self._status) for _ in range(SNAPSHOT_SLOTS)]
+        self._snapshots: collections.deque[_Snapshot] = collections.deque()
+        self._dirty = False  # launches since the last snapshot
 
     # ------------------------------------------------------------------ construction
 
@@ -198,6 +237,7 @@ class CanarySession:
             verify_plan=VerifyPlan.allocate(verify_capacity=self.verify_capacity, device=self.device),
             write_plan=WritePlan.allocate(write_req_capacity=self.write_req_capacity, device=self.device),
             contexts=contexts,
+            out_cache_loc=torch.empty(self.write_entry_capacity, dtype=torch.int64, device=self.device),
         )
 
     # ------------------------------------------------------------------ introspection
@@ -250,60 +290,39 @@ class CanarySession:
         ``req_to_token`` = padding); ``input_ids``/``positions``/``out_cache_loc`` one per token, full-pool
         slots (negative = skip). ``token_ids`` is every row's known tokens (prompt + output) concatenated
         and ``token_lens`` their lengths; both are needed iff the expected-token pool exists.
+        Inputs already on the session device with the right dtype are used as they are (no copy, no
+        host synchronisation); others are converted.
         Raises RuntimeError when the batch exceeds the write capacities or the health check fails.
         """
-        self.step += 1
-        self._health_check()
+        self._begin_step()
         dev = self._on_device
-        rp, prefix, extend = dev(req_pool_indices), dev(prefix_lens), dev(extend_seq_lens)
-        table = dev(req_to_token, torch.int32)
+        self._check_expected_tokens(token_ids, token_lens)
         batch = _Batch(
+            req_pool_indices=dev(req_pool_indices),
+            prefix_lens=dev(prefix_lens),
+            extend_seq_lens=dev(extend_seq_lens),
+            req_to_token=dev(req_to_token, torch.int32),
+            token_ids=None if token_ids is None else dev(token_ids),
+            token_lens=None if token_lens is None else dev(token_lens),
             input_ids=dev(input_ids),
             positions=dev(positions),
             out_cache_loc=dev(out_cache_loc),
             expected_input_tokens=None if expected_input_tokens is None else dev(expected_input_tokens),
             expected_input_positions=None if expected_input_positions is None else dev(expected_input_positions),
         )
-        bs, num_tokens = rp.shape[0], batch.input_ids.shape[0]
-        if bs > self.write_req_capacity:
-            raise RuntimeError(
-                f"kv-canary: batch of {bs} requests exceeds the session's write request capacity "
-                f"{self.write_req_capacity}"
-            )
-        if num_tokens > self.write_entry_capacity:
-            raise RuntimeError(
-                f"kv-canary: batch of {num_tokens} tokens exceeds the session's write entry capacity "
-                f"{self.write_entry_capacity}"
-            )
-        valid_lens = self._scatter_expected_tokens(rp, token_ids, token_lens)
-        for g in self._groups:
-            launch_canary_plan_kernels(
-                verify_plan_out=g.verify_plan,
-                write_plan_out=g.write_plan,
-                req_pool_indices=rp,
-                prefix_lens=prefix,
-                extend_seq_lens=extend,
-                req_to_token=table,
-                swa_window_size=g.config.swa_window_size,
-                full_to_swa_index_mapping=g.config.full_to_swa_index_mapping,
-                verify_capacity=self.verify_capacity,
-                req_to_verify_expected_tokens=self.expected_token_pool,
-                req_to_verify_expected_tokens_valid_lens=valid_lens,
-                kv_token_id_vs_position_offset=self.kv_token_id_vs_position_offset,
-            )
-            self._verify_and_write(g, "HEAD", batch)
+        self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
+        self._head(batch)
         self._batch = batch
 
     def after_forward(self) -> None:
-        """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``;
-        warns when a group's plan overflowed ``verify_capacity`` this step."""
+        """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
+        A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
+        status snapshot arrives (on CPU: here)."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
         batch, self._batch = self._batch, None
-        for g in self._groups:
-            self._verify_and_write(g, "TAIL", batch)
-        if min(int(g.verify_plan.enable[0]) for g in self._groups) == 0:
-            warnings.warn(OVERFLOW_WARNING, RuntimeWarning, stacklevel=2)
+        self._tail(batch)
+        self._end_step()
 
     def sweep(self, chains) -> None:
         """Verify live chains on the SWEEP endpoints (tail buffers, real-KV sources, no token check).
@@ -314,56 +333,103 @@ class CanarySession:
         chains = self._on_device(chains).reshape(-1, 3)
         n = chains.shape[0]
         for g in self._groups:
+            plan = self._sweep_plan(g.name, n)
             lut = g.config.full_to_swa_index_mapping
-            plan = VerifyPlan.allocate(verify_capacity=max(1, n), device=self.device)
-            plan.verify_slot_indices[:n] = _translate(chains[:, 0], lut)
-            plan.verify_expected_positions[:n] = chains[:, 1]
-            plan.verify_prev_slot_indices[:n] = _translate(chains[:, 2], lut)
+            for column, dst in ((0, plan.verify_slot_indices[:n]), (2, plan.verify_prev_slot_indices[:n])):
+                if lut is None:
+                    dst.copy_(chains[:, column])
+                else:
+                    _translate(chains[:, column], lut, out=dst)
+            plan.verify_expected_positions[:n].copy_(chains[:, 1])
             plan.verify_num_valid.fill_(n)
             for half in self.halves:
                 launch_canary_verify_kernel(
                     context=g.contexts["SWEEP", half], plan=plan, check_verify_expected_token=False
                 )
+        self._dirty = True
 
     def violations(self) -> ViolationReport:
-        """Rows recorded since the last call, decoded; logged (``log``), raised once as
+        """Rows recorded since the last call whose copies have reached the host (never waits; on CUDA
+        normally the rows of all but the last step), decoded; logged (``log``), raised once as
         CanaryViolationError (``raise``) or only returned (``quiet``)."""
-        report = self.violation_log.read_new()
-        if not report or self.violation_mode == "quiet":
-            return report
-        messages = report.messages(self.step)
-        if self.violation_mode == "log":
-            for message in messages:
-                warnings.warn(message, CanaryViolationWarning, stacklevel=2)
-        elif not self._raised:
-            self._raised = True
-            raise CanaryViolationError("\n".join(messages), report)
-        return report
+        if self._dirty:
+            self._snapshot()
+        self._poll()
+        return self._report(self.violation_log.read_new())
 
-    # ------------------------------------------------------------------ helpers
+    def flush(self) -> ViolationReport:
+        """Wait for every launch so far and report all of it: overflow warnings, health-check errors,
+        then the rows not yet returned, as ``violations()`` does. For shutdown and tests."""
+        if self._dirty:
+            self._snapshot()
+        self._poll(wait=True)
+        return self._report(self.violation_log.read_new(wait=True))
 
-    def _on_device(self, x, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=dtype, device=self.device).contiguous()
+    def capture_step(self, *, batch_size: int, num_tokens: int | None = None, req_to_token: torch.Tensor,
+                     forward: Callable[[], None] | None = None) -> "StepGraph":
+        """Record one decode step's canary work in one CUDA graph for batches of up to ``batch_size``
+        rows and ``num_tokens`` tokens (default ``batch_size``, one token per row). See ``StepGraph``."""
+        return StepGraph(self, batch_size=batch_size, num_tokens=num_tokens or batch_size,
+                         req_to_token=req_to_token, forward=forward)
 
-    def _scatter_expected_tokens(self, rp: torch.Tensor, token_ids, token_lens) -> torch.Tensor | None:
-        """Fill the expected-token pool rows of this batch; returns the valid lengths (None without pool)."""
-        if (token_ids is None) != (token_lens is None) or (token_ids is None) != (self.expected_token_pool is None):
-            raise ValueError(
-                "kv-canary: token_ids and token_lens are required exactly when the session has an "
-                "expected-token pool (expected_token_pool_shape)"
+    # ------------------------------------------------------------------ the step's launches
+
+    def _begin_step(self) -> None:
+        """Count the step and take the health check's counter snapshot when one is due (SPEC 6 item 9:
+        at the start of a step, every ``health_check_interval`` steps after the warm-up)."""
+        self.step += 1
+        done = self.step - 1
+        interval, warmup = self.health_check_interval, self.health_warmup_steps
+        if interval > 0 and done >= warmup and (done - warmup) % interval == 0:
+            self._snapshot(health_done=done)
+        self._poll()
+
+    def _end_step(self) -> None:
+        self._snapshot(overflow_check=True)
+        self._poll()
+
+    def _head(self, batch: _Batch) -> None:
+        """Scatter the expected tokens, plan every group, verify + write its HEAD endpoints."""
+        valid_lens = self._scatter_expected_tokens(batch)
+        for g in self._groups:
+            launch_canary_plan_kernels(
+                verify_plan_out=g.verify_plan,
+                write_plan_out=g.write_plan,
+                req_pool_indices=batch.req_pool_indices,
+                prefix_lens=batch.prefix_lens,
+                extend_seq_lens=batch.extend_seq_lens,
+                req_to_token=batch.req_to_token,
+                swa_window_size=g.config.swa_window_size,
+                full_to_swa_index_mapping=g.config.full_to_swa_index_mapping,
+                verify_capacity=self.verify_capacity,
+                req_to_verify_expected_tokens=self.expected_token_pool,
+                req_to_verify_expected_tokens_valid_lens=valid_lens,
+                kv_token_id_vs_position_offset=self.kv_token_id_vs_position_offset,
             )
+            self._verify_and_write(g, "HEAD", batch)
+        self._dirty = True
+
+    def _tail(self, batch: _Batch) -> None:
+        for g in self._groups:
+            self._verify_and_write(g, "TAIL", batch)
+        self._dirty = True
+
+    def _scatter_expected_tokens(self, batch: _Batch) -> torch.Tensor | None:
+        """Fill the expected-token pool rows of this batch; returns the valid lengths (None without pool)."""
         if self.expected_token_pool is None:
             return None
-        lens = self._on_device(token_lens)
-        offsets = torch.zeros(lens.shape[0] + 1, dtype=torch.int64, device=self.device)
+        lens = batch.token_lens
+        offsets = self._scatter_offsets[: lens.shape[0] + 1]
         torch.cumsum(lens, 0, out=offsets[1:])
         launch_scatter_req_token_ids_kernel(
-            flat_in=self._on_device(token_ids), offsets=offsets, req_pool_indices=rp, pool_out=self.expected_token_pool
+            flat_in=batch.token_ids, offsets=offsets, req_pool_indices=batch.req_pool_indices,
+            pool_out=self.expected_token_pool,
         )
         return lens
 
     def _verify_and_write(self, g: _Group, endpoint: str, batch: _Batch) -> None:
-        out_cache_loc = _translate(batch.out_cache_loc, g.config.full_to_swa_index_mapping)
+        n = batch.out_cache_loc.shape[0]
+        out_cache_loc = _translate(batch.out_cache_loc, g.config.full_to_swa_index_mapping, out=g.out_cache_loc[:n])
         for half in self.halves:
             context = g.contexts[endpoint, half]
             launch_canary_verify_kernel(
@@ -380,19 +446,199 @@ class CanarySession:
                 expected_input_positions=batch.expected_input_positions,
             )
 
-    def _health_check(self) -> None:
-        """SPEC 6 item 9, run at the start of step ``self.step``: compares each active tag's
-        kernel_run_counter with its value ``health_check_interval`` steps earlier."""
-        done = self.step - 1
-        interval, warmup = self.health_check_interval, self.health_warmup_steps
-        if interval <= 0 or done < warmup or (done - warmup) % interval:
-            return
-        counts = self.kernel_run_counters.tolist()
+    # ------------------------------------------------------------------ host side: snapshots, reports
+
+    def _snapshot(self, *, overflow_check: bool = False, health_done: int | None = None) -> None:
+        """Copy the status (write index, enable flags, kernel run counters) to a pinned slot without
+        waiting; if all slots are in flight (the host is SNAPSHOT_SLOTS snapshots ahead), wait for
+        the oldest first."""
+        if not self._free_snapshots:
+            self._poll(wait_for_one=True)
+        torch.cat(
+            [self.violation_log.violation_write_index, *(g.verify_plan.enable for g in self._groups),
+             self.kernel_run_counters],
+            out=self._status,
+        )
+        host = self._free_snapshots.pop()
+        host.copy_(self._status, non_blocking=True)
+        self._snapshots.append(_Snapshot(host=host, event=record_event(self.device), overflow_check=overflow_check,
+                                         health_done=health_done))
+        self._dirty = False
+
+    def _poll(self, *, wait: bool = False, wait_for_one: bool = False) -> None:
+        """Decode the snapshots that have arrived, in order (all of them when ``wait``; at least the
+        oldest when ``wait_for_one``)."""
+        while self._snapshots and (wait or wait_for_one or arrived(self._snapshots[0].event)):
+            snap = self._snapshots.popleft()
+            if snap.event is not None and (wait or wait_for_one):
+                snap.event.synchronize()
+            wait_for_one = False
+            self._decode(snap)
+
+    def _decode(self, snap: _Snapshot) -> None:
+        values = snap.host.tolist()
+        self._free_snapshots.append(snap.host)
+        groups = len(self._groups)
+        self.violation_log.fetch(values[0])
+        if snap.overflow_check and min(values[1 : 1 + groups]) == 0:
+            warnings.warn(OVERFLOW_WARNING, RuntimeWarning, stacklevel=4)
+        if snap.health_done is not None:
+            self._health_check(values[1 + groups :], snap.health_done)
+
+    def _health_check(self, counts: list[int], done: int) -> None:
+        """SPEC 6 item 9: each active tag's kernel_run_counter after ``done`` steps must exceed its value
+        ``health_check_interval`` steps earlier."""
         if self._health_snapshot is not None:
             stalled = [t.name for t in self.active_tags if counts[t] <= self._health_snapshot[t]]
             if stalled:
                 raise RuntimeError(
                     f"kv-canary: {NOT_EXECUTING}: kernel_run_counter of {', '.join(stalled)} did not advance "
-                    f"over steps {done - interval + 1}..{done}"
+                    f"over steps {done - self.health_check_interval + 1}..{done}"
                 )
         self._health_snapshot = counts
+
+    def _report(self, report: ViolationReport) -> ViolationReport:
+        if not report or self.violation_mode == "quiet":
+            return report
+        messages = report.messages(self.step)
+        if self.violation_mode == "log":
+            for message in messages:
+                warnings.warn(message, CanaryViolationWarning, stacklevel=3)
+        elif not self._raised:
+            self._raised = True
+            raise CanaryViolationError("\n".join(messages), report)
+        return report
+
+    # ------------------------------------------------------------------ helpers
+
+    def _on_device(self, x, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=dtype, device=self.device).contiguous()
+
+    def _sweep_plan(self, group: str, entries: int) -> VerifyPlan:
+        """The group's sweep plan, reallocated only when ``entries`` outgrows it."""
+        plan = self._sweep_plans.get(group)
+        if plan is None or plan.verify_slot_indices.shape[0] < entries:
+            plan = self._sweep_plans[group] = VerifyPlan.allocate(verify_capacity=max(1, entries), device=self.device)
+        return plan
+
+    def _check_expected_tokens(self, token_ids, token_lens) -> None:
+        if (token_ids is None) != (token_lens is None) or (token_ids is None) != (self.expected_token_pool is None):
+            raise ValueError(
+                "kv-canary: token_ids and token_lens are required exactly when the session has an "
+                "expected-token pool (expected_token_pool_shape)"
+            )
+
+    def _check_capacities(self, bs: int, num_tokens: int) -> None:
+        if bs > self.write_req_capacity:
+            raise RuntimeError(
+                f"kv-canary: batch of {bs} requests exceeds the session's write request capacity "
+                f"{self.write_req_capacity}"
+            )
+        if num_tokens > self.write_entry_capacity:
+            raise RuntimeError(
+                f"kv-canary: batch of {num_tokens} tokens exceeds the session's write entry capacity "
+                f"{self.write_entry_capacity}"
+            )
+
+
+class StepGraph:
+    """One decode step's canary work in one CUDA graph, for a batch-size bucket of a CUDA session.
+
+    The graph holds, in order: the expected-token scatter, every group's plan and HEAD verify + write,
+    ``forward()`` when given, then every group's TAIL verify + write - the work of ``before_forward``
+    and ``after_forward``. Without ``forward`` the caller runs its model before ``replay``: HEAD reads no
+    KV bytes, so the canary bytes are those of the eager order.
+
+    Inputs live in static device buffers (``inputs``) that ``replay(**batch)`` refills: rows beyond the
+    batch become padding rows (pool index 0, no tokens), tokens beyond it are skipped (slot -1).
+    ``req_to_token`` and the session's state (canary buffers, plans, ring, counters, LUTs, real-KV
+    sources) are read in place, so they must keep their addresses. The host side of a step (step count,
+    health check, status snapshot) stays outside the graph and runs in ``replay``.
+
+    Capture loads every kernel first by running the work once on an all-padding batch (it plans
+    nothing; the run counters it bumps are restored), so no module is compiled or loaded during capture.
+    """
+
+    def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,
+                 forward: Callable[[], None] | None) -> None:
+        if session.device.type != "cuda":
+            raise ValueError(f"kv-canary: capture_step needs a CUDA session, this one is on {session.device}")
+        session._check_capacities(batch_size, num_tokens)
+        self.session, self.batch_size, self.num_tokens, self.forward = session, batch_size, num_tokens, forward
+
+        def buf(n, fill=0):
+            return torch.full((n,), fill, dtype=torch.int64, device=session.device)
+
+        pool = session.expected_token_pool
+        assert_on = session.enable_write_input_assert
+        self.inputs = _Batch(
+            req_pool_indices=buf(batch_size), prefix_lens=buf(batch_size), extend_seq_lens=buf(batch_size),
+            req_to_token=session._on_device(req_to_token, torch.int32),
+            token_ids=None if pool is None else buf(batch_size * pool.shape[1]),
+            token_lens=None if pool is None else buf(batch_size),
+            input_ids=buf(num_tokens), positions=buf(num_tokens), out_cache_loc=buf(num_tokens, -1),
+            expected_input_tokens=buf(num_tokens) if assert_on else None,
+            expected_input_positions=buf(num_tokens) if assert_on else None,
+        )
+        counters = (session.kernel_run_counters, session.slot_run_counters)
+        saved = [c.clone() for c in counters]
+        self._work()  # load every kernel and scratch buffer outside the capture
+        for c, s in zip(counters, saved):
+            c.copy_(s)
+        torch.cuda.synchronize(session.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._work()
+
+    def _work(self) -> None:
+        self.session._head(self.inputs)
+        if self.forward is not None:
+            self.forward()
+        self.session._tail(self.inputs)
+
+    def replay(self, *, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions, out_cache_loc,
+               req_to_token: torch.Tensor, token_ids=None, token_lens=None, expected_input_tokens=None,
+               expected_input_positions=None) -> None:
+        """One step: the arguments of ``before_forward`` (``req_to_token`` must be the captured table),
+        copied into the static buffers without waiting, then the graph."""
+        session, static = self.session, self.inputs
+        if session._batch is not None:
+            raise RuntimeError("kv-canary: StepGraph.replay() between before_forward() and after_forward()")
+        session._check_expected_tokens(token_ids, token_lens)
+        if req_to_token.data_ptr() != static.req_to_token.data_ptr():
+            raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
+        if expected_input_tokens is not None and static.expected_input_tokens is None:
+            raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
+        bs, n = len(req_pool_indices), len(input_ids)
+        if bs > self.batch_size or n > self.num_tokens:
+            raise RuntimeError(
+                f"kv-canary: batch of {bs} requests / {n} tokens exceeds the captured bucket of "
+                f"{self.batch_size} requests / {self.num_tokens} tokens"
+            )
+        session._begin_step()
+        for dst, src, pad in (
+            (static.req_pool_indices, req_pool_indices, 0), (static.prefix_lens, prefix_lens, 0),
+            (static.extend_seq_lens, extend_seq_lens, 0), (static.token_lens, token_lens, 0),
+            (static.input_ids, input_ids, 0), (static.positions, positions, 0), (static.out_cache_loc, out_cache_loc, -1),
+            (static.expected_input_tokens, expected_input_tokens, 0),
+            (static.expected_input_positions, expected_input_positions, 0),
+        ):
+            if dst is not None:
+                _refill(dst, src, pad)
+        if token_ids is not None:
+            _refill(static.token_ids, token_ids, None)
+        self.graph.replay()
+        session._dirty = True
+        session._end_step()
+
+
+def _refill(dst: torch.Tensor, src, pad: int | None) -> None:
+    """``dst[:len(src)] = src`` without waiting (device tensors, or host data staged by CUDA), and
+    ``dst[len(src):] = pad`` unless ``pad`` is None."""
+    src = torch.as_tensor(src, dtype=dst.dtype)
+    n = src.shape[0]
+    if n > dst.shape[0]:
+        raise RuntimeError(f"kv-canary: {n} values do not fit the captured buffer of {dst.shape[0]}")
+    dst[:n].copy_(src, non_blocking=True)
+    if pad is not None and n < dst.shape[0]:
+        dst[n:].fill_(pad)

@@ -1,12 +1,14 @@
 """Decoding the violation ring into typed records and the report text of SPEC 6 item 8.
 
 ``ViolationLog`` owns the ring ``int64[capacity, 8]`` and its ``int32[1]`` write index (SPEC 2.2) and
-reads each row once: ``read_new()`` returns the rows stored since the previous call, and how many
-more violations were counted since then without fitting in the fill-once ring.
+reads each row once, through non-blocking copies: ``read_new()`` returns the rows stored since the
+previous call whose copies have arrived, and how many more violations were counted since then
+without fitting in the fill-once ring.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import torch
@@ -145,25 +147,71 @@ class ViolationReport:
         return out
 
 
+def record_event(device: torch.device):
+    """A CUDA event recorded on the current stream (None on CPU, where work is already done)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def arrived(event) -> bool:
+    """True when the work before ``event`` has finished (never waits)."""
+    return event is None or event.query()
+
+
+def host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor shaped like ``like``: pinned when ``like`` is on CUDA, so that device-to-host
+    copies into it are asynchronous."""
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=like.device.type == "cuda")
+
+
 class ViolationLog:
-    """The violation ring and write index of one session, read incrementally on the host."""
+    """The violation ring and write index of one session, read incrementally on the host without
+    waiting for the device.
+
+    The host learns the write index from the session's snapshots (``fetch(total)``); ``fetch`` starts
+    a non-blocking copy of the rows that index says exist into a pinned mirror of the ring, and
+    ``read_new`` decodes the rows whose copies have arrived (every fetched row with ``wait=True``).
+    Rows are final once the write index counts them (the ring is fill-once), so copying them later is
+    safe.
+    """
 
     def __init__(self, *, ring_capacity: int, device: torch.device) -> None:
         if ring_capacity <= 0:
             raise ValueError(f"kv-canary: ring_capacity must be positive, got {ring_capacity}")
         self.violation_ring = torch.zeros(ring_capacity, consts.VIOLATION_FIELDS, dtype=torch.int64, device=device)
         self.violation_write_index = torch.zeros(1, dtype=torch.int32, device=device)
+        self._mirror = host_buffer(self.violation_ring)
+        self._copied = 0  # ring rows whose copy has been started
+        self._in_flight: collections.deque = collections.deque()  # (event, stored rows, total) per fetch
         self._read = 0  # ring rows already returned
+        self._total = 0  # write index of the last arrived fetch
         self._dropped = 0  # dropped violations already reported
 
-    def read_new(self) -> ViolationReport:
-        """Rows ``[last read, min(write_index, capacity))`` and the newly dropped count (syncs the device)."""
+    def fetch(self, total: int) -> None:
+        """The write index was ``total`` at the current point of the stream: copy the new rows."""
         capacity = self.violation_ring.shape[0]
-        total = int(self.violation_write_index[0])
         stored = min(total, capacity)
-        rows = self.violation_ring[self._read : stored].tolist() if stored > self._read else []
+        if stored > self._copied:
+            self._mirror[self._copied : stored].copy_(self.violation_ring[self._copied : stored], non_blocking=True)
+            self._copied = stored
+        self._in_flight.append((record_event(self.violation_ring.device), stored, total))
+
+    def read_new(self, *, wait: bool = False) -> ViolationReport:
+        """Rows stored since the previous read whose copies have arrived (all fetched ones when
+        ``wait``, which blocks on the copies), and the newly dropped count."""
+        capacity = self.violation_ring.shape[0]
+        stored, total = self._read, self._total
+        while self._in_flight and (wait or arrived(self._in_flight[0][0])):
+            event, fetched_rows, fetched_total = self._in_flight.popleft()
+            if wait and event is not None:
+                event.synchronize()
+            stored, total = max(stored, fetched_rows), max(total, fetched_total)
+        rows = self._mirror[self._read : stored].tolist() if stored > self._read else []
         dropped = max(0, total - capacity) - self._dropped
-        self._read = stored
+        self._read, self._total = stored, total
         self._dropped += dropped
         return ViolationReport(
             records=tuple(Violation.from_row(r) for r in rows), total=total, dropped=dropped, ring_capacity=capacity
