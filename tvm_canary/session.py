@@ -369,6 +369,8 @@ class CanarySession:
                      forward: Callable[[], None] | None = None) -> "StepGraph":
         """Record one decode step's canary work in one CUDA graph for batches of up to ``batch_size``
         rows and ``num_tokens`` tokens (default ``batch_size``, one token per row). See ``StepGraph``."""
+        if self.device.type != "cuda":
+            raise ValueError(f"kv-canary: capture_step needs a CUDA session, this one is on {self.device}")
         return StepGraph(self, batch_size=batch_size, num_tokens=num_tokens or batch_size,
                          req_to_token=req_to_token, forward=forward)
 
@@ -561,8 +563,6 @@ class StepGraph:
 
     def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,
                  forward: Callable[[], None] | None) -> None:
-        if session.device.type != "cuda":
-            raise ValueError(f"kv-canary: capture_step needs a CUDA session, this one is on {session.device}")
         session._check_capacities(batch_size, num_tokens)
         self.session, self.batch_size, self.num_tokens, self.forward = session, batch_size, num_tokens, forward
 

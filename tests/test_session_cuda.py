@@ -1,0 +1,177 @@
+"""CanarySession on CUDA: no host synchronisation per step, and one CUDA graph per decode step.
+
+A small decode workload (every row one token per step after a prefill, FULL + SWA groups, K and V,
+real-KV sources, the expected-token check, sweeps, the health check) runs with inputs built on the
+device, and faults are injected between steps: canary fields of HEAD/TAIL/SWA buffers and a byte of
+a real-KV source. The eager session runs under ``torch.cuda.set_sync_debug_mode("error")``; a
+second session replays a captured ``StepGraph`` and must match the eager one byte for byte after
+every step. Both must report every fault and rows only of faulted requests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tvm_canary.context import CanaryLaunchTag as Tag
+from tvm_canary.context import RealKvSource
+from tvm_canary.session import CanaryGroup, CanarySession
+from tvm_canary.violations import Violation
+
+ROWS, MAX_LEN, PROMPT, STEPS, BUCKET = 6, 48, 8, 24, 8  # BUCKET > ROWS: two padding rows per replay
+SLOTS = ROWS * MAX_LEN + 1
+PAGE, STRIP, LAYERS, WINDOW = 4, 64, 2, 4
+# step -> (what, row, position): injected after that step, found by the next one
+SWEPT_ROW = 5  # never faulted
+FAULTS = {
+    5: ("HEAD_K_FULL", 2, 3),
+    9: ("KV_K", 4, 5),
+    13: ("HEAD_V_SWA", 1, None),  # a position inside the SWA window
+    17: ("TAIL_V_FULL", 3, 1),
+}
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+
+
+class DecodeRun:
+    """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens)."""
+
+    def __init__(self, graph: bool, device: str = "cuda") -> None:
+        dev = self.device = torch.device(device)
+        self.reported: list[Violation] = []  # rows returned by violations() and flush(), in order
+        gen = torch.Generator().manual_seed(0)
+        self.table = (torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN] + 1).to(torch.int32).view(ROWS, MAX_LEN)
+        self.table = torch.cat([torch.zeros(1, MAX_LEN, dtype=torch.int32), self.table]).to(dev)  # row 0 = padding
+        self.kv_gen = torch.Generator(device=dev).manual_seed(1)
+        self.kv = {h: [torch.zeros(SLOTS // PAGE + 1, PAGE * STRIP, dtype=torch.uint8, device=dev) for _ in range(LAYERS)]
+                   for h in "KV"}
+        lut = torch.arange(SLOTS, dtype=torch.int64, device=dev) + SLOTS  # SWA slot = full slot + SLOTS
+        lut[0] = 0
+        self.session = CanarySession(
+            full=CanaryGroup(num_slots=SLOTS, k_sources=self.sources("K"), v_sources=self.sources("V")),
+            swa=CanaryGroup(num_slots=2 * SLOTS, swa_window_size=WINDOW, full_to_swa_index_mapping=lut),
+            device=dev, write_req_capacity=BUCKET, write_entry_capacity=ROWS * PROMPT,
+            expected_token_pool_shape=(ROWS + 1, MAX_LEN), sweep_interval=4, health_warmup_steps=4,
+            health_check_interval=4, violation_mode="quiet",
+        )
+        self.session.mark_init_finished()
+        self.rows = torch.arange(1, ROWS + 1, device=dev)
+        self.graph = self.session.capture_step(batch_size=BUCKET, req_to_token=self.table) if graph else None
+
+    def sources(self, half: str) -> tuple[RealKvSource, ...]:
+        return tuple(RealKvSource(tensor=t, page_size=PAGE, num_bytes_per_token=STRIP, read_bytes=STRIP)
+                     for t in self.kv[half])
+
+    def inputs(self, k: int) -> dict:
+        """Step k's batch, built on the device: row r writes positions [start, start + extend)."""
+        start, extend = (0, PROMPT) if k == 0 else (PROMPT + k - 1, 1)
+        dev, rows = self.device, self.rows
+        pos = (start + torch.arange(extend, device=dev)).repeat(ROWS)
+        row_of_token = rows.repeat_interleave(extend, output_size=ROWS * extend)
+        known = 1000 * rows[:, None] + torch.arange(start + extend, device=dev)
+        return dict(
+            req_pool_indices=rows, prefix_lens=torch.full((ROWS,), start, device=dev),
+            extend_seq_lens=torch.full((ROWS,), extend, device=dev), input_ids=1000 * row_of_token + pos,
+            positions=pos, out_cache_loc=self.table[row_of_token, pos].long(), req_to_token=self.table,
+            token_ids=known.flatten(), token_lens=torch.full((ROWS,), start + extend, device=dev),
+        )
+
+    def forward(self, out_cache_loc: torch.Tensor) -> None:
+        """The model: fresh K/V bytes for the step's slots."""
+        for half in "KV":
+            for t in self.kv[half]:
+                data = torch.randint(0, 256, (out_cache_loc.shape[0], STRIP), dtype=torch.uint8, device=self.device,
+                                     generator=self.kv_gen)
+                t.view(-1, STRIP)[out_cache_loc] = data
+
+    def step(self, k: int) -> None:
+        batch = self.inputs(k)
+        if self.graph is None or k == 0:  # the prefill runs eagerly in both runs
+            self.session.before_forward(**batch)
+            self.forward(batch["out_cache_loc"])
+            self.session.after_forward()
+        else:
+            self.forward(batch["out_cache_loc"])  # HEAD reads no KV, so the model may run first
+            self.graph.replay(**batch)
+        if self.session.sweep_due:
+            length = PROMPT + k
+            slots = self.table[SWEPT_ROW, :length].long()
+            prev = torch.cat([torch.full((1,), -1, device=self.device), slots[:-1]])
+            self.session.sweep(torch.stack([slots, torch.arange(length, device=self.device), prev], 1))
+        self.reported += self.session.violations().records
+        if k in FAULTS:
+            self.inject(k, *FAULTS[k])
+
+    def slot(self, row: int, pos: int) -> int:
+        return int(self.table[row, pos])
+
+    def fault_slot(self, k: int) -> tuple[str, int]:
+        """(group, canary slot) of the fault injected after step k."""
+        what, row, pos = FAULTS[k]
+        if what.endswith("SWA"):
+            return "SWA", self.slot(row, PROMPT + k - 2) + SLOTS
+        return "FULL", self.slot(row, pos)
+
+    def inject(self, k: int, what: str, row: int, pos: int | None) -> None:
+        group, slot = self.fault_slot(k)
+        if what == "KV_K":
+            self.kv["K"][0].view(-1, STRIP)[slot, 0] ^= 0x40
+            return
+        endpoint, half, _ = what.split("_")
+        self.session.canary_buffer(endpoint, half, group).view(torch.int64)[slot, 1] += 7
+
+    def state(self) -> list[torch.Tensor]:
+        s = self.session
+        bufs = [s.canary_buffer(e, h, g) for g in ("FULL", "SWA") for e in ("HEAD", "TAIL") for h in "KV"]
+        return bufs + [s.violation_log.violation_ring, s.violation_log.violation_write_index,
+                       s.kernel_run_counters, s.slot_run_counters, s.expected_token_pool]
+
+
+    def flush(self) -> list[Violation]:
+        """Everything reported, after the final flush; checked against the ring read synchronously."""
+        self.reported += self.session.flush().records
+        log = self.session.violation_log
+        stored = min(int(log.violation_write_index[0]), log.violation_ring.shape[0])
+        assert self.reported == [Violation.from_row(r) for r in log.violation_ring[:stored].cpu().tolist()]
+        return self.reported
+
+
+def check_detection(run: DecodeRun, rows: list[Violation]) -> None:
+    """Every fault has a row at its slot; every row belongs to a faulted request (its row of the table)."""
+    found = {(r.tag.name.split("_")[2], r.slot) for r in rows}
+    for k in FAULTS:
+        assert run.fault_slot(k) in found, f"fault after step {k} ({FAULTS[k]}) not reported"
+    owner = {run.slot(r, p): r for r in range(1, ROWS + 1) for p in range(MAX_LEN)}
+    faulted = {row for _, row, _ in FAULTS.values()}
+    for r in rows:
+        full_slot = r.slot - SLOTS if r.tag.name.endswith("SWA") else r.slot
+        assert owner.get(full_slot) in faulted, f"row of an unfaulted request: {r.line()}"
+    assert {Tag.HEAD_K_FULL, Tag.TAIL_K_FULL, Tag.HEAD_V_SWA, Tag.TAIL_V_FULL} <= {r.tag for r in rows}
+
+
+def test_session_steps_never_synchronise_and_report_one_step_late():
+    run = DecodeRun(graph=False)
+    run.step(0)
+    run.step(1)  # kernels are loaded by now
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for k in range(2, STEPS):
+            run.step(k)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert run.reported, "no row reached the host before flush()"
+    check_detection(run, run.flush())
+    assert not run.session.flush()  # nothing new
+
+
+def test_step_graph_replay_equals_the_eager_session():
+    eager, graphed = DecodeRun(graph=False), DecodeRun(graph=True)
+    for k in range(STEPS):
+        eager.step(k)
+        graphed.step(k)
+        for i, (a, b) in enumerate(zip(eager.state(), graphed.state())):
+            assert torch.equal(a, b), f"state tensor {i} differs after step {k}"
+    rows = graphed.flush()
+    assert eager.flush() == rows
+    check_detection(graphed, rows)
