@@ -175,3 +175,11 @@ def test_step_graph_replay_equals_the_eager_session():
     rows = graphed.flush()
     assert eager.flush() == rows
     check_detection(graphed, rows)
+
+
+def test_demo_with_cuda_graph_detects_every_fault(capsys):
+    from tvm_canary.cli import main
+
+    assert main(["demo", "--steps", "60", "--swa", "--cuda-graph", "--device", "cuda", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "canary time per step (eager," in out and "canary time per step (CUDA graph," in out

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         session.after_forward()
 
     step([0] * REQS, 0, PROMPT, [s for r in rows for s in slots[r]])
-    clean = session.violations().records
+    clean = session.flush().records
     if clean:
         print("selftest: FAILED, violations on a clean batch:", *(v.line() for v in clean), sep="\n  ")
         return 1
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         table[r, PROMPT] = s
     step([PROMPT, PROMPT, PROMPT - 1], PROMPT, 1, decode_slots)  # row 3 reports its prefix one short
 
-    found = session.violations().records
+    found = session.flush().records
     missed = 0
     for name, tag, slot, reason in expected:
         hit = next((v for v in found if v.tag_name == tag and v.slot == slot and reason in v.reasons), None)
