@@ -26,7 +26,8 @@ def make_state(device: str) -> dict[str, torch.Tensor]:
     s = dict(
         canary=torch.zeros(SLOTS, 32, dtype=torch.uint8), ring=torch.full((32, 8), -7, dtype=torch.int64),
         write_index=torch.zeros(1, dtype=torch.int32), counters=torch.zeros(12, dtype=torch.int64),
-        chain_assert=torch.ones(1, dtype=torch.int32), kv=torch.randint(0, 256, (SLOTS, 64), generator=gen, dtype=torch.uint8),
+        chain_assert=torch.ones(1, dtype=torch.int32),
+        kv=torch.randint(0, 256, (SLOTS, 64), generator=gen, dtype=torch.uint8),
         r2t=r2t, rpi=torch.arange(1, BS + 1), prefix=torch.zeros(BS, dtype=torch.int64),
         ext=torch.full((BS,), EXTEND), valid_lens=torch.zeros(BS, dtype=torch.int64),
         pool=torch.zeros(ROWS, MAX_LEN, dtype=torch.int32), flat=torch.zeros(BS * MAX_LEN, dtype=torch.int64),
@@ -75,8 +76,12 @@ def serving_step(s: dict[str, torch.Tensor]) -> None:
         verify_slot_indices=s["v_slots"], verify_expected_tokens=s["v_tokens"], verify_expected_positions=s["v_pos"],
         verify_prev_slot_indices=s["v_prev"], verify_num_valid=s["v_num"], enable=s["v_enable"],
     )
-    write_plan = tc.WritePlan(write_offsets=s["w_offsets"], write_seed_slot_indices=s["w_seeds"], write_num_valid_reqs=s["w_num"])
-    tc.launch_scatter_req_token_ids_kernel(flat_in=s["flat"], offsets=s["offsets"], req_pool_indices=s["rpi"], pool_out=s["pool"])
+    write_plan = tc.WritePlan(
+        write_offsets=s["w_offsets"], write_seed_slot_indices=s["w_seeds"], write_num_valid_reqs=s["w_num"]
+    )
+    tc.launch_scatter_req_token_ids_kernel(
+        flat_in=s["flat"], offsets=s["offsets"], req_pool_indices=s["rpi"], pool_out=s["pool"]
+    )
     tc.launch_canary_plan_kernels(
         verify_plan_out=verify_plan, write_plan_out=write_plan, req_pool_indices=s["rpi"], prefix_lens=s["prefix"],
         extend_seq_lens=s["ext"], req_to_token=s["r2t"], swa_window_size=0, full_to_swa_index_mapping=None,

@@ -48,8 +48,12 @@ def test_opcheck_and_reference_bytes(kernel, device):
 def test_fake_implementation_accepts_meta_tensors(kernel):
     """Without a Meta kernel the dispatcher raises NotImplementedError here."""
     case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
-    args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in op_args(kernel, case)]
-    args = [[t.to("meta") for t in a] if isinstance(a, list) and a and isinstance(a[0], torch.Tensor) else a for a in args]
+    def meta(a):
+        if isinstance(a, torch.Tensor):
+            return a.to("meta")
+        return [meta(x) for x in a] if isinstance(a, list) else a
+
+    args = [meta(a) for a in op_args(kernel, case)]
     assert getattr(torch.ops.tvm_canary, kernel)(*args) is None
 
 

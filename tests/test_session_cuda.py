@@ -40,11 +40,14 @@ class DecodeRun:
         dev = self.device = torch.device(device)
         self.reported: list[Violation] = []  # rows returned by violations() and flush(), in order
         gen = torch.Generator().manual_seed(0)
-        self.table = (torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN] + 1).to(torch.int32).view(ROWS, MAX_LEN)
+        slots = torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN] + 1
+        self.table = slots.to(torch.int32).view(ROWS, MAX_LEN)
         self.table = torch.cat([torch.zeros(1, MAX_LEN, dtype=torch.int32), self.table]).to(dev)  # row 0 = padding
         self.kv_gen = torch.Generator(device=dev).manual_seed(1)
-        self.kv = {h: [torch.zeros(SLOTS // PAGE + 1, PAGE * STRIP, dtype=torch.uint8, device=dev) for _ in range(LAYERS)]
-                   for h in "KV"}
+        self.kv = {
+            h: [torch.zeros(SLOTS // PAGE + 1, PAGE * STRIP, dtype=torch.uint8, device=dev) for _ in range(LAYERS)]
+            for h in "KV"
+        }
         lut = torch.arange(SLOTS, dtype=torch.int64, device=dev) + SLOTS  # SWA slot = full slot + SLOTS
         lut[0] = 0
         self.session = CanarySession(

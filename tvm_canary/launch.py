@@ -42,7 +42,9 @@ def launch_canary_write_kernel(
     ))
 
 
-def launch_canary_verify_kernel(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
+def launch_canary_verify_kernel(
+    *, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool
+) -> None:
     """Check the plan's entries against ``context.canary_buf`` and append violations (SPEC 3.2)."""
     checks.check_verify(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
     _ops.verify(*ops.verify_args(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token))
@@ -87,4 +89,6 @@ def launch_scatter_req_token_ids_kernel(
 ) -> None:
     """Copy each request's tokens into its row of the expected-token pool (SPEC 3.4)."""
     checks.check_scatter(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
-    _ops.scatter(*ops.scatter_args(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
+    _ops.scatter(
+        *ops.scatter_args(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+    )

@@ -619,7 +619,8 @@ class StepGraph:
         for dst, src, pad in (
             (static.req_pool_indices, req_pool_indices, 0), (static.prefix_lens, prefix_lens, 0),
             (static.extend_seq_lens, extend_seq_lens, 0), (static.token_lens, token_lens, 0),
-            (static.input_ids, input_ids, 0), (static.positions, positions, 0), (static.out_cache_loc, out_cache_loc, -1),
+            (static.input_ids, input_ids, 0), (static.positions, positions, 0),
+            (static.out_cache_loc, out_cache_loc, -1),
             (static.expected_input_tokens, expected_input_tokens, 0),
             (static.expected_input_positions, expected_input_positions, 0),
         ):

@@ -159,7 +159,9 @@ def _fault_row(i: int, f: Fault) -> list[str]:
             ",".join(sorted(f.tags)) or "-", ",".join(sorted(f.reasons)) or "-"]
 
 
-def _report(args: argparse.Namespace, tracker: FaultTracker, pending: list, canary_seconds: dict[str, list[float]]) -> str:
+def _report(
+    args: argparse.Namespace, tracker: FaultTracker, pending: list, canary_seconds: dict[str, list[float]]
+) -> str:
     header = ["#", "fault", "group", "after step", "target", "detected at", "launch tags", "fail reasons"]
     rows = [_fault_row(i, f) for i, f in enumerate(tracker.faults, 1)]
     rows += [[str(len(rows) + i), kind, group, "-", "never injected (no target)", "MISSED", "-", "-"]

@@ -1,0 +1,110 @@
+"""Calling the canary kernels from a TVM Relax function (docs/EMBEDDING.md, "Relax").
+
+``add_kernel(bb, kernel, spec, tag)`` adds one specialization of a kernel's TensorIR to the module of
+a ``relax.BlockBuilder`` (a user's IRModule: ``relax.BlockBuilder(mod)``); ``call_kernel(bb, gvar,
+**args)`` emits an in-place call of it (``R.call_tir_inplace``) whose results are the arguments the
+kernel writes. The Relax function is then built with ``tvm.compile`` and run in the Relax VM; torch
+tensors can be passed straight in (DLPack, zero-copy).
+
+Arguments are the kernel's TensorIR parameters, by name (see ``parameters(gvar)``): tensors are
+int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view ``[S, stride / 8]``, a
+real-KV source is its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``fw`` = page size,
+token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are
+Python ints. Unused source slots may be left out. ``flags`` (verify, write) is an int32 scratch the
+caller allocates zeroed, one per violation ring (``runtime.packing.flags_for(ring, capacity)``); the
+kernels leave it zero again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
+
+Relax treats ``call_tir_inplace`` as pure: a call whose results are not used is deleted. Use every
+result (pass it to the next call, return it). The TensorIR kernels must stay outside dataflow blocks
+(Relax's dataflow passes expect schedulable functions); they are marked ``tirx.is_scheduled`` so that
+the GPU pipeline does not re-schedule them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .runtime import compile as compile_cache
+from .runtime import targets
+
+# kernel -> names of the TensorIR parameters it writes (the in-place results, in parameter order)
+WRITES = {
+    "write": ("buf", "ring", "write_index", "slot_counter", "kernel_counter", "flags"),
+    "verify": ("ring", "write_index", "slot_counter", "kernel_counter", "flags"),
+    "plan": ("vslots", "vtoks", "vpos", "vprev", "v_num_valid", "v_enable", "woff", "wseeds", "w_num_valid_reqs",
+             "scratch"),
+    "scatter": ("pool",),
+}
+_KERNEL_ATTR = "tvm_canary.kernel"
+_UNUSED_SOURCE = {"ps": 1, "tw": 0, "fw": 0}  # parameters of an unused real-KV source slot (never read)
+
+
+def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm") -> relax.GlobalVar:
+    """Add kernel ``kernel`` specialised by ``spec`` (``runtime.aot.SPECIALIZATIONS``) with the default
+    geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...) to ``bb``'s module, named
+    ``canary_<kernel>[_<spec>]``; returns its GlobalVar."""
+    name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
+    attrs = {"global_symbol": name, "tirx.is_scheduled": True, _KERNEL_ATTR: kernel}
+    func = kernel_ir(kernel, spec, tag).with_attr(attrs)
+    return bb.add_func(func, name)
+
+
+def kernel_ir(kernel: str, spec: tuple, tag: str) -> tvm.tirx.PrimFunc:
+    """The kernel's TensorIR with the tag's default geometry. Parsing the TVMScript takes seconds, so
+    the IR is kept as JSON beside the compiled modules in the disk cache (same key, so a changed
+    kernel source is never reused)."""
+    geom = targets.geometry_for(kernel, tag)
+    path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
+    if path.exists():
+        return tvm.ir.load_json(path.read_text())
+    func = importlib.import_module(f"tvm_canary.kernels.{kernel}").make(*spec, geom)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as tmp:
+        tmp.write(tvm.ir.save_json(func))
+    os.replace(tmp.name, path)
+    return func
+
+
+def parameters(bb: relax.BlockBuilder, gvar: relax.GlobalVar) -> list[str]:
+    """The TensorIR parameter names of an added kernel, in order."""
+    return [p.name for p in bb.get()[gvar].params]
+
+
+def call_kernel(bb: relax.BlockBuilder, gvar: relax.GlobalVar, **args) -> dict[str, relax.Expr]:
+    """Emit ``R.call_tir_inplace`` of an added kernel on ``args`` (its parameter names -> Relax tensors
+    or Python ints). Returns the written parameters' new values by name (``WRITES``), bound to
+    variables; use them, or Relax deletes the call."""
+    func = bb.get()[gvar]
+    written = WRITES[str(func.attrs[_KERNEL_ATTR])]
+    call_args, inplace, out_ty = [], [], []
+    for i, param in enumerate(func.params):
+        value = args.pop(param.name, None)
+        if value is None:
+            value = _unused_source(param.name)
+        if isinstance(param.ty, tvm.ir.PrimType):
+            value = relax.prim_value(tvm.tirx.IntImm(param.ty.dtype, int(value)))
+        if param.name in written:
+            inplace.append(i)
+            out_ty.append(bb.normalize(value).ty)
+        call_args.append(value)
+    if args:
+        raise TypeError(f"kv-canary: {gvar.name_hint} has no parameter(s) {sorted(args)}")
+    if len(out_ty) == 1:
+        return {written[0]: bb.emit(relax.call_tir_inplace(gvar, call_args, inplace, out_ty[0]))}
+    result = bb.emit(relax.call_tir_inplace(gvar, call_args, inplace, out_ty))
+    return {name: bb.emit(relax.TupleGetItem(result, k)) for k, name in enumerate(written)}
+
+
+def _unused_source(name: str):
+    """The value of a left-out parameter of an unused real-KV source slot (``src<i>``, ``ps<i>`` ...)."""
+    if name.startswith("src") and name[3:].isdigit():
+        return relax.const(np.zeros((1, 1), dtype="int64"), "int64")
+    if name[:2] in _UNUSED_SOURCE and name[2:].isdigit():
+        return _UNUSED_SOURCE[name[:2]]
+    raise TypeError(f"kv-canary: missing argument {name!r}")
