@@ -1,0 +1,251 @@
+"""Canary cost of one decode step through ``CanarySession``, eager vs one replayed CUDA graph (GPU).
+
+Workload: ``bs`` requests (1, 64, 256) with ``CONTEXT`` cached tokens each decode one token per step
+(the same step repeated after one prefill, so every step verifies ``bs * CONTEXT`` clean entries per
+endpoint). Groups: FULL, or FULL + SWA (window ``WINDOW``); K and V halves; ``SOURCES`` real-KV
+sources per half of ``KV_BYTES`` bytes per token, PARTIAL mode; the expected-token check on (every
+step scatters all known tokens, as ``before_forward`` does).
+
+Columns:
+* eager wall: µs per step of back-to-back ``before_forward`` + ``after_forward`` (host-bound when the
+  host is slower than the kernels); eager stream: CUDA-event time of one step (includes the gaps
+  while the host enqueues).
+* graph wall / graph stream: the same for ``StepGraph.replay`` (inputs refilled from device tensors,
+  the status snapshot after the graph); graph only: CUDA-event time of the bare graph replay.
+* device ops: kernels, copies and memsets of one eager step (profiler), and ``device ops x empty``.
+* empty: one empty kernel replayed in a CUDA graph (the launch floor).
+* floor sum: the sum over the step's kernels of (empty launch + bytes / HBM bandwidth). This is an
+  approximation, not a measurement of the kernels' own floors: bytes follow the byte model of
+  benchmarks/bench_kernels.py (verify: 24 B plan (+8 token check) + 32 B slot + 32 B predecessor +
+  32 B per PARTIAL source per entry; write: 24 B read + 32 B stamped + 32 B per source per token; plan:
+  32 B per verify entry + 4 B table; scatter: 12 B per token), HBM bandwidth is a measured device copy.
+  The ratio graph only / floor sum is the issue's "within 2x" figure.
+Then the host overhead of one eager public launch (verify, nothing to check) and its parts.
+
+    python benchmarks/bench_embedding.py [--quick] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import tvm_canary as tc
+from tvm_canary import checks, ops
+from tvm_canary.runtime import get_kernel, packing, targets
+from tvm_canary.runtime.compile import ensure_cuda_runtime
+from tvm_canary.session import CanaryGroup, CanarySession
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import floors  # noqa: E402
+
+DEV = torch.device("cuda", 0)
+CONTEXT, WINDOW, SOURCES, KV_BYTES, PAGE = 512, 128, 2, 256, 16
+BATCHES = (1, 64, 256)
+
+
+def median_us(fn, iters: int) -> float:
+    """Median CUDA-event µs of ``fn``."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def wall_us(fn, iters: int) -> float:
+    """µs per call of ``iters`` back-to-back calls, synchronised once at the end."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e6
+
+
+def kernels_launched(fn) -> int:
+    """Kernels, copies and memsets one call of ``fn`` issues on the device."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+class Workload:
+    """A session over ``bs`` requests with CONTEXT cached tokens, prefilled, and one decode batch."""
+
+    def __init__(self, bs: int, swa: bool) -> None:
+        self.bs = bs
+        slots = bs * (CONTEXT + 8) + 1
+        rows = torch.arange(1, bs + 1, device=DEV)
+        table = torch.zeros(bs + 1, CONTEXT + 8, dtype=torch.int32, device=DEV)
+        table[1:] = (torch.randperm(slots - 1, device=DEV)[: bs * (CONTEXT + 8)] + 1).view(bs, -1).int()
+        self.table = table
+
+        def sources():
+            return tuple(
+                tc.RealKvSource(tensor=torch.randint(0, 256, (slots // PAGE + 1, PAGE * KV_BYTES), dtype=torch.uint8,
+                                                     device=DEV),
+                                page_size=PAGE, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
+                for _ in range(SOURCES)
+            )
+
+        swa_group = None
+        if swa:
+            lut = torch.arange(slots, device=DEV)
+            swa_group = CanaryGroup(num_slots=slots, k_sources=sources(), v_sources=sources(), swa_window_size=WINDOW,
+                                    full_to_swa_index_mapping=lut)
+        self.session = CanarySession(
+            full=CanaryGroup(num_slots=slots, k_sources=sources(), v_sources=sources()), swa=swa_group, device=DEV,
+            write_req_capacity=bs, write_entry_capacity=bs * CONTEXT, verify_capacity=bs * CONTEXT,
+            expected_token_pool_shape=(bs + 1, CONTEXT + 8), health_check_interval=0, violation_mode="raise",
+        )
+        self.session.mark_init_finished()
+        self.session.before_forward(**self.batch(rows, 0, CONTEXT))  # prefill
+        self.session.after_forward()
+        self.decode = self.batch(rows, CONTEXT, 1)
+        self.verify_entries = bs * CONTEXT
+        self.groups = 2 if swa else 1
+        self.swa_entries = bs * min(WINDOW, CONTEXT) if swa else 0
+
+    def batch(self, rows, start: int, extend: int) -> dict:
+        bs = self.bs
+        pos = (start + torch.arange(extend, device=DEV)).repeat(bs)
+        row = rows.repeat_interleave(extend, output_size=bs * extend)
+        known = 1000 * rows[:, None] + torch.arange(start + extend, device=DEV)
+        return dict(
+            req_pool_indices=rows, prefix_lens=torch.full((bs,), start, device=DEV),
+            extend_seq_lens=torch.full((bs,), extend, device=DEV), input_ids=1000 * row + pos, positions=pos,
+            out_cache_loc=self.table[row, pos].long(), req_to_token=self.table, token_ids=known.flatten(),
+            token_lens=torch.full((bs,), start + extend, device=DEV),
+        )
+
+    def eager_step(self) -> None:
+        self.session.before_forward(**self.decode)
+        self.session.after_forward()
+
+    def bytes_per_kernel(self) -> list[int]:
+        """Byte model of the step's launches (see the module docstring)."""
+        bs, halves, src = self.bs, 2, 32 * SOURCES
+        out = [12 * bs * (CONTEXT + 1)]  # scatter
+        for entries in [self.verify_entries] + ([self.swa_entries] if self.groups == 2 else []):
+            out.append(32 * entries + 4 * entries)  # plan
+            for endpoint_src in (0, src):  # HEAD (no sources), TAIL
+                out += [(24 + 8 + 64 + endpoint_src) * entries, (24 + 32 + endpoint_src) * bs] * halves
+        return out
+
+
+def hbm_bytes_per_us() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src), 10)
+    return 2 * src.numel() / us
+
+
+def empty_launch_us() -> float:
+    ensure_cuda_runtime()
+    fn = floors.compile_cuda(floors.empty(), targets.cuda_arch(0))
+    x = torch.zeros(1, dtype=torch.int32, device=DEV)
+    graph = torch.cuda.CUDAGraph()
+    fn(x)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(100):
+            fn(x)
+    return median_us(graph.replay, 20) / 100
+
+
+def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: float) -> dict:
+    w = Workload(bs, swa)
+    graph = w.session.capture_step(batch_size=bs, req_to_token=w.table)
+
+    def replay():
+        graph.replay(**w.decode)
+
+    ops_per_step = kernels_launched(w.eager_step)
+    graph_only = median_us(graph.graph.replay, iters)
+    floor = sum(empty_us + b / bytes_per_us for b in w.bytes_per_kernel())
+    row = dict(
+        bs=bs, groups="FULL+SWA" if swa else "FULL", eager_wall_us=wall_us(w.eager_step, iters),
+        eager_stream_us=median_us(w.eager_step, iters), graph_wall_us=wall_us(replay, iters),
+        graph_stream_us=median_us(replay, iters), graph_only_us=graph_only, device_ops=ops_per_step,
+        ops_x_empty_us=ops_per_step * empty_us, modeled_launches=len(w.bytes_per_kernel()),
+        floor_sum_us=floor, graph_over_floor=graph_only / floor,
+    )
+    w.session.flush()  # raises if any step recorded a violation (the workload is clean)
+    return row
+
+
+def host_overhead(iters: int) -> dict:
+    """Host µs of one eager verify launch with nothing to check (the kernel returns at once), and parts."""
+    w = Workload(1, False)
+    context = w.session._groups[0].contexts["TAIL", "K"]
+    plan = tc.VerifyPlan.allocate(verify_capacity=64, device=DEV).zero_for_testing_()
+    plan.enable.fill_(1)
+    kw = dict(context=context, plan=plan, check_verify_expected_token=True)
+    call = packing.verify_call(**kw)
+    spec, (size, mode), args = call if isinstance(call, tuple) else (call.spec, (call.size, call.mode), call.args)
+    fn = get_kernel("verify", spec, DEV, size, mode)
+    op_args = ops.verify_args(**kw)
+    parts = {
+        "public_launch_us": lambda: tc.launch_canary_verify_kernel(**kw),
+        "checks_us": lambda: checks.check_verify(**kw),
+        "operator_us": lambda: torch.ops.tvm_canary.verify(*op_args),
+        "ffi_call_us": lambda: fn(*args),
+    }
+    out = {}
+    for name, f in parts.items():
+        for _ in range(100):
+            f()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(iters):
+            f()
+        out[name] = (time.perf_counter() - t) / iters * 1e6
+        torch.cuda.synchronize()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_embedding: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    empty_us, bytes_per_us = empty_launch_us(), hbm_bytes_per_us()
+    iters = 20 if args.quick else 100
+    rows = []
+    for bs in BATCHES:
+        for swa in (False, True):
+            rows.append(step_row(bs, swa, iters, empty_us, bytes_per_us))
+            torch.cuda.empty_cache()
+    host = host_overhead(2000 if args.quick else 20000)
+    cols = ["bs", "groups", "eager_wall_us", "eager_stream_us", "graph_wall_us", "graph_stream_us", "graph_only_us",
+            "device_ops", "ops_x_empty_us", "floor_sum_us", "graph_over_floor"]
+    print(f"{torch.cuda.get_device_name(0)}: empty launch {empty_us:.2f} us, HBM copy {bytes_per_us / 1e3:.0f} GB/s")
+    print("  ".join(f"{c.removesuffix('_us'):>15}" for c in cols))
+    for r in rows:
+        print("  ".join(f"{r[c]:>15.2f}" if isinstance(r[c], float) else f"{r[c]:>15}" for c in cols))
+    print("host overhead of one eager launch: " + ", ".join(f"{k} {v:.2f}" for k, v in host.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(0), context=CONTEXT, window=WINDOW, sources=SOURCES,
+                           kv_bytes=KV_BYTES, empty_us=empty_us, hbm_bytes_per_us=bytes_per_us, steps=rows,
+                           host_overhead=host), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
