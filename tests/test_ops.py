@@ -13,6 +13,7 @@ import torch
 from cases import CASES
 from tree import assert_same_bytes, devices, require, tensors
 
+import tvm_canary as tc
 from tvm_canary import ops, reference
 from tvm_canary.runtime import use_backend
 
@@ -71,3 +72,14 @@ def test_schema_declares_what_each_kernel_writes():
                  "write_seed_slot_indices", "write_num_valid_reqs"},
         "scatter": {"pool_out"},
     }
+
+
+def test_public_launch_under_a_dispatch_mode_goes_through_the_operator():
+    """Under FakeTensorMode the launch must record the operator (whose fake runs), not call the kernel
+    (which cannot take fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    case = CASES["scatter"](torch.Generator().manual_seed(0), "cpu")
+    with FakeTensorMode() as mode:
+        fake = {k: mode.from_tensor(v) for k, v in case.items()}
+        tc.launch_scatter_req_token_ids_kernel(**fake)

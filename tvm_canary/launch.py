@@ -1,9 +1,10 @@
-"""Public launch functions (SPEC 0): check the arguments, then call the kernel's torch operator.
+"""Public launch functions (SPEC 0): check the arguments, then run the kernel's torch operator.
 
 Every function is keyword-only, mutates its outputs in place on the device of its inputs, and
 returns None. The checks read only metadata (dtypes, shapes, strides, devices), so they also run
-while ``torch.compile`` traces a caller; the operators (``tvm_canary.ops``) run the compiled kernel,
-or the torch reference under ``use_backend("reference")``. CUDA launches go on torch's current
+while ``torch.compile`` traces a caller, which then records the operator (``tvm_canary.ops``);
+untraced calls run the operator's implementation directly. Either runs the compiled kernel, or the
+torch reference under ``use_backend("reference")``. CUDA launches go on torch's current
 stream with no host synchronisation; tensors reach the kernels zero-copy through DLPack (tvm-ffi).
 """
 
@@ -30,24 +31,22 @@ def launch_canary_write_kernel(
     expected_input_positions: torch.Tensor | None,
 ) -> None:
     """Stamp the fingerprints of the plan's tokens into ``context.canary_buf`` (SPEC 3.1)."""
-    checks.check_write(
+    kwargs = dict(
         context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
         enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
         expected_input_positions=expected_input_positions,
     )
-    _ops.write(*ops.write_args(
-        context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-        enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
-        expected_input_positions=expected_input_positions,
-    ))
+    checks.check_write(**kwargs)
+    _dispatch("write", kwargs)
 
 
 def launch_canary_verify_kernel(
     *, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool
 ) -> None:
     """Check the plan's entries against ``context.canary_buf`` and append violations (SPEC 3.2)."""
-    checks.check_verify(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
-    _ops.verify(*ops.verify_args(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token))
+    kwargs = dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
+    checks.check_verify(**kwargs)
+    _dispatch("verify", kwargs)
 
 
 def launch_canary_plan_kernels(
@@ -66,7 +65,7 @@ def launch_canary_plan_kernels(
     kv_token_id_vs_position_offset: int,
 ) -> None:
     """Fill ``verify_plan_out`` and ``write_plan_out`` from the engine's tables (SPEC 3.3)."""
-    checks.check_plan(
+    kwargs = dict(
         verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
         prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
         swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
@@ -74,21 +73,24 @@ def launch_canary_plan_kernels(
         req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
         kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
     )
-    _ops.plan(*ops.plan_args(
-        verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
-        swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
-        verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    ))
+    checks.check_plan(**kwargs)
+    _dispatch("plan", kwargs)
 
 
 def launch_scatter_req_token_ids_kernel(
     *, flat_in: torch.Tensor, offsets: torch.Tensor, req_pool_indices: torch.Tensor, pool_out: torch.Tensor
 ) -> None:
     """Copy each request's tokens into its row of the expected-token pool (SPEC 3.4)."""
-    checks.check_scatter(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
-    _ops.scatter(
-        *ops.scatter_args(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
-    )
+    kwargs = dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+    checks.check_scatter(**kwargs)
+    _dispatch("scatter", kwargs)
+
+
+def _dispatch(kernel: str, kwargs: dict) -> None:
+    """Run a checked launch: through its torch operator while torch traces the caller (torch.compile or
+    export, or any dispatch mode such as FakeTensor or functionalization is active), else straight to
+    the operator's implementation (the same work without the dispatcher's host time)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        getattr(_ops, kernel)(*ops.ARGS[kernel](**kwargs))
+    else:
+        ops.run(kernel, kwargs)

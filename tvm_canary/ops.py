@@ -21,8 +21,10 @@ launch). Neither is an output, so traced graphs need not see them; allocated dur
 capture, they come from the graph's pool and are valid on replay.
 
 The operators do not check their arguments (the public launch functions do, SPEC 4); called directly
-they trust the caller. Under ``torch.compile`` the implementations run as opaque calls: nothing in
-them is traced (locks, module loading and the tvm-ffi call stay outside the graph).
+they trust the caller. Eager launches outside any tracing skip the operator and call ``run`` directly
+(same work, less host time); see ``launch.py``. Under ``torch.compile`` the implementations run as
+opaque calls: nothing in them is traced (locks, module loading and the tvm-ffi call stay outside the
+graph).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ _BACKENDS = {
 }
 
 
-def _run(kernel: str, launch_kwargs: dict) -> None:
+def run(kernel: str, launch_kwargs: dict) -> None:
     """Run ``kernel`` on the public launch's keyword arguments: the reference when chosen, else the
     compiled module. The only place that knows what ``runtime.packing`` returns: a ``KernelCall``
     (``kernel, spec, size, mode, args``) or the older ``(spec, (size, mode), args)`` tuple; None
@@ -137,6 +139,9 @@ def scatter_args(*, flat_in, offsets, req_pool_indices, pool_out) -> tuple:
     return (flat_in, offsets, req_pool_indices, pool_out)
 
 
+ARGS = {"write": write_args, "verify": verify_args, "plan": plan_args, "scatter": scatter_args}
+
+
 # ----------------------------------------------------------------------------- the four operators
 # Parameter names are the schema's; ``_MUTATES`` names the tensors each kernel writes.
 
@@ -152,7 +157,7 @@ def write(
     expected_input_tokens: Optional[Tensor], expected_input_positions: Optional[Tensor],
 ) -> None:
     """``launch_canary_write_kernel`` unchecked (SPEC 3.1)."""
-    _run("write", dict(
+    run("write", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
                          enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
                          real_kv_hash_mode),
@@ -172,7 +177,7 @@ def verify(
     verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor, check_verify_expected_token: bool,
 ) -> None:
     """``launch_canary_verify_kernel`` unchecked (SPEC 3.2)."""
-    _run("verify", dict(
+    run("verify", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
                          enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
                          real_kv_hash_mode),
@@ -194,7 +199,7 @@ def plan(
     kv_token_id_vs_position_offset: int,
 ) -> None:
     """``launch_canary_plan_kernels`` unchecked (SPEC 3.3)."""
-    _run("plan", dict(
+    run("plan", dict(
         verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
                                    verify_expected_tokens=verify_expected_tokens,
                                    verify_expected_positions=verify_expected_positions,
@@ -213,7 +218,7 @@ def plan(
 
 def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out: Tensor) -> None:
     """``launch_scatter_req_token_ids_kernel`` unchecked (SPEC 3.4)."""
-    _run("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
+    run("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
 
 
 _CONTEXT_WRITES = ("violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter")
