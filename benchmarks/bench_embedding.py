@@ -200,7 +200,8 @@ def host_overhead(iters: int) -> dict:
     parts = {
         "public_launch_us": lambda: tc.launch_canary_verify_kernel(**kw),
         "checks_us": lambda: checks.check_verify(**kw),
-        "operator_us": lambda: torch.ops.tvm_canary.verify(*op_args),
+        "operator_us": lambda: torch.ops.tvm_canary.verify(*op_args),  # the traced path's dispatch
+        "implementation_us": lambda: ops.run("verify", kw),  # what an untraced launch runs after the checks
         "ffi_call_us": lambda: fn(*args),
     }
     out = {}
