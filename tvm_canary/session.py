@@ -517,10 +517,12 @@ class CanarySession:
         return torch.as_tensor(x, dtype=dtype, device=self.device).contiguous()
 
     def _sweep_plan(self, group: str, entries: int) -> VerifyPlan:
-        """The group's sweep plan, reallocated only when ``entries`` outgrows it."""
+        """The group's sweep plan, reallocated (to the next power of two) only when ``entries`` outgrows
+        it, so that growing sweeps meet few capacities (each may select another compiled geometry)."""
         plan = self._sweep_plans.get(group)
         if plan is None or plan.verify_slot_indices.shape[0] < entries:
-            plan = self._sweep_plans[group] = VerifyPlan.allocate(verify_capacity=max(1, entries), device=self.device)
+            capacity = 1 << max(0, entries - 1).bit_length()
+            plan = self._sweep_plans[group] = VerifyPlan.allocate(verify_capacity=capacity, device=self.device)
         return plan
 
     def _check_expected_tokens(self, token_ids, token_lens) -> None:

@@ -186,12 +186,14 @@ class ViolationLog:
         self._mirror = host_buffer(self.violation_ring)
         self._copied = 0  # ring rows whose copy has been started
         self._in_flight: collections.deque = collections.deque()  # (event, stored rows, total) per fetch
-        self._read = 0  # ring rows already returned
+        self._arrived_rows = 0  # ring rows whose copies have arrived
         self._total = 0  # write index of the last arrived fetch
+        self._read = 0  # ring rows already returned
         self._dropped = 0  # dropped violations already reported
 
     def fetch(self, total: int) -> None:
         """The write index was ``total`` at the current point of the stream: copy the new rows."""
+        self._collect(wait=False)
         capacity = self.violation_ring.shape[0]
         stored = min(total, capacity)
         if stored > self._copied:
@@ -199,19 +201,23 @@ class ViolationLog:
             self._copied = stored
         self._in_flight.append((record_event(self.violation_ring.device), stored, total))
 
+    def _collect(self, *, wait: bool) -> None:
+        """Account the fetches whose copies have arrived (all of them, blocking, when ``wait``)."""
+        while self._in_flight and (wait or arrived(self._in_flight[0][0])):
+            event, rows, total = self._in_flight.popleft()
+            if wait and event is not None:
+                event.synchronize()
+            self._arrived_rows, self._total = max(self._arrived_rows, rows), max(self._total, total)
+
     def read_new(self, *, wait: bool = False) -> ViolationReport:
         """Rows stored since the previous read whose copies have arrived (all fetched ones when
         ``wait``, which blocks on the copies), and the newly dropped count."""
+        self._collect(wait=wait)
         capacity = self.violation_ring.shape[0]
-        stored, total = self._read, self._total
-        while self._in_flight and (wait or arrived(self._in_flight[0][0])):
-            event, fetched_rows, fetched_total = self._in_flight.popleft()
-            if wait and event is not None:
-                event.synchronize()
-            stored, total = max(stored, fetched_rows), max(total, fetched_total)
+        stored, total = self._arrived_rows, self._total
         rows = self._mirror[self._read : stored].tolist() if stored > self._read else []
         dropped = max(0, total - capacity) - self._dropped
-        self._read, self._total = stored, total
+        self._read = stored
         self._dropped += dropped
         return ViolationReport(
             records=tuple(Violation.from_row(r) for r in rows), total=total, dropped=dropped, ring_capacity=capacity
