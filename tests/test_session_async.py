@@ -1,0 +1,84 @@
+"""The session's asynchronous host side, on CPU with stand-in CUDA events that arrive when told.
+
+On CUDA the status snapshots and ring rows reach the host through non-blocking copies; these tests hold
+the copies back and check that nothing is reported before they arrive, that rows then come in two
+stages (snapshot, then rows), that ``flush()`` waits for everything, and that the overflow warning
+waits for its snapshot.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from test_session import make_session, poke, slot, step
+
+from tvm_canary import session as session_module
+from tvm_canary import violations as violations_module
+
+
+class HeldEvent:
+    """A CUDA event stand-in: complete only after ``release`` or ``synchronize``."""
+
+    created: list["HeldEvent"] = []
+
+    def __init__(self) -> None:
+        self.done = False
+        HeldEvent.created.append(self)
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    @classmethod
+    def release_all(cls) -> None:
+        for event in cls.created:
+            event.done = True
+
+
+@pytest.fixture(autouse=True)
+def held_copies(monkeypatch):
+    HeldEvent.created = []
+    for module in (session_module, violations_module):
+        monkeypatch.setattr(module, "record_event", lambda device: HeldEvent())
+
+
+def test_rows_are_reported_once_their_copies_arrive():
+    session, kv = make_session()
+    step(session, kv, 0, 4)
+    poke(session, "HEAD", "K", slot(1, 2), 1, 100)
+    step(session, kv, 4, 1)
+    assert not session.violations()  # the status snapshots have not arrived
+    HeldEvent.release_all()
+    assert not session.violations()  # the snapshot arrived: the rows' copy has only just started
+    HeldEvent.release_all()
+    rows = session.violations().records
+    assert {(r.tag.name, r.slot) for r in rows} >= {("HEAD_K_FULL", slot(1, 2))}
+    assert not session.violations()  # each row once
+    poke(session, "TAIL", "V", slot(2, 1), 1, 100)
+    step(session, kv, 5, 1)
+    report = session.flush()  # waits for both stages
+    assert {(r.tag.name, r.slot) for r in report.records} >= {("TAIL_V_FULL", slot(2, 1))}
+
+
+def test_overflow_warning_waits_for_its_snapshot():
+    session, kv = make_session(verify_capacity=4)
+    step(session, kv, 0, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(session, kv, 4, 1)  # overflows, but its snapshot is held
+    with pytest.warns(RuntimeWarning, match="per-forward verify skipped this step due to overflow"):
+        session.flush()
+
+
+def test_a_host_too_far_ahead_waits_for_the_oldest_snapshot():
+    session, kv = make_session()
+    for p in range(session_module.SNAPSHOT_SLOTS + 2):  # one snapshot per step, none arrives by itself
+        step(session, kv, p, 1)
+    waited = [e for e in HeldEvent.created if e.done]
+    assert waited  # the oldest snapshots were waited for, so that a pinned slot became free
+    assert len(session._snapshots) == session_module.SNAPSHOT_SLOTS
+    assert not session.flush()  # clean steps
+    assert not session._snapshots
