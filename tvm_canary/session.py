@@ -566,6 +566,9 @@ class StepGraph:
     def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,
                  forward: Callable[[], None] | None) -> None:
         session._check_capacities(batch_size, num_tokens)
+        if req_to_token.dtype != torch.int32 or req_to_token.device.type != session.device.type:
+            raise ValueError("kv-canary: capture_step needs req_to_token as an int32 tensor on the session's device "
+                             "(the graph reads it in place)")
         self.session, self.batch_size, self.num_tokens, self.forward = session, batch_size, num_tokens, forward
 
         def buf(n, fill=0):
@@ -575,7 +578,7 @@ class StepGraph:
         assert_on = session.enable_write_input_assert
         self.inputs = _Batch(
             req_pool_indices=buf(batch_size), prefix_lens=buf(batch_size), extend_seq_lens=buf(batch_size),
-            req_to_token=session._on_device(req_to_token, torch.int32),
+            req_to_token=req_to_token,
             token_ids=None if pool is None else buf(batch_size * pool.shape[1]),
             token_lens=None if pool is None else buf(batch_size),
             input_ids=buf(num_tokens), positions=buf(num_tokens), out_cache_loc=buf(num_tokens, -1),
