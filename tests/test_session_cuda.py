@@ -41,8 +41,9 @@ class DecodeRun:
         self.reported: list[Violation] = []  # rows returned by violations() and flush(), in order
         gen = torch.Generator().manual_seed(0)
         slots = torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN] + 1
-        self.table = slots.to(torch.int32).view(ROWS, MAX_LEN)
-        self.table = torch.cat([torch.zeros(1, MAX_LEN, dtype=torch.int32), self.table]).to(dev)  # row 0 = padding
+        self.table_host = torch.cat([torch.zeros(1, MAX_LEN, dtype=torch.int32),  # row 0 = padding
+                                     slots.to(torch.int32).view(ROWS, MAX_LEN)])
+        self.table = self.table_host.to(dev)
         self.kv_gen = torch.Generator(device=dev).manual_seed(1)
         self.kv = {
             h: [torch.zeros(SLOTS // PAGE + 1, PAGE * STRIP, dtype=torch.uint8, device=dev) for _ in range(LAYERS)]
@@ -106,7 +107,7 @@ class DecodeRun:
             self.inject(k, *FAULTS[k])
 
     def slot(self, row: int, pos: int) -> int:
-        return int(self.table[row, pos])
+        return int(self.table_host[row, pos])  # the host copy: reading the device table would synchronise
 
     def fault_slot(self, k: int) -> tuple[str, int]:
         """(group, canary slot) of the fault injected after step k."""
