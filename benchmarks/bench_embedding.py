@@ -194,8 +194,7 @@ def host_overhead(iters: int) -> dict:
     plan.enable.fill_(1)
     kw = dict(context=context, plan=plan, check_verify_expected_token=True)
     call = packing.verify_call(**kw)
-    spec, (size, mode), args = call if isinstance(call, tuple) else (call.spec, (call.size, call.mode), call.args)
-    fn = get_kernel("verify", spec, DEV, size, mode)
+    fn, args = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode), call.args
     op_args = ops.verify_args(**kw)
     parts = {
         "public_launch_us": lambda: tc.launch_canary_verify_kernel(**kw),

@@ -8,6 +8,8 @@ byte for byte against the torch reference.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from cases import CASES
@@ -56,6 +58,13 @@ def test_fake_implementation_accepts_meta_tensors(kernel):
 
     args = [meta(a) for a in op_args(kernel, case)]
     assert getattr(torch.ops.tvm_canary, kernel)(*args) is None
+
+
+@pytest.mark.parametrize("kernel", list(CASES))
+def test_operator_arguments_take_the_launch_keywords(kernel):
+    launch = getattr(tc, {"plan": "launch_canary_plan_kernels", "scatter": "launch_scatter_req_token_ids_kernel"}.get(
+        kernel, f"launch_canary_{kernel}_kernel"))
+    assert list(inspect.signature(ops.ARGS[kernel]).parameters) == list(inspect.signature(launch).parameters)
 
 
 def test_schema_declares_what_each_kernel_writes():

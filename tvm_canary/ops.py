@@ -54,21 +54,14 @@ _BACKENDS = {
 
 def run(kernel: str, launch_kwargs: dict) -> None:
     """Run ``kernel`` on the public launch's keyword arguments: the reference when chosen, else the
-    compiled module. The only place that knows what ``runtime.packing`` returns: a ``KernelCall``
-    (``kernel, spec, size, mode, args``) or the older ``(spec, (size, mode), args)`` tuple; None
-    means there is nothing to launch."""
+    compiled module on the ``runtime.packing`` call (None: nothing to launch)."""
     ref, pack = _BACKENDS[kernel]
     if use_reference():
         ref(**launch_kwargs)
         return
     call = pack(**launch_kwargs)
-    if call is None:
-        return
-    if isinstance(call, tuple):
-        spec, (size, mode), args = call
-    else:
-        spec, size, mode, args = call.spec, call.size, call.mode, call.args
-    get_kernel(kernel, spec, args[0].device, size, mode)(*args)
+    if call is not None:
+        get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)(*call.args)
 
 
 # ----------------------------------------------------------------------------- flat <-> dataclasses

@@ -46,7 +46,7 @@ _UNUSED_SOURCE = {"ps": 1, "tw": 0, "fw": 0}  # parameters of an unused real-KV 
 
 
 def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm") -> relax.GlobalVar:
-    """Add kernel ``kernel`` specialised by ``spec`` (``runtime.aot.SPECIALIZATIONS``) with the default
+    """Add kernel ``kernel`` specialised by ``spec`` (``runtime.specializations``) with the default
     geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...) to ``bb``'s module, named
     ``canary_<kernel>[_<spec>]``; returns its GlobalVar."""
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
@@ -59,7 +59,7 @@ def kernel_ir(kernel: str, spec: tuple, tag: str) -> tvm.tirx.PrimFunc:
     """The kernel's TensorIR with the tag's default geometry. Parsing the TVMScript takes seconds, so
     the IR is kept as JSON beside the compiled modules in the disk cache (same key, so a changed
     kernel source is never reused)."""
-    geom = targets.geometry_for(kernel, tag)
+    geom = targets.default_geometry(kernel, tag)
     path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
     if path.exists():
         return tvm.ir.load_json(path.read_text())
