@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 from test_session import make_session, poke, slot, step
 
 from tvm_canary import session as session_module
@@ -82,3 +83,52 @@ def test_a_host_too_far_ahead_waits_for_the_oldest_snapshot():
     assert len(session._snapshots) == session_module.SNAPSHOT_SLOTS
     assert not session.flush()  # clean steps
     assert not session._snapshots
+
+
+def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch):
+    """StepGraph's own logic (static buffers, padding rows and tokens, step bookkeeping) on CPU: a
+    stand-in graph records the captured work and replays it by running it again. The real capture is
+    tests/test_session_cuda.py's (GPU)."""
+    import contextlib
+
+    import test_session_cuda as decode
+
+    class StandInGraph:
+        def replay(self) -> None:
+            self.work()
+
+    capturing: list[StandInGraph] = []
+
+    @contextlib.contextmanager
+    def record(graph):
+        capturing.append(graph)
+        yield
+        capturing.pop()
+
+    real_work = session_module.StepGraph._work
+
+    def work(self) -> None:
+        if capturing:
+            capturing[-1].work = lambda: real_work(self)
+        else:
+            real_work(self)
+
+    monkeypatch.setattr(session_module.StepGraph, "_work", work)
+    monkeypatch.setattr(session_module.torch.cuda, "CUDAGraph", StandInGraph)
+    monkeypatch.setattr(session_module.torch.cuda, "graph", record)
+    monkeypatch.setattr(session_module.torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(session_module.CanarySession, "capture_step",
+                        lambda self, **kw: session_module.StepGraph(self, num_tokens=kw["batch_size"], forward=None,
+                                                                    **kw))
+    HeldEvent.release_all()
+    monkeypatch.setattr(violations_module, "record_event", lambda device: None)
+    monkeypatch.setattr(session_module, "record_event", lambda device: None)
+    eager, graphed = decode.DecodeRun(graph=False, device="cpu"), decode.DecodeRun(graph=True, device="cpu")
+    for k in range(decode.STEPS):
+        eager.step(k)
+        graphed.step(k)
+        for i, (a, b) in enumerate(zip(eager.state(), graphed.state())):
+            assert torch.equal(a, b), f"state tensor {i} differs after step {k}"
+    rows = graphed.flush()
+    assert eager.flush() == rows
+    decode.check_detection(graphed, rows)
