@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib
 import json
 import os
 import pathlib
 
 import torch
+import tvm_ffi
 from tvm.script import tirx as T
 
 import tvm_canary as tc
@@ -71,7 +71,7 @@ _IGNORED_ATTRS = ("tirx.is_scheduled",)  # says how the function may be schedule
 
 
 def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
-    """Hash of the code a workload tunes: sha256 (16 hex digits) of the TVMScript of
+    """Hash of the code a workload tunes: the structural hash (16 hex digits) of the TensorIR of
     ``kernels.<kernel>.make(*tuned_spec(kernel, bucket), geometry)`` for the target kind (``cuda`` or
     ``llvm``) in a fixed reference geometry, without the attributes that do not shape the generated
     code (``tirx.is_scheduled``). Renaming Python helpers, taking numbers from named constants or
@@ -79,7 +79,7 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     the generated code) changes it. Computing it parses the kernel (about a second), so hashes are
     remembered per ``compile.source_hash()`` in the kernel cache folder."""
     kernel_spec = tuned_spec(kernel, bucket)
-    path = C.cache_dir() / "kernel-hashes" / f"{C.source_hash()}.json"
+    path = C.cache_dir() / "kernel-hashes" / f"structural-{C.source_hash()}.json"
     table = _hash_table(path)
     name = f"{kernel}/{spec_id(kernel_spec)}/{target_kind}"
     if name not in table:
@@ -101,7 +101,9 @@ def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
     func = importlib.import_module(f"tvm_canary.kernels.{kernel}").make(*kernel_spec, _HASH_GEOMETRY[target_kind])
     for attr in _IGNORED_ATTRS:
         func = func.without_attr(attr)
-    return hashlib.sha256(func.script().encode()).hexdigest()[:16]
+    # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
+    # Python versions (3.11 prints TypeVar lines that 3.12 does not), the IR's structure does not.
+    return f"{tvm_ffi.structural_hash(func):016x}"
 
 
 def descriptor(kernel: str, bucket: tuple, target_kind: str):
