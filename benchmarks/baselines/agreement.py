@@ -58,12 +58,12 @@ def _write_kwargs(context, gen, device, input_assert):
     expected_ids, expected_pos = ids.clone(), pos.clone()
     expected_ids[torch.randint(0, total, (6,), generator=gen)] += 1
     expected_pos[torch.randint(0, total, (6,), generator=gen)] += 1
-    return dict(
-        context=context, plan=plan, input_ids=ids.to(device), positions=pos.to(device), out_cache_loc=slots.to(device),
-        enable_write_input_assert=input_assert,
-        expected_input_tokens=expected_ids.to(device) if input_assert else None,
-        expected_input_positions=expected_pos.to(device) if input_assert else None,
-    )
+    return {
+        "context": context, "plan": plan, "input_ids": ids.to(device), "positions": pos.to(device), "out_cache_loc": slots.to(device),
+        "enable_write_input_assert": input_assert,
+        "expected_input_tokens": expected_ids.to(device) if input_assert else None,
+        "expected_input_positions": expected_pos.to(device) if input_assert else None,
+    }
 
 
 def _stamp(context, gen, device):
@@ -107,7 +107,7 @@ def _verify_kwargs(context, gen, device, check_token):
     plan.verify_expected_positions.copy_(torch.cat([pos, pad]))
     plan.verify_expected_tokens.copy_(torch.cat([ids, pad]))
     plan.verify_num_valid.fill_(n - 3)
-    return dict(context=context, plan=plan, check_verify_expected_token=check_token)
+    return {"context": context, "plan": plan, "check_verify_expected_token": check_token}
 
 
 def _plan_kwargs(gen, device):
@@ -115,13 +115,13 @@ def _plan_kwargs(gen, device):
     rpi = torch.randperm(60, generator=gen)[:bs] + 1
     rpi[[2, 17]] = 0
     total = 40 * 512
-    kw = dict(
-        req_pool_indices=rpi.to(device), prefix_lens=torch.randint(0, 400, (bs,), generator=gen).to(device),
-        extend_seq_lens=torch.randint(0, 5, (bs,), generator=gen).to(device),
-        req_to_token=torch.randint(1, 1 << 20, (61, width), dtype=torch.int32, generator=gen).to(device),
-        swa_window_size=0, full_to_swa_index_mapping=None, verify_capacity=total, req_to_verify_expected_tokens=None,
-        req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
-    )
+    kw = {
+        "req_pool_indices": rpi.to(device), "prefix_lens": torch.randint(0, 400, (bs,), generator=gen).to(device),
+        "extend_seq_lens": torch.randint(0, 5, (bs,), generator=gen).to(device),
+        "req_to_token": torch.randint(1, 1 << 20, (61, width), dtype=torch.int32, generator=gen).to(device),
+        "swa_window_size": 0, "full_to_swa_index_mapping": None, "verify_capacity": total, "req_to_verify_expected_tokens": None,
+        "req_to_verify_expected_tokens_valid_lens": None, "kv_token_id_vs_position_offset": 0,
+    }
     return dict(kw, verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=device).zero_for_testing_(),
                 write_plan_out=tc.WritePlan.allocate(write_req_capacity=48, device=device).zero_for_testing_())
 
@@ -130,9 +130,9 @@ def _scatter_kwargs(gen, device):
     lengths = torch.randint(0, 1500, (9,), generator=gen)
     offsets = torch.zeros(10, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
-    return dict(flat_in=torch.randint(-(2**40), 2**40, (int(offsets[-1]),), generator=gen).to(device),
-                offsets=offsets.to(device), req_pool_indices=(torch.randperm(12, generator=gen)[:9] + 1).to(device),
-                pool_out=torch.zeros(13, 1200, dtype=torch.int32, device=device))
+    return {"flat_in": torch.randint(-(2**40), 2**40, (int(offsets[-1]),), generator=gen).to(device),
+                "offsets": offsets.to(device), "req_pool_indices": (torch.randperm(12, generator=gen)[:9] + 1).to(device),
+                "pool_out": torch.zeros(13, 1200, dtype=torch.int32, device=device)}
 
 
 def _twins(make, device):

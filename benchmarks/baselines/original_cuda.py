@@ -23,7 +23,7 @@ SOURCE = pathlib.Path(__file__).with_name("original_cuda.cu")
 FUNCTIONS = ("original_verify", "original_write", "original_plan", "original_scatter")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def module():
     """The JIT-built module (cached by tvm-ffi under ~/.cache/tvm-ffi, keyed by the source)."""
     import tvm_ffi.cpp
