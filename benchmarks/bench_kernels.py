@@ -309,6 +309,42 @@ def targets_for(row, rows) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Baselines
+
+
+BASELINE_MODULES = {"original": "baselines.original_cuda", "triton": "baselines.triton_user"}
+
+
+def baseline_launches(name: str) -> dict:
+    """{kernel: launch taking the public launch function's keyword arguments} of a baseline."""
+    if name == "torch":
+        from tvm_canary import reference
+
+        return {"verify": reference.canary_verify_ref, "write": reference.canary_write_ref,
+                "plan": reference.canary_plan_ref, "scatter": reference.scatter_req_token_ids_ref}
+    import importlib
+
+    return importlib.import_module(BASELINE_MODULES[name]).LAUNCHES
+
+
+def probe(name: str, kernels) -> dict:
+    """{kernel: "ok" or "FAILED: <first difference>"} of a baseline against the reference (run in a
+    child process by ``Bench.load_baselines``)."""
+    from baselines import agreement
+
+    launches = baseline_launches(name)
+    out = {}
+    for kernel in kernels:
+        if kernel in launches:
+            try:
+                agreement.check(kernel, launches[kernel], DEV)
+                out[kernel] = "ok"
+            except AssertionError as e:
+                out[kernel] = f"FAILED: {e}"
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # The benchmark
 
 
@@ -334,43 +370,43 @@ class Bench:
 
     # -- baselines --------------------------------------------------------------------------------
     def load_baselines(self, kernels):
-        """Import each baseline, check it against the reference on small inputs, keep those that agree."""
-        sys.path.insert(0, HERE)
+        """Check each baseline against the reference on small inputs in a child process (a crashing
+        kernel cannot take this run's CUDA context with it); keep the kernels that agree. Our own
+        kernels go through the same check here."""
         from baselines import agreement
 
-        from tvm_canary import reference
-
-        loaders = {
-            "original": lambda: __import__("baselines.original_cuda", fromlist=["LAUNCHES"]).LAUNCHES,
-            "triton": lambda: __import__("baselines.triton_user", fromlist=["LAUNCHES"]).LAUNCHES,
-            "torch": lambda: {"verify": reference.canary_verify_ref, "write": reference.canary_write_ref,
-                              "plan": reference.canary_plan_ref, "scatter": reference.scatter_req_token_ids_ref},
-        }
         for name in self.baselines:
-            try:
-                t0 = time.time()
-                launches = loaders[name]()
-            except Exception as e:  # noqa: BLE001 - a missing baseline is reported, the run goes on
-                for kernel in kernels:
-                    self.agreement[f"{name} {kernel}"] = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                self.warn(f"baseline {name} unavailable: {e}")
+            if name == "torch":
+                for kernel, launch in baseline_launches(name).items():
+                    if kernel in kernels:
+                        self.impls[(name, kernel)] = launch
+                        self.agreement[f"{name} {kernel}"] = "is the reference"
                 continue
-            for kernel in kernels:
-                if kernel not in launches:
-                    continue
-                if name == "torch":  # the reference itself
+            t0 = time.time()
+            cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--kernels", *kernels]
+            try:
+                child = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+                verdicts = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else None
+            except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
+                child, verdicts = None, None
+                reason = f"{type(e).__name__}"
+            if verdicts is None:
+                if child is not None:
+                    tail = [ln for ln in (child.stderr or child.stdout).strip().splitlines() if ln.strip()]
+                    reason = f"exit {child.returncode}: {tail[-1][:300] if tail else 'no output'}"
+                for kernel in kernels:
+                    self.agreement[f"{name} {kernel}"] = f"unavailable ({reason})"
+                self.warn(f"baseline {name} left out: {reason}")
+                continue
+            launches = baseline_launches(name)
+            for kernel, verdict in verdicts.items():
+                self.agreement[f"{name} {kernel}"] = (
+                    f"identical to the reference (checked in a child process, {time.time() - t0:.0f} s incl. build)"
+                    if verdict == "ok" else verdict)
+                if verdict == "ok":
                     self.impls[(name, kernel)] = launches[kernel]
-                    self.agreement[f"{name} {kernel}"] = "is the reference"
-                    continue
-                try:
-                    agreement.check(kernel, launches[kernel], DEV)
-                    self.impls[(name, kernel)] = launches[kernel]
-                    self.agreement[f"{name} {kernel}"] = f"identical to the reference (checked in {time.time() - t0:.0f} s incl. build)"
-                except Exception as e:  # noqa: BLE001
-                    self.agreement[f"{name} {kernel}"] = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                    self.warn(f"baseline {name} {kernel} left out: {e}")
-                torch.cuda.synchronize()
-        # our own kernels go through the same check (default geometry)
+                else:
+                    self.warn(f"baseline {name} {kernel} left out: {verdict}")
         for kernel in kernels:
             try:
                 agreement.check(kernel, self.ours(kernel, "default"), DEV)
@@ -626,10 +662,15 @@ def main(argv=None) -> int:
     ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"), default=["original", "triton", "torch"])
     ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2")
     ap.add_argument("--json", help="write the rows and the run's environment here")
+    ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         return fail("bench_kernels.py needs a CUDA GPU and torch sees none (torch "
                     f"{torch.__version__}, CUDA build {torch.version.cuda}); run it on a GPU host")
+    sys.path.insert(0, HERE)
+    if args.probe:
+        print(json.dumps(probe(args.probe, args.kernels)))
+        return 0
     for c in args.candidates:
         try:
             parse_geometry(c)
