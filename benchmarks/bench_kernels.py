@@ -696,17 +696,28 @@ def main(argv=None) -> int:
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
     sweeps = {"verify": lambda: bench.verify_rows(pool), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
-    rows = [row for kernel in args.kernels for row in sweeps[kernel]()]
-    finish(rows)
     defaults = {k: geometry_label(targets.geometry_for(k, bench.launchers.tag)) for k in args.kernels}
-    meta = {"env": environment(), "arch": bench.arch, "empty_us": empty_us, "chain_ns": chain_ns, "ab": args.ab,
+    env = environment()
+    rows: list = []
+
+    def report(complete: bool) -> dict:
+        """The run so far (rows, derived columns, environment); written to --json after every kernel,
+        so a run cut short still leaves its finished sweeps."""
+        finish(rows)
+        meta = {"env": env, "arch": bench.arch, "empty_us": empty_us, "chain_ns": chain_ns, "ab": args.ab,
                 "ab_rounds": AB_ROUNDS if args.ab else 0, "default_geometries": defaults, "candidates": list(args.candidates),
-                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": time.time() - t_start, "quick": args.quick}
+                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": time.time() - t_start,
+                "quick": args.quick, "complete": complete}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(meta, rows=rows), f, indent=1)
+        return meta
+
+    for kernel in args.kernels:
+        rows += sweeps[kernel]()
+        meta = report(complete=kernel == args.kernels[-1])
     print_table(meta, rows, args.baselines)
     print(f"wall time {meta['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
     return 0
 
 

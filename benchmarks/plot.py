@@ -154,6 +154,8 @@ def markdown(run) -> str:
         f"default geometries {run.get('default_geometries')}; wall time {_fmt(run.get('wall_s'), 0)} s."),
         "",
     ]
+    if not run.get("complete", True):
+        lines += ["**Incomplete run**: only the kernels below finished before it stopped.", ""]
     baselines = [b for b in BASELINES if any(b in r.get("baselines", {}) for r in run["rows"])]
     tuned = any("tuned_us" in r for r in run["rows"])
     for kernel in ("verify", "write", "plan", "scatter"):
