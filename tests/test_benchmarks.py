@@ -46,7 +46,7 @@ def test_plot_tables_and_targets(tmp_path):
         "NONE 1x32768": ("FAIL", [1.176]),  # 1.15 x the register-only chain
         "PARTIAL 1x32768": ("FAIL", [1.2]),  # real-KV modes 1.10 x NONE
     }
-    run = dict(env=dict(gpu="test GPU"), arch="sm_90", empty_us=2.0, chain_ns=100.0, rows=rows, complete=True)
+    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 2.0, "chain_ns": 100.0, "rows": rows, "complete": True}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     out = tmp_path / "tables.md"
