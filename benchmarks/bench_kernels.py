@@ -1,7 +1,7 @@
 """Kernel benchmarks on a CUDA GPU: each kernel beside its floor and its baselines, in one run.
 
 Per row (same inputs, same timing method for everything in the row):
-* the kernel with its **default** geometry (``schedules/defaults.py``; the targets of issue 13 are for
+* the kernel with its **default** geometry (``schedules/defaults.py``; the performance targets are for
   it), and with ``--ab`` its **tuned** geometry, measured interleaved with the default (A/B/A/B
   rounds in one process, so run-to-run noise cannot pass for a gain);
 * its **floor** (``floors.py``): the fastest of several grids of a kernel that moves the same bytes
@@ -12,7 +12,7 @@ Per row (same inputs, same timing method for everything in the row):
   ``triton`` (verify and write written as a user would), ``torch`` (the reference,
   ``tvm_canary.reference``, one eager call). Each baseline must first give the reference's bytes
   (``baselines/agreement.py``); one that does not is reported and left out;
-* the issue's **target** for the row and PASS/FAIL.
+* the row's performance **target** (docs/PERFORMANCE.md) and PASS/FAIL.
 
 Times are medians of CUDA-graph replays (each replay launches on 2-4 rotating input sets, so small
 inputs do not sit in L2), divided by the launches per replay; the torch reference is one eager call.
@@ -281,7 +281,7 @@ def verify_plans(slots_2d, ids, n, order, sets):
 
 
 # ------------------------------------------------------------------------------------------------
-# Targets of issue 13 (for the default geometry)
+# Performance targets (docs/PERFORMANCE.md; for the default geometry)
 
 
 def targets_for(row, rows) -> list[dict]:
@@ -475,7 +475,7 @@ class Bench:
 
         rows = []
         sizes = VERIFY_SIZES["quick" if self.quick else "full"]
-        candidates = [parse_geometry(c) for c in self.candidates]
+        candidates = [(c, parse_geometry(c)) for c in self.candidates]
         words = pool.canary.view(torch.int64)
         for mode in MODES:
             for order in ("random", "chain"):
@@ -499,9 +499,9 @@ class Bench:
                     row["bytes"] = n * (24 + 32 + 32 + src_bytes)
                     if candidates:
                         row["candidates"] = {}
-                        for geom in candidates:
+                        for name, geom in candidates:
                             launch = self.ours("verify", geom)
-                            row["candidates"][geometry_label(geom)] = graph_time_us([lambda kw=kw, launch=launch: launch(**kw) for kw in kws])
+                            row["candidates"][name] = graph_time_us([lambda kw=kw, launch=launch: launch(**kw) for kw in kws])
                     self.baseline_times("verify", lambda launch, kws=kws: [lambda kw=kw: launch(**kw) for kw in kws], row)
                     if pool.flagged():
                         self.warn(f"a baseline flagged violations on verify {row['case']}")

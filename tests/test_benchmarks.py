@@ -1,4 +1,4 @@
-"""The benchmark scripts on a machine without a GPU: a one-line error instead of a traceback (issue 11),
+"""The benchmark scripts on a machine without a GPU: a one-line error instead of a traceback,
 and plot.py's tables from a run's JSON (no GPU, no matplotlib needed)."""
 
 from __future__ import annotations
