@@ -1,6 +1,6 @@
 """Render a ``bench_kernels.py --json`` run as PNG plots and markdown tables (for docs/PERFORMANCE.md).
 
-    python benchmarks/plot.py RUN.json [--out docs] [--markdown docs/perf-tables.md]
+    python benchmarks/plot.py RUN.json [--out docs] [--markdown TABLES.md]
 
 PNGs (needs matplotlib, the ``bench`` extra):
 * ``perf-verify.png``: time vs active entries, one column per real-KV mode; the kernel (default and,
