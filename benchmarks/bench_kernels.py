@@ -228,6 +228,23 @@ def fold_words(mode: str) -> int:
     return {"NONE": 0, "PARTIAL": 2, "ALL": KV_BYTES // 8}[mode]
 
 
+def floor_makers() -> dict:
+    """{floor name: make(geom) -> TIR function}: gather per real-KV mode (verify, two sources),
+    store per mode (write), copy (plan, scatter)."""
+    import floors
+
+    out = {}
+    for mode in MODES:
+        sources = 2 if mode != "NONE" else 0
+        out[f"gather-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(g, fold_words(mode), False, sources)
+        out[f"store-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(g, fold_words(mode), sources)
+    out["copy"] = floors.copy
+    return out
+
+
+FLOOR_OF = {"verify": "gather", "write": "store", "plan": "copy", "scatter": "copy"}
+
+
 def write_args(pool, mode, slots_2d, ids):
     """Write launch arguments for requests = rows of ``slots_2d`` (positions 0.., anchor seeds)."""
     import tvm_canary as tc
@@ -360,6 +377,8 @@ class Bench:
     agreement: dict = dataclasses.field(default_factory=dict)
     impls: dict = dataclasses.field(default_factory=dict)  # (baseline, kernel) -> launch
     floor_fns: dict = dataclasses.field(default_factory=dict)
+    probes: dict = dataclasses.field(default_factory=dict)  # baseline -> (start time, child process)
+    floor_makers: dict = dataclasses.field(default_factory=floor_makers)
 
     def warn(self, message):
         print(f"WARNING: {message}", flush=True)
@@ -369,31 +388,40 @@ class Bench:
         return self.launchers.launch(kernel, choice)
 
     # -- baselines --------------------------------------------------------------------------------
+    def start_probes(self, kernels):
+        """Start checking each compiled baseline against the reference in a child process (a crashing
+        kernel cannot take this run's CUDA context with it); the children build and check while this
+        process compiles its floors. ``load_baselines`` collects them."""
+        self.probes = {}
+        for name in self.baselines:
+            if name != "torch":
+                cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--kernels", *kernels]
+                self.probes[name] = (time.time(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
     def load_baselines(self, kernels):
-        """Check each baseline against the reference on small inputs in a child process (a crashing
-        kernel cannot take this run's CUDA context with it); keep the kernels that agree. Our own
-        kernels go through the same check here."""
+        """Keep the baselines' kernels that agree with the reference (``start_probes``); check our own
+        kernels the same way here."""
         from baselines import agreement
 
-        for name in self.baselines:
-            if name == "torch":
-                for kernel, launch in baseline_launches(name).items():
-                    if kernel in kernels:
-                        self.impls[(name, kernel)] = launch
-                        self.agreement[f"{name} {kernel}"] = "is the reference"
-                continue
-            t0 = time.time()
-            cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--kernels", *kernels]
+        if "torch" in self.baselines:
+            for kernel, launch in baseline_launches("torch").items():
+                if kernel in kernels:
+                    self.impls[("torch", kernel)] = launch
+                    self.agreement[f"torch {kernel}"] = "is the reference"
+        for name, (t0, child) in self.probes.items():
+            verdicts, reason = None, ""
             try:
-                child = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
-                verdicts = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else None
-            except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
-                child, verdicts = None, None
-                reason = f"{type(e).__name__}"
-            if verdicts is None:
-                if child is not None:
-                    tail = [ln for ln in (child.stderr or child.stdout).strip().splitlines() if ln.strip()]
+                stdout, stderr = child.communicate(timeout=900)
+                lines = stdout.strip().splitlines()
+                if child.returncode == 0 and lines:
+                    verdicts = json.loads(lines[-1])
+                else:
+                    tail = [ln for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
                     reason = f"exit {child.returncode}: {tail[-1][:300] if tail else 'no output'}"
+            except (subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                child.kill()
+                reason = type(e).__name__
+            if verdicts is None:
                 for kernel in kernels:
                     self.agreement[f"{name} {kernel}"] = f"unavailable ({reason})"
                 self.warn(f"baseline {name} left out: {reason}")
@@ -431,29 +459,42 @@ class Bench:
         row["baselines"] = out
 
     # -- floors -----------------------------------------------------------------------------------
-    def floor(self, name, make, calls_of):
-        """Fastest grid of a floor kernel: (µs, grid label). ``make(geom)`` -> TIR func; ``calls_of(fn)``."""
+    def floor_kernel(self, name, geom):
+        """Compiled floor kernel ``name`` (``floor_makers``) for one grid (cached)."""
+        import floors
+
+        key = (name, geom)
+        if key not in self.floor_fns:
+            self.floor_fns[key] = floors.compile_cuda(self.floor_makers[name](geom), self.arch)
+        return self.floor_fns[key]
+
+    def prebuild_floors(self, kernels):
+        import floors
+
+        for name in self.floor_makers:
+            if name.split("-")[0] in {FLOOR_OF[k] for k in kernels}:
+                for geom in floors.floor_geometries():
+                    self.floor_kernel(name, geom)
+
+    def floor(self, name, calls_of):
+        """Fastest grid of floor kernel ``name``: (µs, grid label); ``calls_of(fn)`` -> zero-arg calls."""
         import floors
 
         best = (float("inf"), "")
         for geom in floors.floor_geometries():
-            key = (name, geom)
-            if key not in self.floor_fns:
-                self.floor_fns[key] = floors.compile_cuda(make(geom), self.arch)
-            t = graph_time_us(calls_of(self.floor_fns[key]))
+            t = graph_time_us(calls_of(self.floor_kernel(name, geom)))
             best = min(best, (t, geometry_label(geom)))
         return best
 
     def copy_floor_us(self, nbytes: int):
         """Dense device-to-device copy of ``nbytes`` (half read, half written): torch's copy and a TIR
         copy kernel over several grids; the fastest."""
-        import floors
 
         words = max(nbytes // 16, 2)
         src = torch.empty(words, dtype=torch.int64, device=DEV)
         dst = torch.empty_like(src)
         t_torch = graph_time_us([lambda: dst.copy_(src)])
-        t_tir, grid = self.floor("copy", floors.copy, lambda fn: [lambda: fn(src, dst)])
+        t_tir, grid = self.floor("copy", lambda fn: [lambda: fn(src, dst)])
         return (t_torch, "torch copy") if t_torch <= t_tir else (t_tir, f"copy {grid}")
 
     # -- rows -------------------------------------------------------------------------------------
@@ -471,7 +512,6 @@ class Bench:
             row["us"] = graph_time_us(default, iters=iters)
 
     def verify_rows(self, pool):
-        import floors
 
         rows = []
         sizes = VERIFY_SIZES["quick" if self.quick else "full"]
@@ -490,7 +530,7 @@ class Bench:
                     if pool.flagged():
                         self.warn(f"verify {row['case']} flagged violations (the benchmark's verify is clean)")
                     row["floor_us"], grid = self.floor(
-                        f"gather-{mode}", lambda g, mode=mode, n_src=n_src: floors.gather(g, fold_words(mode), False, n_src),
+                        f"gather-{mode}",
                         lambda fn, plans=plans: [lambda p=p: fn(words, p.verify_slot_indices, p.verify_expected_tokens,
                                                                 p.verify_expected_positions, p.verify_prev_slot_indices,
                                                                 p.verify_num_valid, pool.kv, pool.counters) for p in plans])
@@ -510,7 +550,6 @@ class Bench:
         return rows
 
     def write_rows(self, pool, chain_ns, empty_us):
-        import floors
 
         rows = []
         n = pool.slots - 1
@@ -523,7 +562,7 @@ class Bench:
                 self.timed("write", sets, row, iters=7)
                 chain_floor = chain_ns * length / 1000 + empty_us
                 store_us, grid = self.floor(
-                    f"store-{mode}", lambda g, mode=mode: floors.store(g, fold_words(mode), 2 if mode != "NONE" else 0),
+                    f"store-{mode}",
                     lambda fn, sets=sets: [lambda a=a: fn(words, a["input_ids"], a["positions"], a["out_cache_loc"], pool.kv) for a in sets])
                 row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_us
                 row["floor_us"], row["floor"] = max((chain_floor, f"chain {chain_ns:.1f}ns/step"), (store_us, f"store {grid}"))
@@ -687,12 +726,14 @@ def main(argv=None) -> int:
     bench.launchers = Launchers()
     bench.arch = targets.cuda_arch(0)
     flag = torch.zeros(1, dtype=torch.int32, device=DEV)
+    bench.start_probes(args.kernels)
+    bench.prebuild_floors(args.kernels)  # while the children build and check the baselines
+    bench.load_baselines(args.kernels)
     empty = floors.compile_cuda(floors.empty(), bench.arch)
     empty_us = graph_time_us([lambda: empty(flag)] * 8)
     chain = floors.compile_cuda(floors.chain(), bench.arch)
     acc = torch.zeros(1, dtype=torch.int64, device=DEV)
     chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
-    bench.load_baselines(args.kernels)
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
     sweeps = {"verify": lambda: bench.verify_rows(pool), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}

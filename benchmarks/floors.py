@@ -23,7 +23,7 @@ from tvm_canary.kernels.common import Geometry, mix3
 
 # (blocks, threads) of the memory floors: small blocks spread few entries over many SMs, large ones
 # give every SM a full complement of threads.
-FLOOR_GRIDS = ((2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512))
+FLOOR_GRIDS = ((2112, 64), (1056, 128), (1056, 256), (528, 512))
 
 
 def floor_geometries():
