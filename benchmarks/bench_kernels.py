@@ -696,7 +696,8 @@ def print_table(meta, rows, baselines):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
-    ap.add_argument("--ab", action="store_true", help="also time the tuned geometry, interleaved with the default")
+    ap.add_argument("--ab", action="store_true", help="also time the tuned geometry, interleaved with the default "
+                    "(with TVM_CANARY_TUNED=0 the tuned geometry is the default: an A/A run)")
     ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=["verify", "write", "plan", "scatter"])
     ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"), default=["original", "triton", "torch"])
     ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2")
