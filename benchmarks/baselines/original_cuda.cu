@@ -348,8 +348,9 @@ T* ptr(const TensorView& t) {
 
 cudaStream_t as_stream(int64_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
-// sources: four uint8 2-D tensors (unused ones: any tensor); params: CPU int64 [4, 3] of
-// (page_size, num_bytes_per_token, read_bytes); count: sources in use; mode: RealKvHashMode.
+// sources: four uint8 2-D tensors (unused ones: any tensor); params: CPU int64 [4, 4] of
+// (page_size, num_bytes_per_token, read_bytes, row stride in bytes); count: sources in use; mode:
+// RealKvHashMode.
 co::Sources make_sources(const TensorView& s0, const TensorView& s1, const TensorView& s2, const TensorView& s3,
                          const TensorView& params, int64_t count, int64_t mode) {
   const TensorView* views[co::kMaxSources] = {&s0, &s1, &s2, &s3};
@@ -357,10 +358,10 @@ co::Sources make_sources(const TensorView& s0, const TensorView& s1, const Tenso
   co::Sources out{};
   for (int i = 0; i < co::kMaxSources; ++i) {
     out.base[i] = ptr<const uint8_t>(*views[i]);
-    out.row_bytes[i] = views[i]->strides()[0];
-    out.page_size[i] = p[3 * i + 0] > 0 ? p[3 * i + 0] : 1;
-    out.token_bytes[i] = p[3 * i + 1];
-    out.read_bytes[i] = p[3 * i + 2];
+    out.page_size[i] = p[4 * i + 0] > 0 ? p[4 * i + 0] : 1;
+    out.token_bytes[i] = p[4 * i + 1];
+    out.read_bytes[i] = p[4 * i + 2];
+    out.row_bytes[i] = p[4 * i + 3];
   }
   out.count = static_cast<int>(count);
   out.mode = count == 0 ? co::kModeNone : static_cast<int>(mode);

@@ -93,12 +93,13 @@ def _stream(device: torch.device) -> int:
 
 
 def _sources(context):
-    """(four uint8 2-D tensors, CPU int64 [4, 3] params, count, mode) of a context's real-KV sources."""
+    """(four uint8 2-D tensors, CPU int64 [4, 4] params, count, mode) of a context's real-KV sources;
+    a param row is (page_size, num_bytes_per_token, read_bytes, row stride in bytes)."""
     used = context.real_kv_sources if context.real_kv_hash_mode != RealKvHashMode.NONE else ()
     views = [s.tensor.view(torch.uint8).reshape(s.tensor.shape[0], -1) for s in used]
-    params = torch.zeros(MAX_REAL_KV_SOURCES, 3, dtype=torch.int64)
-    for i, s in enumerate(used):
-        params[i] = torch.tensor([s.page_size, s.num_bytes_per_token, s.read_bytes])
+    params = torch.zeros(MAX_REAL_KV_SOURCES, 4, dtype=torch.int64)
+    for i, (s, view) in enumerate(zip(used, views)):
+        params[i] = torch.tensor([s.page_size, s.num_bytes_per_token, s.read_bytes, view.stride(0)])
     filler = context.canary_buf
     views += [filler] * (MAX_REAL_KV_SOURCES - len(views))
     return views, params, len(used), int(context.real_kv_hash_mode)
