@@ -25,7 +25,7 @@ Byte model, verify: 24 B of plan vectors + the slot's 32 B + the predecessor's 3
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--json OUT.json]
 
-Expected GPU time of the full sweep with ``--ab`` on an H200: about 4-5 minutes, of which about 2
+Expected GPU time of the full sweep with ``--ab`` and three ``--candidates`` on an H200: 4-6 minutes, of which about half
 are compiles (kernels, floors, baselines) on a fresh host.
 """
 
