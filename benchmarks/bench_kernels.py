@@ -1,7 +1,7 @@
 """Kernel benchmarks on a CUDA GPU: each kernel beside its floor and its baselines, in one run.
 
 Per row (same inputs, same timing method for everything in the row):
-* the kernel with its **default** geometry (``schedules/defaults.py``; the performance targets are for
+* the kernel with its **default** geometry (``tvm_canary/schedules/defaults.py``; the targets are for
   it), and with ``--ab`` its **tuned** geometry, measured interleaved with the default (A/B/A/B
   rounds in one process, so run-to-run noise cannot pass for a gain);
 * its **floor** (``floors.py``): the fastest of several grids of a kernel that moves the same bytes
@@ -141,7 +141,7 @@ def geometry_label(geom) -> str:
 
 
 class Launchers:
-    """tvm_canary launches whose geometry is chosen explicitly: ``default`` (schedules/defaults.py),
+    """tvm_canary launches whose geometry is chosen explicitly: ``default`` (tvm_canary/schedules/defaults.py),
     ``tuned`` (the device's tuning database, as the public launch picks it; the default without one)
     or a Geometry. Arguments are packed as the public launch packs them; the front-end checks are
     skipped (the inputs are the benchmark's own)."""
@@ -156,19 +156,20 @@ class Launchers:
 
     def geometry(self, kernel, choice, size, mode):
         if choice == "default":
-            return self.targets.geometry_for(kernel, self.tag)
+            return self.targets.default_geometry(kernel, self.tag)
         if choice == "tuned":
             return self.C.geometry(kernel, DEV, size, mode)
         return choice
 
-    def launch(self, kernel, choice):
-        pack = getattr(self.packing, f"{kernel}_call")
+    def call(self, kernel, kw):
+        """The packed launch (``packing.KernelCall``) of the public launch's keyword arguments, or None."""
+        return getattr(self.packing, f"{kernel}_call")(**kw)
 
+    def launch(self, kernel, choice):
         def run(**kw):
-            call = pack(**kw)
+            call = self.call(kernel, kw)
             if call is not None:
-                spec, (size, mode), args = call
-                self.function(kernel, spec, self.geometry(kernel, choice, size, mode))(*args)
+                self.function(kernel, call.spec, self.geometry(kernel, choice, call.size, call.mode))(*call.args)
 
         return run
 
@@ -178,11 +179,13 @@ class Launchers:
             self.functions[key] = self.C._load_or_build(kernel, spec, DEV, geom)
         return self.functions[key]
 
+    def tuned_geometry(self, kernel, kw):
+        call = self.call(kernel, kw)
+        return self.geometry(kernel, "tuned", call.size, call.mode)
+
     def same(self, kernel, kw) -> bool:
         """Whether the tuned geometry of this launch is the default one."""
-        call = getattr(self.packing, f"{kernel}_call")(**kw)
-        _, (size, mode), _ = call
-        return self.geometry(kernel, "tuned", size, mode) == self.geometry(kernel, "default", size, mode)
+        return self.tuned_geometry(kernel, kw) == self.geometry(kernel, "default", 0, 0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -506,8 +509,7 @@ class Bench:
             tuned = [lambda kw=kw: self.ours(kernel, "tuned")(**kw) for kw in kw_sets]
             t_def, t_tun, rounds_def, rounds_tun = ab_time_us(default, tuned if not same else default, iters=max(iters // 2, 5))
             row.update(us=t_def, tuned_us=t_tun, tuned_same_geometry=same, ab_rounds={"default": rounds_def, "tuned": rounds_tun})
-            call = getattr(self.launchers.packing, f"{kernel}_call")(**kw_sets[0])
-            row["tuned_geometry"] = geometry_label(self.launchers.geometry(kernel, "tuned", *call[1]))
+            row["tuned_geometry"] = geometry_label(self.launchers.tuned_geometry(kernel, kw_sets[0]))
         else:
             row["us"] = graph_time_us(default, iters=iters)
 
@@ -738,7 +740,7 @@ def main(argv=None) -> int:
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
     sweeps = {"verify": lambda: bench.verify_rows(pool), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
-    defaults = {k: geometry_label(targets.geometry_for(k, bench.launchers.tag)) for k in args.kernels}
+    defaults = {k: geometry_label(targets.default_geometry(k, bench.launchers.tag)) for k in args.kernels}
     env = environment()
     rows: list = []
 
