@@ -1,41 +1,70 @@
-"""Kernel benchmarks on a CUDA GPU, each beside its physical floor measured in the same run.
+"""Kernel benchmarks on a CUDA GPU: each kernel beside its floor and its baselines, in one run.
 
-Times are medians of CUDA-graph replays (each replay launches the kernel on several rotating input
-sets, so small inputs do not sit in L2 across launches), divided by the launches per replay.
-Columns: time, bytes moved (model below), achieved GB/s, floor (what bounds the kernel), ratio
-time/floor, and the speedup over the torch reference (``tvm_canary.reference``) on the same GPU.
+Per row (same inputs, same timing method for everything in the row):
+* the kernel with its **default** geometry (``tvm_canary/schedules/defaults.py``; the targets are for
+  it), and with ``--ab`` its **tuned** geometry, measured interleaved with the default (A/B/A/B
+  rounds in one process, so run-to-run noise cannot pass for a gain);
+* its **floor** (``floors.py``): the fastest of several grids of a kernel that moves the same bytes
+  with the same pattern (verify: gather; write: the larger of the register-only chain and the
+  gather-and-store of its tokens; plan, scatter: a dense copy); a kernel faster than its floor by more
+  than noise is reported as a floor bug (``BELOW FLOOR``);
+* **baselines**: ``original`` (clean-room CUDA with the original's fixed geometry, tvm-ffi JIT),
+  ``triton`` (verify and write written as a user would), ``torch`` (the reference,
+  ``tvm_canary.reference``, one eager call). Each baseline must first give the reference's bytes
+  (``baselines/agreement.py``); one that does not is reported and left out;
+* the row's performance **target** (docs/PERFORMANCE.md) and PASS/FAIL.
 
-Byte model, verify: 24 B of plan vectors (+8 with the token check) + the slot's 32 B sector + the
-predecessor's 32 B sector + per source one 32 B sector (PARTIAL) or ``read_bytes`` (ALL). Write: 24 B
-of token vectors read + 32 B stamped per token. Plan: 32 B written per verify entry + 4 B of table read.
-Scatter: 8 B read + 4 B written per token.
+Times are medians of CUDA-graph replays (each replay launches on 2-4 rotating input sets, so small
+inputs do not sit in L2), divided by the launches per replay; the torch reference is one eager call.
 
-    python benchmarks/bench_kernels.py [--quick] [--kernels verify write plan scatter] [--json OUT.json]
+Byte model, verify: 24 B of plan vectors + the slot's 32 B + the predecessor's 32 B + per source one
+32 B sector (PARTIAL) or ``read_bytes`` (ALL). Write: 24 B of token vectors + 32 B stamped per token
+(+ the folded source bytes). Plan: 32 B written per verify entry + 4 B of table read. Scatter: 8 B read
++ 4 B written per token.
+
+    python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
+        [--baselines original triton torch] [--candidates 1056x512m1 ...] [--json OUT.json]
+
+Expected GPU time of the full sweep with ``--ab`` and three ``--candidates`` on an H200: 4-6 minutes, of which about half
+are compiles (kernels, floors, baselines) on a fresh host.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import statistics
+import subprocess
 import sys
+import time
 
 import torch
 
-import tvm_canary as tc
-from tvm_canary import reference
-from tvm_canary.consts import RealKvHashMode
-from tvm_canary.runtime import targets
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import floors  # noqa: E402
-
+HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = torch.device("cuda", 0)
 KV_BYTES = 256  # bytes per token per source (K and V)
+MODES = ("NONE", "PARTIAL", "ALL")
+AB_ROUNDS = 4
+POOL_SLOTS = {"full": 1 << 25, "quick": 1 << 22}  # canary slots (the K/V pool is 512 B per slot)
+VERIFY_SIZES = {"full": (1 << 10, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24), "quick": (1 << 10, 1 << 12, 1 << 16, 1 << 20)}
+WRITE_SHAPES = ((4096, 1), (64, 512), (1, 32768))  # (requests, tokens per request)
+PLAN_SHAPES = ((64, 2048), (1024, 2048), (4096, 2048))  # (bs, prefix)
+SCATTER_SHAPES = ((256, 1024), (4096, 1024))  # (bs, tokens per request)
 
 
-def graph_time_us(calls, iters=15) -> float:
-    """Median µs per call of ``calls`` (zero-argument launches) replayed in one CUDA graph."""
+def fail(message: str) -> int:
+    print(f"kv-canary: {message}", file=sys.stderr)
+    return 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing
+
+
+def capture(calls):
+    """A CUDA graph replaying ``calls`` (zero-argument launches) once each, after an eager warm-up."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -48,6 +77,11 @@ def graph_time_us(calls, iters=15) -> float:
             c()
     for _ in range(3):
         graph.replay()
+    return graph
+
+
+def replay_us(graph, launches: int, iters: int) -> float:
+    """Median µs per launch over ``iters`` replays of a captured graph."""
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -55,8 +89,22 @@ def graph_time_us(calls, iters=15) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(calls))
+        times.append(start.elapsed_time(end) * 1000 / launches)
     return statistics.median(times)
+
+
+def graph_time_us(calls, iters=15) -> float:
+    return replay_us(capture(calls), len(calls), iters)
+
+
+def ab_time_us(calls_a, calls_b, iters=7):
+    """Interleaved A/B: both graphs captured, then AB_ROUNDS rounds of (A, B); medians of the rounds."""
+    ga, gb = capture(calls_a), capture(calls_b)
+    ta, tb = [], []
+    for _ in range(AB_ROUNDS):
+        ta.append(replay_us(ga, len(calls_a), iters))
+        tb.append(replay_us(gb, len(calls_b), iters))
+    return statistics.median(ta), statistics.median(tb), ta, tb
 
 
 def once_us(fn) -> float:
@@ -75,11 +123,73 @@ def once_us(fn) -> float:
     return start.elapsed_time(end) * 1000
 
 
-def copy_floor_us(nbytes: int) -> float:
-    """Dense device-to-device copy moving ``nbytes`` (half read, half written)."""
-    src = torch.empty(max(nbytes // 2, 16), dtype=torch.uint8, device=DEV)
-    dst = torch.empty_like(src)
-    return graph_time_us([lambda: dst.copy_(src)])
+# ------------------------------------------------------------------------------------------------
+# Launching tvm_canary kernels with a chosen geometry
+
+
+def parse_geometry(text: str):
+    """``BLOCKSxTHREADS[mMIN_BLOCKS]`` (e.g. ``1056x512m1``) -> a CUDA verify Geometry."""
+    from tvm_canary.geometry import Geometry
+
+    blocks, rest = text.split("x")
+    threads, _, min_blocks = rest.partition("m")
+    return Geometry(gpu=True, blocks=int(blocks), threads=int(threads), min_blocks=int(min_blocks or 1))
+
+
+def geometry_label(geom) -> str:
+    return f"{geom.blocks}x{geom.threads}" + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "")
+
+
+class Launchers:
+    """tvm_canary launches whose geometry is chosen explicitly: ``default`` (tvm_canary/schedules/defaults.py),
+    ``tuned`` (the device's tuning database, as the public launch picks it; the default without one)
+    or a Geometry. Arguments are packed as the public launch packs them; the front-end checks are
+    skipped (the inputs are the benchmark's own)."""
+
+    def __init__(self):
+        from tvm_canary.runtime import compile as C
+        from tvm_canary.runtime import packing, targets
+
+        self.C, self.packing, self.targets = C, packing, targets
+        self.tag = targets.tag_for(DEV)
+        self.functions: dict = {}
+
+    def geometry(self, kernel, choice, size, mode):
+        if choice == "default":
+            return self.targets.default_geometry(kernel, self.tag)
+        if choice == "tuned":
+            return self.C.geometry(kernel, DEV, size, mode)
+        return choice
+
+    def call(self, kernel, kw):
+        """The packed launch (``packing.KernelCall``) of the public launch's keyword arguments, or None."""
+        return getattr(self.packing, f"{kernel}_call")(**kw)
+
+    def launch(self, kernel, choice):
+        def run(**kw):
+            call = self.call(kernel, kw)
+            if call is not None:
+                self.function(kernel, call.spec, self.geometry(kernel, choice, call.size, call.mode))(*call.args)
+
+        return run
+
+    def function(self, kernel, spec, geom):
+        key = (kernel, spec, geom)
+        if key not in self.functions:
+            self.functions[key] = self.C._load_or_build(kernel, spec, DEV, geom)
+        return self.functions[key]
+
+    def tuned_geometry(self, kernel, kw):
+        call = self.call(kernel, kw)
+        return self.geometry(kernel, "tuned", call.size, call.mode)
+
+    def same(self, kernel, kw) -> bool:
+        """Whether the tuned geometry of this launch is the default one."""
+        return self.tuned_geometry(kernel, kw) == self.geometry(kernel, "default", 0, 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs
 
 
 class Pool:
@@ -94,9 +204,12 @@ class Pool:
         self.counters = torch.zeros(2, dtype=torch.int64, device=DEV)
         self.cpa = torch.zeros(1, dtype=torch.int32, device=DEV)
 
-    def context(self, mode: RealKvHashMode):
+    def context(self, mode: str):
+        import tvm_canary as tc
+        from tvm_canary.consts import RealKvHashMode
+
         sources = ()
-        if mode != RealKvHashMode.NONE:
+        if mode != "NONE":
             sources = tuple(
                 tc.RealKvSource(tensor=half, page_size=1, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
                 for half in (self.kv[: self.slots], self.kv[self.slots :])
@@ -104,41 +217,71 @@ class Pool:
         return tc.VerifyOrWriteContext(
             canary_buf=self.canary, kernel_kind=tc.CanaryLaunchTag.TAIL_K_FULL, violation_ring=self.ring,
             violation_write_index=self.widx, slot_run_counter=self.counters[0:1], kernel_run_counter=self.counters[1:2],
-            real_kv_sources=sources, real_kv_hash_mode=mode, enable_chain_position_assert=self.cpa,
+            real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode[mode], enable_chain_position_assert=self.cpa,
         )
+
+    def flagged(self) -> int:
+        """Violations recorded since the last call (then cleared): a clean benchmark records none."""
+        n = int(self.widx)
+        self.widx.zero_()
+        return n
+
+
+def fold_words(mode: str) -> int:
+    return {"NONE": 0, "PARTIAL": 2, "ALL": KV_BYTES // 8}[mode]
+
+
+def floor_makers() -> dict:
+    """{floor name: make(geom) -> TIR function}: gather per real-KV mode (verify, two sources),
+    store per mode (write), copy (plan, scatter)."""
+    import floors
+
+    out = {}
+    for mode in MODES:
+        sources = 2 if mode != "NONE" else 0
+        out[f"gather-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(g, fold_words(mode), False, sources)
+        out[f"store-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(g, fold_words(mode), sources)
+    out["copy"] = floors.copy
+    return out
+
+
+FLOOR_OF = {"verify": "gather", "write": "store", "plan": "copy", "scatter": "copy"}
 
 
 def write_args(pool, mode, slots_2d, ids):
     """Write launch arguments for requests = rows of ``slots_2d`` (positions 0.., anchor seeds)."""
+    import tvm_canary as tc
+
     reqs, length = slots_2d.shape
     plan = tc.WritePlan.allocate(write_req_capacity=reqs, device=DEV)
     plan.write_offsets.copy_(torch.arange(reqs + 1, device=DEV) * length)
     plan.write_seed_slot_indices.fill_(-1)
     plan.write_num_valid_reqs.fill_(reqs)
     pos = torch.arange(length, device=DEV).repeat(reqs)
-    return dict(
-        context=pool.context(mode), plan=plan, input_ids=ids.reshape(-1), positions=pos,
-        out_cache_loc=slots_2d.reshape(-1).contiguous(), enable_write_input_assert=False,
-        expected_input_tokens=None, expected_input_positions=None,
-    )
+    return {
+        "context": pool.context(mode), "plan": plan, "input_ids": ids.reshape(-1), "positions": pos,
+        "out_cache_loc": slots_2d.reshape(-1).contiguous(), "enable_write_input_assert": False,
+        "expected_input_tokens": None, "expected_input_positions": None,
+    }
 
 
-def stamp_chains(pool, mode, order):
+def stamp_chains(bench, pool, mode, order):
     """Stamp every slot as chains of 4096 tokens; returns (slots [chains, L], ids) in chain order."""
     n = pool.slots - 1
     perm = (torch.randperm(n, device=DEV) if order == "random" else torch.arange(n, device=DEV)) + 1
     length = 4096
     slots_2d = perm[: n // length * length].view(-1, length)
     ids = torch.randint(0, 150000, slots_2d.shape, device=DEV)
-    tc.launch_canary_write_kernel(**write_args(pool, mode, slots_2d, ids))
+    bench.ours("write", "default")(**write_args(pool, mode, slots_2d, ids))
     torch.cuda.synchronize()
-    if int(pool.widx) != 0:
-        print(f"WARNING: stamping flagged {int(pool.widx)} violations", flush=True)
-        pool.widx.zero_()
+    if pool.flagged():
+        bench.warn(f"stamping {mode} {order} flagged violations")
     return slots_2d, ids
 
 
-def verify_plans(slots_2d, ids, n, order, sets, check):
+def verify_plans(slots_2d, ids, n, order, sets):
+    import tvm_canary as tc
+
     chains, length = slots_2d.shape
     plans = []
     for _ in range(sets):
@@ -151,119 +294,476 @@ def verify_plans(slots_2d, ids, n, order, sets, check):
         plan.verify_slot_indices.copy_(slots_2d[r, p])
         plan.verify_prev_slot_indices.copy_(torch.where(p > 0, slots_2d[r, (p - 1).clamp(min=0)], -1))
         plan.verify_expected_positions.copy_(p)
-        plan.verify_expected_tokens.copy_(ids[r, p] if check else torch.full_like(p, -1))
+        plan.verify_expected_tokens.fill_(-1)
         plan.verify_num_valid.fill_(n)
         plans.append(plan)
     return plans
 
 
-def verify_rows(pool, quick):
-    rows = []
-    sizes = [1 << 10, 1 << 12, 1 << 16, 1 << 20] + ([] if quick else [1 << 22, 1 << 24])
-    geom = targets.default_geometry("verify", targets.tag_for(DEV))
-    arch = targets.cuda_arch(0)
-    for mode in (RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL):
-        for order in ("random", "chain"):
-            slots_2d, ids = stamp_chains(pool, mode, order)
-            ctx = pool.context(mode)
-            fold_words = 0 if mode == RealKvHashMode.NONE else (2 if mode == RealKvHashMode.PARTIAL else KV_BYTES // 8)
-            n_src = len(ctx.real_kv_sources)
-            gather = floors.compile_cuda(floors.gather(geom, fold_words, False, n_src), arch)
-            out = torch.empty(geom.blocks * geom.threads, dtype=torch.int64, device=DEV)
-            for n in sizes:
-                plans = verify_plans(slots_2d, ids, n, order, 4 if n <= (1 << 20) else 2, False)
-                t = graph_time_us([lambda p=p: tc.launch_canary_verify_kernel(context=ctx, plan=p, check_verify_expected_token=False) for p in plans])
-                if int(pool.widx) != 0:
-                    print(f"WARNING: verify {mode.name} {order} {n} flagged {int(pool.widx)} violations", flush=True)
-                    pool.widx.zero_()
-                g = graph_time_us([lambda p=p: gather(tc.runtime.packing.canary_words(pool.canary), p.verify_slot_indices, p.verify_expected_tokens,
-                                                      p.verify_expected_positions, p.verify_prev_slot_indices, p.verify_num_valid, pool.kv, out) for p in plans])
-                src_bytes = n_src * (32 if mode == RealKvHashMode.PARTIAL else KV_BYTES) if n_src else 0
-                nbytes = n * (24 + 32 + 32 + src_bytes)
-                ref = once_us(lambda: reference.canary_verify_ref(context=ctx, plan=plans[0], check_verify_expected_token=False)) if n <= (1 << 24) else float("nan")
-                rows.append(dict(kernel="verify", case=f"{mode.name} {order} {n}", us=t, bytes=nbytes, floor="gather", floor_us=g, ref_us=ref))
-                del plans
-    return rows
+# ------------------------------------------------------------------------------------------------
+# Performance targets (docs/PERFORMANCE.md; for the default geometry)
 
 
-def write_rows(pool, chain_ns, empty_us):
-    rows = []
-    n = pool.slots - 1
-    for reqs, length in ((4096, 1), (64, 512), (1, 32768)):
-        for mode in (RealKvHashMode.NONE, RealKvHashMode.PARTIAL):
-            sets = [write_args(pool, mode, (torch.randperm(n, device=DEV)[: reqs * length] + 1).view(reqs, length),
-                               torch.randint(0, 150000, (reqs, length), device=DEV)) for _ in range(4)]
-            t = graph_time_us([lambda a=a: tc.launch_canary_write_kernel(**a) for a in sets], iters=7)
-            floor = chain_ns * length / 1000 + empty_us
-            ref = once_us(lambda: reference.canary_write_ref(**sets[0]))
-            rows.append(dict(kernel="write", case=f"{mode.name} {reqs}x{length}", us=t, bytes=reqs * length * 56,
-                             floor=f"chain {chain_ns:.1f}ns/step", floor_us=floor, ref_us=ref))
-    return rows
+def targets_for(row, rows) -> list[dict]:
+    """The row's targets: ``{"what", "ratio", "limit"}`` (ratio = time / reference time)."""
+    k, case = row["kernel"], row["case"]
+    out = []
+    if k == "verify":
+        n = row["n"]
+        if n >= 1 << 20:
+            out.append({"what": "floor", "ratio": row["us"] / row["floor_us"], "limit": 1.10})
+        elif n <= 1 << 16:
+            out.append({"what": "floor", "ratio": row["us"] / row["floor_us"], "limit": 1.25})
+    elif k == "write":
+        if row["mode"] == "NONE" and row["reqs"] == 1:
+            out.append({"what": "chain", "ratio": row["us"] / row["chain_floor_us"], "limit": 1.15})
+        if row["reqs"] > 1:
+            out.append({"what": "floor", "ratio": row["us"] / row["floor_us"], "limit": 1.3})
+        if row["mode"] != "NONE":
+            none = next((r for r in rows if r["kernel"] == "write" and r["mode"] == "NONE" and r["shape"] == row["shape"]), None)
+            if none is not None:
+                out.append({"what": "NONE", "ratio": row["us"] / none["us"], "limit": 1.10})
+    elif k == "plan" and case.startswith("bs4096 "):
+        out.append({"what": "floor", "ratio": row["us"] / row["floor_us"], "limit": 1.5})
+    return out
 
 
-def plan_rows():
-    rows = []
-    for bs, prefix in ((64, 2048), (1024, 2048), (4096, 2048)):
-        r2t = torch.randint(1, 1 << 24, (bs + 1, 4096), dtype=torch.int32, device=DEV)
-        total = bs * prefix
-        kw = dict(
-            req_pool_indices=torch.arange(1, bs + 1, device=DEV), prefix_lens=torch.full((bs,), prefix, device=DEV),
-            extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=DEV), req_to_token=r2t, swa_window_size=0,
-            full_to_swa_index_mapping=None, verify_capacity=total, req_to_verify_expected_tokens=None,
-            req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
-        )
-        sets = [dict(kw, verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=DEV),
-                     write_plan_out=tc.WritePlan.allocate(write_req_capacity=bs, device=DEV)) for _ in range(2)]
-        t = graph_time_us([lambda a=a: tc.launch_canary_plan_kernels(**a) for a in sets])
-        nbytes = total * 36
-        ref = once_us(lambda: reference.canary_plan_ref(**sets[0]))
-        rows.append(dict(kernel="plan", case=f"bs{bs} prefix{prefix}", us=t, bytes=nbytes, floor="copy", floor_us=copy_floor_us(nbytes), ref_us=ref))
-    return rows
+# ------------------------------------------------------------------------------------------------
+# Baselines
 
 
-def scatter_rows():
-    rows = []
-    for bs, length in ((256, 1024), (4096, 1024)):
-        flat = torch.randint(0, 150000, (bs * length,), device=DEV)
-        offsets = torch.arange(bs + 1, device=DEV) * length
-        rpi = torch.randperm(bs, device=DEV) + 1
-        pools = [torch.zeros(bs + 1, length, dtype=torch.int32, device=DEV) for _ in range(2)]
-        t = graph_time_us([lambda p=p: tc.launch_scatter_req_token_ids_kernel(flat_in=flat, offsets=offsets, req_pool_indices=rpi, pool_out=p) for p in pools])
-        nbytes = bs * length * 12
-        ref = once_us(lambda: reference.scatter_req_token_ids_ref(flat_in=flat, offsets=offsets, req_pool_indices=rpi, pool_out=pools[0]))
-        rows.append(dict(kernel="scatter", case=f"bs{bs}x{length}", us=t, bytes=nbytes, floor="copy", floor_us=copy_floor_us(nbytes), ref_us=ref))
-    return rows
+BASELINE_MODULES = {"original": "baselines.original_cuda", "triton": "baselines.triton_user"}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
-    ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=("verify", "write", "plan", "scatter"))
-    ap.add_argument("--json", help="write the rows here")
-    args = ap.parse_args(argv)
-    arch = targets.cuda_arch(0)
-    flag = torch.zeros(1, dtype=torch.int32, device=DEV)
-    empty = floors.compile_cuda(floors.empty(), arch)
-    empty_us = graph_time_us([lambda: empty(flag)] * 8)
-    chain = floors.compile_cuda(floors.chain(), arch)
-    acc = torch.zeros(1, dtype=torch.int64, device=DEV)
-    chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
-    pool = Pool(1 << 22 if args.quick else 1 << 25)
-    sweeps = {"verify": lambda: verify_rows(pool, args.quick), "write": lambda: write_rows(pool, chain_ns, empty_us),
-              "plan": plan_rows, "scatter": scatter_rows}
-    rows = [row for kernel in args.kernels for row in sweeps[kernel]()]
-    print(f"\n{torch.cuda.get_device_name(0)} ({arch}); empty launch {empty_us:.2f} us; register-only chain {chain_ns:.1f} ns/step")
-    print(f"{'kernel':8} {'case':24} {'time us':>10} {'MB':>9} {'GB/s':>7} {'floor':>22} {'floor us':>10} {'ratio':>6} {'ref us':>12} {'speedup':>8}")
+def baseline_launches(name: str) -> dict:
+    """{kernel: launch taking the public launch function's keyword arguments} of a baseline."""
+    if name == "torch":
+        from tvm_canary import reference
+
+        return {"verify": reference.canary_verify_ref, "write": reference.canary_write_ref,
+                "plan": reference.canary_plan_ref, "scatter": reference.scatter_req_token_ids_ref}
+    import importlib
+
+    return importlib.import_module(BASELINE_MODULES[name]).LAUNCHES
+
+
+def probe(name: str, kernels) -> dict:
+    """{kernel: "ok" or "FAILED: <first difference>"} of a baseline against the reference (run in a
+    child process by ``Bench.load_baselines``)."""
+    from baselines import agreement
+
+    launches = baseline_launches(name)
+    out = {}
+    for kernel in kernels:
+        if kernel in launches:
+            try:
+                agreement.check(kernel, launches[kernel], DEV)
+                out[kernel] = "ok"
+            except AssertionError as e:
+                out[kernel] = f"FAILED: {e}"
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The benchmark
+
+
+@dataclasses.dataclass
+class Bench:
+    quick: bool
+    ab: bool
+    baselines: tuple
+    candidates: tuple
+    launchers: Launchers = None
+    arch: str = ""
+    warnings: list = dataclasses.field(default_factory=list)
+    agreement: dict = dataclasses.field(default_factory=dict)
+    impls: dict = dataclasses.field(default_factory=dict)  # (baseline, kernel) -> launch
+    floor_fns: dict = dataclasses.field(default_factory=dict)
+    probes: dict = dataclasses.field(default_factory=dict)  # baseline -> (start time, child process)
+    floor_makers: dict = dataclasses.field(default_factory=floor_makers)
+
+    def warn(self, message):
+        print(f"WARNING: {message}", flush=True)
+        self.warnings.append(message)
+
+    def ours(self, kernel, choice):
+        return self.launchers.launch(kernel, choice)
+
+    # -- baselines --------------------------------------------------------------------------------
+    def start_probes(self, kernels):
+        """Start checking each compiled baseline against the reference in a child process (a crashing
+        kernel cannot take this run's CUDA context with it); the children build and check while this
+        process compiles its floors. ``load_baselines`` collects them."""
+        self.probes = {}
+        for name in self.baselines:
+            if name != "torch":
+                cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--kernels", *kernels]
+                self.probes[name] = (time.time(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    def load_baselines(self, kernels):
+        """Keep the baselines' kernels that agree with the reference (``start_probes``); check our own
+        kernels the same way here."""
+        from baselines import agreement
+
+        if "torch" in self.baselines:
+            for kernel, launch in baseline_launches("torch").items():
+                if kernel in kernels:
+                    self.impls[("torch", kernel)] = launch
+                    self.agreement[f"torch {kernel}"] = "is the reference"
+        for name, (t0, child) in self.probes.items():
+            verdicts, reason = None, ""
+            try:
+                stdout, stderr = child.communicate(timeout=900)
+                lines = stdout.strip().splitlines()
+                if child.returncode == 0 and lines:
+                    verdicts = json.loads(lines[-1])
+                else:
+                    tail = [ln for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
+                    reason = f"exit {child.returncode}: {tail[-1][:300] if tail else 'no output'}"
+            except (subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                child.kill()
+                reason = type(e).__name__
+            if verdicts is None:
+                for kernel in kernels:
+                    self.agreement[f"{name} {kernel}"] = f"unavailable ({reason})"
+                self.warn(f"baseline {name} left out: {reason}")
+                continue
+            launches = baseline_launches(name)
+            for kernel, verdict in verdicts.items():
+                self.agreement[f"{name} {kernel}"] = (
+                    f"identical to the reference (checked in a child process, {time.time() - t0:.0f} s incl. build)"
+                    if verdict == "ok" else verdict)
+                if verdict == "ok":
+                    self.impls[(name, kernel)] = launches[kernel]
+                else:
+                    self.warn(f"baseline {name} {kernel} left out: {verdict}")
+        for kernel in kernels:
+            try:
+                agreement.check(kernel, self.ours(kernel, "default"), DEV)
+                self.agreement[f"tvm_canary {kernel}"] = "identical to the reference"
+            except AssertionError as e:
+                self.agreement[f"tvm_canary {kernel}"] = f"FAILED: {e}"
+                self.warn(f"tvm_canary {kernel} differs from the reference: {e}")
+
+    def baseline_times(self, kernel, calls_of, row, graphable=True):
+        """Time every agreeing baseline on the row's inputs: ``calls_of(launch)`` -> zero-arg calls."""
+        out = {}
+        for name in self.baselines:
+            launch = self.impls.get((name, kernel))
+            if launch is None:
+                continue
+            calls = calls_of(launch)
+            try:
+                out[name] = once_us(calls[0]) if name == "torch" else graph_time_us(calls, iters=7 if not graphable else 15)
+            except Exception as e:  # noqa: BLE001
+                self.warn(f"{name} {kernel} {row['case']}: {type(e).__name__}: {e}")
+                out[name] = float("nan")
+        row["baselines"] = out
+
+    # -- floors -----------------------------------------------------------------------------------
+    def floor_kernel(self, name, geom):
+        """Compiled floor kernel ``name`` (``floor_makers``) for one grid (cached)."""
+        import floors
+
+        key = (name, geom)
+        if key not in self.floor_fns:
+            self.floor_fns[key] = floors.compile_cuda(self.floor_makers[name](geom), self.arch)
+        return self.floor_fns[key]
+
+    def prebuild_floors(self, kernels):
+        import floors
+
+        for name in self.floor_makers:
+            if name.split("-")[0] in {FLOOR_OF[k] for k in kernels}:
+                for geom in floors.floor_geometries():
+                    self.floor_kernel(name, geom)
+
+    def floor(self, name, calls_of):
+        """Fastest grid of floor kernel ``name``: (µs, grid label); ``calls_of(fn)`` -> zero-arg calls."""
+        import floors
+
+        best = (float("inf"), "")
+        for geom in floors.floor_geometries():
+            t = graph_time_us(calls_of(self.floor_kernel(name, geom)))
+            best = min(best, (t, geometry_label(geom)))
+        return best
+
+    def copy_floor_us(self, nbytes: int):
+        """Dense device-to-device copy of ``nbytes`` (half read, half written): torch's copy and a TIR
+        copy kernel over several grids; the fastest."""
+
+        words = max(nbytes // 16, 2)
+        src = torch.empty(words, dtype=torch.int64, device=DEV)
+        dst = torch.empty_like(src)
+        t_torch = graph_time_us([lambda: dst.copy_(src)])
+        t_tir, grid = self.floor("copy", lambda fn: [lambda: fn(src, dst)])
+        return (t_torch, "torch copy") if t_torch <= t_tir else (t_tir, f"copy {grid}")
+
+    # -- rows -------------------------------------------------------------------------------------
+    def timed(self, kernel, kw_sets, row, iters=15):
+        """Default (and with --ab, tuned interleaved) times of our kernel on the rotating sets."""
+        default = [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in kw_sets]
+        if self.ab:
+            same = self.launchers.same(kernel, kw_sets[0])
+            tuned = [lambda kw=kw: self.ours(kernel, "tuned")(**kw) for kw in kw_sets]
+            t_def, t_tun, rounds_def, rounds_tun = ab_time_us(default, tuned if not same else default, iters=max(iters // 2, 5))
+            row.update(us=t_def, tuned_us=t_tun, tuned_same_geometry=same, ab_rounds={"default": rounds_def, "tuned": rounds_tun})
+            row["tuned_geometry"] = geometry_label(self.launchers.tuned_geometry(kernel, kw_sets[0]))
+        else:
+            row["us"] = graph_time_us(default, iters=iters)
+
+    def verify_rows(self, pool):
+
+        rows = []
+        sizes = VERIFY_SIZES["quick" if self.quick else "full"]
+        candidates = [(c, parse_geometry(c)) for c in self.candidates]
+        words = pool.canary.view(torch.int64)
+        for mode in MODES:
+            for order in ("random", "chain"):
+                slots_2d, ids = stamp_chains(self, pool, mode, order)
+                ctx = pool.context(mode)
+                n_src = len(ctx.real_kv_sources)
+                for n in sizes:
+                    plans = verify_plans(slots_2d, ids, n, order, 4 if n <= (1 << 20) else 2)
+                    kws = [{"context": ctx, "plan": p, "check_verify_expected_token": False} for p in plans]
+                    row = {"kernel": "verify", "case": f"{mode} {order} {n}", "mode": mode, "order": order, "n": n}
+                    self.timed("verify", kws, row)
+                    if pool.flagged():
+                        self.warn(f"verify {row['case']} flagged violations (the benchmark's verify is clean)")
+                    row["floor_us"], grid = self.floor(
+                        f"gather-{mode}",
+                        lambda fn, plans=plans: [lambda p=p: fn(words, p.verify_slot_indices, p.verify_expected_tokens,
+                                                                p.verify_expected_positions, p.verify_prev_slot_indices,
+                                                                p.verify_num_valid, pool.kv, pool.counters) for p in plans])
+                    row["floor"] = f"gather {grid}"
+                    src_bytes = n_src * (32 if mode == "PARTIAL" else KV_BYTES) if n_src else 0
+                    row["bytes"] = n * (24 + 32 + 32 + src_bytes)
+                    if candidates:
+                        row["candidates"] = {}
+                        for name, geom in candidates:
+                            launch = self.ours("verify", geom)
+                            row["candidates"][name] = graph_time_us([lambda kw=kw, launch=launch: launch(**kw) for kw in kws])
+                    self.baseline_times("verify", lambda launch, kws=kws: [lambda kw=kw: launch(**kw) for kw in kws], row)
+                    if pool.flagged():
+                        self.warn(f"a baseline flagged violations on verify {row['case']}")
+                    rows.append(row)
+                    self.progress(row)
+        return rows
+
+    def write_rows(self, pool, chain_ns, empty_us):
+
+        rows = []
+        n = pool.slots - 1
+        words = pool.canary.view(torch.int64)
+        for reqs, length in WRITE_SHAPES:
+            for mode in MODES:
+                sets = [write_args(pool, mode, (torch.randperm(n, device=DEV)[: reqs * length] + 1).view(reqs, length),
+                                   torch.randint(0, 150000, (reqs, length), device=DEV)) for _ in range(4)]
+                row = {"kernel": "write", "case": f"{mode} {reqs}x{length}", "mode": mode, "reqs": reqs, "shape": f"{reqs}x{length}"}
+                self.timed("write", sets, row, iters=7)
+                chain_floor = chain_ns * length / 1000 + empty_us
+                store_us, grid = self.floor(
+                    f"store-{mode}",
+                    lambda fn, sets=sets: [lambda a=a: fn(words, a["input_ids"], a["positions"], a["out_cache_loc"], pool.kv) for a in sets])
+                row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_us
+                row["floor_us"], row["floor"] = max((chain_floor, f"chain {chain_ns:.1f}ns/step"), (store_us, f"store {grid}"))
+                row["bytes"] = reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES) if mode != "NONE" else 0))
+                self.check_write_bytes(sets[0], row)
+                self.baseline_times("write", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row, graphable=False)
+                if pool.flagged():
+                    self.warn(f"write {row['case']} flagged violations")
+                rows.append(row)
+                self.progress(row)
+        return rows
+
+    def check_write_bytes(self, args, row):
+        """On the row's own inputs: every baseline stamps the bytes our kernel stamps."""
+        slots = args["out_cache_loc"]
+        canary = args["context"].canary_buf
+        self.ours("write", "default")(**args)
+        expected = canary[slots].clone()
+        for name in self.baselines:
+            launch = self.impls.get((name, "write"))
+            if launch is None or name == "torch":
+                continue
+            canary[slots] = 0
+            launch(**args)
+            if not torch.equal(canary[slots], expected):
+                self.warn(f"{name} write {row['case']}: stamped bytes differ from tvm_canary's")
+                row.setdefault("byte_mismatch", []).append(name)
+
+    def plan_rows(self):
+        import tvm_canary as tc
+
+        rows = []
+        for bs, prefix in PLAN_SHAPES:
+            r2t = torch.randint(1, 1 << 24, (bs + 1, 4096), dtype=torch.int32, device=DEV)
+            total = bs * prefix
+            kw = {
+                "req_pool_indices": torch.arange(1, bs + 1, device=DEV), "prefix_lens": torch.full((bs,), prefix, device=DEV),
+                "extend_seq_lens": torch.ones(bs, dtype=torch.int64, device=DEV), "req_to_token": r2t, "swa_window_size": 0,
+                "full_to_swa_index_mapping": None, "verify_capacity": total, "req_to_verify_expected_tokens": None,
+                "req_to_verify_expected_tokens_valid_lens": None, "kv_token_id_vs_position_offset": 0,
+            }
+            sets = [dict(kw, verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=DEV),
+                         write_plan_out=tc.WritePlan.allocate(write_req_capacity=bs, device=DEV)) for _ in range(2)]
+            row = {"kernel": "plan", "case": f"bs{bs} prefix{prefix}", "bytes": total * 36}
+            self.timed("plan", sets, row)
+            row["floor_us"], row["floor"] = self.copy_floor_us(row["bytes"])
+            self.baseline_times("plan", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row)
+            rows.append(row)
+            self.progress(row)
+        return rows
+
+    def scatter_rows(self):
+        rows = []
+        for bs, length in SCATTER_SHAPES:
+            flat = torch.randint(0, 150000, (bs * length,), device=DEV)
+            offsets = torch.arange(bs + 1, device=DEV) * length
+            rpi = torch.randperm(bs, device=DEV) + 1
+            sets = [{"flat_in": flat, "offsets": offsets, "req_pool_indices": rpi,
+                         "pool_out": torch.zeros(bs + 1, length, dtype=torch.int32, device=DEV)} for _ in range(2)]
+            row = {"kernel": "scatter", "case": f"bs{bs}x{length}", "bytes": bs * length * 12}
+            self.timed("scatter", sets, row)
+            row["floor_us"], row["floor"] = self.copy_floor_us(row["bytes"])
+            self.baseline_times("scatter", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row)
+            rows.append(row)
+            self.progress(row)
+        return rows
+
+    def progress(self, row):
+        print(f"  {row['kernel']:8} {row['case']:24} {row['us']:10.1f} us  floor {row['floor_us']:10.1f} us", flush=True)
+
+
+def environment() -> dict:
+    """GPU, driver and versions of everything that produced the numbers."""
+    import tvm
+    import tvm_ffi
+
+    env = {"gpu": torch.cuda.get_device_name(0), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+               "torch": torch.__version__, "cuda": torch.version.cuda, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        env["driver"] = None
+    return env
+
+
+def finish(rows):
+    """Derived columns: GB/s, ratio to floor, speedups over baselines, targets with PASS/FAIL."""
     for r in rows:
         r["gbps"] = r["bytes"] / r["us"] / 1e3
         r["ratio"] = r["us"] / r["floor_us"]
-        r["speedup"] = r["ref_us"] / r["us"]
-        print(f"{r['kernel']:8} {r['case']:24} {r['us']:10.1f} {r['bytes'] / 1e6:9.2f} {r['gbps']:7.0f} {r['floor']:>22} "
-              f"{r['floor_us']:10.1f} {r['ratio']:6.2f} {r['ref_us']:12.0f} {r['speedup']:8.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(0), arch=arch, empty_us=empty_us, chain_ns=chain_ns, rows=rows), f, indent=1)
+        r["below_floor"] = r["ratio"] < 0.95
+        r["speedup"] = {name: t / r["us"] for name, t in r.get("baselines", {}).items()}
+        r["targets"] = targets_for(r, rows)
+        r["status"] = ("PASS" if all(t["ratio"] <= t["limit"] for t in r["targets"]) else "FAIL") if r["targets"] else ""
+
+
+def print_table(meta, rows, baselines):
+    print(f"\n{meta['env']['gpu']} ({meta['arch']}, driver {meta['env']['driver']}); empty launch {meta['empty_us']:.2f} us; "
+          f"register-only chain {meta['chain_ns']:.1f} ns/step; default geometries")
+    head = f"{'kernel':8} {'case':24} {'us':>9} {'floor':>22} {'floor us':>9} {'ratio':>6} {'target':>14} {'':4}"
+    head += "".join(f" {b + ' us':>10} {'x':>6}" for b in baselines)
+    if any("tuned_us" in r for r in rows):
+        head += f" {'tuned us':>9} {'t/d':>6}"
+    print(head)
+    for r in rows:
+        tg = " ".join(f"{t['what']}<={t['limit']:.2f}" for t in r["targets"])
+        line = f"{r['kernel']:8} {r['case']:24} {r['us']:9.1f} {r['floor']:>22} {r['floor_us']:9.1f} {r['ratio']:6.2f} {tg:>14} {r['status']:4}"
+        for b in baselines:
+            t = r.get("baselines", {}).get(b)
+            line += f" {t:10.1f} {t / r['us']:6.2f}" if t is not None else f" {'-':>10} {'-':>6}"
+        if "tuned_us" in r:
+            line += f" {r['tuned_us']:9.1f} {r['tuned_us'] / r['us']:6.3f}"
+        if r["below_floor"]:
+            line += "  BELOW FLOOR"
+        print(line)
+    failed = [f"{r['kernel']} {r['case']}" for r in rows if r["status"] == "FAIL"]
+    print(f"targets: {sum(r['status'] == 'PASS' for r in rows)} PASS, {len(failed)} FAIL")
+    slower = [f"{r['kernel']} {r['case']} ({r['tuned_us'] / r['us']:.3f})" for r in rows if r.get("tuned_us", 0) > 1.03 * r["us"]]
+    if any("tuned_us" in r for r in rows):
+        print(f"tuned more than 3% slower than default (interleaved A/B): {', '.join(slower) if slower else 'none'}")
+    print("agreement with the reference: " + "; ".join(f"{k}: {v}" for k, v in meta["agreement"].items()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
+    ap.add_argument("--ab", action="store_true", help="also time the tuned geometry, interleaved with the default "
+                    "(with TVM_CANARY_TUNED=0 the tuned geometry is the default: an A/A run)")
+    ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=["verify", "write", "plan", "scatter"])
+    ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"), default=["original", "triton", "torch"])
+    ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2")
+    ap.add_argument("--json", help="write the rows and the run's environment here")
+    ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        return fail("bench_kernels.py needs a CUDA GPU and torch sees none (torch "
+                    f"{torch.__version__}, CUDA build {torch.version.cuda}); run it on a GPU host")
+    sys.path.insert(0, HERE)
+    if args.probe:
+        print(json.dumps(probe(args.probe, args.kernels)))
+        return 0
+    for c in args.candidates:
+        try:
+            parse_geometry(c)
+        except ValueError:
+            return fail(f"--candidates {c!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS], e.g. 1056x512m1")
+
+    sys.path.insert(0, HERE)
+    import floors
+
+    from tvm_canary.runtime import targets
+
+    t_start = time.time()
+    bench = Bench(quick=args.quick, ab=args.ab, baselines=tuple(args.baselines), candidates=tuple(args.candidates))
+    bench.launchers = Launchers()
+    bench.arch = targets.cuda_arch(0)
+    flag = torch.zeros(1, dtype=torch.int32, device=DEV)
+    bench.start_probes(args.kernels)
+    bench.prebuild_floors(args.kernels)  # while the children build and check the baselines
+    bench.load_baselines(args.kernels)
+    empty = floors.compile_cuda(floors.empty(), bench.arch)
+    empty_us = graph_time_us([lambda: empty(flag)] * 8)
+    chain = floors.compile_cuda(floors.chain(), bench.arch)
+    acc = torch.zeros(1, dtype=torch.int64, device=DEV)
+    chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
+    pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
+    sweeps = {"verify": lambda: bench.verify_rows(pool), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
+              "plan": bench.plan_rows, "scatter": bench.scatter_rows}
+    defaults = {k: geometry_label(targets.default_geometry(k, bench.launchers.tag)) for k in args.kernels}
+    env = environment()
+    rows: list = []
+
+    def report(complete: bool) -> dict:
+        """The run so far (rows, derived columns, environment); written to --json after every kernel,
+        so a run cut short still leaves its finished sweeps."""
+        finish(rows)
+        meta = {"env": env, "arch": bench.arch, "empty_us": empty_us, "chain_ns": chain_ns, "ab": args.ab,
+                "ab_rounds": AB_ROUNDS if args.ab else 0, "default_geometries": defaults, "candidates": list(args.candidates),
+                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": time.time() - t_start,
+                "quick": args.quick, "complete": complete}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(meta, rows=rows), f, indent=1)
+        return meta
+
+    for kernel in args.kernels:
+        rows += sweeps[kernel]()
+        meta = report(complete=kernel == args.kernels[-1])
+    print_table(meta, rows, args.baselines)
+    print(f"wall time {meta['wall_s']:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

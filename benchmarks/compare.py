@@ -9,15 +9,16 @@ cases where the second run is more than 3% slower (run-to-run noise on an H200 i
 from __future__ import annotations
 
 import json
+import pathlib
 import sys
 
 
 def main(argv=None) -> int:
     a_path, b_path = (argv or sys.argv[1:])[:2]
-    a, b = (json.load(open(p)) for p in (a_path, b_path))
+    a, b = (json.loads(pathlib.Path(p).read_text()) for p in (a_path, b_path))
     rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
     slower = []
-    print(f"{a['gpu']}: {a_path} vs {b_path}")
+    print(f"{a.get('gpu') or a['env']['gpu']}: {a_path} vs {b_path}")
     print(f"{'kernel':8} {'case':24} {'default us':>11} {'tuned us':>10} {'tuned/def':>9} {'def/floor':>9} {'tuned/floor':>11}")
     for ra in a["rows"]:
         rb = rows_b.get((ra["kernel"], ra["case"]))

@@ -7,13 +7,18 @@ one lane); only write's chain pipeline depth (``unroll``) matters there.
 """
 
 CUDA_DEFAULTS = {
-    # Up to 1056 blocks x 512 threads (fewer for a small plan capacity), grid-stride over the active
-    # entries, in one launch; the last block emits the rows with its 512 lanes (tile is unused).
-    "verify": {"blocks": 1056, "threads": 512},
+    # Up to 1056 blocks x 128 threads (fewer for a small plan capacity), grid-stride over the active
+    # entries, in one launch; the last block emits the rows with its 128 lanes (tile is unused).
+    # min_blocks 8 caps registers at 64 (61 without sources, 64 with, no spills), so all 1056 blocks
+    # are resident at once (8 per SM, 32 warps): no tail wave, twice the warps of 512 x 1 at 72-80
+    # registers; 128-thread blocks spread a few thousand entries over 32 SMs. Evidence: the H200
+    # tuning database and ptxas counts, docs/PERFORMANCE.md ("Default geometries").
+    "verify": {"blocks": 1056, "threads": 128, "min_blocks": 8},
     # One thread per request; 128-thread blocks spread a few thousand requests over all SMs; the
-    # chain walk keeps 8 entries in flight.
-    "write": {"blocks": 528, "threads": 128, "tile": 256, "unroll": 8},
-    "plan": {"blocks": 1056, "threads": 128, "tile": 1024},
+    # chain walk keeps 4 entries in flight (4 beat 8 in both H200 buckets, 4096 x 1 and 1 x 32768).
+    "write": {"blocks": 528, "threads": 128, "tile": 256, "unroll": 4},
+    # Entries phase 2112 x 512 (fastest of 20 candidates at bs 4096); offsets phase one block of 256 lanes.
+    "plan": {"blocks": 2112, "threads": 512, "tile": 256},
     "scatter": {"blocks": 1056, "threads": 256, "tile": 1},
 }
 

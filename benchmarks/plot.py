@@ -1,0 +1,238 @@
+"""Render a ``bench_kernels.py --json`` run as PNG plots and markdown tables (for docs/PERFORMANCE.md).
+
+    python benchmarks/plot.py RUN.json [--out docs] [--markdown TABLES.md]
+
+PNGs (needs matplotlib, the ``bench`` extra):
+* ``perf-verify.png``: time vs active entries, one column per real-KV mode; the kernel (default and,
+  when measured, tuned geometry), its gather floor and the baselines, random (solid) and chain
+  (dashed) order; below, each time divided by the floor, with the targets;
+* ``perf-write.png``: ns per written token for each shape and mode, beside the floor and baselines;
+* ``perf-plan-scatter.png``: plan and scatter times beside their copy floors and baselines.
+The markdown holds one table per kernel with the same numbers, the targets and PASS/FAIL, and the run's
+environment. Without ``--markdown`` it is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+BASELINES = ("original", "triton", "torch")
+STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
+
+
+def load(path: str) -> dict:
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def _tokens(row) -> int:
+    reqs, length = (int(x) for x in row["shape"].split("x"))
+    return reqs * length
+
+
+def plot_verify(run, out: pathlib.Path, plt) -> pathlib.Path:
+    rows = [r for r in run["rows"] if r["kernel"] == "verify"]
+    modes = [m for m in ("NONE", "PARTIAL", "ALL") if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(2, len(modes), figsize=(6 * len(modes), 9), squeeze=False, height_ratios=(3, 2))
+    for ax, ratio_ax, mode in zip(axes[0], axes[1], modes):
+        for order, dash in (("random", "-"), ("chain", "--")):
+            sel = sorted((r for r in rows if r["mode"] == mode and r["order"] == order), key=lambda r: r["n"])
+            if not sel:
+                continue
+            n = [r["n"] for r in sel]
+            ax.plot(n, [r["us"] for r in sel], dash, color="tab:blue", marker="o", label=f"tvm_canary default, {order}")
+            if all("tuned_us" in r for r in sel):
+                ax.plot(n, [r["tuned_us"] for r in sel], dash, color="tab:cyan", marker=".", label=f"tvm_canary tuned, {order}")
+            ax.plot(n, [r["floor_us"] for r in sel], dash, color="black", linewidth=1, label=f"gather floor, {order}")
+            ratio_ax.plot(n, [r["us"] / r["floor_us"] for r in sel], dash, color="tab:blue", marker="o")
+            if all("tuned_us" in r for r in sel):
+                ratio_ax.plot(n, [r["tuned_us"] / r["floor_us"] for r in sel], dash, color="tab:cyan", marker=".")
+            for name in BASELINES:
+                ys = [r.get("baselines", {}).get(name, math.nan) for r in sel]
+                if not all(math.isnan(y) for y in ys):
+                    color, marker = STYLE[name]
+                    ax.plot(n, ys, dash, color=color, marker=marker, alpha=0.8, label=f"{name}, {order}")
+                    if name != "torch":
+                        ratio_ax.plot(n, [y / r["floor_us"] for y, r in zip(ys, sel)], dash, color=color, marker=marker, alpha=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("active entries")
+        ax.set_ylabel("µs per launch")
+        ax.set_title(f"verify, real-KV {mode}")
+        ax.grid(True, which="both", alpha=0.3)
+        ratio_ax.axhline(1.0, color="black", linewidth=1)
+        ratio_ax.axhline(1.10, color="tab:green", linestyle=":", linewidth=1)
+        ratio_ax.axhline(1.25, color="tab:olive", linestyle=":", linewidth=1)
+        ratio_ax.set_xscale("log", base=2)
+        ratio_ax.set_xlabel("active entries")
+        ratio_ax.set_ylabel("time / gather floor (targets 1.10, 1.25 dotted)")
+        ratio_ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(_title(run))
+    fig.tight_layout()
+    path = out / "perf-verify.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _bars(ax, labels, series, ylabel, title):
+    """Grouped bars: ``series`` = [(name, values, color)]."""
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values, color) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, values, width, label=name, color=color)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _series(rows, scale):
+    series = [("tvm_canary default", [r["us"] * scale(r) for r in rows], "tab:blue")]
+    if all("tuned_us" in r for r in rows):
+        series.append(("tvm_canary tuned", [r["tuned_us"] * scale(r) for r in rows], "tab:cyan"))
+    series.append(("floor", [r["floor_us"] * scale(r) for r in rows], "black"))
+    for name in BASELINES:
+        values = [r.get("baselines", {}).get(name, math.nan) * scale(r) for r in rows]
+        if not all(math.isnan(v) for v in values):
+            series.append((name, values, STYLE[name][0]))
+    return series
+
+
+def plot_write(run, out: pathlib.Path, plt) -> pathlib.Path:
+    rows = [r for r in run["rows"] if r["kernel"] == "write"]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    _bars(ax, [r["case"] for r in rows], _series(rows, lambda r: 1000.0 / _tokens(r)), "ns per written token", "write")
+    ax.axhline(run["chain_ns"], color="black", linestyle=":", linewidth=1)
+    fig.suptitle(_title(run))
+    fig.tight_layout()
+    path = out / "perf-write.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_plan_scatter(run, out: pathlib.Path, plt) -> pathlib.Path:
+    kernels = [k for k in ("plan", "scatter") if any(r["kernel"] == k for r in run["rows"])]
+    fig, axes = plt.subplots(1, len(kernels), figsize=(6 * len(kernels), 5), squeeze=False)
+    for ax, kernel in zip(axes[0], kernels):
+        rows = [r for r in run["rows"] if r["kernel"] == kernel]
+        _bars(ax, [r["case"] for r in rows], _series(rows, lambda r: 1.0), "µs per launch", kernel)
+    fig.suptitle(_title(run))
+    fig.tight_layout()
+    path = out / "perf-plan-scatter.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _title(run) -> str:
+    env = run.get("env", {})
+    return (f"{env.get('gpu', run.get('gpu', '?'))} ({run.get('arch', '?')}), driver {env.get('driver')}, "
+            f"torch {env.get('torch')}, TVM {env.get('tvm')}, tvm-ffi {env.get('tvm_ffi')}, Triton {env.get('triton')}")
+
+
+def _fmt(x, digits=1) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def markdown(run) -> str:
+    """Tables per kernel: time, floor, ratio, target and status, each baseline (µs and its time / ours),
+    tuned (interleaved A/B) when measured."""
+    env = run.get("env", {})
+    lines = [
+        (f"Run: {env.get('gpu')} ({run.get('arch')}, {env.get('sms')} SMs), driver {env.get('driver')}, torch {env.get('torch')} "
+        f"(CUDA {env.get('cuda')}), TVM {env.get('tvm')}, tvm-ffi {env.get('tvm_ffi')}, Triton {env.get('triton')}; "
+        f"empty launch {_fmt(run.get('empty_us'), 2)} µs, register-only chain {_fmt(run.get('chain_ns'))} ns/step; "
+        f"default geometries {run.get('default_geometries')}; wall time {_fmt(run.get('wall_s'), 0)} s."),
+        "",
+    ]
+    if not run.get("complete", True):
+        lines += ["**Incomplete run**: only the kernels below finished before it stopped.", ""]
+    baselines = [b for b in BASELINES if any(b in r.get("baselines", {}) for r in run["rows"])]
+    tuned = any("tuned_us" in r for r in run["rows"])
+    for kernel in ("verify", "write", "plan", "scatter"):
+        rows = [r for r in run["rows"] if r["kernel"] == kernel]
+        if not rows:
+            continue
+        head = ["case", "µs", "floor", "floor µs", "ratio", "target", ""]
+        head += [f"{b} µs (x)" for b in baselines]
+        head += ["tuned µs", "tuned/default", "tuned geometry"] if tuned else []
+        lines += [f"### {kernel}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for r in rows:
+            target = ", ".join(f"{t['what']} {t['ratio']:.2f} <= {t['limit']:.2f}" for t in r.get("targets", []))
+            cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _fmt(r["us"] / r["floor_us"], 2), target,
+                     r.get("status", "") + (" BELOW FLOOR" if r.get("below_floor") else "")]
+            for b in baselines:
+                t = r.get("baselines", {}).get(b)
+                cells.append(f"{_fmt(t)} ({_fmt(t / r['us'] if t else None, 2)})")
+            if tuned:
+                t = r.get("tuned_us")
+                same = " (= default)" if r.get("tuned_same_geometry") else ""
+                cells += [_fmt(t), _fmt(t / r["us"] if t else None, 3), r.get("tuned_geometry", "-") + same]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if any("candidates" in r for r in run["rows"]):
+        cands = run.get("candidates", [])
+        lines += ["### verify: candidate default geometries (µs)", "",
+                  "| case | default | " + " | ".join(cands) + " |", "|" + " --- |" * (2 + len(cands))]
+        for r in run["rows"]:
+            if "candidates" in r:
+                lines.append(f"| {r['case']} | {_fmt(r['us'])} | " + " | ".join(_fmt(r["candidates"].get(c)) for c in cands) + " |")
+        lines.append("")
+    passed = sum(r.get("status") == "PASS" for r in run["rows"])
+    failed = [f"{r['kernel']} {r['case']}" for r in run["rows"] if r.get("status") == "FAIL"]
+    lines.append(f"Targets: {passed} PASS, {len(failed)} FAIL" + (f" ({', '.join(failed)})" if failed else "") + ".")
+    if tuned:
+        slower = [f"{r['kernel']} {r['case']} ({r['tuned_us'] / r['us']:.3f})" for r in run["rows"] if r.get("tuned_us", 0) > 1.03 * r["us"]]
+        lines.append(f"Tuned more than 3% slower than default (A/B interleaved): {', '.join(slower) if slower else 'none'}.")
+    below = [f"{r['kernel']} {r['case']}" for r in run["rows"] if r.get("below_floor")]
+    lines.append(f"Rows faster than their floor by more than 5%: {', '.join(below) if below else 'none'}.")
+    if run.get("agreement"):
+        lines += ["", "Agreement with the reference before timing: " + "; ".join(f"{k}: {v}" for k, v in run["agreement"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", help="a bench_kernels.py --json file")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent.parent / "docs"), help="folder for the PNGs")
+    ap.add_argument("--markdown", help="write the tables here (default: print them)")
+    ap.add_argument("--no-png", action="store_true", help="tables only")
+    args = ap.parse_args(argv)
+    run = load(args.run)
+    if "env" not in run:  # a run of the earlier bench (no baselines, targets or environment)
+        print("kv-canary: plot.py needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
+        return 2
+    text = markdown(run)
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(text)
+    else:
+        print(text)
+    if not args.no_png:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("kv-canary: matplotlib is not installed (pip install '.[bench]'); tables only", file=sys.stderr)
+            return 1
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plots = {plot_verify: ("verify",), plot_write: ("write",), plot_plan_scatter: ("plan", "scatter")}
+        for fn, kernels in plots.items():
+            if any(r["kernel"] in kernels for r in run["rows"]):
+                print(f"wrote {fn(run, out, plt)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
