@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from tvm_canary import consts
+from tvm_canary.cases import random_source
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from tvm_canary.plans import VerifyPlan, WritePlan
@@ -54,28 +55,6 @@ def link(h: int, token: int, position: int) -> int:
 
 
 # ---------------------------------------------------------------- real-KV sources
-
-
-def random_source(
-    gen: torch.Generator,
-    *,
-    rows: int,
-    page_size: int,
-    nbpt: int,
-    read_bytes: int,
-    row_bytes: int | None = None,
-    row_stride_bytes: int | None = None,
-    dtype: torch.dtype = torch.uint8,
-    device="cpu",
-) -> RealKvSource:
-    """A source of random bytes, ``row_bytes`` wide (default ``page_size * nbpt``); with
-    ``row_stride_bytes`` it is a column slice of a wider tensor (rows ``stride(0)`` apart)."""
-    row_bytes = row_bytes or page_size * nbpt
-    row_stride_bytes = row_stride_bytes or row_bytes
-    base = torch.randint(0, 256, (rows, row_stride_bytes), generator=gen, dtype=torch.uint8).to(device)
-    elem = torch.empty(0, dtype=dtype).element_size()
-    tensor = base.view(dtype)[:, : row_bytes // elem]
-    return RealKvSource(tensor=tensor, page_size=page_size, num_bytes_per_token=nbpt, read_bytes=read_bytes)
 
 
 def four_sources(seed: int, device="cpu") -> tuple[RealKvSource, ...]:

@@ -8,26 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import CASES
 from tree import assert_same_bytes, devices, require, tensors
 
-import tvm_canary as tc
-from tvm_canary import reference
+from tvm_canary.cases import CASES, LAUNCH, REFERENCE
 from tvm_canary.runtime import use_backend
 
 ITERATIONS = {"cpu": 60, "cuda": 300}
-LAUNCH = {
-    "verify": tc.launch_canary_verify_kernel,
-    "write": tc.launch_canary_write_kernel,
-    "plan": tc.launch_canary_plan_kernels,
-    "scatter": tc.launch_scatter_req_token_ids_kernel,
-}
-REFERENCE = {
-    "verify": reference.canary_verify_ref,
-    "write": reference.canary_write_ref,
-    "plan": reference.canary_plan_ref,
-    "scatter": reference.scatter_req_token_ids_ref,
-}
 
 
 def run_differential(kernel: str, device: str, seed: int) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
+
+from tvm_canary.cases import tensors
+
+__all__ = ["assert_same_bytes", "devices", "require", "tensors"]
 
 
 def devices() -> list[str]:
@@ -17,19 +19,6 @@ def require(device: str) -> None:
 
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine (the CUDA suite runs on GPU hosts)")
-
-
-def tensors(obj) -> list[torch.Tensor]:
-    """Every tensor reachable from ``obj`` in a fixed order."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in tensors(getattr(obj, f.name))]
-    if isinstance(obj, dict):
-        return [t for k in obj for t in tensors(obj[k])]
-    if isinstance(obj, (tuple, list)):
-        return [t for x in obj for t in tensors(x)]
-    return []
 
 
 def assert_same_bytes(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

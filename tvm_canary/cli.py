@@ -15,12 +15,12 @@ import pathlib
 import re
 import sys
 
-from . import build, demo, info, selftest
+from . import build, conformance, demo, fuzz, info, selftest
 from .cliargs import Parser
 from .console import print_notices_above_progress_bars
 from .tuning import command as tune
 
-SUBCOMMANDS = (demo, selftest, build, tune, info)
+SUBCOMMANDS = (demo, selftest, build, tune, info, conformance, fuzz)
 DISTRIBUTION = "tvm_canary"
 
 

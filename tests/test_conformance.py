@@ -1,0 +1,116 @@
+"""``tvm-canary conformance`` on the CPU: one process, two gloo ranks under torchrun, and injected faults
+(a corrupting launch passed through the test-only ``launches`` argument) that must be caught, named and
+replayable. Few cases, the seeds of the differential/memory-safety tests (no new specializations)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tvm_canary import cases as C
+from tvm_canary import conformance
+from tvm_canary.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def corrupt_ring(kernel: str) -> dict:
+    """``cases.LAUNCH`` with ``kernel``'s launch followed by a bit flip in the violation ring's last word
+    (a stray write the kernels must never make)."""
+
+    def launch(**kw):
+        C.LAUNCH[kernel](**kw)
+        kw["context"].violation_ring.view(-1)[-1] ^= 1
+
+    return {**C.LAUNCH, kernel: launch}
+
+
+def conform(tmp_path, *argv, launches=None) -> tuple[int, dict]:
+    out = tmp_path / "conformance.json"
+    args = build_parser().parse_args(["conformance", *argv, "--json", str(out)])
+    status = conformance.run(args, launches=launches)
+    return status, json.loads(out.read_text())
+
+
+def test_cpu_matches_reference(tmp_path, capsys):
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "2")
+    assert status == 0, capsys.readouterr()
+    assert report["mismatches"] == 0 and len(report["ranks"]) == 1
+    assert [d["device"] for d in report["devices"]] == ["reference", "cpu"]
+    assert set(report["kernels"]) == set(C.KERNELS)
+    assert report["kernels"]["write"]["cases"] == ["golden:write-anchor", "diff:0", "diff:1", "garbage:50000", "garbage:50001"]
+    for kernel, entry in report["kernels"].items():
+        combined = {row["combined"] for row in entry["combined"]}
+        assert len(combined) == 1, (kernel, entry["combined"])  # device and reference agree
+    assert "conformance: OK" in capsys.readouterr().out
+
+
+def test_corrupted_kernel_is_named_with_a_replay_command(tmp_path, capsys):
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify",
+                             launches=corrupt_ring("verify"))
+    assert status == 1
+    assert report["mismatches"] == 3  # golden, diff:0, garbage:50000
+    first = report["failures"][0]
+    assert (first["device"], first["kernel"], first["case"]) == ("cpu", "verify", "golden:verify-anchor")
+    assert first["replay"] == "python -m tvm_canary conformance --devices cpu --kernels verify --case golden:verify-anchor"
+    err = capsys.readouterr().err
+    assert "conformance: FAILED, 3 mismatching cases" in err and "replay: " + first["replay"] in err
+
+    # The replay command runs just that case: it fails with the fault and passes without it.
+    replay = first["replay"].split("conformance ", 1)[1].split()
+    assert conform(tmp_path, *replay, launches=corrupt_ring("verify"))[0] == 1
+    status, report = conform(tmp_path, *replay)
+    assert status == 0 and report["kernels"]["verify"]["cases"] == ["golden:verify-anchor"]
+
+
+def test_golden_case_pins_spec_hash_vectors(tmp_path):
+    """A write kernel whose chain link differs from SPEC 1.5 fails its golden case by the pinned value
+    (named in the failure), not only by a digest differing from the reference's."""
+
+    def wrong_anchor(**kw):
+        C.LAUNCH["write"](**kw)
+        kw["context"].canary_buf[1].view(-1)[16] ^= 1  # slot 1's chain link
+
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "0", "--kernels", "write",
+                             launches={**C.LAUNCH, "write": wrong_anchor})
+    assert status == 1
+    assert "SPEC 1.5 anchor hash" in report["failures"][0]["why"]
+
+
+def test_rank_mismatch_fails(tmp_path):
+    """A second rank (another host or GPU model) whose digest differs is a mismatch of that rank."""
+    _, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "scatter")
+    rank1 = copy.deepcopy(report["ranks"][0]) | {"rank": 1}
+    rank1["devices"][1]["kernels"]["scatter"][0]["digest"] = "0" * 64
+    verdict = conformance.compare([report["ranks"][0], rank1], ["scatter"])
+    assert [(f["rank"], f["case"]) for f in verdict["failures"]] == [(1, "diff:0")]
+
+
+def test_two_gloo_ranks_under_torchrun(tmp_path):
+    out = tmp_path / "ranks.json"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tvm_canary",
+         "conformance", "--cases", "1", "--kernels", "scatter,write", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["mismatches"] == 0
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert [(d["rank"], d["device"]) for d in report["devices"]] == [(0, "reference"), (0, "cpu"), (1, "reference"), (1, "cpu")]
+    assert proc.stdout.count("conformance: OK") == 1  # rank 0 alone reports
+
+
+@pytest.mark.parametrize("argv", [["--devices", "tpu"], ["--devices", "cuda:7"], ["--kernels", "nope"]])
+def test_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        args = build_parser().parse_args(["conformance", *argv])
+        conformance.run(args)
+    assert e.value.code not in (0, None)

@@ -1,0 +1,330 @@
+"""``tvm-canary conformance``: the same seeded cases on every device, compared digest by digest.
+
+Every kernel runs its golden cases (pinned to the SPEC 1.5 hash vectors), ``--cases`` differential cases
+(valid plans, seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds
+``GARBAGE_SEED_BASE+S..``) on each device and on the torch reference (CPU). After each launch every
+tensor of the case is hashed (SHA-256 of its bytes); a case's digest is the SHA-256 of those digests.
+A case fails on a device when its digest differs from the reference's (or, where the reference defines
+no result for a garbage plan, from the first device's), when a guard band or an input was written, when
+the launch raised, or when a golden case's pinned value is wrong.
+
+Under ``torchrun`` every process runs its own device (``cuda:LOCAL_RANK``, or the CPU without a GPU)
+plus the reference, the results are gathered with torch.distributed and rank 0 compares all of them,
+prints the table and writes the JSON; every rank exits with the same status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+
+import torch
+
+from . import cases as C
+from .runtime import use_backend
+from .tuning.keys import cpu_model
+
+REFERENCE_DEVICE = "reference"
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """One case on one device: ``digest`` (hex) of the case's tensors after the launch, the short
+    digest of each tensor, and ``error`` when the launch raised or broke a guard/pinned value. The
+    reference's ``digest`` is None where it defines no result (a garbage plan it rejects)."""
+
+    case: str
+    digest: str | None
+    tensors: list[str]
+    error: str | None = None
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """SHA-256 (hex) of a tensor's bytes in row-major order."""
+    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def case_digest(kw: dict) -> tuple[str, list[str]]:
+    """(digest of the whole case, first 16 hex digits of each tensor's digest)."""
+    each = [tensor_digest(t) for t in C.tensors(kw)]
+    return hashlib.sha256("".join(each).encode()).hexdigest(), [d[:16] for d in each]
+
+
+def case_ids(kernel: str, cases: int, seed: int) -> list[str]:
+    """The case ids of a run, in order: ``golden:NAME``, ``diff:SEED``, ``garbage:SEED``."""
+    ids = [f"golden:{name}" for name in C.GOLDEN.get(kernel, {})]
+    ids += [f"diff:{seed + i}" for i in range(cases)]
+    return ids + [f"garbage:{C.GARBAGE_SEED_BASE + seed + i}" for i in range(cases)]
+
+
+def build(kernel: str, case: str, device) -> tuple[dict, object]:
+    """(launch kwargs on ``device``, check) for a case id; check(kw) -> list of problems after the launch."""
+    kind, _, arg = case.partition(":")
+    if kind == "golden":
+        kw, pinned = C.GOLDEN[kernel][arg](device)
+        return kw, lambda kw: [p for p in (pinned(kw),) if p]
+    if kind == "diff":
+        return C.CASES[kernel](torch.Generator().manual_seed(int(arg)), device), lambda kw: []
+    if kind == "garbage":
+        kw, guarded, inputs = C.guarded_case(kernel, device, int(arg))
+        return kw, lambda kw: C.guard_violations(guarded, inputs)
+    raise ValueError(f"kv-canary: unknown case id {case!r} (expected golden:NAME, diff:SEED or garbage:SEED)")
+
+
+def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict | None]:
+    """The torch reference on the CPU copy of the case (no guard bands); also returns the finished
+    kwargs. Digest None (and no error) where the reference rejects a garbage plan (kernels clamp,
+    SPEC D4); a golden case's pinned value applies to the reference too."""
+    kind, _, arg = case.partition(":")
+    if kind == "garbage":
+        kw, check = C.CASES[kernel](torch.Generator().manual_seed(int(arg)), "cpu", valid=False), lambda kw: []
+    else:
+        kw, check = build(kernel, case, "cpu")
+    try:
+        C.REFERENCE[kernel](**kw)
+    except ValueError:
+        if kind != "garbage":
+            raise
+        return CaseResult(case, None, []), None
+    return CaseResult(case, *case_digest(kw), "; ".join(check(kw)) or None), kw
+
+
+def run_device(kernel: str, case: str, device: str, want: dict | None, launches: dict | None = None) -> CaseResult:
+    """The compiled kernel (tvm backend) on ``device``. ``want`` is the reference's finished case, used
+    to settle races of garbage scatter plans; ``launches`` (tests only) replaces ``cases.LAUNCH``."""
+    launch = (launches or C.LAUNCH)[kernel]
+    dev = torch.device(device)
+    try:
+        kw, check = build(kernel, case, dev)
+        with use_backend("tvm"), (torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()):
+            launch(**kw)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        problems = check(kw)
+        if kernel == "scatter" and want is not None and case.startswith("garbage:"):
+            C.settle_scatter_races(kw, want)
+    except Exception as e:  # a raise is a failure of the case, reported with the others
+        return CaseResult(case, None, [], f"{type(e).__name__}: {e}")
+    return CaseResult(case, *case_digest(kw), "; ".join(problems) or None)
+
+
+def describe(device: str) -> dict:
+    """Device name, model, arch (``sm_90``, ``x86_64``) of a device string."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return {"device": device, "model": torch.cuda.get_device_name(index), "arch": f"sm_{major}{minor}"}
+    return {"device": device, "model": cpu_model(), "arch": platform.machine()}
+
+
+def run_local(devices: list[str], kernels: list[str], ids: dict[str, list[str]], launches=None) -> dict:
+    """This process's results: the reference and each device, per kernel, per case."""
+    reference: dict[str, list[CaseResult]] = {}
+    results = {d: {} for d in devices}
+    for kernel in kernels:
+        reference[kernel] = []
+        for d in devices:
+            results[d][kernel] = []
+        for case in ids[kernel]:
+            ref, want = run_reference(kernel, case)
+            reference[kernel].append(ref)
+            for d in devices:
+                results[d][kernel].append(run_device(kernel, case, d, want, launches))
+    rows = [{**describe(d), "kernels": {k: [dataclasses.asdict(r) for r in v] for k, v in results[d].items()}}
+            for d in devices]
+    ref_row = {"device": REFERENCE_DEVICE, "model": f"torch {torch.__version__}", "arch": platform.machine(),
+               "kernels": {k: [dataclasses.asdict(r) for r in v] for k, v in reference.items()}}
+    return {"host": socket.gethostname(), "devices": [ref_row, *rows]}
+
+
+def combined(records: list[dict], defined: list[bool]) -> str:
+    """SHA-256 over the digests of the cases the reference defines (first 16 hex digits)."""
+    text = "".join(r["digest"] or "-" for r, ok in zip(records, defined) if ok)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def replay(device: str, kernel: str, case: str) -> str:
+    return f"python -m tvm_canary conformance --devices {device if device != REFERENCE_DEVICE else 'cpu'} --kernels {kernel} --case {case}"
+
+
+def compare(ranks: list[dict], kernels: list[str]) -> dict:
+    """Compare every rank's rows with rank 0's reference, case by case. Where the reference defines no
+    result, devices are compared with rank 0's first device, and other ranks' references must agree
+    that it is undefined."""
+    ref_row = ranks[0]["devices"][0]
+    first_row = ranks[0]["devices"][1] if len(ranks[0]["devices"]) > 1 else ref_row
+    rows, failures = [], []
+    for rank in ranks:
+        for row in rank["devices"]:
+            for kernel in kernels:
+                mine, bad = row["kernels"][kernel], 0
+                defined = [r["digest"] is not None for r in ref_row["kernels"][kernel]]
+                for i, got in enumerate(mine):
+                    against = ref_row if defined[i] or row["device"] == REFERENCE_DEVICE else first_row
+                    want = against["kernels"][kernel][i]
+                    why = got["error"]
+                    if not why and got["digest"] != want["digest"]:
+                        diff = [j for j, (a, b) in enumerate(zip(got["tensors"], want["tensors"])) if a != b]
+                        name = "the reference" if against is ref_row else f"{first_row['device']} (reference undefined)"
+                        why = f"digest differs from {name}" + (f" in tensors {diff[:8]}" if diff else "")
+                    if why:
+                        bad += 1
+                        failures.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
+                                         "kernel": kernel, "case": got["case"], "why": why,
+                                         "replay": replay(row["device"], kernel, got["case"])})
+                rows.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
+                             "model": row["model"], "arch": row["arch"], "kernel": kernel, "cases": len(mine),
+                             "combined": combined(mine, defined), "mismatches": bad})
+    return {"rows": rows, "failures": failures}
+
+
+def table(rows: list[dict]) -> str:
+    head = ("rank", "device", "model", "arch", "kernel", "cases", "combined digest", "mismatches")
+    body = [(str(r["rank"]), r["device"], r["model"][:32], r["arch"], r["kernel"], str(r["cases"]), r["combined"],
+             str(r["mismatches"])) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in (head, *body))
+
+
+# ---------------------------------------------------------------- torch.distributed
+
+
+def world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside torchrun."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def local_device() -> str:
+    """This process's device under torchrun: ``cuda:LOCAL_RANK`` when GPUs are visible, else ``cpu``."""
+    return f"cuda:{world()[2]}" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed():
+    """Join torchrun's process group (NCCL between GPUs, gloo on CPU) and return a gloo group for
+    gathering Python objects; None outside torchrun."""
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return None
+    if torch.cuda.is_available():
+        torch.cuda.set_device(world()[2])
+        dist.init_process_group("nccl", device_id=torch.device(local_device()))
+        return dist.new_group(backend="gloo")
+    dist.init_process_group("gloo")
+    return dist.group.WORLD
+
+
+def gather(obj, group) -> list:
+    """Every rank's ``obj`` (rank order) on every rank."""
+    import torch.distributed as dist
+
+    if group is None:
+        return [obj]
+    out = [None] * world()[1]
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def finish(group) -> None:
+    import torch.distributed as dist
+
+    if group is not None:
+        dist.barrier()  # on the default group: NCCL between GPUs
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- command line
+
+
+def parse_devices(text: str | None) -> list[str]:
+    """``--devices``: comma-separated ``cpu``/``cuda``/``cuda:N``. Default: the process's own device
+    under torchrun, else the CPU and every visible GPU."""
+    if text is None:
+        if world()[1] > 1:
+            return [local_device()]
+        return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    out = []
+    for name in filter(None, (s.strip() for s in text.split(","))):
+        dev = torch.device(name)  # raises on garbage
+        if dev.type not in ("cpu", "cuda"):
+            raise argparse.ArgumentTypeError(f"kv-canary: unsupported device {name!r} (cpu, cuda, cuda:N)")
+        if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"kv-canary: {name}: torch sees {torch.cuda.device_count()} CUDA devices")
+        out.append(name)
+    return out
+
+
+def device_list(text: str) -> list[str]:
+    """argparse ``type=`` of a device list (usage error on garbage)."""
+    try:
+        return parse_devices(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("conformance", help="compare every kernel's output bytes across devices and the reference",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=device_list, default=None,
+                   help="comma-separated cpu,cuda:0,... (default: the CPU and every visible GPU; under torchrun each "
+                        "process's own GPU, or the CPU)")
+    p.add_argument("--cases", type=int, default=20, help="differential and garbage cases per kernel")
+    p.add_argument("--seed", type=int, default=0, help="first differential seed")
+    p.add_argument("--kernels", default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
+    p.add_argument("--case", default=None, help="run only this case id (replay), e.g. diff:17 or garbage:50017")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON (rank 0)")
+    p.set_defaults(func=run)
+
+
+def kernels_of(text: str) -> list[str]:
+    kernels = [k for k in text.split(",") if k]
+    unknown = sorted(set(kernels) - set(C.KERNELS))
+    if unknown:
+        raise SystemExit(f"kv-canary: unknown kernels {unknown} (choose from {', '.join(C.KERNELS)})")
+    return kernels
+
+
+def run(args: argparse.Namespace, launches: dict | None = None) -> int:
+    """Run, gather, compare; rank 0 prints and writes JSON. ``launches``: tests only (see run_device)."""
+    kernels = kernels_of(args.kernels)
+    group = init_distributed()
+    rank, size, local_rank = world()
+    devices = args.devices if args.devices is not None else parse_devices(None)
+    ids = {k: [args.case] if args.case else case_ids(k, args.cases, args.seed) for k in kernels}
+    mine = {"rank": rank, "local_rank": local_rank, **run_local(devices, kernels, ids, launches)}
+    ranks = gather(mine, group)
+    verdict = compare(ranks, kernels)
+    mismatches = len(verdict["failures"])
+    if rank == 0:
+        print(table(verdict["rows"]))
+        if mismatches:
+            first = verdict["failures"][0]
+            print(f"conformance: FAILED, {mismatches} mismatching cases; first: rank {first['rank']} {first['device']} "
+                  f"{first['kernel']} {first['case']}: {first['why']}\n  replay: {first['replay']}", file=sys.stderr)
+        else:
+            total = sum(len(v) for v in ids.values())
+            print(f"conformance: OK, {total} cases x {sum(len(r['devices']) - 1 for r in ranks)} devices on "
+                  f"{size} processes match the reference")
+        if args.json:
+            report = {
+                "devices": [{"rank": r["rank"], "host": r["host"], **{k: d[k] for k in ("device", "model", "arch")}}
+                            for r in ranks for d in r["devices"]],
+                "kernels": {k: {"cases": ids[k], "combined": [row for row in verdict["rows"] if row["kernel"] == k]}
+                            for k in kernels},
+                "mismatches": mismatches,
+                "failures": verdict["failures"],
+                "ranks": ranks,
+            }
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+    finish(group)
+    return 1 if mismatches else 0

@@ -1,0 +1,113 @@
+"""``tvm-canary fuzz``: a long differential and memory-safety campaign on one device.
+
+Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE``
+under torchrun) and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid
+plans, bytes compared with the torch reference) and K garbage plans between guard bands (no byte outside
+the outputs may change; bytes compared with the reference where it defines a result). Cases are the
+ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` / ``garbage:SEED``), so a failing case is
+replayed with one conformance command, written next to it in the failures JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import cases as C
+from . import conformance as X
+
+RANK_SEED_STRIDE = 1_000_000_000
+PROGRESS_SECONDS = 10.0
+
+
+def case_of(index: int, kernels: list[str], seed_base: int) -> tuple[str, str]:
+    """(kernel, case id) of the campaign's case ``index``."""
+    kind = "diff" if (index // len(kernels)) % 2 == 0 else "garbage"
+    return kernels[index % len(kernels)], f"{kind}:{seed_base + index}"
+
+
+def check(kernel: str, case: str, device: str, launches: dict | None = None) -> str | None:
+    """Why the case fails on ``device`` (None: it passes)."""
+    ref, want = X.run_reference(kernel, case)
+    got = X.run_device(kernel, case, device, want, launches)
+    if got.error:
+        return got.error
+    if ref.digest is not None and got.digest != ref.digest:
+        diff = [j for j, (a, b) in enumerate(zip(got.tensors, ref.tensors)) if a != b]
+        return f"digest differs from the reference in tensors {diff[:8]}"
+    return None
+
+
+def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | None = None,
+             seconds: float | None = None, launches: dict | None = None, tag: str = "") -> dict:
+    """Run cases until ``cases`` ran or ``seconds`` passed; returns the counts and the failures (each
+    with its replay command). ``launches`` (tests only) replaces ``cases.LAUNCH`` to inject faults."""
+    start = last = time.monotonic()
+    failures, index = [], 0
+    while (cases is None or index < cases) and (seconds is None or time.monotonic() - start < seconds):
+        kernel, case = case_of(index, kernels, seed_base)
+        why = check(kernel, case, device, launches)
+        if why:
+            failures.append({"device": device, "kernel": kernel, "case": case, "why": why,
+                             "replay": X.replay(device, kernel, case)})
+            print(f"fuzz{tag} {device}: FAIL {kernel} {case}: {why}\n  replay: {failures[-1]['replay']}",
+                  file=sys.stderr, flush=True)
+        index += 1
+        now = time.monotonic()
+        if now - last >= PROGRESS_SECONDS:
+            last = now
+            print(f"fuzz{tag} {device}: {index} cases, {index / (now - start):.1f}/s, {len(failures)} failures",
+                  flush=True)
+    elapsed = time.monotonic() - start
+    return {"device": device, **{k: v for k, v in X.describe(device).items() if k != "device"},
+            "seed_base": seed_base, "cases": index, "seconds": round(elapsed, 3),
+            "cases_per_second": round(index / elapsed, 2) if elapsed else 0.0, "failures": failures}
+
+
+def one_device(text: str) -> str:
+    """``--device``: one of cpu, cuda, cuda:N."""
+    found = X.device_list(text)
+    if len(found) != 1:
+        raise argparse.ArgumentTypeError(f"kv-canary: one device expected, got {text!r}")
+    return found[0]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("fuzz", help="differential and guard-band fuzz campaign on one device",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--device", type=one_device, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK under torchrun or when a GPU is visible, else cpu)")
+    stop = p.add_mutually_exclusive_group(required=True)
+    stop.add_argument("--seconds", type=float, help="run for this long")
+    stop.add_argument("--cases", type=int, help="run this many cases")
+    p.add_argument("--kernels", default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
+    p.add_argument("--seed-base", type=int, default=1_000_000, help="first seed (rank r adds r * 1e9)")
+    p.add_argument("--out", default="fuzz-failures.json", metavar="FAILS.json",
+                   help="JSON of the campaign and its failing cases with replay commands (rank 0)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, launches: dict | None = None) -> int:
+    """Fuzz this process's device; under torchrun rank 0 gathers every rank's counts and failures."""
+    kernels = X.kernels_of(args.kernels)
+    device = args.device or X.local_device()
+    group = X.init_distributed()
+    rank, size, _ = X.world()
+    tag = f" rank {rank}" if size > 1 else ""
+    mine = campaign(device, kernels, args.seed_base + rank * RANK_SEED_STRIDE, cases=args.cases,
+                    seconds=args.seconds, launches=launches, tag=tag)
+    ranks = [{"rank": r, **result} for r, result in enumerate(X.gather(mine, group))]
+    failures = [f | {"rank": r["rank"]} for r in ranks for f in r["failures"]]
+    if rank == 0:
+        for r in ranks:
+            print(f"fuzz rank {r['rank']} {r['device']} ({r['model']}, {r['arch']}): {r['cases']} cases in "
+                  f"{r['seconds']:.1f} s ({r['cases_per_second']}/s), {len(r['failures'])} failures")
+        total = sum(r["cases"] for r in ranks)
+        print(f"fuzz: {total} cases on {size} processes, {len(failures)} failures"
+              + (f" (written to {args.out})" if failures else ""))
+        with open(args.out, "w") as f:
+            json.dump({"kernels": kernels, "cases": total, "failures": failures, "ranks": ranks}, f, indent=1)
+    X.finish(group)
+    return 1 if failures else 0
