@@ -1,0 +1,72 @@
+"""``tvm-canary fuzz`` on the CPU: a clean campaign, and a fault injected through the test-only
+``launches`` argument that must be caught, written to the failures JSON with its replay command and
+fail the run. Seed base 0: the seeds of the differential tests (no new specializations)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tvm_canary import cases as C
+from tvm_canary import fuzz
+from tvm_canary.cli import build_parser
+
+
+def campaign(tmp_path, *argv, launches=None) -> tuple[int, dict]:
+    out = tmp_path / "fails.json"
+    args = build_parser().parse_args(["fuzz", "--device", "cpu", "--seed-base", "0", *argv, "--out", str(out)])
+    return fuzz.run(args, launches=launches), json.loads(out.read_text())
+
+
+def test_case_order_alternates_differential_and_garbage():
+    kernels = ["write", "plan"]
+    assert [fuzz.case_of(i, kernels, 100) for i in range(5)] == [
+        ("write", "diff:100"), ("plan", "diff:101"), ("write", "garbage:102"), ("plan", "garbage:103"), ("write", "diff:104")
+    ]
+
+
+def test_clean_campaign(tmp_path, capsys):
+    status, report = campaign(tmp_path, "--cases", "8")
+    assert status == 0
+    assert report["cases"] == 8 and report["failures"] == []
+    assert report["ranks"][0]["device"] == "cpu" and report["ranks"][0]["cases_per_second"] > 0
+    assert "fuzz: 8 cases on 1 processes, 0 failures" in capsys.readouterr().out
+
+
+def test_injected_fault_is_caught_and_replayable(tmp_path, capsys):
+    """Plan's write count is off by one after every launch: the campaign reports each plan case (the
+    reference defines both garbage:3's and diff:1's result)."""
+
+    def stray_write(**kw):
+        C.LAUNCH["plan"](**kw)
+        kw["write_plan_out"].write_num_valid_reqs.view(-1)[0] += 1
+
+    status, report = campaign(tmp_path, "--cases", "4", "--kernels", "scatter,plan",
+                              launches={**C.LAUNCH, "plan": stray_write})
+    assert status == 1
+    fails = report["failures"]
+    assert [(f["kernel"], f["case"]) for f in fails] == [("plan", "diff:1"), ("plan", "garbage:3")]
+    assert fails[0]["replay"] == "python -m tvm_canary conformance --devices cpu --kernels plan --case diff:1"
+    assert "digest differs from the reference" in fails[0]["why"]
+    captured = capsys.readouterr()
+    assert "FAIL plan diff:1" in captured.err and "2 failures" in captured.out
+
+
+def test_stray_write_into_a_guard_band_is_caught(tmp_path):
+    """Scatter writes one byte just past ``pool_out``: harmless to the digests of a differential case
+    (the byte is outside every tensor), caught by the guard band of each garbage case."""
+
+    def past_the_end(**kw):
+        C.LAUNCH["scatter"](**kw)
+        pool = kw["pool_out"]
+        storage = torch.empty(0, dtype=torch.uint8).set_(pool.untyped_storage())
+        end = pool.storage_offset() * pool.element_size() + pool.numel() * pool.element_size()
+        if end < storage.numel():
+            storage[end] ^= 1
+
+    status, report = campaign(tmp_path, "--cases", "4", "--kernels", "scatter", launches={**C.LAUNCH, "scatter": past_the_end})
+    assert status == 1
+    assert [(f["case"], f["why"]) for f in report["failures"]] == [
+        ("garbage:1", "guard band after pool_out was written"), ("garbage:3", "guard band after pool_out was written")
+    ]
