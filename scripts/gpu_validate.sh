@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# One GPU validation session (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [bench] [bench-tuned]
+# One GPU validation session (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [bench] [bench-tuned]
 # (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_DEFAULT: a default-geometry bench JSON)
 #   tune:  MetaSchedule tuning of all kernels, resuming tune_logs/ (databases in OUTDIR/tune.tgz)
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
+#   sanitize: a fuzz campaign under compute-sanitizer memcheck and racecheck (scripts/sanitize.sh; SANITIZE_SECONDS)
 #   bench: benchmarks/bench_kernels.py with the default (untuned) geometries
 #   bench-tuned: the same with the tuned database (TVM_CANARY_TUNE_LOGS), compared with bench
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all of them passed, and
 # the last line names the failed stages. Exit status 2: unknown stage name.
 set -uo pipefail
 out="${1:-/tmp/gpu-validate}"; shift; mkdir -p "$out"
-stages="${*:-tune tests aot bench}"
+stages="${*:-tune tests aot sanitize bench}"
 for s in $stages; do
-  case "$s" in tune|tests|aot|bench|bench-tuned) ;; *) echo "gpu_validate: unknown stage '$s' (tune tests aot bench bench-tuned)" >&2; exit 2;; esac
+  case "$s" in tune|tests|aot|sanitize|bench|bench-tuned) ;; *) echo "gpu_validate: unknown stage '$s' (tune tests aot sanitize bench bench-tuned)" >&2; exit 2;; esac
 done
 failed=()
 # check NAME STATUS: record stage NAME as failed unless STATUS is 0.
@@ -53,6 +54,11 @@ if wants aot; then
   compiled=$(ls /tmp/empty-cache 2>/dev/null | wc -l)
   echo "modules compiled at load in runtime-only mode: $compiled" | tee -a "$out/aot.log"
   check aot-compiled-at-load "$compiled"
+fi
+if wants sanitize; then
+  echo "== sanitizer (compute-sanitizer memcheck, racecheck; ${SANITIZE_SECONDS:-60} s fuzz each)"
+  bash scripts/sanitize.sh "$out"
+  check sanitize $?
 fi
 if wants bench; then
   echo "== benchmarks (default geometries)" | tee "$out/bench.log"

@@ -279,23 +279,24 @@ def add_parser(subparsers) -> None:
                         "process's own GPU, or the CPU)")
     p.add_argument("--cases", type=int, default=20, help="differential and garbage cases per kernel")
     p.add_argument("--seed", type=int, default=0, help="first differential seed")
-    p.add_argument("--kernels", default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
+    p.add_argument("--kernels", type=kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--case", default=None, help="run only this case id (replay), e.g. diff:17 or garbage:50017")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON (rank 0)")
     p.set_defaults(func=run)
 
 
-def kernels_of(text: str) -> list[str]:
+def kernel_list(text: str) -> list[str]:
+    """argparse ``type=`` of ``--kernels``: a comma-separated subset of ``cases.KERNELS``."""
     kernels = [k for k in text.split(",") if k]
     unknown = sorted(set(kernels) - set(C.KERNELS))
-    if unknown:
-        raise SystemExit(f"kv-canary: unknown kernels {unknown} (choose from {', '.join(C.KERNELS)})")
+    if unknown or not kernels:
+        raise argparse.ArgumentTypeError(f"kv-canary: unknown kernels {unknown} (choose from {', '.join(C.KERNELS)})")
     return kernels
 
 
 def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Run, gather, compare; rank 0 prints and writes JSON. ``launches``: tests only (see run_device)."""
-    kernels = kernels_of(args.kernels)
+    kernels = args.kernels
     group = init_distributed()
     rank, size, local_rank = world()
     devices = args.devices if args.devices is not None else parse_devices(None)

@@ -82,7 +82,7 @@ def add_parser(subparsers) -> None:
     stop = p.add_mutually_exclusive_group(required=True)
     stop.add_argument("--seconds", type=float, help="run for this long")
     stop.add_argument("--cases", type=int, help="run this many cases")
-    p.add_argument("--kernels", default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
+    p.add_argument("--kernels", type=X.kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--seed-base", type=int, default=1_000_000, help="first seed (rank r adds r * 1e9)")
     p.add_argument("--out", default="fuzz-failures.json", metavar="FAILS.json",
                    help="JSON of the campaign and its failing cases with replay commands (rank 0)")
@@ -91,7 +91,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Fuzz this process's device; under torchrun rank 0 gathers every rank's counts and failures."""
-    kernels = X.kernels_of(args.kernels)
+    kernels = args.kernels
     device = args.device or X.local_device()
     group = X.init_distributed()
     rank, size, _ = X.world()

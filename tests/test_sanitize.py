@@ -1,0 +1,58 @@
+"""scripts/sanitize.sh (the sanitizer stage of scripts/gpu_validate.sh) passes only on "ERROR SUMMARY:
+0 errors" from both tools and a passing campaign; runs with a fake ``compute-sanitizer`` and ``python3``
+on PATH (the real run is on a GPU host)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_PYTHON = """#!/bin/sh
+echo "fuzz: 12 cases on 1 processes, 0 failures"
+exit "${FAKE_FUZZ_RC:-0}"
+"""
+# Passes the tool's options, runs the program, reports FAKE_ERRORS_<TOOL> errors like the real tool.
+FAKE_SANITIZER = """#!/bin/bash
+tool=$2
+while [ "$1" != python3 ]; do shift; done
+"$@"; rc=$?
+var="FAKE_ERRORS_$tool"; n="${!var:-0}"
+[ "$n" != 0 ] && echo "========= Invalid __global__ write of size 8 bytes"
+echo "========= ERROR SUMMARY: $n errors"
+[ "$n" != 0 ] && exit 86
+exit $rc
+"""
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def sanitize(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", FAKE_PYTHON), ("compute-sanitizer", FAKE_SANITIZER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    full_env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SANITIZE_SECONDS="1", **env)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "sanitize.sh"), str(tmp_path / "out")], cwd=tmp_path,
+                          env=full_env, capture_output=True, text=True, timeout=60, check=False)
+    return done, (tmp_path / "out" / "sanitize.log").read_text()
+
+
+def test_zero_errors_pass(tmp_path):
+    done, log = sanitize(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "memcheck: ========= ERROR SUMMARY: 0 errors | fuzz: 12 cases" in log
+    assert "racecheck: ========= ERROR SUMMARY: 0 errors" in log
+
+
+@pytest.mark.parametrize("env", [{"FAKE_ERRORS_racecheck": "3"}, {"FAKE_ERRORS_memcheck": "1"}, {"FAKE_FUZZ_RC": "1"}])
+def test_errors_or_a_failed_campaign_fail(tmp_path, env):
+    done, log = sanitize(tmp_path, **env)
+    assert done.returncode == 1
+    if "FAKE_FUZZ_RC" not in env:
+        assert "Invalid __global__ write" in log
