@@ -98,7 +98,7 @@ def test_two_gloo_ranks_under_torchrun(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tvm_canary",
          "conformance", "--cases", "1", "--kernels", "scatter,write", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())

@@ -110,7 +110,7 @@ def run_device(kernel: str, case: str, device: str, want: dict | None, launches:
         problems = check(kw)
         if kernel == "scatter" and want is not None and case.startswith("garbage:"):
             C.settle_scatter_races(kw, want)
-    except Exception as e:  # a raise is a failure of the case, reported with the others
+    except Exception as e:  # noqa: BLE001 -- any raise is a failure of the case, reported with the others
         return CaseResult(case, None, [], f"{type(e).__name__}: {e}")
     return CaseResult(case, *case_digest(kw), "; ".join(problems) or None)
 
