@@ -108,9 +108,15 @@ def test_two_gloo_ranks_under_torchrun(tmp_path):
     assert proc.stdout.count("conformance: OK") == 1  # rank 0 alone reports
 
 
-@pytest.mark.parametrize("argv", [["--devices", "tpu"], ["--devices", "cuda:7"], ["--kernels", "nope"]])
+@pytest.mark.parametrize("argv", [["--devices", "tpu"], ["--devices", "cuda:7"], ["--kernels", "nope"],
+                                  ["--case", "diff:x"], ["--case", "golden:nope"], ["--case", "seed:3"]])
 def test_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as e:
         args = build_parser().parse_args(["conformance", *argv])
         conformance.run(args)
     assert e.value.code not in (0, None)
+
+
+def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):
+    status, report = conform(tmp_path, "--case", "golden:write-anchor", "--devices", "cpu")
+    assert status == 0 and list(report["kernels"]) == ["write"]

@@ -280,9 +280,20 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cases", type=int, default=20, help="differential and garbage cases per kernel")
     p.add_argument("--seed", type=int, default=0, help="first differential seed")
     p.add_argument("--kernels", type=kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
-    p.add_argument("--case", default=None, help="run only this case id (replay), e.g. diff:17 or garbage:50017")
+    p.add_argument("--case", type=case_id, default=None, help="run only this case id (replay), e.g. diff:17 or garbage:50017")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON (rank 0)")
     p.set_defaults(func=run)
+
+
+def case_id(text: str) -> str:
+    """argparse ``type=`` of ``--case``: ``golden:NAME``, ``diff:SEED`` or ``garbage:SEED``."""
+    kind, _, arg = text.partition(":")
+    golden = {name for by_name in C.GOLDEN.values() for name in by_name}
+    if not ((kind == "golden" and arg in golden) or (kind in ("diff", "garbage") and arg.lstrip("-").isdigit())):
+        raise argparse.ArgumentTypeError(
+            f"kv-canary: case id {text!r}: expected golden:NAME (NAME in {', '.join(sorted(golden))}), diff:SEED or garbage:SEED"
+        )
+    return text
 
 
 def kernel_list(text: str) -> list[str]:
@@ -297,6 +308,10 @@ def kernel_list(text: str) -> list[str]:
 def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Run, gather, compare; rank 0 prints and writes JSON. ``launches``: tests only (see run_device)."""
     kernels = args.kernels
+    if args.case and args.case.startswith("golden:"):
+        kernels = [k for k in kernels if args.case[len("golden:"):] in C.GOLDEN.get(k, {})]
+        if not kernels:
+            raise ValueError(f"kv-canary: no kernel of --kernels {','.join(args.kernels)} has the case {args.case}")
     group = init_distributed()
     rank, size, local_rank = world()
     devices = args.devices if args.devices is not None else parse_devices(None)
