@@ -7,13 +7,14 @@
 # racecheck (shared-memory hazards). The same seeds first run once without the sanitizer so that every
 # kernel is compiled outside it. A tool passes when its "ERROR SUMMARY: 0 errors" line is present and the
 # campaign passed; the summary lines go to OUTDIR/sanitize.log, the full logs to OUTDIR/sanitize-TOOL.log.
-# SANITIZE_SECONDS (default 60): the campaign length under each tool; SANITIZE_SEED_BASE (default 7000000).
+# SANITIZE_SECONDS (default 60): the campaign length under each tool; SANITIZE_WARM_CASES (default 1000): the
+# cases of the warm-up run (more than a sanitized run reaches); SANITIZE_SEED_BASE (default 7000000).
 set -uo pipefail
 out="${1:?usage: scripts/sanitize.sh OUTDIR}"; mkdir -p "$out"
 seconds="${SANITIZE_SECONDS:-60}"
 seeds="${SANITIZE_SEED_BASE:-7000000}"
 failed=0
-python3 -m tvm_canary fuzz --device cuda:0 --cases 2000 --seed-base "$seeds" --out "$out/sanitize-warm.json" \
+python3 -m tvm_canary fuzz --device cuda:0 --cases "${SANITIZE_WARM_CASES:-1000}" --seed-base "$seeds" --out "$out/sanitize-warm.json" \
   > "$out/sanitize-warm.log" 2>&1
 echo "warm-up (no sanitizer): $(tail -1 "$out/sanitize-warm.log")" | tee "$out/sanitize.log"
 for tool in memcheck racecheck; do
