@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tvm_canary import cli
-from tvm_canary.demo.faults import KINDS
+from tvm_canary.testing import KINDS, Engine
 
 SHORT = ["--steps", "30", "--slots", "128", "--max-running", "6", "--device", "cpu", "--no-progress"]
 
@@ -37,3 +37,64 @@ def test_selftest_via_python_m():
                           text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "selftest: 4/4 faults detected" in done.stdout
+
+
+# ---------------------------------------------------------------------- CLI edges
+
+
+def test_demo_cuda_without_gpu_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    for command in (["demo", *SHORT[:-3]], ["selftest"]):
+        with pytest.raises(SystemExit) as done:
+            cli.main([*command, "--device", "cuda"])
+        assert str(done.value).count("\n") == 0
+        assert "--device cuda: no CUDA GPU is visible" in str(done.value)
+
+
+@pytest.mark.parametrize("option,value", [("--max-running", "0"), ("--steps", "0"), ("--slots", "1"),
+                                          ("--window", "0"), ("--sweep-interval", "0"), ("--faults-per-kind", "-1"),
+                                          ("--steps", "many")])
+def test_demo_rejects_bad_numbers(capsys, option, value):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["demo", option, value])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}:" in err and "Traceback" not in err
+
+
+def test_demo_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    out = capsys.readouterr().out
+    options = [ln.split()[0] for ln in out.splitlines() if ln.strip().startswith("--")]
+    assert len(options) >= 10
+    assert out.count("(default:") >= len(options)
+
+
+def test_small_pool_counts_only_injected_faults(capsys):
+    """In 16 slots some kinds find no target: the demo says why and still exits 0."""
+    assert cli.main(["demo", "--seed", "3", "--steps", "30", "--slots", "16", "--device", "cpu", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    reasons = [ln for ln in out.splitlines() if "not injected: " in ln or "not counted: " in ln]
+    assert reasons, out
+    (summary,) = [ln for ln in out.splitlines() if ln.startswith("faults detected: ")]
+    detected, counted = summary.split()[2].split("/")
+    assert detected == counted and int(counted) + len(reasons) == len(KINDS)
+    assert "MISSED" not in out
+
+
+def test_notice_lands_above_the_progress_bar(capsys):
+    """Log notices (e.g. "no tuned schedule") are written by tqdm above the bar, never inside a bar line."""
+    import logging
+
+    def noisy_schedule(self, _original=Engine.schedule):
+        if self.step == 2:
+            logging.getLogger("tvm_canary").warning("tvm_canary: a notice")
+        return _original(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "schedule", noisy_schedule)
+        assert cli.main(["demo", "--seed", "3", *SHORT[:-1]]) == 0
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.replace("\r", "\n").splitlines() if "a notice" in ln]
+    assert line.strip() == "tvm_canary: a notice"

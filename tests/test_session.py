@@ -7,8 +7,8 @@ import torch
 
 from tvm_canary.consts import FailReason
 from tvm_canary.context import CanaryLaunchTag as Tag
-from tvm_canary.demo.engine import EngineConfig, KvPool
 from tvm_canary.session import CanaryGroup, CanarySession, CanaryViolationError, CanaryViolationWarning
+from tvm_canary.testing import KvPool
 from tvm_canary.violations import Violation
 
 NUM_SLOTS = 64
@@ -29,7 +29,7 @@ def token(row: int, pos: int) -> int:
 def make_session(swa_lut: torch.Tensor | None = None, **kw) -> tuple[CanarySession, KvPool]:
     """Session over a random K/V pool (2 sources per half); ``swa_lut`` adds an SWA group of window 2
     (``2 * NUM_SLOTS`` slots, no real-KV sources)."""
-    kv = KvPool(NUM_SLOTS, EngineConfig(), torch.Generator().manual_seed(0), torch.device("cpu"))
+    kv = KvPool.paged(NUM_SLOTS, gen=torch.Generator().manual_seed(0), device="cpu")
     swa = None
     if swa_lut is not None:
         swa = CanaryGroup(num_slots=2 * NUM_SLOTS, swa_window_size=2, full_to_swa_index_mapping=swa_lut)

@@ -12,8 +12,8 @@ import torch
 
 from .cliargs import default_device, torch_device
 from .consts import CANARY_FIELD_POSITION, CANARY_FIELD_TOKEN, FailReason
-from .demo.engine import EngineConfig, KvPool
 from .session import CanaryGroup, CanarySession
+from .testing import KvPool
 
 PROMPT = 8
 REQS = 3
@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     num_slots = 64
-    kv = KvPool(num_slots, EngineConfig(), torch.Generator().manual_seed(0), device)
+    kv = KvPool.paged(num_slots, gen=torch.Generator().manual_seed(0), device=device)
     session = CanarySession(
         full=CanaryGroup(num_slots=num_slots, k_sources=kv.sources("K"), v_sources=kv.sources("V")),
         device=device, write_req_capacity=REQS, write_entry_capacity=REQS * PROMPT,

@@ -1,4 +1,4 @@
-"""The simulated-serving demo (``tvm-canary demo``): engine, faults and the run loop."""
+"""The simulated-serving demo (``tvm-canary demo``): the run loop over ``tvm_canary.testing``'s engine and faults."""
 
 from .run import add_parser, run
 

@@ -1,6 +1,8 @@
 """``tvm-canary demo``: serve a simulated workload with the canary on, inject faults, report.
 
-Exit status 0 only if every injected fault was detected and no other row was recorded.
+Exit status 0 only if every fault that took effect in time to be checked was detected and no other
+row was recorded. A fault that found no target, or whose slot was never handed out again (or only too
+late to be checked), is listed with the reason and not counted.
 """
 
 from __future__ import annotations
@@ -14,34 +16,53 @@ import time
 import torch
 from tqdm import tqdm
 
+from ..cliargs import default_device, torch_device
 from ..consts import RealKvHashMode
 from ..runtime.backend import current_backend
 from ..session import CanaryGroup, CanarySession
-from .engine import Engine, EngineConfig
-from .faults import KINDS, PER_GROUP_KINDS, Fault, FaultTracker, inject
+from ..testing import KINDS, PER_GROUP_KINDS, Engine, EngineConfig, Fault, FaultTracker, inject
+from ..testing.faults import NoTarget
 
 WARMUP_STEPS = 3  # no fault before this step: requests need some cached KV first
 HEALTH_WARMUP_STEPS = 10
 HEALTH_CHECK_INTERVAL = 20
 
 
+def int_at_least(low: int):
+    """An argparse ``type`` accepting integers ``>= low`` (argparse reports the rest as usage errors)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "demo", help="simulated serving with injected KV faults",
         description="Run a simulated serving engine with the canary on, inject KV faults at random steps and "
-                    "report which launch caught each one. Exits 0 only if every fault was detected and nothing "
-                    "else was flagged.",
+                    "report which launch caught each one. Exits 0 only if every fault that took effect was "
+                    "detected and nothing else was flagged.",
     )
-    p.add_argument("--steps", type=int, default=200, help="engine steps (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the faults (default 0)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--steps", type=int_at_least(1), default=200, help="engine steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the faults")
+    p.add_argument("--device", type=torch_device, choices=("cpu", "cuda"), default=default_device(),
+                   help="device of the KV pool and the canary (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--swa", action="store_true", help="add an SWA buffer group")
-    p.add_argument("--window", type=int, default=16, help="SWA window in tokens (default 16)")
+    p.add_argument("--window", type=int_at_least(1), default=16, help="SWA window in tokens (with --swa)")
     p.add_argument("--real-kv", choices=("partial", "all"), default="partial", help="real-KV hash mode")
-    p.add_argument("--slots", type=int, default=512, help="KV pool slots (default 512)")
-    p.add_argument("--max-running", type=int, default=8, help="concurrent requests (default 8)")
-    p.add_argument("--faults-per-kind", type=int, default=1, help="faults injected of each kind (default 1)")
-    p.add_argument("--sweep-interval", type=int, default=4, help="steps between sweeps (default 4)")
+    p.add_argument("--slots", type=int_at_least(2), default=512, help="KV pool slots (slot 0 is reserved)")
+    p.add_argument("--max-running", type=int_at_least(1), default=8, help="concurrent requests")
+    p.add_argument("--faults-per-kind", type=int_at_least(0), default=1,
+                   help=f"faults injected of each kind ({', '.join(KINDS)})")
+    p.add_argument("--sweep-interval", type=int_at_least(1), default=4,
+                   help="steps between sweeps of the live chains (stale chains are found by the sweep)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay the canary step as one captured CUDA graph on even steps (eager on odd ones) and "
                         "report the canary time per step both ways")
@@ -60,6 +81,11 @@ def _schedule(args: argparse.Namespace, rng: random.Random) -> list[tuple[int, s
         raise SystemExit(f"tvm-canary demo: --steps {args.steps} leaves too few steps for {len(jobs)} faults")
     steps = sorted(rng.sample(range(WARMUP_STEPS, last), len(jobs)))
     return [(s, kind, group) for s, (kind, group) in zip(steps, jobs)]
+
+
+def _last_checked_step(args: argparse.Namespace) -> int:
+    """The last step a fault may take effect at and still be checked by a per-forward verify and a sweep."""
+    return args.steps - args.sweep_interval - 1
 
 
 def _session(args: argparse.Namespace, engine: Engine) -> CanarySession:
@@ -89,10 +115,6 @@ def _session(args: argparse.Namespace, engine: Engine) -> CanarySession:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.sweep_interval < 1:
-        raise SystemExit("tvm-canary demo: --sweep-interval must be >= 1 (stale chains are found by the sweep)")
-    if args.swa and args.window < 1:
-        raise SystemExit("tvm-canary demo: --window must be >= 1")
     device = torch.device(args.device)
     cfg = EngineConfig(num_slots=args.slots, max_running=args.max_running, swa_window=args.window if args.swa else 0)
     engine = Engine(cfg, seed=args.seed, device=device)
@@ -105,11 +127,15 @@ def run(args: argparse.Namespace) -> int:
                                      req_to_token=engine.req_to_token)
     rng = random.Random(args.seed + 1)
     pending = _schedule(args, rng)
+    not_injected: list[tuple[str, str, str]] = []  # (kind, group, why)
     tracker = FaultTracker()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     canary_seconds: dict[str, list[float]] = {"eager": []} | ({"CUDA graph": []} if graph else {})  # per step
-    for step in tqdm(range(1, args.steps + 1), desc="demo", unit="step", disable=args.no_progress, file=sys.stderr):
+    last_injection = _last_checked_step(args) - 1
+    for step in tqdm(range(1, args.steps + 1), desc="demo", unit="step", disable=args.no_progress,
+                     file=sys.stderr):
         batch = engine.schedule()
+        tracker.after_schedule(engine)
         inputs = engine.canary_inputs(batch)
         if graph is not None and step % 2 == 0:
             engine.forward(batch)  # before the graph: its HEAD launches read no KV
@@ -137,14 +163,34 @@ def run(args: argparse.Namespace) -> int:
             for victim in fault.victims:
                 engine.abort(victim)
         engine.end_step()
-        if pending and pending[0][0] <= step:
-            fault = inject(pending[0][1], pending[0][2], engine, session, rng)
-            if fault is not None:
-                tracker.faults.append(fault)
-                pending.pop(0)
-    print(_report(args, tracker, pending, canary_seconds))
-    ok = not pending and not tracker.false_positives and all(f.detected_at is not None for f in tracker.faults)
+        while pending and pending[0][0] <= step:
+            _, kind, group = pending[0]
+            try:
+                tracker.faults.append(inject(kind, group, engine, session, rng))
+            except NoTarget as why:
+                if step < last_injection:
+                    break  # try again after the next step
+                not_injected.append((kind, group, f"not injected: {why} (tried until step {step})"))
+            pending.pop(0)
+            if step < last_injection:
+                break  # one fault per step while steps are left; at the last one, every fault still due
+    counted = [f for f in tracker.faults if _counted(f, args)]
+    print(_report(args, tracker, counted, not_injected, canary_seconds))
+    ok = not tracker.false_positives and all(f.detected_at is not None for f in counted)
     return 0 if ok else 1
+
+
+def _counted(fault: Fault, args: argparse.Namespace) -> bool:
+    """Detected, or in place early enough that the run checked it."""
+    return fault.detected_at is not None or (
+        fault.active_from is not None and fault.active_from <= _last_checked_step(args)
+    )
+
+
+def _why_not_counted(fault: Fault) -> str:
+    if fault.active_from is None:
+        return f"not counted: slot {fault.reuse_slot} was never handed out again"
+    return f"not counted: took effect at step {fault.active_from}, too late to be checked"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -153,27 +199,30 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-def _fault_row(i: int, f: Fault) -> list[str]:
-    detected = "MISSED" if f.detected_at is None else str(f.detected_at)
+def _fault_row(i: int, f: Fault, counted: bool) -> list[str]:
+    if f.detected_at is not None:
+        detected = str(f.detected_at)
+    else:
+        detected = "MISSED" if counted else _why_not_counted(f)
     return [str(i), f.kind, f.group, str(f.injected_at), f.target, detected,
             ",".join(sorted(f.tags)) or "-", ",".join(sorted(f.reasons)) or "-"]
 
 
-def _report(
-    args: argparse.Namespace, tracker: FaultTracker, pending: list, canary_seconds: dict[str, list[float]]
-) -> str:
+def _report(args: argparse.Namespace, tracker: FaultTracker, counted: list[Fault],
+            not_injected: list[tuple[str, str, str]], canary_seconds: dict[str, list[float]]) -> str:
     header = ["#", "fault", "group", "after step", "target", "detected at", "launch tags", "fail reasons"]
-    rows = [_fault_row(i, f) for i, f in enumerate(tracker.faults, 1)]
-    rows += [[str(len(rows) + i), kind, group, "-", "never injected (no target)", "MISSED", "-", "-"]
-             for i, (_, kind, group) in enumerate(pending, 1)]
-    detected = sum(1 for f in tracker.faults if f.detected_at is not None)
+    rows = [_fault_row(i, f, f in counted) for i, f in enumerate(tracker.faults, 1)]
+    rows += [[str(len(rows) + i), kind, group, "-", why, "-", "-", "-"]
+             for i, (kind, group, why) in enumerate(not_injected, 1)]
+    detected = sum(1 for f in counted if f.detected_at is not None)
+    skipped = len(rows) - len(counted)
     out = [
         f"tvm-canary demo: {args.steps} steps, seed {args.seed}, device {args.device}, backend {current_backend()}, "
         f"real-KV {args.real_kv}, SWA {'window ' + str(args.window) if args.swa else 'off'}",
         "",
         _table(header, rows),
         "",
-        f"faults detected: {detected}/{len(rows)}",
+        f"faults detected: {detected}/{len(counted)}" + (f" ({skipped} not counted, see the table)" if skipped else ""),
         f"false positives: {len(tracker.false_positives)}",
         *(f"  step {step}: {line}" for step, line in tracker.false_positives),
         *(f"canary time per step{'' if len(canary_seconds) == 1 else f' ({way}, {len(times)} steps)'}: "

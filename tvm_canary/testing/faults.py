@@ -1,7 +1,9 @@
-"""The demo's faults, and the attribution of violation rows to them.
+"""Faults injected into the simulated engine, and the attribution of violation rows to them.
 
 Each injector runs between two steps and returns a ``Fault`` naming its victims (the requests or
-cache entries whose chains it breaks), or None when no suitable target exists yet. Which check
+cache entries whose chains it breaks), or raises ``NoTarget`` saying why no suitable target exists
+yet. Most faults are in place at once; ``double_alloc`` and ``stale_chain`` only once the engine
+hands their slot to a new owner (``Fault.active_from``, set by ``FaultTracker.after_schedule``). Which check
 catches each fault (SPEC 3.1 / 3.2):
 
 * ``kv_flip``: a K/V byte of a written slot is flipped in the pool -> the next TAIL verify's real-KV
@@ -38,15 +40,21 @@ KINDS = ("kv_flip", "token_overwrite", "position_overwrite", "double_alloc", "st
 PER_GROUP_KINDS = ("kv_flip", "token_overwrite", "position_overwrite")  # act on one group's buffers
 
 
+class NoTarget(Exception):
+    """No slot, request or cache entry suits the fault now; the message says what is missing."""
+
+
 @dataclasses.dataclass(eq=False)
 class Fault:
     """One injected fault and what caught it."""
 
     kind: str
     group: str  # FULL or SWA for PER_GROUP_KINDS; the others act on the full slot (both groups)
-    injected_at: int  # the fault is in place from step injected_at + 1
+    injected_at: int  # injected between steps injected_at and injected_at + 1
     target: str
     victims: list[Holder]
+    reuse_slot: int | None = None  # the fault takes effect when the engine hands this slot out again
+    active_from: int | None = None  # first step the fault is in place (None: not yet)
     detected_at: int | None = None
     tags: set[str] = dataclasses.field(default_factory=set)
     reasons: set[str] = dataclasses.field(default_factory=set)
@@ -75,27 +83,30 @@ def _canary_slot(engine: Engine, group: str, slot: int) -> int:
     return slot if group == "FULL" else int(engine.lut_host[slot])
 
 
-def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: random.Random) -> Fault | None:
-    """Inject one fault of ``kind`` now (between steps ``engine.step`` and ``engine.step + 1``)."""
+def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: random.Random) -> Fault:
+    """Inject one fault of ``kind`` now (between steps ``engine.step`` and ``engine.step + 1``).
+
+    Raises NoTarget when nothing suits ``kind`` at this point of the run."""
     if kind == "stale_chain":
         return _stale_chain(engine, rng)
     if kind == "wrong_seed":
         reqs = [r for r in engine.running if not r.pinned and r.cached >= 2]
         if not reqs:
-            return None
+            raise NoTarget("no running request with 2 or more cached tokens")
         req = rng.choice(reqs)
         engine.short_prefix = req
         return _fault(kind, group, engine, f"req {req.rid}: seed = slot of pos {req.cached - 2}, not {req.cached - 1}",
                       req)
     cands = _owned_positions(engine, group, back=2 if kind == "double_alloc" else 1)
     if not cands:
-        return None
+        where = "inside the SWA window " if group == "SWA" else ""
+        raise NoTarget(f"no cached position {where}held by one running request only")
     req, pos = rng.choice(cands)
     slot = req.slots[pos]
     where = f"req {req.rid} pos {pos} slot {slot}"
     if kind == "double_alloc":
         engine.handout = slot
-        return _fault(kind, group, engine, f"{where} handed out again", req)
+        return _fault(kind, group, engine, f"{where} handed out again", req, reuse_slot=slot)
     cslot = _canary_slot(engine, group, slot)
     half = rng.choice(session.halves)
     if group == "SWA":
@@ -113,22 +124,24 @@ def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: r
     return _fault(kind, group, engine, f"{where} {endpoint} {half} buffer", req)
 
 
-def _stale_chain(engine: Engine, rng: random.Random) -> Fault | None:
+def _stale_chain(engine: Engine, rng: random.Random) -> Fault:
     """Free one slot of a cache entry to the front of the free list, keeping the entry."""
     cands = [(e, pos) for e in engine.cache if not e.pinned
              for pos in range(len(e.slots) - 1) if engine.refs[e.slots[pos]] == 1]
     if not cands:
-        return None
+        raise NoTarget("no prefix-cache entry with a slot only it holds")
     entry, pos = rng.choice(cands)
     slot = entry.slots[pos]
     entry.held.remove(slot)
     engine.free_slot(slot, front=True)
-    return _fault("stale_chain", "FULL", engine, f"cache entry pos {pos} slot {slot} freed, entry kept", entry)
+    return _fault("stale_chain", "FULL", engine, f"cache entry pos {pos} slot {slot} freed, entry kept", entry,
+                  reuse_slot=slot)
 
 
-def _fault(kind: str, group: str, engine: Engine, target: str, victim: Holder) -> Fault:
+def _fault(kind: str, group: str, engine: Engine, target: str, victim: Holder, reuse_slot: int | None = None) -> Fault:
     victim.pinned = True
-    return Fault(kind=kind, group=group, injected_at=engine.step, target=target, victims=[victim])
+    return Fault(kind=kind, group=group, injected_at=engine.step, target=target, victims=[victim],
+                 reuse_slot=reuse_slot, active_from=engine.step + 1 if reuse_slot is None else None)
 
 
 class FaultTracker:
@@ -137,6 +150,12 @@ class FaultTracker:
     def __init__(self) -> None:
         self.faults: list[Fault] = []
         self.false_positives: list[tuple[int, str]] = []  # (step, violation line)
+
+    def after_schedule(self, engine: Engine) -> None:
+        """Mark the faults whose slot the step just scheduled handed to a new owner as in place."""
+        for f in self.faults:
+            if f.active_from is None and engine.refs[f.reuse_slot] > 0 and engine.handout != f.reuse_slot:
+                f.active_from = engine.step
 
     def attribute(self, report: ViolationReport, engine: Engine, step: int) -> list[Fault]:
         """Match each row to the undetected (or just detected) fault whose victim holds the row's slot;

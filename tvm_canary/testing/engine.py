@@ -1,4 +1,4 @@
-"""A simulated serving engine: the KV bookkeeping of a real one, with random bytes for a model.
+"""The simulated serving engine: the KV bookkeeping of a real one, with random bytes for a model.
 
 It has a paged K/V pool per group (random bytes per token, exposed as RealKvSources), a
 request-to-token table, refcounted slots with a free list, a prefix cache of finished requests that
@@ -18,7 +18,7 @@ import random
 import numpy as np
 import torch
 
-from ..context import RealKvSource
+from .kv_pool import KvPool
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,44 +38,6 @@ class EngineConfig:
     share_prob: float = 0.5  # chance a new request starts with a cached prefix
     admit_per_step: int = 2
     vocab: int = 50_000
-
-
-class KvPool:
-    """Paged K and V bytes of one slot space: per half, ``layers`` uint8 ``[pages, page_size * nbpt]``."""
-
-    def __init__(self, num_slots: int, cfg: EngineConfig, gen: torch.Generator, device: torch.device) -> None:
-        pages = -(-num_slots // cfg.page_size)
-        self.cfg, self.gen, self.device = cfg, gen, device
-        self.tensors = {
-            half: [torch.zeros(pages, cfg.page_size * cfg.bytes_per_token, dtype=torch.uint8, device=device)
-                   for _ in range(cfg.layers)]
-            for half in ("K", "V")
-        }
-
-    def sources(self, half: str) -> tuple[RealKvSource, ...]:
-        nbpt = self.cfg.bytes_per_token
-        return tuple(
-            RealKvSource(tensor=t, page_size=self.cfg.page_size, num_bytes_per_token=nbpt, read_bytes=nbpt)
-            for t in self.tensors[half]
-        )
-
-    def _strips(self, t: torch.Tensor) -> torch.Tensor:
-        return t.view(-1, self.cfg.bytes_per_token)
-
-    def write(self, slots: list[int]) -> None:
-        """The model's forward: fresh random K and V bytes for ``slots`` in every layer."""
-        if not slots:
-            return
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        for layer_tensors in self.tensors.values():
-            for t in layer_tensors:
-                data = torch.randint(0, 256, (len(slots), self.cfg.bytes_per_token), dtype=torch.uint8,
-                                     generator=self.gen)
-                self._strips(t)[index] = data.to(self.device)
-
-    def flip(self, half: str, layer: int, slot: int, byte: int, mask: int) -> None:
-        """XOR byte ``byte`` of ``slot``'s strip in one layer with ``mask``."""
-        self._strips(self.tensors[half][layer])[slot, byte] ^= mask
 
 
 @dataclasses.dataclass(eq=False)
@@ -133,8 +95,8 @@ class Engine:
         self.cfg = cfg
         self.rng = random.Random(seed)
         gen = torch.Generator().manual_seed(seed)
-        self.full_kv = KvPool(cfg.num_slots, cfg, gen, device)
-        self.swa_kv = KvPool(cfg.num_slots, cfg, gen, device) if cfg.swa_window else None
+        self.full_kv = self._pool(gen, device)
+        self.swa_kv = self._pool(gen, device) if cfg.swa_window else None
         self.req_to_token_host = np.zeros((cfg.max_running + 1, cfg.max_context), dtype=np.int32)
         self.req_to_token = torch.zeros(self.req_to_token_host.shape, dtype=torch.int32, device=device)
         self.lut_host = np.zeros(cfg.num_slots, dtype=np.int64)  # full slot -> SWA slot (0: none)
@@ -151,6 +113,11 @@ class Engine:
         # Fault hooks (set by the fault injectors, consumed once).
         self.handout: int | None = None  # the next allocation returns this live slot
         self.short_prefix: Request | None = None  # this request's prefix length is reported one short
+
+    def _pool(self, gen: torch.Generator, device: torch.device) -> KvPool:
+        cfg = self.cfg
+        return KvPool.paged(cfg.num_slots, gen=gen, device=device, page_size=cfg.page_size, layers=cfg.layers,
+                            bytes_per_token=cfg.bytes_per_token)
 
     # ------------------------------------------------------------------ slots
 
