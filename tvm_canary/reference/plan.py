@@ -8,20 +8,18 @@ from __future__ import annotations
 import torch
 
 from ..plans import VerifyPlan, WritePlan
+from .swa import to_group_slots
 
 
 def _translate(slots: torch.Tensor, lut: torch.Tensor | None) -> torch.Tensor:
-    """Full-pool slots -> canary slots: identity without a LUT or for negative slots, else ``lut[x]``.
-
-    Raises ValueError for the first ``x >= len(lut)`` (kernels clamp instead, SPEC D4).
-    """
-    if lut is None:
-        return slots
-    bad = slots >= lut.shape[0]
-    if bool(bad.any()):
-        slot = int(slots[bad][0])
-        raise ValueError(f"kv-canary: SWA slot {slot} is outside full_to_swa_index_mapping length {lut.shape[0]}")
-    return torch.where(slots < 0, slots, lut[slots.clamp(min=0)])
+    """``to_group_slots`` after checking the range: raises ValueError for the first ``x >= len(lut)``
+    (kernels clamp instead, SPEC D4)."""
+    if lut is not None:
+        bad = slots >= lut.shape[0]
+        if bool(bad.any()):
+            slot = int(slots[bad][0])
+            raise ValueError(f"kv-canary: SWA slot {slot} is outside full_to_swa_index_mapping length {lut.shape[0]}")
+    return to_group_slots(slots, lut)
 
 
 def _verify_entries(
