@@ -41,7 +41,7 @@ if wants tune; then
 fi
 if wants tests; then
   echo "== CUDA test suite (TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-none})" | tee "$out/pytest.log"
-  timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rs tests -k "cuda or graph" 2>&1 | tail -6 | tee -a "$out/pytest.log"
+  timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rs tests -m "gpu or nvcc" 2>&1 | tail -6 | tee -a "$out/pytest.log"
   check tests "${PIPESTATUS[0]}"
 fi
 if wants aot; then
@@ -49,7 +49,7 @@ if wants aot; then
   python3 -m tvm_canary build --target cuda --arch sm_90 --arch sm_80 -o /tmp/aot 2>&1 | tail -1 | tee -a "$out/aot.log"
   check aot-build "${PIPESTATUS[0]}"
   TVM_USE_RUNTIME_LIB=1 TVM_CANARY_MODULES=/tmp/aot TVM_CANARY_CACHE=/tmp/empty-cache timeout 200 \
-    python3 -m pytest -q -p no:cacheprovider tests/test_differential.py tests/test_cuda_graph.py -k "cuda or graph" 2>&1 | tail -3 | tee -a "$out/aot.log"
+    python3 -m pytest -q -p no:cacheprovider tests/test_differential.py tests/test_cuda_graph.py -m gpu 2>&1 | tail -3 | tee -a "$out/aot.log"
   check aot-runtime-only "${PIPESTATUS[0]}"
   compiled=$(ls /tmp/empty-cache 2>/dev/null | wc -l)
   echo "modules compiled at load in runtime-only mode: $compiled" | tee -a "$out/aot.log"

@@ -1,4 +1,9 @@
-"""Shared fixtures. ``impl`` runs the hand cases against every implementation in ``IMPLS``."""
+"""Shared fixtures and markers. ``impl`` runs the hand cases against every implementation in ``IMPLS``.
+
+Markers (registered in pyproject.toml): ``gpu`` tests need a CUDA GPU and are skipped without one; a
+test is marked ``gpu`` automatically when one of its parameter ids names CUDA (``tvm-cuda``, ``cuda``),
+or explicitly. The GPU host selects them with ``-m gpu``.
+"""
 
 from __future__ import annotations
 
@@ -67,6 +72,18 @@ IMPLS = {
     "tvm-cpu": TvmImpl("tvm-cpu", "cpu"),
     "tvm-cuda": TvmImpl("tvm-cuda", "cuda"),
 }
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the tests parametrized on CUDA ``gpu``; skip every ``gpu`` test on a machine without a GPU."""
+    no_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (the gpu-marked tests run on GPU hosts)")
+    has_gpu = torch.cuda.is_available()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any("cuda" in part for part in callspec.id.split("-")):
+            item.add_marker(pytest.mark.gpu)
+        if not has_gpu and item.get_closest_marker("gpu") is not None:
+            item.add_marker(no_gpu)
 
 
 @pytest.fixture(params=list(IMPLS), ids=list(IMPLS))

@@ -42,8 +42,10 @@ print("ok")
 
 def test_runtime_only_host_runs_prebuilt_modules(tmp_path):
     assert main(["build", "--target", "llvm", "--kernels", "scatter", "-o", str(tmp_path / "modules")]) == 0
-    assert len(list((tmp_path / "modules").glob("scatter-*.so"))) == 1 and (tmp_path / "modules" / "manifest.json").exists()
-    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", TVM_CANARY_MODULES=str(tmp_path / "modules"), TVM_CANARY_CACHE=str(tmp_path / "cache"))
+    assert len(list((tmp_path / "modules").glob("scatter-*.so"))) == 1
+    assert (tmp_path / "modules" / "manifest.json").exists()
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", TVM_CANARY_MODULES=str(tmp_path / "modules"),
+               TVM_CANARY_CACHE=str(tmp_path / "cache"))
     res = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout + res.stderr
 

@@ -247,7 +247,8 @@ def test_three_d_source_constructs_but_is_rejected_at_launch():
 # Launch-time errors: (id, base-args builder, check function, mutator, exception, exact message).
 # ---------------------------------------------------------------------------------------------
 
-W, WA, V, P, PP, PL, S = write_args, write_args_asserting, verify_args, plan_args, plan_args_with_pool, plan_args_with_lut, scatter_args
+W, WA, V, P, S = write_args, write_args_asserting, verify_args, plan_args, scatter_args
+PP, PL = plan_args_with_pool, plan_args_with_lut
 CW, CV, CP, CS = checks.check_write, checks.check_verify, checks.check_plan, checks.check_scatter
 FIVE_SOURCES = sources(*(source() for _ in range(5)))
 
@@ -739,10 +740,12 @@ def test_case_ids_are_unique():
 @pytest.mark.parametrize(
     "helper, value, what, message",
     [
-        (checks._require_non_negative, -1, "offsets kernel bs", "kv-canary: offsets kernel bs must be non-negative, got -1"),
+        (checks._require_non_negative, -1, "offsets kernel bs",
+         "kv-canary: offsets kernel bs must be non-negative, got -1"),
         (checks._require_non_negative, -2, "write_req_capacity",
          "kv-canary: write_req_capacity must be non-negative, got -2"),
-        (checks._require_non_negative, -3, "verify_capacity", "kv-canary: verify_capacity must be non-negative, got -3"),
+        (checks._require_non_negative, -3, "verify_capacity",
+         "kv-canary: verify_capacity must be non-negative, got -3"),
         (checks._require_non_negative, -4, "lut_len", "kv-canary: lut_len must be non-negative, got -4"),
     ],
     ids=["bs", "write_req_capacity", "verify_capacity", "lut_len"],

@@ -5,6 +5,7 @@ nvcc for sm_80 and sm_90, so CUDA breakage is caught in CPU CI.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 
@@ -17,6 +18,7 @@ from tvm_canary.runtime.specializations import KERNELS, all_specs, spec_id
 CASES = [(k, s) for k in KERNELS for s in all_specs(k)]
 
 
+@functools.cache  # each (kernel, spec, arch) is built once per run: the nvcc test reuses the lowering test's
 def cuda_build(kernel, spec, arch="sm_90"):
     tag = f"cuda-{arch}"
     return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag))
@@ -31,6 +33,8 @@ def test_cuda_lowering_keeps_state_on_device(kernel, spec):
     assert f"canary_{kernel}_kernel" in source
 
 
+@pytest.mark.nvcc
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tree import assert_same_bytes, tensors
 
 import tvm_canary as tc
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import use_backend
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+from tree import assert_same_bytes, tensors
+
+pytestmark = pytest.mark.gpu
 
 ROWS, MAX_LEN, SLOTS, BS, TOKENS = 16, 64, 4096, 8, 96
 
@@ -28,8 +29,9 @@ def batch(gen):
     ext = torch.randint(1, TOKENS // BS, (BS,), generator=gen)
     ext[-1] = 0
     n = int(ext.sum())
-    pos = torch.cat([torch.arange(int(p), int(p) + int(e)) for p, e in zip(prefix, ext)] + [torch.zeros(TOKENS - n, dtype=torch.int64)])
-    row = torch.cat([torch.full((int(e),), int(r)) for r, e in zip(rpi, ext)] + [torch.zeros(TOKENS - n, dtype=torch.int64)])
+    tail = [torch.zeros(TOKENS - n, dtype=torch.int64)]
+    pos = torch.cat([torch.arange(int(p), int(p) + int(e)) for p, e in zip(prefix, ext)] + tail)
+    row = torch.cat([torch.full((int(e),), int(r)) for r, e in zip(rpi, ext)] + tail)
     ocl = r2t[row, pos].to(torch.int64)
     ocl[n:] = -1
     ids = torch.randint(0, 50000, (TOKENS,), generator=gen)
@@ -71,7 +73,8 @@ def step(s, vp, wp):
 
 
 def plans(device):
-    return tc.VerifyPlan.allocate(verify_capacity=1024, device=device), tc.WritePlan.allocate(write_req_capacity=BS, device=device)
+    return (tc.VerifyPlan.allocate(verify_capacity=1024, device=device),
+            tc.WritePlan.allocate(write_req_capacity=BS, device=device))
 
 
 def test_graph_replay_reads_live_inputs():

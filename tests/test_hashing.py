@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 
-from helpers import I64, four_sources, i64, make_canary, poke_source_byte, py_chain_hash, py_fold, random_source, set_slot
 from tvm_canary import consts
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.context import RealKvSource
@@ -19,6 +18,18 @@ from tvm_canary.reference.hashing import (
     real_kv_fold_t,
     splitmix64_t,
     valid_slot_mask,
+)
+
+from helpers import (
+    I64,
+    four_sources,
+    i64,
+    make_canary,
+    poke_source_byte,
+    py_chain_hash,
+    py_fold,
+    random_source,
+    set_slot,
 )
 
 SPEC_VECTORS = [

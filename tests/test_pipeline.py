@@ -20,7 +20,15 @@ from unittest import mock
 
 import pytest
 import torch
-from tree import assert_same_bytes, devices, require, tensors
+
+import tvm_canary as tc
+from tvm_canary import consts
+from tvm_canary import session as session_module
+from tvm_canary.consts import FailReason, RealKvHashMode
+from tvm_canary.context import CanaryLaunchTag
+from tvm_canary.runtime import use_backend
+from tvm_canary.session import CanaryGroup, CanarySession
+from tvm_canary.testing import KvPool
 
 from helpers import (
     ANCHOR,
@@ -32,14 +40,7 @@ from helpers import (
     random_source,
     set_slot,
 )
-import tvm_canary as tc
-from tvm_canary import consts
-from tvm_canary.consts import FailReason, RealKvHashMode
-from tvm_canary.context import CanaryLaunchTag
-from tvm_canary import session as session_module
-from tvm_canary.runtime import use_backend
-from tvm_canary.session import CanaryGroup, CanarySession
-from tvm_canary.testing import KvPool
+from tree import assert_same_bytes, devices, require, tensors
 
 PARTIAL, ALL = RealKvHashMode.PARTIAL, RealKvHashMode.ALL
 HEAD = int(CanaryLaunchTag.HEAD_K_FULL)

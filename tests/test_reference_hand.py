@@ -12,6 +12,11 @@ import dataclasses
 import pytest
 import torch
 
+from tvm_canary import reference
+from tvm_canary.consts import FailReason, RealKvHashMode
+from tvm_canary.context import CanaryLaunchTag
+from tvm_canary.plans import VerifyPlan, WritePlan
+
 from helpers import (
     ANCHOR,
     INVALID,
@@ -35,10 +40,6 @@ from helpers import (
     set_slot,
     stamp_chain,
 )
-from tvm_canary import reference
-from tvm_canary.consts import FailReason, RealKvHashMode
-from tvm_canary.context import CanaryLaunchTag
-from tvm_canary.plans import VerifyPlan, WritePlan
 
 NONE, PARTIAL, ALL = RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL
 KIND = int(CanaryLaunchTag.HEAD_K_FULL)
@@ -682,7 +683,8 @@ def test_plan_lut_index_past_end(impl):
     lut = [100 + x for x in range(12)]  # covers full slots 0..11; row 1 holds 10..17
     kw = dict(rpi=[1], prefix=[3], extend=[1], rtt=RTT, lut=lut)
     if impl.name == "reference":
-        with pytest.raises(ValueError, match=r"^kv-canary: SWA slot 12 is outside full_to_swa_index_mapping length 12$"):
+        message = r"^kv-canary: SWA slot 12 is outside full_to_swa_index_mapping length 12$"
+        with pytest.raises(ValueError, match=message):
             run_plan(impl, vplan, wplan, **kw)
         return
     run_plan(impl, vplan, wplan, **kw)

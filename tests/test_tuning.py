@@ -48,7 +48,8 @@ def test_tune_rejects_fewer_than_one_trial(trials, capsys):
 def test_tune_writes_a_database_per_device(tuned_logs):
     key = keys.device_key(torch.device("cpu"))
     assert (tuned_logs / key / "database_workload.json").exists()
-    assert (tuned_logs / key / "database_tuning_record.json").read_text().count("\n") >= 6  # 4 write + 2 verify (NONE and ALL)
+    records = (tuned_logs / key / "database_tuning_record.json").read_text()
+    assert records.count("\n") >= 6  # 4 write + 2 verify (NONE and ALL)
 
 
 def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
