@@ -19,14 +19,14 @@ CASES = [(k, s) for k in KERNELS for s in all_specs(k)]
 
 
 @functools.cache  # each (kernel, spec, arch) is built once per run: the nvcc test reuses the lowering test's
-def cuda_build(kernel, spec, arch="sm_90"):
+def cuda_build(kernel, spec, arch):
     tag = f"cuda-{arch}"
     return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag))
 
 
 @pytest.mark.parametrize("kernel,spec", CASES, ids=[f"{k}-{spec_id(s)}" for k, s in CASES])
 def test_cuda_lowering_keeps_state_on_device(kernel, spec):
-    ex = cuda_build(kernel, spec)
+    ex = cuda_build(kernel, spec, "sm_90")
     host_ir = ex.mod.inspect_source("ll")
     assert "TVMBackendAllocWorkspace" not in host_ir  # a host-allocated buffer would be written by the CPU
     source = ex.mod.imports[0].inspect_source("cuda")
