@@ -41,7 +41,8 @@ def test_wheel_carries_the_tuning_databases(tmp_path):
         shutil.copy(REPO / name, src / name)
     for folder in ("tvm_canary", "tune_logs"):
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    cmd = [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")]
+    cmd = [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q",
+           "-w", str(tmp_path / "dist")]
     res = subprocess.run(cmd, cwd=src, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr
     (wheel,) = (tmp_path / "dist").glob("tvm_canary-*.whl")
@@ -55,8 +56,10 @@ def test_wheel_carries_the_tuning_databases(tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TVM_CANARY_TUNE_LOGS")}
     env.update(PYTHONPATH=str(tmp_path / "site"), XDG_DATA_HOME=str(tmp_path / "xdg"))
-    child = "from tvm_canary.tuning import keys; print(keys.default_out_dir()); print(*(f'{k} {p}' for k, p in keys.databases()), sep='\\n')"
-    res = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    child = ("from tvm_canary.tuning import keys; print(keys.default_out_dir()); "
+             "print(*(f'{k} {p}' for k, p in keys.databases()), sep='\\n')")
+    res = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
     assert res.returncode == 0, res.stderr
     out_dir, *found = res.stdout.splitlines()
     assert out_dir == str(tmp_path / "xdg" / "tvm_canary" / "tune_logs")  # an installed copy is not written to

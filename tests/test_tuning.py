@@ -150,7 +150,8 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
     apply._records.cache_clear()
 
 
-@pytest.mark.parametrize("key", sorted(p.parent.name for p in keys.committed_tune_logs().glob("*/database_workload.json")))
+@pytest.mark.parametrize("key", sorted(p.parent.name
+                                      for p in keys.committed_tune_logs().glob("*/database_workload.json")))
 def test_committed_databases_match_the_current_kernels(key):
     """Every committed record was tuned for the kernels of this tree (a kernel change that alters its
     TensorIR needs a re-tune; one that provably keeps the generated code needs tuning/restamp.py)."""
@@ -175,7 +176,8 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
     apply._records.cache_clear()
     for kernel in ("write", "verify", "write"):
         assert apply.tuned_geometry(kernel, torch.device("cpu"), 8) is None
-    assert printed == [f"tvm_canary: no tuned schedule for {keys.device_key(torch.device('cpu'))}; using the default schedule"]
+    key = keys.device_key(torch.device("cpu"))
+    assert printed == [f"tvm_canary: no tuned schedule for {key}; using the default schedule"]
     apply._records.cache_clear()
 
 
