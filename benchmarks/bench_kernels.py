@@ -300,38 +300,8 @@ def verify_plans(slots_2d, ids, n, order, sets):
     return plans
 
 
-<<<<<<< HEAD
 # ------------------------------------------------------------------------------------------------
 # Performance targets (docs/PERFORMANCE.md; for the default geometry)
-=======
-def verify_rows(pool, quick):
-    rows = []
-    sizes = [1 << 10, 1 << 12, 1 << 16, 1 << 20] + ([] if quick else [1 << 22, 1 << 24])
-    geom = targets.default_geometry("verify", targets.tag_for(DEV))
-    arch = targets.cuda_arch(0)
-    for mode in (RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL):
-        for order in ("random", "chain"):
-            slots_2d, ids = stamp_chains(pool, mode, order)
-            ctx = pool.context(mode)
-            fold_words = 0 if mode == RealKvHashMode.NONE else (2 if mode == RealKvHashMode.PARTIAL else KV_BYTES // 8)
-            n_src = len(ctx.real_kv_sources)
-            gather = floors.compile_cuda(floors.gather(geom, fold_words, False, n_src), arch)
-            out = torch.empty(geom.blocks * geom.threads, dtype=torch.int64, device=DEV)
-            for n in sizes:
-                plans = verify_plans(slots_2d, ids, n, order, 4 if n <= (1 << 20) else 2, False)
-                t = graph_time_us([lambda p=p: tc.launch_canary_verify_kernel(context=ctx, plan=p, check_verify_expected_token=False) for p in plans])
-                if int(pool.widx) != 0:
-                    print(f"WARNING: verify {mode.name} {order} {n} flagged {int(pool.widx)} violations", flush=True)
-                    pool.widx.zero_()
-                g = graph_time_us([lambda p=p: gather(tc.runtime.packing.canary_words(pool.canary), p.verify_slot_indices, p.verify_expected_tokens,
-                                                      p.verify_expected_positions, p.verify_prev_slot_indices, p.verify_num_valid, pool.kv, out) for p in plans])
-                src_bytes = n_src * (32 if mode == RealKvHashMode.PARTIAL else KV_BYTES) if n_src else 0
-                nbytes = n * (24 + 32 + 32 + src_bytes)
-                ref = once_us(lambda: reference.canary_verify_ref(context=ctx, plan=plans[0], check_verify_expected_token=False))  # noqa: F821 if n <= (1 << 24) else float("nan")
-                rows.append(dict(kernel="verify", case=f"{mode.name} {order} {n}", us=t, bytes=nbytes, floor="gather", floor_us=g, ref_us=ref))
-                del plans
-    return rows
->>>>>>> 925cd24 (tests: gpu/slow/nvcc markers registered (strict), gpu set on CUDA-parametrized tests in conftest and skipped without a GPU; GPU hosts select -m 'gpu or nvcc' instead of -k 'cuda or graph'; codegen tests build each (kernel, spec, arch) once per run; ruff config (line length 120, TVMScript rules exempt in kernel files) with the tree fixed and a lint step in .ci/run)
 
 
 def targets_for(row, rows) -> list[dict]:

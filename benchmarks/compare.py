@@ -18,14 +18,8 @@ def main(argv=None) -> int:
     a, b = (json.loads(pathlib.Path(p).read_text()) for p in (a_path, b_path))
     rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
     slower = []
-<<<<<<< HEAD
     print(f"{a.get('gpu') or a['env']['gpu']}: {a_path} vs {b_path}")
     print(f"{'kernel':8} {'case':24} {'default us':>11} {'tuned us':>10} {'tuned/def':>9} {'def/floor':>9} {'tuned/floor':>11}")
-=======
-    print(f"{a['gpu']}: {a_path} vs {b_path}")
-    print(f"{'kernel':8} {'case':24} {'default us':>11} {'tuned us':>10} {'tuned/def':>9} {'def/floor':>9} "
-          f"{'tuned/floor':>11}")
->>>>>>> 925cd24 (tests: gpu/slow/nvcc markers registered (strict), gpu set on CUDA-parametrized tests in conftest and skipped without a GPU; GPU hosts select -m 'gpu or nvcc' instead of -k 'cuda or graph'; codegen tests build each (kernel, spec, arch) once per run; ruff config (line length 120, TVMScript rules exempt in kernel files) with the tree fixed and a lint step in .ci/run)
     for ra in a["rows"]:
         rb = rows_b.get((ra["kernel"], ra["case"]))
         if rb is None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tree import assert_same_bytes, devices, require
 
 import tvm_canary as tc
 from tvm_canary.consts import RealKvHashMode
+
+from tree import assert_same_bytes, devices, require
 
 SLOTS, ROWS, MAX_LEN, BS, EXTEND = 256, 5, 16, 4, 2
 TOKENS = BS * EXTEND

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-<<<<<<< HEAD
-from tree import assert_same_bytes, devices, require, tensors
-=======
->>>>>>> 925cd24 (tests: gpu/slow/nvcc markers registered (strict), gpu set on CUDA-parametrized tests in conftest and skipped without a GPU; GPU hosts select -m 'gpu or nvcc' instead of -k 'cuda or graph'; codegen tests build each (kernel, spec, arch) once per run; ruff config (line length 120, TVMScript rules exempt in kernel files) with the tree fixed and a lint step in .ci/run)
 
 from tvm_canary.cases import CASES, LAUNCH, REFERENCE
 from tvm_canary.runtime import use_backend
 
-from cases import CASES
 from tree import assert_same_bytes, devices, require, tensors
 
 ITERATIONS = {"cpu": 60, "cuda": 300}

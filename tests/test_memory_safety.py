@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-<<<<<<< HEAD
-from tree import assert_same_bytes, devices, require, tensors
-=======
->>>>>>> 925cd24 (tests: gpu/slow/nvcc markers registered (strict), gpu set on CUDA-parametrized tests in conftest and skipped without a GPU; GPU hosts select -m 'gpu or nvcc' instead of -k 'cuda or graph'; codegen tests build each (kernel, spec, arch) once per run; ruff config (line length 120, TVMScript rules exempt in kernel files) with the tree fixed and a lint step in .ci/run)
 
 from tvm_canary.cases import (
     CASES,
@@ -32,13 +28,8 @@ from tvm_canary.cases import (
 )
 from tvm_canary.runtime import use_backend
 
-<<<<<<< HEAD
-=======
-from cases import CASES
 from tree import assert_same_bytes, devices, require, tensors
 
-GUARD_BYTES = 4096
->>>>>>> 925cd24 (tests: gpu/slow/nvcc markers registered (strict), gpu set on CUDA-parametrized tests in conftest and skipped without a GPU; GPU hosts select -m 'gpu or nvcc' instead of -k 'cuda or graph'; codegen tests build each (kernel, spec, arch) once per run; ruff config (line length 120, TVMScript rules exempt in kernel files) with the tree fixed and a lint step in .ci/run)
 ITERATIONS = {"cpu": 40, "cuda": 200}
 
 

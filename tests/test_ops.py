@@ -12,12 +12,13 @@ import inspect
 
 import pytest
 import torch
-from cases import CASES
-from tree import assert_same_bytes, devices, require, tensors
 
 import tvm_canary as tc
 from tvm_canary import ops, reference
 from tvm_canary.runtime import use_backend
+
+from cases import CASES
+from tree import assert_same_bytes, devices, require, tensors
 
 REFERENCE = {
     "verify": reference.canary_verify_ref,

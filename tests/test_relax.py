@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 import tvm
-from tree import assert_same_bytes, devices, require
 from tvm import relax
 from tvm.script import tirx as T
 
@@ -21,6 +20,8 @@ from tvm_canary import relax as canary_relax
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import compile as compile_cache
 from tvm_canary.runtime import packing, targets
+
+from tree import assert_same_bytes, devices, require
 
 SLOTS, ROWS, MAX_LEN, BS, EXTEND, RING, WORDS = 128, 4, 16, 3, 2, 32, 8  # WORDS: int64 words of a KV strip
 TOKENS = BS * EXTEND

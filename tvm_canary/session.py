@@ -37,12 +37,8 @@ from .launch import (
     launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
-<<<<<<< HEAD
-from .violations import ViolationLog, ViolationReport, arrived, host_buffer, record_event
-=======
 from .reference.swa import to_group_slots
-from .violations import ViolationLog, ViolationReport
->>>>>>> 6839643 (pipeline tests drive CanarySession (scripted batches, KvPool as the model's forward, the plan launch wrapped for tampering) instead of re-implementing its step; one SWA slot translation (reference/swa.py) shared by the reference plan and the session)
+from .violations import ViolationLog, ViolationReport, arrived, host_buffer, record_event
 
 VIOLATION_MODES = ("log", "raise", "quiet")
 OVERFLOW_WARNING = "kv-canary: per-forward verify skipped this step due to overflow"
@@ -81,17 +77,6 @@ class CanaryGroup:
     full_to_swa_index_mapping: torch.Tensor | None = None
 
 
-<<<<<<< HEAD
-def _translate(slots: torch.Tensor, lut: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    """Full-pool slots -> a group's canary slots: ``lut[x]`` for ``x >= 0``, written into ``out`` (same
-    length); ``slots`` itself without a LUT."""
-    if lut is None:
-        return slots
-    return torch.where(slots < 0, slots, lut[slots.clamp(min=0)], out=out)
-
-
-=======
->>>>>>> 6839643 (pipeline tests drive CanarySession (scripted batches, KvPool as the model's forward, the plan launch wrapped for tampering) instead of re-implementing its step; one SWA slot translation (reference/swa.py) shared by the reference plan and the session)
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Group:
     name: str  # "FULL" or "SWA"
@@ -343,19 +328,12 @@ class CanarySession:
         for g in self._groups:
             plan = self._sweep_plan(g.name, n)
             lut = g.config.full_to_swa_index_mapping
-<<<<<<< HEAD
             for column, dst in ((0, plan.verify_slot_indices[:n]), (2, plan.verify_prev_slot_indices[:n])):
                 if lut is None:
                     dst.copy_(chains[:, column])
                 else:
-                    _translate(chains[:, column], lut, out=dst)
+                    to_group_slots(chains[:, column], lut, out=dst)
             plan.verify_expected_positions[:n].copy_(chains[:, 1])
-=======
-            plan = VerifyPlan.allocate(verify_capacity=max(1, n), device=self.device)
-            plan.verify_slot_indices[:n] = to_group_slots(chains[:, 0], lut)
-            plan.verify_expected_positions[:n] = chains[:, 1]
-            plan.verify_prev_slot_indices[:n] = to_group_slots(chains[:, 2], lut)
->>>>>>> 6839643 (pipeline tests drive CanarySession (scripted batches, KvPool as the model's forward, the plan launch wrapped for tampering) instead of re-implementing its step; one SWA slot translation (reference/swa.py) shared by the reference plan and the session)
             plan.verify_num_valid.fill_(n)
             for half in self.halves:
                 launch_canary_verify_kernel(
@@ -445,12 +423,8 @@ class CanarySession:
         return lens
 
     def _verify_and_write(self, g: _Group, endpoint: str, batch: _Batch) -> None:
-<<<<<<< HEAD
         n = batch.out_cache_loc.shape[0]
-        out_cache_loc = _translate(batch.out_cache_loc, g.config.full_to_swa_index_mapping, out=g.out_cache_loc[:n])
-=======
-        out_cache_loc = to_group_slots(batch.out_cache_loc, g.config.full_to_swa_index_mapping)
->>>>>>> 6839643 (pipeline tests drive CanarySession (scripted batches, KvPool as the model's forward, the plan launch wrapped for tampering) instead of re-implementing its step; one SWA slot translation (reference/swa.py) shared by the reference plan and the session)
+        out_cache_loc = to_group_slots(batch.out_cache_loc, g.config.full_to_swa_index_mapping, out=g.out_cache_loc[:n])
         for half in self.halves:
             context = g.contexts[endpoint, half]
             launch_canary_verify_kernel(
