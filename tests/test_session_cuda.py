@@ -30,7 +30,7 @@ FAULTS = {
     17: ("TAIL_V_FULL", 3, 1),
 }
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
 
 class DecodeRun:
