@@ -140,6 +140,18 @@ def geometry_label(geom) -> str:
     return f"{geom.blocks}x{geom.threads}" + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "")
 
 
+def default_labels(kernel: str, tag: str) -> str:
+    """The kernel's default geometry, then the real-KV modes whose default differs (``1056x128m8,
+    ALL 528x128m2``)."""
+    from tvm_canary.consts import RealKvHashMode
+    from tvm_canary.runtime import targets
+
+    base = targets.default_geometry(kernel, tag)
+    others = [f"{m.name} {geometry_label(g)}" for m in RealKvHashMode
+              if (g := targets.default_geometry(kernel, tag, int(m))) != base]
+    return ", ".join([geometry_label(base), *others])
+
+
 class Launchers:
     """tvm_canary launches whose geometry is chosen explicitly: ``default`` (tvm_canary/schedules/defaults.py),
     ``tuned`` (the device's tuning database, as the public launch picks it; the default without one)
@@ -156,7 +168,7 @@ class Launchers:
 
     def geometry(self, kernel, choice, size, mode):
         if choice == "default":
-            return self.targets.default_geometry(kernel, self.tag)
+            return self.targets.default_geometry(kernel, self.tag, mode)
         if choice == "tuned":
             return self.C.geometry(kernel, DEV, size, mode)
         return choice
@@ -184,8 +196,9 @@ class Launchers:
         return self.geometry(kernel, "tuned", call.size, call.mode)
 
     def same(self, kernel, kw) -> bool:
-        """Whether the tuned geometry of this launch is the default one."""
-        return self.tuned_geometry(kernel, kw) == self.geometry(kernel, "default", 0, 0)
+        """Whether the tuned geometry of this launch is the default one (of its launch mode)."""
+        call = self.call(kernel, kw)
+        return self.geometry(kernel, "tuned", call.size, call.mode) == self.geometry(kernel, "default", 0, call.mode)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -740,7 +753,7 @@ def main(argv=None) -> int:
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
     sweeps = {"verify": lambda: bench.verify_rows(pool), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
-    defaults = {k: geometry_label(targets.default_geometry(k, bench.launchers.tag)) for k in args.kernels}
+    defaults = {k: default_labels(k, bench.launchers.tag) for k in args.kernels}
     env = environment()
     rows: list = []
 

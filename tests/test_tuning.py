@@ -92,6 +92,26 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     apply._records.cache_clear()
 
 
+def test_the_default_geometry_is_that_of_the_launch_mode():
+    """Verify in ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``), which the tuner can draw
+    (so ``tune`` records it in the ALL buckets) and which ahead-of-time builds cover for a
+    specialization folding sources; other modes, kernels and the CPU use the kernel's default."""
+    from tvm_canary import schedules
+    from tvm_canary.consts import RealKvHashMode
+    from tvm_canary.runtime import aot, specializations, targets
+    from tvm_canary.schedules.space import knob_values_of
+
+    none, partial, full = (targets.default_geometry("verify", "cuda", int(m)) for m in RealKvHashMode)
+    assert none == partial == targets.default_geometry("verify", "cuda-sm_90") and full != none
+    assert full == targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL))
+    assert knob_values_of(schedules.knobs("verify", True), full)
+    assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == targets.default_geometry("verify", "llvm")
+    sources = specializations.spec("verify", num_sources=2, check_token=False)
+    assert aot.geometries("verify", sources, "cuda-sm_90") == [partial, full]
+    no_sources = specializations.spec("verify", num_sources=0, check_token=False)
+    assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none]
+
+
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
     """``record_default`` stores the default's measurement with a trace that replays to the default; a
     record MetaSchedule marked failed (1e10 s) is not a measurement."""

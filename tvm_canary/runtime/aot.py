@@ -26,14 +26,16 @@ from .specializations import KERNELS, all_specs, launch_modes
 
 
 def geometries(kernel: str, spec: tuple, tag: str, tuning_keys: tuple[str, ...] = ()) -> list:
-    """The geometries a launch of ``spec`` on ``tag`` can use: the default, then those the databases
-    of ``tuning_keys`` select for the specialization's launch modes (no duplicates)."""
-    out = [targets.default_geometry(kernel, tag)]
+    """The geometries a launch of ``spec`` on ``tag`` can use: the default of each of the
+    specialization's launch modes, then those the databases of ``tuning_keys`` select for those modes
+    (no duplicates)."""
+    modes = launch_modes(kernel, spec)
+    out = [targets.default_geometry(kernel, tag, mode) for mode in modes]
     if tuning_keys:
         from ..tuning.apply import selected_geometries
 
         for key in tuning_keys:
-            out += selected_geometries(kernel, key, tag.startswith("cuda"), launch_modes(kernel, spec))
+            out += selected_geometries(kernel, key, tag.startswith("cuda"), modes)
     return list(dict.fromkeys(out))
 
 

@@ -99,7 +99,7 @@ def geometry(name: str, device: torch.device, size: int, mode: int = 0):
         tuned = tuned_geometry(name, device, size, mode)
         if tuned is not None:
             return tuned
-    return targets.default_geometry(name, targets.tag_for(device))
+    return targets.default_geometry(name, targets.tag_for(device), mode)
 
 
 def tuning_enabled() -> bool:

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from ..geometry import Geometry
-from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS
+from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,9 +42,12 @@ def target_from_tag(tag: str):
     return tvm.target.Target({"kind": kind, "arch": arch}, host="llvm")
 
 
-def default_geometry(kernel: str, target: str) -> Geometry:
+def default_geometry(kernel: str, target: str, mode: int = 0) -> Geometry:
     """The untuned geometry of ``kernel`` (``tvm_canary/schedules/defaults.py``) for a target tag
-    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``). Every default in the package (at
-    launch, in tuning and in ahead-of-time builds) comes from here."""
-    cuda = target.startswith("cuda")
-    return Geometry(gpu=cuda, **(CUDA_DEFAULTS if cuda else CPU_DEFAULTS)[kernel])
+    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``) and launch ``mode`` (verify's
+    real-KV hash mode when it folds sources, else 0: ``runtime.packing``'s ``KernelCall.mode``, the
+    tuning bucket's ``workloads.mode_of``). Every default in the package (at launch, in tuning and in
+    ahead-of-time builds) comes from here."""
+    if not target.startswith("cuda"):
+        return Geometry(gpu=False, **CPU_DEFAULTS[kernel])
+    return Geometry(gpu=True, **{**CUDA_DEFAULTS[kernel], **CUDA_MODE_DEFAULTS.get((kernel, mode), {})})

@@ -8,7 +8,7 @@ This package imports nothing from the rest of ``tvm_canary``: geometries are pla
 
 import importlib
 
-from .defaults import CPU_DEFAULTS, CUDA_DEFAULTS
+from .defaults import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS
 
 
 def knobs(kernel: str, cuda: bool) -> dict[str, list[int]]:
@@ -17,4 +17,4 @@ def knobs(kernel: str, cuda: bool) -> dict[str, list[int]]:
     return module.CUDA_KNOBS if cuda else module.CPU_KNOBS
 
 
-__all__ = ["CPU_DEFAULTS", "CUDA_DEFAULTS", "knobs"]
+__all__ = ["CPU_DEFAULTS", "CUDA_DEFAULTS", "CUDA_MODE_DEFAULTS", "knobs"]

@@ -1,5 +1,7 @@
 """Default (untuned) geometries as ``{kernel: {Geometry field: value}}``; unnamed fields keep the
-``Geometry`` defaults (1). ``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
+``Geometry`` defaults (1). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
+(verify's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other launch is mode 0).
+``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
 
 CUDA grids are grid-stride, so one size serves every GPU; the numbers suit a 132-SM Hopper (8 blocks
 per SM) and stay cheap when few entries are active. On the CPU every kernel runs serially (one block,
@@ -20,6 +22,14 @@ CUDA_DEFAULTS = {
     # Entries phase 2112 x 512 (fastest of 20 candidates at bs 4096); offsets phase one block of 256 lanes.
     "plan": {"blocks": 2112, "threads": 512, "tile": 256},
     "scatter": {"blocks": 1056, "threads": 256, "tile": 1},
+}
+
+CUDA_MODE_DEFAULTS = {
+    # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
+    # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
+    # was within a few % of the best candidate in every ALL row of the H200 sweep (random and chain,
+    # 1K..16M entries), docs/PERFORMANCE.md ("Default geometries").
+    ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2},
 }
 
 CPU_DEFAULTS = {kernel: {"unroll": 4} for kernel in CUDA_DEFAULTS}

@@ -57,15 +57,19 @@ def measured_records(db, stale: set | None = None) -> dict:
 
 
 def record_geometry(record, cuda: bool) -> Geometry:
-    """Replay a record's trace on its workload and read the geometry it selects."""
+    """Replay a record's trace on its workload and read the geometry it selects (knobs the trace
+    does not decide keep the default of the record's bucket mode)."""
     import tvm
 
     from ..schedules.space import geometry_from
+    from .workloads import bucket_of, mode_of
 
-    kernel = str(record.workload.mod["main"].attrs["canary.kernel"])
+    func = record.workload.mod["main"]
+    kernel = str(func.attrs["canary.kernel"])
     sch = tvm.s_tir.Schedule(record.workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    return geometry_from(sch.mod, default_geometry(kernel, "cuda" if cuda else "llvm"))
+    default = default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket_of(func)))
+    return geometry_from(sch.mod, default)
 
 
 def _best_geometries(work_dir: str, cuda: bool) -> dict:

@@ -88,7 +88,7 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, db, trials: 
         )
         if hasattr(runner, "pool"):
             runner.pool.shutdown()  # a local worker holds this bucket's case (up to ~35 GB of device memory)
-    default = default_geometry(kernel, kind)
+    default = default_geometry(kernel, kind, workloads.mode_of(kernel, bucket))
     rows = measured_records(db).get((kernel, bucket), [])
     if not any(record_geometry(r, cuda) == default for _, r in rows) and knob_values_of(knobs, default):
         # The default competes too: a bucket's best record is then never slower than the default.

@@ -23,8 +23,9 @@ def build_candidate(mod, target, _params):
     cuda = target.kind.name == "cuda"
     tag = f"cuda-{target.attrs['arch']}" if cuda else "llvm"
     kernel = str(mod["main"].attrs["canary.kernel"])
-    geom = geometry_from(mod, default_geometry(kernel, tag))
-    return C.build(kernel, workloads.tuned_spec(kernel, workloads.bucket_of(mod["main"])), tag, geom).mod
+    bucket = workloads.bucket_of(mod["main"])
+    geom = geometry_from(mod, default_geometry(kernel, tag, workloads.mode_of(kernel, bucket)))
+    return C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod
 
 
 @functools.lru_cache(maxsize=1)  # one bucket at a time: a 16M-entry ALL case holds ~35 GB
