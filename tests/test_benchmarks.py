@@ -1,5 +1,5 @@
 """The benchmark scripts on a machine without a GPU: a one-line error instead of a traceback,
-and plot.py's tables from a run's JSON (no GPU, no matplotlib needed)."""
+and plot.py's tables and report.py's target summary from a run's JSON (no GPU, no matplotlib needed)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def _row(kernel, case, us, floor_us, **extra):
 def test_plot_tables_and_targets(tmp_path):
     import bench_kernels
     import plot
+    import report
 
     rows = [
         _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20, baselines={"original": 60.0}),
@@ -54,3 +55,11 @@ def test_plot_tables_and_targets(tmp_path):
     text = out.read_text()
     assert "| NONE chain 1048576 | 30.0 | gather 1056x128 | 20.0 | 1.50 | floor 1.50 <= 1.10 | FAIL | 60.0 (2.00) |" in text
     assert "Targets: 1 PASS, 3 FAIL" in text
+    summary = tmp_path / "summary.md"
+    assert report.main([str(path), "--markdown", str(summary)]) == 0
+    lines = summary.read_text().splitlines()
+    assert "| verify, >= 1M entries: <= 1.10 x floor | 0 | 1 | NONE chain 1048576 (1.50) |" in lines
+    assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 0 | - |" in lines
+    assert "| write, real-KV modes: <= 1.10 x NONE | 0 | 1 | PARTIAL 1x32768 (1.20) |" in lines
+    assert "Rows with targets: 1 PASS, 3 FAIL." in lines
+    assert "Floors as lower bounds: PASS, no row faster than its floor by more than 5%." in lines

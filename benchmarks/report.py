@@ -1,0 +1,80 @@
+"""PASS/FAIL summary of a bench_kernels.py run per target group (markdown, for docs/PERFORMANCE.md).
+
+    python benchmarks/report.py bench.json [--markdown out.md]
+
+A group is one target of issue 13 as ``bench_kernels.targets_for`` states it (kernel, what the time is
+compared with, limit; verify split by size range): how many rows meet it, and each row that does not,
+with its ratio. Then the tuning check (no row tuned more than 3% slower than default, A/B
+interleaved) and the rows faster than their floor by more than 5% (a floor that is not a lower bound).
+Reads the targets the run stored; needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+TUNED_SLOWER = 1.03  # tuned / default above this fails the tuning check
+
+
+def group_of(row, target) -> str:
+    """The target group of one of a row's targets, as a reader of docs/PERFORMANCE.md names it."""
+    what, limit = target["what"], target["limit"]
+    if row["kernel"] == "verify":
+        sizes = ">= 1M entries" if row["n"] >= 1 << 20 else "<= 64K entries"
+        return f"verify, {sizes}: <= {limit:.2f} x floor"
+    if row["kernel"] == "write":
+        return {
+            "chain": f"write, one long chain (NONE): <= {limit:.2f} x register-only chain",
+            "floor": f"write, many requests: <= {limit:.2f} x floor",
+            "NONE": f"write, real-KV modes: <= {limit:.2f} x NONE",
+        }[what]
+    return f"{row['kernel']} {row['case']}: <= {limit:.2f} x {what}"
+
+
+def summary(run) -> str:
+    groups: dict[str, list] = {}
+    for row in run["rows"]:
+        for target in row.get("targets", []):
+            groups.setdefault(group_of(row, target), []).append((row, target))
+    lines = ["| target | PASS | FAIL | failing rows (ratio) |", "| --- | --- | --- | --- |"]
+    for name, entries in groups.items():
+        failed = [f"{r['case']} ({t['ratio']:.2f})" for r, t in entries if t["ratio"] > t["limit"]]
+        lines.append(f"| {name} | {len(entries) - len(failed)} | {len(failed)} | {', '.join(failed) or '-'} |")
+    rows_failed = sum(r.get("status") == "FAIL" for r in run["rows"])
+    rows_passed = sum(r.get("status") == "PASS" for r in run["rows"])
+    lines += ["", f"Rows with targets: {rows_passed} PASS, {rows_failed} FAIL."]
+    tuned = [r for r in run["rows"] if "tuned_us" in r]
+    if tuned:
+        slower = [f"{r['kernel']} {r['case']} ({r['tuned_us'] / r['us']:.3f})" for r in tuned
+                  if r["tuned_us"] > TUNED_SLOWER * r["us"]]
+        lines.append(f"Tuned vs default (A/B interleaved, {len(tuned)} rows): "
+                     + (f"FAIL, more than 3% slower: {', '.join(slower)}." if slower else "PASS, none more than 3% slower."))
+    below = [f"{r['kernel']} {r['case']} ({r['us'] / r['floor_us']:.2f})" for r in run["rows"] if r.get("below_floor")]
+    lines.append("Floors as lower bounds: " + (f"FAIL, rows faster than their floor by more than 5%: {', '.join(below)}."
+                                                if below else "PASS, no row faster than its floor by more than 5%."))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", help="a bench_kernels.py --json file")
+    ap.add_argument("--markdown", help="write the summary here (default: print it)")
+    args = ap.parse_args(argv)
+    import plot
+
+    run = plot.load(args.run)
+    if "env" not in run:
+        print("kv-canary: report.py needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
+        return 2
+    text = summary(run)
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
