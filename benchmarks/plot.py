@@ -24,8 +24,14 @@ BASELINES = ("original", "triton", "torch")
 STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
 
 
-def load(path: str) -> dict:
-    return json.loads(pathlib.Path(path).read_text())
+def load(path: str, reader: str) -> dict | None:
+    """A bench_kernels.py run, or None after a one-line error naming ``reader`` when it is a run of
+    the earlier bench (no baselines, targets or environment)."""
+    run = json.loads(pathlib.Path(path).read_text())
+    if "env" not in run:
+        print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
+        return None
+    return run
 
 
 def _tokens(row) -> int:
@@ -207,9 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", help="write the tables here (default: print them)")
     ap.add_argument("--no-png", action="store_true", help="tables only")
     args = ap.parse_args(argv)
-    run = load(args.run)
-    if "env" not in run:  # a run of the earlier bench (no baselines, targets or environment)
-        print("kv-canary: plot.py needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
+    run = load(args.run, "plot.py")
+    if run is None:
         return 2
     text = markdown(run)
     if args.markdown:

@@ -64,9 +64,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import plot
 
-    run = plot.load(args.run)
-    if "env" not in run:
-        print("kv-canary: report.py needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
+    run = plot.load(args.run, "report.py")
+    if run is None:
         return 2
     text = summary(run)
     if args.markdown:
