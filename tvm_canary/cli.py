@@ -19,8 +19,9 @@ from . import build, conformance, demo, fuzz, info, selftest
 from .cliargs import Parser
 from .console import print_notices_above_progress_bars
 from .tuning import command as tune
+from .tuning import fleet, merge
 
-SUBCOMMANDS = (demo, selftest, build, tune, info, conformance, fuzz)
+SUBCOMMANDS = (demo, selftest, build, tune, merge, fleet, info, conformance, fuzz)
 DISTRIBUTION = "tvm_canary"
 
 

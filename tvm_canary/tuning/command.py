@@ -1,10 +1,13 @@
 """``tvm-canary tune``: tune the kernels' geometries on this machine's device with MetaSchedule.
 
     tvm-canary tune --target cuda|llvm [--kernels ...] [--trials N] [--workloads PRESET] [--out DIR]
+                    [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
 
 Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``,
 or the user's folder for an installed package); workloads already in it with at least N measured
-candidates are skipped (resume). Ends with a table: kernel, workload, candidates, candidates measured
+candidates are skipped (resume). With ``--rpc-tracker``, candidates are built here and measured on
+the RPC servers of ``--rpc-key`` (``tuning/fleet.py``; docs/FLEET-TUNING.md), and the database is
+that of their device. Ends with a table: kernel, workload, candidates, candidates measured
 in this run, default time, tuned time, speedup.
 """
 
@@ -34,6 +37,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--log-dir", type=pathlib.Path, default=None,
                    help="MetaSchedule's log folder; default: a new folder under <kernel cache>/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
+                   help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), not here")
+    p.add_argument("--rpc-key", default=None, help="the RPC key of those servers (one key per device model)")
+    p.add_argument("--rpc-workers", type=_trials, default=None, help="servers measuring at once; default: every server of the key")
     p.set_defaults(func=run)
 
 
@@ -47,13 +54,21 @@ def _trials(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from tvm.s_tir import meta_schedule as ms
 
-    from .driver import tune_workload
+    from ..runtime import targets
+    from . import fleet
+    from .driver import local_runner, tune_workload
 
     cuda = args.target == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("tvm-canary tune: error: --target cuda needs a CUDA GPU, and torch sees none (use --target llvm)")
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    key = keys.device_key(device)
+    if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
+        raise SystemExit("tvm-canary tune: error: --rpc-tracker and --rpc-key go together (and --rpc-workers needs them)")
+    if args.rpc_tracker:
+        remote = fleet.connect(args.rpc_tracker, args.rpc_key, args.target, args.rpc_workers)
+        key, tag, make_runner, where = remote.device_key, remote.tag, remote.runner, f"{remote.workers} RPC server(s)"
+    else:
+        if cuda and not torch.cuda.is_available():
+            raise SystemExit("tvm-canary tune: error: --target cuda needs a CUDA GPU, and torch sees none (use --target llvm)")
+        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        key, tag, make_runner, where = keys.device_key(device), targets.tag_for(device), local_runner, "this host"
     preset = workloads.PRESETS[args.workloads or ("gpu" if cuda else "cpu")]
     work_dir = args.out / key
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
@@ -61,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     jobs = [(k, b) for k in args.kernels for b in preset[k]]
-    results = [tune_workload(kernel, bucket, device, db, args.trials, log_dir, args.verbose)
+    results = [tune_workload(kernel, bucket, tag, db, args.trials, log_dir, args.verbose, make_runner)
                for kernel, bucket in tqdm(jobs, desc=f"tune {key}")]
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
     for r in results:
@@ -72,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     new = sum(r.measured for r in results)
     if new == 0:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
-              f"database's, measured when it was tuned on a device with key {key} (not necessarily this host).")
+              f"database's, measured when it was tuned on a device with key {key} (not necessarily {where}).")
     else:
-        print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on this host ({key}); rows with fewer new than candidates also show the "
+        print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on {where} ({key}); rows with fewer new than candidates also show the "
               f"database's earlier measurements. Wrote {work_dir}")
     return 0

@@ -3,8 +3,8 @@
 ``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``)
 with the builder and runner hooks of ``measure`` and commits the measurements to a JSON database;
 then the default geometry competes as one more record. How candidates are run is one argument
-(``runner``, default ``local_runner``: this machine's device), so another runner (e.g. MetaSchedule's
-RPC runner on a fleet) plugs in without touching the rest.
+(``make_runner``, default ``local_runner``: this machine's device; ``fleet.Fleet.runner``: RPC servers),
+and the default is measured through the same runner, so nothing else depends on where it runs.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import pathlib
 import sys
 import types
-
-import torch
 
 from ..runtime import targets
 from ..runtime.targets import default_geometry
@@ -53,17 +52,20 @@ def local_runner(kernel: str, bucket: tuple):
     )
 
 
-def tune_workload(kernel: str, bucket: tuple, device: torch.device, db, trials: int, log_dir: pathlib.Path,
-                  verbose: bool = False, runner=None) -> Result:
-    """Tune one workload into the JSON database ``db`` until it holds ``trials`` measured candidates (at
-    most the size of the design space); MetaSchedule's logs go to ``log_dir/logs`` (and its INFO lines
-    to stdout too when ``verbose``). ``runner``: a MetaSchedule runner (default ``local_runner``)."""
+def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path,
+                  verbose: bool = False, make_runner=local_runner) -> Result:
+    """Tune one workload for the device of target tag ``tag`` (``targets.tag_for``) into the JSON
+    database ``db`` until it holds ``trials`` measured candidates (at most the size of the design space);
+    MetaSchedule's logs go to ``log_dir/logs`` (and its INFO lines to stdout too when ``verbose``).
+    ``make_runner(kernel, bucket)``: the MetaSchedule runner that measures on that device (default
+    ``local_runner``; ``fleet.Fleet.runner`` for RPC servers). The default geometry is measured with the
+    same runner (checked against the reference like every candidate)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    cuda = device.type == "cuda"
+    cuda = tag.startswith("cuda")
     kind = "cuda" if cuda else "llvm"
-    target = targets.target_from_tag(targets.tag_for(device))
+    target = targets.target_from_tag(tag)
     mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, kind)})
     knobs = design_knobs(kernel, cuda)
     space_size = 1
@@ -71,9 +73,9 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, db, trials: 
         space_size *= len(choices)
     trials = min(trials, space_size)
     before = len(measured_records(db).get((kernel, bucket), []))
-    searched = before < trials
-    if searched:
-        runner = runner or local_runner(kernel, bucket)
+    runner = None
+    if before < trials:
+        runner = make_runner(kernel, bucket)
         builder = ms.builder.LocalBuilder(f_build=measure.build_candidate, max_workers=os.cpu_count())
         space = ms.space_generator.ScheduleFn(make_space(knobs), sch_rules=[], postprocs=[], mutator_probs={})
         # Our spaces never tensorize: skip the 20-30 s import of TVM's tensor intrinsics.
@@ -86,20 +88,25 @@ def tune_workload(kernel: str, bucket: tuple, device: torch.device, db, trials: 
             # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
             strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0), seed=0,
         )
-        if hasattr(runner, "pool"):
-            runner.pool.shutdown()  # a local worker holds this bucket's case (up to ~35 GB of device memory)
     default = default_geometry(kernel, kind, workloads.mode_of(kernel, bucket))
     rows = measured_records(db).get((kernel, bucket), [])
-    if not any(record_geometry(r, cuda) == default for _, r in rows) and knob_values_of(knobs, default):
+    same = [c for c, r in rows if record_geometry(r, cuda) == default]
+    if same:
+        default_us = 1e6 * same[0]
+    else:
         # The default competes too: a bucket's best record is then never slower than the default.
-        commit_measurement(db, mod, knobs, default, default_time_us(kernel, bucket, device, default) / 1e6, target)
-        rows = measured_records(db).get((kernel, bucket), [])
+        runner = runner or make_runner(kernel, bucket)
+        seconds = measure_default(runner, mod, target)
+        default_us = 1e6 * seconds
+        if knob_values_of(knobs, default) and math.isfinite(seconds):
+            commit_measurement(db, mod, knobs, default, seconds, target)
+            rows = measured_records(db).get((kernel, bucket), [])
+    if runner is not None and hasattr(runner, "pool"):
+        runner.pool.shutdown()  # a worker holds this bucket's case (up to ~35 GB of device memory)
     measured = len(rows) - before
     if not rows:
-        return Result(kernel, bucket, 0, measured, float("nan"), float("nan"), "every candidate failed: the default applies")
+        return Result(kernel, bucket, 0, measured, default_us, float("nan"), "every candidate failed: the default applies")
     best_cost, best = rows[0]
-    same = [c for c, r in rows if record_geometry(r, cuda) == default]
-    default_us = 1e6 * same[0] if same else default_time_us(kernel, bucket, device, default)
     return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * best_cost, record_geometry(best, cuda).key())
 
 
@@ -115,18 +122,17 @@ def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> No
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
 
 
-def default_time_us(kernel: str, bucket: tuple, device: torch.device, default) -> float:
-    """The default geometry (when the search did not measure it) timed with the candidates' settings."""
-    import tvm
+def measure_default(runner, mod, target) -> float:
+    """Mean seconds of the workload ``mod`` in the kernel's default geometry (the stand-in without knob
+    annotations, which ``measure.build_candidate`` builds with the defaults), measured and checked
+    against the reference by ``runner`` like a candidate; NaN when that failed."""
+    from tvm.s_tir import meta_schedule as ms
 
-    from ..runtime.compile import build
-
-    ex = build(kernel, workloads.tuned_spec(kernel, bucket), targets.tag_for(device), default)
-    case = workloads.make_case(kernel, bucket, device)
-    dev = tvm.cuda(0) if device.type == "cuda" else tvm.cpu(0)
-    timer = ex.mod.time_evaluator(f"canary_{kernel}", dev, number=10, repeat=3, min_repeat_ms=0)
-    res = timer(*case.args).results
-    del case
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # give the case's memory back before the next bucket's workers need it
-    return 1e6 * sum(res) / len(res)
+    artifact = ms.builder.local_builder.default_export(measure.build_candidate(mod, target, None))
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    (future,) = runner.run([ms.runner.RunnerInput(artifact, target.kind.name, args_info)])
+    result = future.result()
+    if result.error_msg or not result.run_secs:
+        return math.nan
+    secs = [float(s) for s in result.run_secs]
+    return sum(secs) / len(secs)

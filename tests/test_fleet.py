@@ -1,0 +1,200 @@
+"""Fleet tuning without a GPU: a loopback RPC tracker and one CPU ``tvm-canary rpc-server`` (started and
+stopped here, under timeouts) tune a tiny llvm workload end to end, the record's geometry is applied at
+load; the fleet's preflight refuses what would hang; ``tune-merge`` keeps the best valid record per
+workload and refuses another device's database."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tvm_canary.cli import main
+from tvm_canary.runtime import compile as C
+from tvm_canary.tuning import apply, fleet, keys
+
+pytest.importorskip("tornado", reason="the RPC tracker needs tornado (the rpc extra)")
+
+RPC_KEY = "ci-cpu"
+START_TIMEOUT_S = 40
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    # A session of its own: stopping it stops the process group (each TVM RPC process serves from a child).
+    return subprocess.Popen([sys.executable, *args], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    """A loopback tracker with one CPU tvm_canary RPC server under RPC_KEY: the tracker's HOST:PORT."""
+    port = _free_port()
+    procs = [_start(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)])]
+    try:
+        address = f"127.0.0.1:{port}"
+        server_port = _free_port()
+        procs.append(_start(["-m", "tvm_canary", "rpc-server", "--tracker", address, "--key", RPC_KEY, "--host", "127.0.0.1",
+                             "--port", str(server_port), "--port-end", str(server_port + 1)]))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                if fleet._servers("127.0.0.1", port, RPC_KEY)[1] == 1:
+                    break
+            except RuntimeError:
+                pass  # the tracker is not listening yet
+            assert all(p.poll() is None for p in procs), "the tracker or the RPC server exited at start"
+            assert time.monotonic() < deadline, f"no RPC server registered within {START_TIMEOUT_S} s"
+            time.sleep(0.5)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def fleet_logs(tracker, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fleet_logs")
+    args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--trials", "2", "--out", str(out),
+            "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
+    assert main(args) == 0
+    return out
+
+
+def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, monkeypatch, capsys):
+    from tvm.s_tir import meta_schedule as ms
+
+    key = keys.device_key(torch.device("cpu"))  # the server runs on this CPU
+    db = ms.database.JSONDatabase(work_dir=str(fleet_logs / key))
+    rows = apply.measured_records(db)[("write", (8, 16))]
+    assert len(rows) >= 2  # 2 candidates (and the default when the search did not draw it), all checked
+    monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(fleet_logs))
+    monkeypatch.setattr(C, "_by_launch", {})
+    apply._records.cache_clear()
+    try:
+        assert apply.tuned_geometry("write", torch.device("cpu"), 8) == apply.record_geometry(rows[0][1], cuda=False)
+    finally:
+        apply._records.cache_clear()
+
+
+def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_record(fleet_logs):
+    """Every stored time is a real measurement: MetaSchedule marks failed candidates with 1e10 s."""
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(fleet_logs / keys.device_key(torch.device("cpu"))))
+    assert all(max(float(s) for s in r.run_secs) < apply.FAILED_RUN_SECS for r in db.get_all_tuning_records())
+
+
+def test_preflight_refuses_what_would_hang(tracker):
+    with pytest.raises(RuntimeError, match="kv-canary: the RPC tracker at .* has no server under key 'nobody'"):
+        fleet.connect(tracker, "nobody", "llvm", None)
+    with pytest.raises(ValueError, match="kv-canary: --rpc-workers must be between 1 and the 1 server registered"):
+        fleet.connect(tracker, RPC_KEY, "llvm", 2)
+    with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
+        fleet.connect(f"127.0.0.1:{_free_port()}", RPC_KEY, "llvm", None)
+
+
+def test_tune_rpc_flags_go_together(capsys):
+    with pytest.raises(SystemExit, match="--rpc-tracker and --rpc-key go together"):
+        main(["tune", "--target", "llvm", "--rpc-tracker", "127.0.0.1:9190"])
+
+
+# -- tune-merge ----------------------------------------------------------------------------------------
+
+
+def _database(root, key, costs: dict):
+    """A database ``root/key`` with, per (kernel, bucket, geometry), the given seconds."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import workloads
+    from tvm_canary.tuning.driver import commit_measurement
+
+    folder = root / key
+    folder.mkdir(parents=True)
+    db = ms.database.JSONDatabase(work_dir=str(folder))
+    for (kernel, bucket, geom), seconds in costs.items():
+        mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, "llvm")})
+        commit_measurement(db, mod, schedules.knobs(kernel, False), geom, seconds, targets.target_from_tag("llvm"))
+    return folder
+
+
+def test_tune_merge_keeps_the_best_valid_record_per_workload(tmp_path, capsys):
+    import dataclasses
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 2, 4)}
+    a = _database(tmp_path / "host-a", key, {("write", (8, 16), g[1]): 3e-6, ("write", (256, 1), g[2]): 1e10})
+    b = _database(tmp_path / "host-b", key, {("write", (8, 16), g[2]): 2e-6, ("write", (256, 1), g[4]): 5e-6})
+    out = tmp_path / "merged" / key
+    assert main(["tune-merge", str(a), str(b), "--out", str(out)]) == 0
+    merged = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))
+    assert {w: len(rows) for w, rows in merged.items()} == {("write", (8, 16)): 1, ("write", (256, 1)): 1}
+    assert apply.record_geometry(merged[("write", (8, 16))][0][1], cuda=False) == g[2]  # 2 us beats 3 us
+    assert apply.record_geometry(merged[("write", (256, 1))][0][1], cuda=False) == g[4]  # the failed record lost
+    assert "wrote 2 workloads" in capsys.readouterr().out
+
+
+def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    ours = _database(tmp_path / "a", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
+    theirs = _database(tmp_path / "b", "nvidia-h200-sm_90", {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
+    out = tmp_path / "merged" / key
+    assert main(["tune-merge", str(ours), str(theirs), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"kv-canary: refusing to merge {theirs}: it is the database of device key 'nvidia-h200-sm_90', the output is for '{key}'" in err
+    assert not out.exists()  # nothing written
+    # An llvm database renamed into a GPU key's folder is refused by its records' target.
+    renamed = tmp_path / "c" / "nvidia-h200-sm_90"
+    renamed.parent.mkdir()
+    ours.rename(renamed)
+    assert main(["tune-merge", str(renamed), "--out", str(tmp_path / "m2" / "nvidia-h200-sm_90")]) == 1
+    assert "holds records for target llvm, not for device key 'nvidia-h200-sm_90'" in capsys.readouterr().err
+
+
+def test_a_database_applies_only_to_its_own_device_key(tmp_path, monkeypatch, caplog):
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    _database(tmp_path, "another-cpu", {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
+    apply._records.cache_clear()
+    apply._noticed.discard(key)
+    try:
+        with caplog.at_level("WARNING", logger="tvm_canary"):
+            assert apply.tuned_geometry("write", torch.device("cpu"), 8) is None
+        assert f"no tuned schedule for {key}; using the default schedule" in caplog.text
+    finally:
+        apply._records.cache_clear()

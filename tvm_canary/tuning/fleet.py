@@ -1,0 +1,292 @@
+"""Fleet tuning: candidates measured on RPC servers registered with a TVM RPC tracker.
+
+A fleet is one tracker and any number of servers under one *RPC key* (one key per device model, one
+server per GPU). ``tvm-canary tune --rpc-tracker HOST:PORT --rpc-key KEY`` builds candidates on the
+tuning host and measures them on the servers through MetaSchedule's ``RPCRunner``, one runner worker
+per server.
+
+The reference check runs on the server, beside the device: ``tvm-canary rpc-server`` is TVM's RPC
+server (``tvm.rpc.Server``) that registers the global functions below in every session
+(``SERVER_FUNCTIONS``). They run ``measure``'s own hooks, so a candidate measured on a fleet is
+allocated, checked byte for byte against the torch reference and timed exactly as on the local
+runner. TVM's stock ``python -m tvm.exec.rpc_server`` lacks these functions and is refused by name.
+
+Sessions: MetaSchedule opens a session per candidate by default, and a session is a forked process on
+the server, so the bucket's case (valid inputs and reference outputs: seconds to build, up to ~35 GB
+on a GPU) would be rebuilt for every candidate. Here each runner worker keeps its session for the
+workload (``_held``), the server keeps the case for the session (``measure``'s cache), and the session
+ends when the driver shuts the runner down after the workload. Hence one worker per server at most
+(``--rpc-workers`` is checked against the servers the tracker knows).
+
+Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session
+crashed leaves the tracker. So requests are made only when the tracker lists a free server, every
+candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed and the candidate
+fails), and the connection to the tracker is bounded too. Run a fleet under an outer timeout anyway
+(``scripts/fleet_tune.sh`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import socket
+import threading
+
+CANDIDATE_TIMEOUT_S = 120  # the first candidate of a session builds the case (16M entries: seconds)
+SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
+TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's request
+SERVER_FUNCTIONS = ("tvm_canary.fleet.device_info", "tvm_canary.fleet.prepare", "tvm_canary.fleet.run_case")
+
+
+# -- the server side ------------------------------------------------------------------------------
+
+
+def register_server_functions() -> None:
+    """Register the fleet's global functions (``SERVER_FUNCTIONS``); ``tvm.rpc.Server`` calls this in
+    the server process before it forks sessions. Nothing here touches CUDA: a forked session could not
+    use a CUDA context created before the fork."""
+    import tvm_ffi
+
+    tvm_ffi.register_global_func("tvm_canary.fleet.device_info", _device_info, override=True)
+    tvm_ffi.register_global_func("tvm_canary.fleet.prepare", _prepare, override=True)
+    tvm_ffi.register_global_func("tvm_canary.fleet.run_case", _run_case, override=True)
+
+
+def _device_info(device_type: str) -> str:
+    """JSON ``{"key": device key, "tag": target tag}`` of the server's device (``cuda``: GPU 0, i.e.
+    the first of CUDA_VISIBLE_DEVICES; ``llvm``: the CPU)."""
+    import torch
+
+    from ..runtime import targets
+    from . import keys
+
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("kv-canary: this RPC server has no CUDA GPU visible to torch")
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    return json.dumps({"key": keys.device_key(device), "tag": targets.tag_for(device)})
+
+
+def _tvm_device(device_type: str):
+    import tvm
+
+    return tvm.cuda(0) if device_type == "cuda" else tvm.cpu(0)
+
+
+def _prepare(kernel: str, bucket: str, device_type: str) -> None:
+    """Build (once per session) the valid case of the workload ``kernel``/``bucket`` (JSON list)."""
+    from . import measure
+
+    measure.alloc_case(kernel, tuple(json.loads(bucket)), _tvm_device(device_type), None, 1)
+
+
+def _run_case(rt_mod, kernel: str, bucket: str, device_type: str, number: int, repeat: int, min_repeat_ms: int) -> str:
+    """Run a candidate module on the session's case, check it against the reference and time it, with
+    ``measure.run_case`` (a mismatch raises, which fails the candidate); the times as a JSON list."""
+    from . import measure
+
+    device = _tvm_device(device_type)
+    repeated_args = measure.alloc_case(kernel, tuple(json.loads(bucket)), device, None, 1)
+    config = argparse.Namespace(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    return json.dumps([float(t) for t in measure.run_case(kernel, rt_mod, device, config, repeated_args)])
+
+
+def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_end: int = 9199,
+          custom_addr: str | None = None):
+    """Start a tvm_canary RPC server registered with ``tracker`` (``HOST:PORT``) under ``key``; returns
+    the ``tvm.rpc.Server`` (its ``proc`` serves in a child process)."""
+    from tvm import rpc
+
+    return rpc.Server(host, port, port_end, key=key, tracker_addr=parse_address(tracker), custom_addr=custom_addr,
+                      server_init_callback=register_server_functions)
+
+
+# -- the tuning host --------------------------------------------------------------------------------
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port)."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"kv-canary: expected HOST:PORT for the RPC tracker, got {text!r}")
+    return host, int(port)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fleet:
+    """The servers of one RPC key, as the tuning host sees them: ``device_key`` and ``tag`` (target
+    tag) of their device, ``workers`` runner workers (one per server used)."""
+
+    host: str
+    port: int
+    rpc_key: str
+    device_type: str  # cuda or llvm
+    device_key: str
+    tag: str
+    workers: int
+
+    def runner(self, kernel: str, bucket: tuple):
+        """MetaSchedule's RPCRunner for one workload: held sessions, the server-side case and check."""
+        from tvm.s_tir import meta_schedule as ms
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        hook_args = (self.device_key, kernel, json.dumps(list(bucket)), self.device_type)
+        runner = ms.runner.RPCRunner(
+            rpc_config=ms.runner.RPCConfig(self.host, self.port, self.rpc_key, session_timeout_sec=SESSION_TIMEOUT_S),
+            evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
+            f_create_session=functools.partial(_held_session, self.device_key, self.device_type),
+            f_alloc_argument=functools.partial(_alloc_remote, *hook_args),
+            f_run_evaluator=functools.partial(_run_remote, *hook_args),
+            f_cleanup=_cleanup_remote,
+            max_workers=self.workers,
+        )
+        # RPCRunner's pool waits without a limit; give it the per-candidate limit that PopenPoolExecutor
+        # takes at construction (a timed-out worker is killed and the candidate fails). Set after the
+        # fact to keep the worker RPCRunner already started for its sanity check (one import of TVM).
+        assert isinstance(runner.pool, PopenPoolExecutor) and hasattr(runner.pool, "_timeout")
+        runner.pool._timeout = CANDIDATE_TIMEOUT_S
+        return runner
+
+
+def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -> Fleet:
+    """Check the fleet before tuning: the tracker answers, servers are registered under ``rpc_key``,
+    ``workers`` (default: one per server) is at most their number, and a server is a tvm_canary server
+    with a ``device_type`` device; its device key and target tag name the database and the build."""
+    host, port = parse_address(tracker)
+    servers, free = _servers(host, port, rpc_key)
+    if servers == 0:
+        raise RuntimeError(f"kv-canary: the RPC tracker at {host}:{port} has no server under key {rpc_key!r} "
+                           f"(start one with `tvm-canary rpc-server --tracker {host}:{port} --key {rpc_key}`)")
+    workers = servers if workers is None else workers
+    if not 1 <= workers <= servers:
+        raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {servers} server"
+                         f"{'s' if servers != 1 else ''} registered under key {rpc_key!r}, got {workers}")
+    if free == 0:
+        raise RuntimeError(f"kv-canary: every server under key {rpc_key!r} is busy (another client holds it)")
+    session = _request(host, port, rpc_key)
+    try:
+        info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
+    finally:
+        del session
+    return Fleet(host, port, rpc_key, device_type, info["key"], info["tag"], workers)
+
+
+def _bounded(what: str, call):
+    """``call()`` in a thread, given up after TRACKER_TIMEOUT_S (tracker calls block without a limit)."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = call()
+        except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(TRACKER_TIMEOUT_S)
+    if thread.is_alive():
+        raise RuntimeError(f"kv-canary: {what}: no answer within {TRACKER_TIMEOUT_S} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _servers(host: str, port: int, rpc_key: str) -> tuple[int, int]:
+    """(servers registered under ``rpc_key``, of which free) according to the tracker."""
+    from tvm import rpc
+
+    what = f"RPC tracker at {host}:{port}"
+    try:
+        socket.create_connection((host, port), timeout=TRACKER_TIMEOUT_S).close()  # TVM retries a refused one for 60 s
+        summary = _bounded(what, lambda: rpc.connect_tracker(host, port).summary())
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError(f"kv-canary: cannot reach the {what} ({e})") from None
+    servers = sum(1 for s in summary["server_info"] if s["key"].split(":", 1)[-1] == rpc_key)
+    return servers, int(summary["queue_info"].get(rpc_key, {}).get("free", 0))
+
+
+def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
+    """A session on a free server of ``rpc_key`` (refused at once when the tracker lists none free)."""
+    from tvm import rpc
+
+    if _servers(host, port, rpc_key)[1] == 0:
+        raise RuntimeError(f"kv-canary: no free RPC server under key {rpc_key!r} at {host}:{port}")
+    return _bounded(f"a session on key {rpc_key!r}",
+                    lambda: rpc.connect_tracker(host, port).request(rpc_key, priority=1, session_timeout=session_timeout))
+
+
+def _server_function(session, rpc_key: str, name: str):
+    try:
+        return session.get_function(name)
+    except (AttributeError, RuntimeError) as e:
+        raise RuntimeError(f"kv-canary: the RPC server under key {rpc_key!r} lacks {name}: start it with "
+                           "`tvm-canary rpc-server` (TVM's `python -m tvm.exec.rpc_server` cannot check candidates "
+                           "against the reference)") from e
+
+
+# -- MetaSchedule's runner hooks (run in the RPCRunner's worker processes) ----------------------------
+
+_held: dict = {}  # this worker's session and the device key it was checked for
+
+
+def _held_session(device_key: str, device_type: str, rpc_config):
+    """The worker's session, opened on first use and reopened when it died or expired; a server whose
+    device key differs from the fleet's (a server registered under the wrong RPC key) is refused."""
+    session = _held.get("session")
+    if session is not None:
+        try:
+            session.get_function("tvm_canary.fleet.device_info")
+            return session
+        except Exception:  # noqa: BLE001 - a dead session: open another
+            _held.clear()
+    session = _request(rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key, rpc_config.session_timeout_sec)
+    found = json.loads(_server_function(session, rpc_config.tracker_key, "tvm_canary.fleet.device_info")(device_type))["key"]
+    if found != device_key:
+        raise RuntimeError(f"kv-canary: an RPC server under key {rpc_config.tracker_key!r} has device key {found}, "
+                           f"expected {device_key} (one RPC key per device model)")
+    _held["session"] = session
+    return session
+
+
+def _alloc_remote(device_key, kernel, bucket, device_type, session, _device, _args_info, alloc_repeat):
+    """Build the workload's case on the server (kept for the session); no arguments travel."""
+    session.get_function("tvm_canary.fleet.prepare")(kernel, bucket, device_type)
+    return [[]] * alloc_repeat
+
+
+def _run_remote(device_key, kernel, bucket, device_type, session, rt_mod, _device, config, _repeated_args):
+    """Check and time the candidate on the server (``_run_case``)."""
+    run = session.get_function("tvm_canary.fleet.run_case")
+    return json.loads(run(rt_mod, kernel, bucket, device_type, config.number, config.repeat, config.min_repeat_ms))
+
+
+def _cleanup_remote(session, remote_path) -> None:
+    """Remove the candidate's files from the server; the session stays open for the next one."""
+    if session is not None and remote_path is not None:
+        session.remove(remote_path)
+        session.remove(remote_path + ".so")
+
+
+# -- tvm-canary rpc-server ------------------------------------------------------------------------------
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("rpc-server", help="serve this host's device to a tuning fleet (TVM RPC)",
+                              description="Start a TVM RPC server that measures tuning candidates with the canary's "
+                              "reference check, registered with an RPC tracker. One server per GPU: set "
+                              "CUDA_VISIBLE_DEVICES to the GPU it serves.")
+    p.add_argument("--tracker", required=True, help="the RPC tracker's HOST:PORT")
+    p.add_argument("--key", required=True, help="RPC key: one per device model (e.g. h200)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=9090, help="first port to try")
+    p.add_argument("--port-end", type=int, default=9199, help="last port to try")
+    p.add_argument("--custom-addr", default=None, help="address to report to the tracker (default: the one it sees)")
+    p.set_defaults(func=_serve_command)
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    server = serve(args.tracker, args.key, args.host, args.port, args.port_end, args.custom_addr)
+    print(f"tvm_canary RPC server on port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
+    server.proc.join()
+    return 0

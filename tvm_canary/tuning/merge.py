@@ -1,0 +1,108 @@
+"""``tvm-canary tune-merge``: merge databases tuned on several hosts of one device model into one.
+
+    tvm-canary tune-merge DIR... --out tune_logs/<device key>
+
+A database folder is named by its device key (``tune`` writes ``<out>/<device key>/``), and the
+folder name is what lookups at load match (``keys.database_dir``), so a database is only ever applied
+to its own device key. Merging keeps that true: every input folder must carry the output's device key
+and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records for ``sm_XY``; a CPU
+key: llvm records); anything else is refused before anything is written. The output (its earlier
+records included) gets, per workload, the best valid record of all inputs (``apply.measured_records``:
+measured, not failed, tuned for the current kernel code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import shutil
+import tempfile
+
+from .apply import measured_records
+
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+@dataclasses.dataclass
+class Merged:
+    """What a merge kept: workloads (best record each) and the records read, per input."""
+
+    workloads: int
+    records_read: dict
+
+
+def expected_target(device_key: str) -> tuple[str, str | None]:
+    """(target kind, CUDA arch or None) of the records a database of ``device_key`` may hold."""
+    arch = re.search(r"-(sm_\d+)$", device_key)
+    return ("cuda", arch.group(1)) if arch else ("llvm", None)
+
+
+def _check_database(folder: pathlib.Path, device_key: str):
+    """Open ``folder``'s database after checking its device key (folder name) and its records' target."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not (folder / DATABASE_FILES[0]).is_file():
+        raise ValueError(f"kv-canary: {folder} is not a tuning database (no {DATABASE_FILES[0]}; "
+                         "pass the <device key> folder that `tvm-canary tune` wrote)")
+    if folder.name != device_key:
+        raise ValueError(f"kv-canary: refusing to merge {folder}: it is the database of device key {folder.name!r}, "
+                         f"the output is for {device_key!r} (a database applies only to its own device)")
+    db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+    kind, arch = expected_target(device_key)
+    for record in db.get_all_tuning_records():
+        found_kind = str(record.target.kind.name)
+        found_arch = record.target.attrs.get("arch") if found_kind == "cuda" else None
+        found = (found_kind, None if found_arch is None else str(found_arch))
+        if found != (kind, arch):
+            raise ValueError(f"kv-canary: refusing to merge {folder}: it holds records for target "
+                             f"{found[0]}{' ' + found[1] if found[1] else ''}, not for device key {device_key!r}")
+    return db
+
+
+def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
+    """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping the
+    best valid record per workload. Every input is checked before ``out`` is touched; ``out`` is
+    replaced as a whole."""
+    from tvm.s_tir import meta_schedule as ms
+
+    device_key = out.resolve().name
+    inputs = list(dict.fromkeys(p.resolve() for p in sources))
+    if (out / DATABASE_FILES[0]).is_file() and out.resolve() not in inputs:
+        inputs.append(out.resolve())
+    databases = [(folder, _check_database(folder, device_key)) for folder in inputs]
+    best: dict = {}
+    read = {}
+    for folder, db in databases:
+        read[str(folder)] = len(db.get_all_tuning_records())
+        for workload, rows in measured_records(db).items():
+            if workload not in best or rows[0][0] < best[workload][0]:
+                best[workload] = rows[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        merged = ms.database.JSONDatabase(work_dir=tmp)
+        for _, record in sorted(best.values(), key=lambda row: str(row[1].workload.mod["main"].attrs["canary.kernel"])):
+            workload = merged.commit_workload(record.workload.mod)
+            merged.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target,
+                                                                 record.args_info))
+        del merged
+        out.mkdir(exist_ok=True)
+        for name in DATABASE_FILES:
+            shutil.copyfile(pathlib.Path(tmp) / name, out / name)
+    return Merged(len(best), read)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("tune-merge", help="merge tuning databases of one device model (e.g. from several hosts)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("sources", nargs="+", type=pathlib.Path, metavar="DIR", help="database folders (<...>/<device key>)")
+    p.add_argument("--out", type=pathlib.Path, required=True, help="the merged database: <root>/<device key>")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    result = merge(args.sources, args.out)
+    for folder, count in result.records_read.items():
+        print(f"read {count:5} records from {folder}")
+    print(f"wrote {result.workloads} workloads (best valid record each) to {args.out}")
+    return 0
