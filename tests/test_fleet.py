@@ -5,14 +5,6 @@ workload and refuses another device's database."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import pytest
 import torch
 
@@ -20,60 +12,15 @@ from tvm_canary.cli import main
 from tvm_canary.runtime import compile as C
 from tvm_canary.tuning import apply, fleet, keys
 
-pytest.importorskip("tornado", reason="the RPC tracker needs tornado (the rpc extra)")
-
 RPC_KEY = "ci-cpu"
-START_TIMEOUT_S = 40
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    # A session of its own: stopping it stops the process group (each TVM RPC process serves from a child).
-    return subprocess.Popen([sys.executable, *args], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+TUNE_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def tracker():
     """A loopback tracker with one CPU tvm_canary RPC server under RPC_KEY: the tracker's HOST:PORT."""
-    port = _free_port()
-    procs = [_start(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)])]
-    try:
-        address = f"127.0.0.1:{port}"
-        server_port = _free_port()
-        procs.append(_start(["-m", "tvm_canary", "rpc-server", "--tracker", address, "--key", RPC_KEY, "--host", "127.0.0.1",
-                             "--port", str(server_port), "--port-end", str(server_port + 1)]))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                if fleet._servers("127.0.0.1", port, RPC_KEY)[1] == 1:
-                    break
-            except RuntimeError:
-                pass  # the tracker is not listening yet
-            assert all(p.poll() is None for p in procs), "the tracker or the RPC server exited at start"
-            assert time.monotonic() < deadline, f"no RPC server registered within {START_TIMEOUT_S} s"
-            time.sleep(0.5)
+    with fleet.local_fleet(RPC_KEY, [{}], start_timeout_s=60) as address:
         yield address
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +28,8 @@ def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
     args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--trials", "2", "--out", str(out),
             "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
-    assert main(args) == 0
+    # An outer limit: a fleet whose server died would otherwise leave MetaSchedule waiting.
+    assert fleet._bounded("tune on the loopback fleet", lambda: main(args), timeout_s=TUNE_TIMEOUT_S) == 0
     return out
 
 
@@ -115,7 +63,7 @@ def test_preflight_refuses_what_would_hang(tracker):
     with pytest.raises(ValueError, match="kv-canary: --rpc-workers must be between 1 and the 1 server registered"):
         fleet.connect(tracker, RPC_KEY, "llvm", 2)
     with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
-        fleet.connect(f"127.0.0.1:{_free_port()}", RPC_KEY, "llvm", None)
+        fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
 
 
 def test_tune_rpc_flags_go_together(capsys):

@@ -22,17 +22,24 @@ Hangs: an RPC request for a key whose servers are all taken waits forever, and a
 crashed leaves the tracker. So requests are made only when the tracker lists a free server, every
 candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed and the candidate
 fails), and the connection to the tracker is bounded too. Run a fleet under an outer timeout anyway
-(``scripts/fleet_tune.sh`` does).
+(``scripts/fleet_tune.py`` does).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
+import os
+import pathlib
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 CANDIDATE_TIMEOUT_S = 120  # the first candidate of a session builds the case (16M entries: seconds)
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
@@ -45,9 +52,12 @@ SERVER_FUNCTIONS = ("tvm_canary.fleet.device_info", "tvm_canary.fleet.prepare", 
 
 def register_server_functions() -> None:
     """Register the fleet's global functions (``SERVER_FUNCTIONS``); ``tvm.rpc.Server`` calls this in
-    the server process before it forks sessions. Nothing here touches CUDA: a forked session could not
-    use a CUDA context created before the fork."""
+    the server process before it forks sessions. The imports here are inherited by every session (torch and
+    tvm_canary load once per server, not once per session); nothing touches CUDA, since a forked session
+    could not use a CUDA context created before the fork."""
     import tvm_ffi
+
+    from . import keys, measure  # noqa: F401 - imported before the fork, see above
 
     tvm_ffi.register_global_func("tvm_canary.fleet.device_info", _device_info, override=True)
     tvm_ffi.register_global_func("tvm_canary.fleet.prepare", _prepare, override=True)
@@ -154,7 +164,7 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
     ``workers`` (default: one per server) is at most their number, and a server is a tvm_canary server
     with a ``device_type`` device; its device key and target tag name the database and the build."""
     host, port = parse_address(tracker)
-    servers, free = _servers(host, port, rpc_key)
+    servers, _ = _servers(host, port, rpc_key)
     if servers == 0:
         raise RuntimeError(f"kv-canary: the RPC tracker at {host}:{port} has no server under key {rpc_key!r} "
                            f"(start one with `tvm-canary rpc-server --tracker {host}:{port} --key {rpc_key}`)")
@@ -162,8 +172,6 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
     if not 1 <= workers <= servers:
         raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {servers} server"
                          f"{'s' if servers != 1 else ''} registered under key {rpc_key!r}, got {workers}")
-    if free == 0:
-        raise RuntimeError(f"kv-canary: every server under key {rpc_key!r} is busy (another client holds it)")
     session = _request(host, port, rpc_key)
     try:
         info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
@@ -172,8 +180,8 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
     return Fleet(host, port, rpc_key, device_type, info["key"], info["tag"], workers)
 
 
-def _bounded(what: str, call):
-    """``call()`` in a thread, given up after TRACKER_TIMEOUT_S (tracker calls block without a limit)."""
+def _bounded(what: str, call, timeout_s: float = TRACKER_TIMEOUT_S):
+    """``call()`` in a thread, given up after ``timeout_s`` (tracker calls block without a limit)."""
     box: dict = {}
 
     def target():
@@ -184,9 +192,9 @@ def _bounded(what: str, call):
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    thread.join(TRACKER_TIMEOUT_S)
+    thread.join(timeout_s)
     if thread.is_alive():
-        raise RuntimeError(f"kv-canary: {what}: no answer within {TRACKER_TIMEOUT_S} s")
+        raise RuntimeError(f"kv-canary: {what}: no answer within {timeout_s} s")
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -207,11 +215,17 @@ def _servers(host: str, port: int, rpc_key: str) -> tuple[int, int]:
 
 
 def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
-    """A session on a free server of ``rpc_key`` (refused at once when the tracker lists none free)."""
+    """A session on a free server of ``rpc_key``, requested only once the tracker lists one free (a server
+    re-registers a moment after a session ends); refused after TRACKER_TIMEOUT_S without one, since a
+    request the tracker cannot serve would wait forever."""
     from tvm import rpc
 
-    if _servers(host, port, rpc_key)[1] == 0:
-        raise RuntimeError(f"kv-canary: no free RPC server under key {rpc_key!r} at {host}:{port}")
+    deadline = time.monotonic() + TRACKER_TIMEOUT_S
+    while _servers(host, port, rpc_key)[1] == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"kv-canary: no free RPC server under key {rpc_key!r} at {host}:{port} within "
+                               f"{TRACKER_TIMEOUT_S} s (all taken by other clients, or gone)")
+        time.sleep(0.5)
     return _bounded(f"a session on key {rpc_key!r}",
                     lambda: rpc.connect_tracker(host, port).request(rpc_key, priority=1, session_timeout=session_timeout))
 
@@ -266,6 +280,70 @@ def _cleanup_remote(session, remote_path) -> None:
     if session is not None and remote_path is not None:
         session.remove(remote_path)
         session.remove(remote_path + ".so")
+
+
+# -- a fleet on this host (tests, scripts/fleet_tune.py) ----------------------------------------------
+
+
+@contextlib.contextmanager
+def local_fleet(rpc_key: str, server_envs: list[dict], log_dir: pathlib.Path | None = None, start_timeout_s: float = 120):
+    """Start an RPC tracker on 127.0.0.1 and one ``tvm-canary rpc-server`` per entry of ``server_envs``
+    (extra environment of that server, e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``), wait until every server
+    is registered, yield the tracker's ``HOST:PORT``, and stop them all (process groups: TERM, then KILL)
+    on exit. The tracker needs ``tornado``. Output goes to ``log_dir`` (tracker.log, server-<i>.log)."""
+    package_root = str(pathlib.Path(__file__).resolve().parents[2])  # the servers import this tvm_canary
+    pythonpath = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str], extra_env: dict) -> None:
+        out = subprocess.DEVNULL if log_dir is None else open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+        env = dict(os.environ, PYTHONPATH=pythonpath, **extra_env)
+        # A session of its own: each TVM RPC process serves from a child, stopped with it as a group.
+        procs.append(subprocess.Popen([sys.executable, *args], env=env, start_new_session=True, stdout=out, stderr=out))
+        if out is not subprocess.DEVNULL:
+            out.close()
+
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    try:
+        start("tracker", ["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)], {})
+        for i, extra_env in enumerate(server_envs):
+            start(f"server-{i}", ["-m", "tvm_canary", "rpc-server", "--tracker", address, "--key", rpc_key, "--host", "127.0.0.1",
+                                  "--port", str(_free_port()), "--port-end", "65535"], extra_env)
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            with contextlib.suppress(RuntimeError):  # the tracker may not listen yet
+                if _servers("127.0.0.1", port, rpc_key)[1] == len(server_envs):
+                    break
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"kv-canary: the RPC tracker or a server exited at start (logs: {log_dir})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kv-canary: {len(server_envs)} RPC servers not registered within {start_timeout_s} s")
+            time.sleep(0.5)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            stop_process_group(proc)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """Stop a process started with its own session, with its children: TERM, then KILL after 5 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 # -- tvm-canary rpc-server ------------------------------------------------------------------------------
