@@ -141,7 +141,7 @@ class Fleet:
         from tvm.s_tir import meta_schedule as ms
         from tvm.support.popen_pool import PopenPoolExecutor
 
-        hook_args = (self.device_key, kernel, json.dumps(list(bucket)), self.device_type)
+        hook_args = (kernel, json.dumps(list(bucket)), self.device_type)
         runner = ms.runner.RPCRunner(
             rpc_config=ms.runner.RPCConfig(self.host, self.port, self.rpc_key, session_timeout_sec=SESSION_TIMEOUT_S),
             evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
@@ -263,13 +263,13 @@ def _held_session(device_key: str, device_type: str, rpc_config):
     return session
 
 
-def _alloc_remote(device_key, kernel, bucket, device_type, session, _device, _args_info, alloc_repeat):
+def _alloc_remote(kernel, bucket, device_type, session, _device, _args_info, alloc_repeat):
     """Build the workload's case on the server (kept for the session); no arguments travel."""
     session.get_function("tvm_canary.fleet.prepare")(kernel, bucket, device_type)
     return [[]] * alloc_repeat
 
 
-def _run_remote(device_key, kernel, bucket, device_type, session, rt_mod, _device, config, _repeated_args):
+def _run_remote(kernel, bucket, device_type, session, rt_mod, _device, config, _repeated_args):
     """Check and time the candidate on the server (``_run_case``)."""
     run = session.get_function("tvm_canary.fleet.run_case")
     return json.loads(run(rt_mod, kernel, bucket, device_type, config.number, config.repeat, config.min_repeat_ms))
