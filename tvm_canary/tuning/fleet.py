@@ -7,7 +7,7 @@ per server.
 
 The reference check runs on the server, beside the device: ``tvm-canary rpc-server`` is TVM's RPC
 server (``tvm.rpc.Server``) that registers the global functions below in every session
-(``SERVER_FUNCTIONS``). They run ``measure``'s own hooks, so a candidate measured on a fleet is
+(``tvm_canary.fleet.*``). They run ``measure``'s own hooks, so a candidate measured on a fleet is
 allocated, checked byte for byte against the torch reference and timed exactly as on the local
 runner. TVM's stock ``python -m tvm.exec.rpc_server`` lacks these functions and is refused by name.
 
@@ -44,14 +44,13 @@ import time
 CANDIDATE_TIMEOUT_S = 120  # the first candidate of a session builds the case (16M entries: seconds)
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
 TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's request
-SERVER_FUNCTIONS = ("tvm_canary.fleet.device_info", "tvm_canary.fleet.prepare", "tvm_canary.fleet.run_case")
 
 
 # -- the server side ------------------------------------------------------------------------------
 
 
 def register_server_functions() -> None:
-    """Register the fleet's global functions (``SERVER_FUNCTIONS``); ``tvm.rpc.Server`` calls this in
+    """Register the fleet's global functions (``tvm_canary.fleet.*``, below); ``tvm.rpc.Server`` calls this in
     the server process before it forks sessions. The imports here are inherited by every session (torch and
     tvm_canary load once per server, not once per session); nothing touches CUDA, since a forked session
     could not use a CUDA context created before the fork."""
@@ -59,9 +58,8 @@ def register_server_functions() -> None:
 
     from . import keys, measure  # noqa: F401 - imported before the fork, see above
 
-    tvm_ffi.register_global_func("tvm_canary.fleet.device_info", _device_info, override=True)
-    tvm_ffi.register_global_func("tvm_canary.fleet.prepare", _prepare, override=True)
-    tvm_ffi.register_global_func("tvm_canary.fleet.run_case", _run_case, override=True)
+    for name, func in (("device_info", _device_info), ("prepare", _prepare), ("run_case", _run_case)):
+        tvm_ffi.register_global_func(f"tvm_canary.fleet.{name}", func, override=True)
 
 
 def _device_info(device_type: str) -> str:
