@@ -42,8 +42,8 @@ def canary(args: list[str], timeout_s: float, log: pathlib.Path) -> tuple[int, f
     """Run ``python -m tvm_canary ARGS`` (output to ``log``); (exit status, wall seconds); 124 on timeout."""
     start = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", *args], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             status = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -71,11 +71,13 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=("cuda", "llvm"), default="cuda")
-    parser.add_argument("--servers", type=int, default=None, help="servers to start (cuda: default every visible GPU; llvm: 2)")
+    parser.add_argument("--servers", type=int, default=None,
+                        help="servers to start (cuda: default every visible GPU; llvm: 2)")
     parser.add_argument("--counts", type=int, nargs="+", default=None, help="server counts to time")
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--kernels", nargs="+", default=None)
-    parser.add_argument("--workloads", default=None, help="tune's size bucket preset (default: gpu for cuda, cpu for llvm)")
+    parser.add_argument("--workloads", default=None,
+                        help="tune's size bucket preset (default: gpu for cuda, cpu for llvm)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "fleet-tune")
     parser.add_argument("--timeout", type=float, default=1800, help="outer limit of each tune run, seconds")
     args = parser.parse_args()
@@ -103,11 +105,13 @@ def main() -> int:
         for n in counts:
             run_dir = args.out / "runs" / f"n{n}"
             tune = ["tune", "--target", args.target, "--trials", str(args.trials), "--out", str(run_dir),
-                    "--log-dir", str(run_dir / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY, "--rpc-workers", str(n)]
+                    "--log-dir", str(run_dir / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY,
+                    "--rpc-workers", str(n)]
             tune += ["--kernels", *args.kernels] if args.kernels else []
             tune += ["--workloads", args.workloads] if args.workloads else []
             if (run_dir / device_key).exists():
-                raise SystemExit(f"{run_dir / device_key} exists: every run starts from an empty database (use a new --out)")
+                raise SystemExit(f"{run_dir / device_key} exists: every run starts from an empty database "
+                                 "(use a new --out)")
             run_dir.mkdir(parents=True, exist_ok=True)
             status, seconds = canary(tune, args.timeout, run_dir / "tune.log")
             failed |= status != 0
@@ -116,7 +120,8 @@ def main() -> int:
             print(f"{n} server(s): {seconds:.1f} s (exit status {status})", flush=True)
             (args.out / "fleet.json").write_text(json.dumps(report, indent=1))
     merged = args.out / "merged" / device_key
-    sources = [str(args.out / "runs" / f"n{n}" / device_key) for n in counts if (args.out / "runs" / f"n{n}" / device_key).is_dir()]
+    run_databases = [args.out / "runs" / f"n{n}" / device_key for n in counts]
+    sources = [str(d) for d in run_databases if d.is_dir()]
     if sources:
         status, _ = canary(["tune-merge", *sources, "--out", str(merged)], 600, args.out / "merge.log")
         report["merged"] = {"status": status, "best_us": best_us(merged)}

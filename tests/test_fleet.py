@@ -117,12 +117,14 @@ def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):
     from tvm_canary.runtime.targets import default_geometry
 
     key = keys.device_key(torch.device("cpu"))
-    ours = _database(tmp_path / "a", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
-    theirs = _database(tmp_path / "b", "nvidia-h200-sm_90", {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
+    one_record = {("write", (8, 16), default_geometry("write", "llvm")): 1e-6}
+    ours = _database(tmp_path / "a", key, one_record)
+    theirs = _database(tmp_path / "b", "nvidia-h200-sm_90", one_record)
     out = tmp_path / "merged" / key
     assert main(["tune-merge", str(ours), str(theirs), "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert f"kv-canary: refusing to merge {theirs}: it is the database of device key 'nvidia-h200-sm_90', the output is for '{key}'" in err
+    assert (f"kv-canary: refusing to merge {theirs}: it is the database of device key 'nvidia-h200-sm_90', "
+            f"the output is for '{key}'") in err
     assert not out.exists()  # nothing written
     # An llvm database renamed into a GPU key's folder is refused by its records' target.
     renamed = tmp_path / "c" / "nvidia-h200-sm_90"
