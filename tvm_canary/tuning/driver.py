@@ -81,13 +81,25 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
         # Our spaces never tensorize: skip the 20-30 s import of TVM's tensor intrinsics.
         sys.modules.setdefault("tvm.s_tir.tensor_intrin", types.ModuleType("tvm.s_tir.tensor_intrin"))
         # MetaSchedule's console handler takes this level; its log files always get everything.
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.INFO if verbose else logging.WARNING)
-        ms.tune_tir(
-            mod, target, str(log_dir), max_trials_global=trials, num_trials_per_iter=trials, builder=builder,
-            runner=runner, database=db, cost_model="random", space=space,
-            # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
-            strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0), seed=0,
-        )
+        ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+        ms_logger.setLevel(logging.INFO if verbose else logging.WARNING)
+        # MetaSchedule's logging setup lists its logger's handlers by name and fails on an unnamed one
+        # ("'NoneType' object has no attribute 'format'"), such as the capture handlers pytest attaches to
+        # non-propagating loggers: keep those aside while it runs.
+        unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
+        for handler in unnamed:
+            ms_logger.removeHandler(handler)
+        try:
+            ms.tune_tir(
+                mod, target, str(log_dir), max_trials_global=trials, num_trials_per_iter=trials, builder=builder,
+                runner=runner, database=db, cost_model="random", space=space,
+                # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
+                strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),
+                seed=0,
+            )
+        finally:
+            for handler in unnamed:
+                ms_logger.addHandler(handler)
     default = default_geometry(kernel, kind, workloads.mode_of(kernel, bucket))
     rows = measured_records(db).get((kernel, bucket), [])
     same = [c for c, r in rows if record_geometry(r, cuda) == default]
