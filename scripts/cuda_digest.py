@@ -1,0 +1,84 @@
+"""Dump the generated source of every kernel specialization and compare two dumps by sha256.
+
+A refactor of the TensorIR that must not change the generated code is checked by dumping before and
+after it and comparing::
+
+    python scripts/cuda_digest.py /tmp/before            # CUDA source per specialization (sm_90)
+    ... change the kernels ...
+    python scripts/cuda_digest.py /tmp/after --against /tmp/before
+
+Each specialization (every entry of ``runtime.aot.SPECIALIZATIONS``) is built with the default
+geometry of its target, as ``tvm-canary build`` builds it; no GPU is needed. ``--llvm`` dumps the
+LLVM IR of the CPU builds instead. The folder gets one source file per specialization and
+``digests.json`` (name -> sha256); with ``--against`` the exit status is 1 when any digest differs
+or a specialization is missing from either side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import sys
+
+from tvm_canary.runtime import compile as C
+from tvm_canary.runtime import targets
+from tvm_canary.runtime.aot import SPECIALIZATIONS
+
+
+def generated_source(kernel: str, spec: tuple, tag: str) -> str:
+    """The device source (CUDA tags) or the LLVM IR (``llvm``) of one specialization."""
+    ex = C.build(kernel, spec, tag, targets.geometry_for(kernel, tag))
+    if tag == "llvm":
+        return ex.mod.inspect_source("ll")
+    return ex.mod.imports[0].inspect_source("cuda")
+
+
+def dump(out: pathlib.Path, tag: str) -> dict[str, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "ll" if tag == "llvm" else "cu"
+    digests = {}
+    for kernel, specs in SPECIALIZATIONS.items():
+        for spec in specs:
+            name = f"{kernel}-{'-'.join(str(int(x)) for x in spec) or 'none'}"
+            source = generated_source(kernel, spec, tag)
+            (out / f"{name}.{suffix}").write_text(source)
+            digests[name] = hashlib.sha256(source.encode()).hexdigest()
+            print(f"{name}: {digests[name]}", flush=True)
+    (out / "digests.json").write_text(json.dumps(dict(tag=tag, digests=digests), indent=1))
+    return digests
+
+
+def compare(mine: dict[str, str], theirs: dict[str, str]) -> int:
+    """Print one line per specialization; returns the number that differ or are missing."""
+    bad = 0
+    for name in sorted(set(mine) | set(theirs)):
+        same = mine.get(name) is not None and mine.get(name) == theirs.get(name)
+        bad += not same
+        print(f"{'identical' if same else 'DIFFERENT'}  {name}")
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=pathlib.Path, help="folder for the sources and digests.json")
+    parser.add_argument("--arch", default="sm_90", help="CUDA arch of the build (default sm_90)")
+    parser.add_argument("--llvm", action="store_true", help="dump the CPU builds' LLVM IR instead of CUDA")
+    parser.add_argument("--against", type=pathlib.Path, help="an earlier dump to compare with")
+    args = parser.parse_args(argv)
+    tag = "llvm" if args.llvm else f"cuda-{args.arch}"
+    if args.against is not None:
+        theirs = json.loads((args.against / "digests.json").read_text())
+        if theirs["tag"] != tag:
+            parser.error(f"{args.against} holds a {theirs['tag']} dump, not {tag}")
+    mine = dump(args.out, tag)
+    if args.against is None:
+        return 0
+    bad = compare(mine, theirs["digests"])
+    print(f"{len(mine) - bad if bad <= len(mine) else 0} identical, {bad} different or missing")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
