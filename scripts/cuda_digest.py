@@ -9,9 +9,10 @@ after it and comparing::
 
 Each specialization (every entry of ``runtime.aot.SPECIALIZATIONS``) is built with the default
 geometry of its target, as ``tvm-canary build`` builds it; no GPU is needed. ``--llvm`` dumps the
-LLVM IR of the CPU builds instead. The folder gets one source file per specialization and
+LLVM IR of the CPU builds instead; its digest leaves out the metadata lines (``!N = ...``), which hold
+source line numbers and per-process pointer names, so it covers the instructions only. The folder gets one source file per specialization and
 ``digests.json`` (name -> sha256); with ``--against`` the exit status is 1 when any digest differs
-or a specialization is missing from either side.
+or a specialization is missing from either side (``--kernel`` limits both to some kernels).
 """
 
 from __future__ import annotations
@@ -35,18 +36,20 @@ def generated_source(kernel: str, spec: tuple, tag: str) -> str:
     return ex.mod.imports[0].inspect_source("cuda")
 
 
-def dump(out: pathlib.Path, tag: str) -> dict[str, str]:
+def dump(out: pathlib.Path, tag: str, kernels: list[str]) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     suffix = "ll" if tag == "llvm" else "cu"
     digests = {}
-    for kernel, specs in SPECIALIZATIONS.items():
-        for spec in specs:
+    for kernel in kernels:
+        for spec in SPECIALIZATIONS[kernel]:
             name = f"{kernel}-{'-'.join(str(int(x)) for x in spec) or 'none'}"
             source = generated_source(kernel, spec, tag)
             (out / f"{name}.{suffix}").write_text(source)
+            if tag == "llvm":
+                source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("!"))
             digests[name] = hashlib.sha256(source.encode()).hexdigest()
             print(f"{name}: {digests[name]}", flush=True)
-    (out / "digests.json").write_text(json.dumps(dict(tag=tag, digests=digests), indent=1))
+    (out / "digests.json").write_text(json.dumps({"tag": tag, "digests": digests}, indent=1))
     return digests
 
 
@@ -66,16 +69,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--arch", default="sm_90", help="CUDA arch of the build (default sm_90)")
     parser.add_argument("--llvm", action="store_true", help="dump the CPU builds' LLVM IR instead of CUDA")
     parser.add_argument("--against", type=pathlib.Path, help="an earlier dump to compare with")
+    parser.add_argument("--kernel", action="append", choices=list(SPECIALIZATIONS),
+                        help="only this kernel (repeatable; default: all)")
     args = parser.parse_args(argv)
     tag = "llvm" if args.llvm else f"cuda-{args.arch}"
     if args.against is not None:
         theirs = json.loads((args.against / "digests.json").read_text())
         if theirs["tag"] != tag:
             parser.error(f"{args.against} holds a {theirs['tag']} dump, not {tag}")
-    mine = dump(args.out, tag)
+    kernels = args.kernel or list(SPECIALIZATIONS)
+    mine = dump(args.out, tag, kernels)
     if args.against is None:
         return 0
-    bad = compare(mine, theirs["digests"])
+    theirs = {k: v for k, v in theirs["digests"].items() if k.split("-")[0] in kernels}
+    bad = compare(mine, theirs)
     print(f"{len(mine) - bad if bad <= len(mine) else 0} identical, {bad} different or missing")
     return 1 if bad else 0
 
