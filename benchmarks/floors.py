@@ -21,7 +21,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from tvm_canary.kernels.common import Geometry, mix3
+from tvm_canary.kernels.common import Geometry, blocks_for, mix3
 
 # (blocks, threads) of the memory floors: small blocks spread few entries over many SMs, large ones
 # give every SM a full complement of threads. 1056 x 512 (two full blocks per SM) is here because the
@@ -49,7 +49,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
         prevs = T.match_buffer(prevs_h, (cap,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
         out = T.match_buffer(out_h, (n_out,), "int64")
-        nb = T.meta_var(geom.blocks_for(cap))
+        nb = T.meta_var(blocks_for(geom, cap))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
@@ -86,7 +86,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int):
         pos = T.match_buffer(pos_h, (n,), "int64")
         ocl = T.match_buffer(ocl_h, (n,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
-        nb = T.meta_var(geom.blocks_for(n))
+        nb = T.meta_var(blocks_for(geom, n))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
@@ -116,7 +116,7 @@ def copy(geom: Geometry):
         n = T.int64()
         src = T.match_buffer(src_h, (n,), "int64")
         dst = T.match_buffer(dst_h, (n,), "int64")
-        nb = T.meta_var(geom.blocks_for(n))
+        nb = T.meta_var(blocks_for(geom, n))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 for it in T.serial((n - (b * TH + t) + nb * TH - 1) // (nb * TH)):

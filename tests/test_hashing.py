@@ -1,4 +1,5 @@
-"""Hash primitives (SPEC 1.3-1.5): Python ints in consts and the vectorized torch versions."""
+"""Hash primitives (SPEC 1.3-1.5): on Python ints (``_consts``), the vectorized torch versions and the
+TensorIR macros the kernels use."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import random
 
 import pytest
 import torch
+import tvm
+from tvm.script import tirx as T
 
-from tvm_canary import consts
+from tvm_canary import _consts
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.context import RealKvSource
+from tvm_canary.kernels import common
 from tvm_canary.reference.hashing import (
     chain_hash_t,
     le_bytes,
@@ -52,7 +56,7 @@ def rand_u64(n: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("x,want", SPEC_VECTORS, ids=[hex(x) for x, _ in SPEC_VECTORS])
 def test_splitmix64_python_spec_vectors(x, want):
-    assert consts.splitmix64(x) == want
+    assert _consts.splitmix64(x) == want
 
 
 def test_splitmix64_tensor_spec_vectors():
@@ -61,21 +65,21 @@ def test_splitmix64_tensor_spec_vectors():
 
 
 def test_anchor_hash_value():
-    assert consts.ANCHOR_HASH == 0xDE7FAE23A9A1B716
-    assert I64(consts.ANCHOR_HASH) == -2414019407054260458
+    assert _consts.ANCHOR_HASH == 0xDE7FAE23A9A1B716
+    assert I64(_consts.ANCHOR_HASH) == -2414019407054260458
 
 
 def test_splitmix64_tensor_matches_python():
     xs = rand_u64(500, seed=1)
-    assert splitmix64_t(i64([I64(x) for x in xs])).tolist() == [I64(consts.splitmix64(x)) for x in xs]
+    assert splitmix64_t(i64([I64(x) for x in xs])).tolist() == [I64(_consts.splitmix64(x)) for x in xs]
 
 
 def test_mix3_tensor_matches_python_and_is_ordered():
     a, b, c = rand_u64(300, 2), rand_u64(300, 3), rand_u64(300, 4)
     got = mix3_t(*(i64([I64(v) for v in vs]) for vs in (a, b, c))).tolist()
-    assert got == [I64(consts.splitmix64_mix3(*abc)) for abc in zip(a, b, c)]
-    assert consts.splitmix64_mix3(1, 2, 3) != consts.splitmix64_mix3(2, 1, 3)
-    assert consts.splitmix64_mix3(0, 0, 0) == 0
+    assert got == [I64(_consts.splitmix64_mix3(*abc)) for abc in zip(a, b, c)]
+    assert _consts.splitmix64_mix3(1, 2, 3) != _consts.splitmix64_mix3(2, 1, 3)
+    assert _consts.splitmix64_mix3(0, 0, 0) == 0
 
 
 def test_le_words_and_bytes_round_trip():
@@ -95,10 +99,10 @@ def test_chain_hash_of_slots():
     set_slot(buf, 5, token=1 << 40, position=0, prev_hash=1, real_kv_hash=2)
     slots = [-1, -9, 3, 5, 0]
     want = [
-        I64(consts.ANCHOR_HASH),
-        I64(consts.ANCHOR_HASH),
-        I64(consts.splitmix64_mix3(0xFEDCBA9876543210, (-5) & consts.U64_MASK, 7)),
-        I64(consts.splitmix64_mix3(1, 1 << 40, 0)),
+        I64(_consts.ANCHOR_HASH),
+        I64(_consts.ANCHOR_HASH),
+        I64(_consts.splitmix64_mix3(0xFEDCBA9876543210, (-5) & _consts.U64_MASK, 7)),
+        I64(_consts.splitmix64_mix3(1, 1 << 40, 0)),
         0,  # all-zero slot: mix3(0, 0, 0) == 0
     ]
     assert chain_hash_t(buf, i64(slots)).tolist() == want
@@ -123,8 +127,8 @@ def test_fold_known_strip_value():
     def fold(ws):
         one = 0
         for w in ws:
-            one = consts.splitmix64(one ^ w)
-        return I64(consts.splitmix64(0 ^ one))  # outer fold over the single source
+            one = _consts.splitmix64(one ^ w)
+        return I64(_consts.splitmix64(0 ^ one))  # outer fold over the single source
 
     assert real_kv_fold_t((src,), PARTIAL, i64([6])).tolist() == [fold(words[:2])]
     assert real_kv_fold_t((src,), ALL, i64([6])).tolist() == [fold(words)]
@@ -186,3 +190,46 @@ def test_valid_slot_mask():
     assert valid_slot_mask(8, (src,), RealKvHashMode.NONE, slots).tolist() == [False, True, True, True, True, False]
     assert valid_slot_mask(8, (src,), PARTIAL, slots).tolist() == [False, True, True, False, False, False]
     assert valid_slot_mask(8, (), ALL, slots).tolist() == [False, True, True, True, True, False]
+
+
+def tir_hashes(xs, bs, cs, slots, fields):
+    """The kernels' TensorIR ``splitmix64`` / ``mix3`` / ``slot_hash`` macros, compiled for llvm in one
+    tiny prim_func, on u64 ``xs, bs, cs`` and slots of the int64 ``fields [2, 4]``: lists (as u64) of
+    ``splitmix64(x)``, ``mix3(x, b, c)`` and the chain-link hash of each slot (anchor when negative)."""
+    n = len(xs)
+
+    @T.prim_func(private=False)
+    def hashes(x: T.Buffer((n,), "int64"), b: T.Buffer((n,), "int64"), c: T.Buffer((n,), "int64"),
+               s: T.Buffer((n,), "int64"), buf: T.Buffer((2, 4), "int64"), sm: T.Buffer((n,), "int64"),
+               m3: T.Buffer((n,), "int64"), link: T.Buffer((n,), "int64")):
+        for i in T.serial(n):
+            h = T.alloc_buffer((1,), "uint64", scope="local")
+            h[0] = T.reinterpret("uint64", x[i])
+            common.splitmix64(h)
+            sm[i] = T.reinterpret("int64", h[0])
+            h[0] = T.reinterpret("uint64", x[i])
+            common.mix3(h, b[i], c[i])
+            m3[i] = T.reinterpret("int64", h[0])
+            common.slot_hash(h, buf, s[i])
+            link[i] = T.reinterpret("int64", h[0])
+
+    outs = [torch.zeros(n, dtype=torch.int64) for _ in range(3)]
+    inputs = [i64([I64(v) for v in vs]) for vs in (xs, bs, cs, slots)]
+    tvm.compile(hashes, target="llvm")["hashes"](*inputs, torch.tensor(fields, dtype=torch.int64), *outs)
+    return [[v & _consts.U64_MASK for v in out.tolist()] for out in outs]
+
+
+def test_tir_splitmix64_mix3_and_slot_hash_match_spec():
+    """The TensorIR macros give the published splitmix64 vectors (SPEC 1.5), mix3 on Python ints, and
+    the chain-link hash of SPEC 1.3 (anchor for a negative slot)."""
+    xs = [x for x, _ in SPEC_VECTORS] + rand_u64(40, seed=7)
+    bs, cs = rand_u64(len(xs) - len(EDGE_U64), seed=8), rand_u64(len(xs) - len(EDGE_U64), seed=9)
+    fields = [[0, 0, 0, 0], [-5, 7, I64(0xFEDCBA9876543210), 1]]  # (token, position, prev_hash, real_kv_hash)
+    slots = [(-1, 0, 1)[k % 3] for k in range(len(xs))]
+    sm, m3, link = tir_hashes(xs, bs, cs, slots, fields)
+    assert sm[: len(SPEC_VECTORS)] == [want for _, want in SPEC_VECTORS]
+    assert sm == [_consts.splitmix64(x) for x in xs]
+    assert m3 == [_consts.splitmix64_mix3(x, b, c) for x, b, c in zip(xs, bs, cs)]
+    chain = {-1: _consts.ANCHOR_HASH, 0: 0}  # an all-zero slot links to mix3(0, 0, 0) == 0
+    chain[1] = _consts.splitmix64_mix3(0xFEDCBA9876543210, -5, 7)
+    assert link == [chain[s] for s in slots]

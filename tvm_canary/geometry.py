@@ -1,8 +1,9 @@
-"""Launch geometry of a kernel (plain data: importable without the TVM compiler).
+"""Launch geometry of a kernel: plain data, importable without the TVM compiler.
 
 Every kernel is written once with *grid* loops (blocks) and *lane* loops (threads of a block). A
-``Geometry`` binds them: to ``blockIdx.x`` / ``threadIdx.x`` on CUDA, or to serial loops of extent 1
-on CPU, where the same code then runs in reference order.
+``Geometry`` says how to bind them: to ``blockIdx.x`` / ``threadIdx.x`` on CUDA, or to serial loops of
+extent 1 on CPU, where the same code then runs in reference order. The TensorIR helpers that apply a
+geometry (``grid``, ``lanes``, ``blocks_for``, ``block_sync``) live in ``kernels/common.py``.
 """
 
 from __future__ import annotations
@@ -34,30 +35,6 @@ class Geometry:
     tile: int = 1
     unroll: int = 1
     min_blocks: int = 1
-
-    def grid(self, n):
-        from tvm.script import tirx as T
-
-        return T.thread_binding(n, thread="blockIdx.x") if self.gpu else T.serial(n)
-
-    def lanes(self, n):
-        from tvm.script import tirx as T
-
-        return T.thread_binding(n, thread="threadIdx.x") if self.gpu else T.serial(n)
-
-    def blocks_for(self, units):
-        """Blocks a grid-stride loop over ``units`` one-thread work items uses: enough to give each a
-        thread, at most ``blocks``, at least 1 (``units`` is an int64 TIR expression, e.g. a capacity)."""
-        from tvm.script import tirx as T
-
-        return T.max(T.min((units + self.threads - 1) // self.threads, T.int64(self.blocks)), T.int64(1))
-
-    @property
-    def sync(self):
-        """A macro emitting a block barrier on CUDA and nothing on CPU (where lanes run serially)."""
-        from .kernels.common import barrier, no_barrier
-
-        return barrier if self.gpu else no_barrier
 
     def key(self) -> str:
         return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}"

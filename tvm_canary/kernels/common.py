@@ -1,4 +1,4 @@
-"""Pieces every kernel shares: geometry, loop binding, hash steps, source folding, slot checks.
+"""Pieces every kernel shares: loop binding by a geometry, hash steps, source folding, slot checks.
 
 Hash steps are ``T.macro``s that update a ``uint64`` local buffer in place, so the generated code is
 straight-line ``h ^= h >> 30; h *= C1; ...`` rather than duplicated expression trees.
@@ -10,13 +10,47 @@ import tvm
 from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 
-from .. import consts
-from ..geometry import CPU_GEOMETRY, FLAG_CHUNK, Geometry  # noqa: F401  (re-exported for kernel files)
+from .._consts import (
+    ANCHOR_HASH,
+    PARTIAL_READ_BYTES,
+    SPLITMIX64_MUL1,
+    SPLITMIX64_MUL2,
+    to_signed_int64,
+)
+from ..consts import (
+    CANARY_FIELD_POSITION,
+    CANARY_FIELD_PREV_HASH,
+    CANARY_FIELD_TOKEN,
+    MAX_REAL_KV_SOURCES,
+    FailReason,
+)
+from ..geometry import FLAG_CHUNK, Geometry  # noqa: F401  (re-exported for kernel files)
 
-C1 = tvm.tirx.const(consts.SPLITMIX64_MUL1, "uint64")
-C2 = tvm.tirx.const(consts.SPLITMIX64_MUL2, "uint64")
-ANCHOR_HASH_I64 = tvm.tirx.const(consts.to_signed_int64(consts.ANCHOR_HASH), "int64")
-INVALID_INDEX = int(consts.FailReason.INVALID_INDEX)
+C1 = tvm.tirx.const(SPLITMIX64_MUL1, "uint64")
+C2 = tvm.tirx.const(SPLITMIX64_MUL2, "uint64")
+ANCHOR_HASH_I64 = tvm.tirx.const(to_signed_int64(ANCHOR_HASH), "int64")
+INVALID_INDEX = int(FailReason.INVALID_INDEX)
+
+# Words at the start of a slot's strip that every fold reads (PARTIAL reads exactly these), loaded
+# ahead into a local ``heads`` scratch: HEAD_WORDS per source, HEADS_PER_SLOT for all the sources.
+HEAD_WORDS = PARTIAL_READ_BYTES // 8
+HEADS_PER_SLOT = MAX_REAL_KV_SOURCES * HEAD_WORDS
+
+
+def grid(geom: Geometry, n):
+    """Loop over ``n`` blocks: ``blockIdx.x`` on CUDA, a serial loop on CPU."""
+    return T.thread_binding(n, thread="blockIdx.x") if geom.gpu else T.serial(n)
+
+
+def lanes(geom: Geometry, n):
+    """Loop over ``n`` lanes of a block: ``threadIdx.x`` on CUDA, a serial loop on CPU."""
+    return T.thread_binding(n, thread="threadIdx.x") if geom.gpu else T.serial(n)
+
+
+def blocks_for(geom: Geometry, units):
+    """Blocks a grid-stride loop over ``units`` one-thread work items uses: enough to give each a
+    thread, at most ``geom.blocks``, at least 1 (``units`` is an int64 TIR expression, e.g. a capacity)."""
+    return T.max(T.min((units + geom.threads - 1) // geom.threads, T.int64(geom.blocks)), T.int64(1))
 
 
 @T.macro
@@ -27,6 +61,11 @@ def barrier():
 @T.macro
 def no_barrier():
     T.evaluate(0)
+
+
+def block_sync(geom: Geometry):
+    """A macro emitting a block barrier on CUDA and nothing on CPU (where lanes run serially)."""
+    return barrier if geom.gpu else no_barrier
 
 
 @T.macro
@@ -62,8 +101,8 @@ def slot_hash(h, buf, s):
     if s < T.int64(0):
         h[0] = T.reinterpret("uint64", ANCHOR_HASH_I64)
     else:
-        h[0] = T.reinterpret("uint64", buf[s, 2])
-        mix3(h, buf[s, 0], buf[s, 1])
+        h[0] = T.reinterpret("uint64", buf[s, CANARY_FIELD_PREV_HASH])
+        mix3(h, buf[s, CANARY_FIELD_TOKEN], buf[s, CANARY_FIELD_POSITION])
 
 
 @T.macro
@@ -76,8 +115,8 @@ def strip_start(rc, slot, page_size, token_words):
 
 
 @T.macro
-def load_head(heads, i, src, page_size, token_words, slot):
-    """heads[i], heads[i + 1] := the first two words of the slot's strip in src.
+def load_head(heads, at, src, page_size, token_words, slot):
+    """heads[at : at + HEAD_WORDS] := the first HEAD_WORDS (two) words of the slot's strip in src.
 
     src is an int64 view ``[rows, row_words]``; the strip starts at word
     ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
@@ -85,22 +124,23 @@ def load_head(heads, i, src, page_size, token_words, slot):
     """
     rc = T.alloc_buffer((2,), "int64", scope="local")
     strip_start(rc, slot, page_size, token_words)
-    heads[i] = src[rc[0], rc[1]]
-    heads[i + 1] = src[rc[0], rc[1] + 1]
+    heads[at] = src[rc[0], rc[1]]
+    heads[at + 1] = src[rc[0], rc[1] + 1]
 
 
 @T.macro
-def fold_source(acc, part, w0, w1, src, page_size, token_words, fold_words, slot):
-    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4), given the strip's first words."""
-    part[0] = T.reinterpret("uint64", w0)
+def fold_source(acc, part, heads, at, src, page_size, token_words, fold_words, slot):
+    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4), given the strip's first words
+    at ``heads[at:]`` (``load_head``)."""
+    part[0] = T.reinterpret("uint64", heads[at])
     splitmix64(part)
-    part[0] = part[0] ^ T.reinterpret("uint64", w1)
+    part[0] = part[0] ^ T.reinterpret("uint64", heads[at + 1])
     splitmix64(part)
-    if fold_words > T.int64(2):
+    if fold_words > T.int64(HEAD_WORDS):
         rc = T.alloc_buffer((2,), "int64", scope="local")
         strip_start(rc, slot, page_size, token_words)
-        for q in T.serial(fold_words - 2):
-            part[0] = part[0] ^ T.reinterpret("uint64", src[rc[0], rc[1] + 2 + q])
+        for q in T.serial(fold_words - HEAD_WORDS):
+            part[0] = part[0] ^ T.reinterpret("uint64", src[rc[0], rc[1] + HEAD_WORDS + q])
             splitmix64(part)
     acc[0] = acc[0] ^ part[0]
     splitmix64(acc)
@@ -108,15 +148,15 @@ def fold_source(acc, part, w0, w1, src, page_size, token_words, fold_words, slot
 
 @T.macro
 def load_heads(heads, base, srcs, params, num_sources, slot):
-    """heads[base + 2j .. base + 2j + 1] := first two strip words of source j, j < num_sources."""
+    """heads[base + HEAD_WORDS * j:][:HEAD_WORDS] := first strip words of source j, j < num_sources."""
     if num_sources > 0:
         load_head(heads, base, srcs[0], params[0][0], params[0][1], slot)
     if num_sources > 1:
-        load_head(heads, base + 2, srcs[1], params[1][0], params[1][1], slot)
+        load_head(heads, base + HEAD_WORDS, srcs[1], params[1][0], params[1][1], slot)
     if num_sources > 2:
-        load_head(heads, base + 4, srcs[2], params[2][0], params[2][1], slot)
+        load_head(heads, base + 2 * HEAD_WORDS, srcs[2], params[2][0], params[2][1], slot)
     if num_sources > 3:
-        load_head(heads, base + 6, srcs[3], params[3][0], params[3][1], slot)
+        load_head(heads, base + 3 * HEAD_WORDS, srcs[3], params[3][0], params[3][1], slot)
 
 
 @T.macro
@@ -129,18 +169,18 @@ def fold_loaded(acc, part, heads, base, srcs, params, num_sources, slot):
     """
     acc[0] = T.uint64(0)
     if num_sources > 0:
-        fold_source(acc, part, heads[base], heads[base + 1], srcs[0], params[0][0], params[0][1], params[0][2], slot)
+        fold_source(acc, part, heads, base, srcs[0], params[0][0], params[0][1], params[0][2], slot)
     if num_sources > 1:
-        fold_source(acc, part, heads[base + 2], heads[base + 3], srcs[1], params[1][0], params[1][1], params[1][2], slot)
+        fold_source(acc, part, heads, base + HEAD_WORDS, srcs[1], params[1][0], params[1][1], params[1][2], slot)
     if num_sources > 2:
-        fold_source(acc, part, heads[base + 4], heads[base + 5], srcs[2], params[2][0], params[2][1], params[2][2], slot)
+        fold_source(acc, part, heads, base + 2 * HEAD_WORDS, srcs[2], params[2][0], params[2][1], params[2][2], slot)
     if num_sources > 3:
-        fold_source(acc, part, heads[base + 6], heads[base + 7], srcs[3], params[3][0], params[3][1], params[3][2], slot)
+        fold_source(acc, part, heads, base + 3 * HEAD_WORDS, srcs[3], params[3][0], params[3][1], params[3][2], slot)
 
 
 @T.macro
 def fold_sources(acc, part, heads, srcs, params, num_sources, slot):
-    """acc[0] := real_kv_fold_sources(slot); heads is an int64 local scratch of 8 elements."""
+    """acc[0] := real_kv_fold_sources(slot); heads is an int64 local scratch of HEADS_PER_SLOT elements."""
     load_heads(heads, 0, srcs, params, num_sources, slot)
     fold_loaded(acc, part, heads, 0, srcs, params, num_sources, slot)
 
@@ -197,12 +237,12 @@ def take_marks(geom: Geometry, width: int):
     """Macro ``take(sflag, flags, c, n_chunks)`` for an ordered emit phase of ``width`` lanes: between
     two barriers, ``sflag[t]`` := the mark of chunk ``c * width + t`` (0 past ``n_chunks``), and the
     marks taken are cleared in ``flags`` (chunk marks at ``[1 + chunk]``)."""
-    sync = geom.sync
+    sync = block_sync(geom)
 
     @T.macro
     def take(sflag, flags, c, n_chunks):
         sync()
-        for t in geom.lanes(width):
+        for t in lanes(geom, width):
             ci = c * width + t
             sflag[t] = T.if_then_else(ci < n_chunks, flags[T.min(1 + ci, flags.shape[0] - 1)], 0)
             if ci < n_chunks:

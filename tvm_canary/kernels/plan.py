@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .common import Geometry
+from .common import Geometry, block_sync, grid, lanes
 
 
 def make(has_lut: bool, has_pool: bool, geom: Geometry):
     """TensorIR for one specialization: SWA LUT present, expected-token pool present."""
     G, TH, TB = geom.blocks, geom.threads, geom.tile
-    sync = geom.sync
+    sync = block_sync(geom)
 
     @T.macro
     def translate(out, x, lut):
@@ -53,9 +53,18 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
         rpi_h: T.handle, prefix_h: T.handle, ext_h: T.handle, r2t_h: T.handle, lut_h: T.handle,
         pool_h: T.handle, vlens_h: T.handle, scratch_h: T.handle, window: T.int64, token_offset: T.int64,
     ):
-        T.func_attr({"tirx.noalias": True})
-        vcap = T.int64(); wcap = T.int64(); wcap1 = T.int64(); bs = T.int64(); bs1 = T.int64()
-        rows = T.int64(); L = T.int64(); nl = T.int64(); pr = T.int64(); pc = T.int64(); nv = T.int64()
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        vcap = T.int64()
+        wcap = T.int64()
+        wcap1 = T.int64()
+        bs = T.int64()
+        bs1 = T.int64()
+        rows = T.int64()
+        L = T.int64()
+        nl = T.int64()
+        pr = T.int64()
+        pc = T.int64()
+        nv = T.int64()
         vslots = T.match_buffer(vslots_h, (vcap,), "int64")
         vtoks = T.match_buffer(vtoks_h, (vcap,), "int64")
         vpos = T.match_buffer(vpos_h, (vcap,), "int64")
@@ -72,11 +81,11 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
         scratch = T.match_buffer(scratch_h, (bs1,), "int64")
 
         # Phase 1: one block computes both prefix sums; lane t owns rows [t * seg, (t + 1) * seg).
-        for b in geom.grid(1):
+        for b in grid(geom, 1):
             sv = T.alloc_buffer((TB,), "int64", scope="shared")
             sw = T.alloc_buffer((TB,), "int64", scope="shared")
             seg = (bs + TB - 1) // TB
-            for t in geom.lanes(TB):
+            for t in lanes(geom, TB):
                 vlen = T.alloc_buffer((1,), "int64", scope="local")
                 wlen = T.alloc_buffer((1,), "int64", scope="local")
                 accv = T.alloc_buffer((1,), "int64", scope="local")
@@ -90,7 +99,7 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
                 sv[t] = accv[0]
                 sw[t] = accw[0]
             sync()
-            for t in geom.lanes(TB):
+            for t in lanes(geom, TB):
                 vlen = T.alloc_buffer((1,), "int64", scope="local")
                 wlen = T.alloc_buffer((1,), "int64", scope="local")
                 runv = T.alloc_buffer((1,), "int64", scope="local")
@@ -132,8 +141,8 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
                     w_num_valid_reqs[0] = T.Cast("int32", bs)
 
         # Phase 2: every verify entry at its reference index (nothing when the plan overflows).
-        for b in geom.grid(G):
-            for t in geom.lanes(TH):
+        for b in grid(geom, G):
+            for t in lanes(geom, TH):
                 total = scratch[bs]
                 k = T.alloc_buffer((1,), "int64", scope="local")
                 lo = T.alloc_buffer((1,), "int64", scope="local")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .common import Geometry
+from .common import Geometry, grid, lanes
 
 
 def make(geom: Geometry):
@@ -21,14 +21,18 @@ def make(geom: Geometry):
     # fmt: off
     @T.prim_func(private=False)
     def canary_scatter(flat_h: T.handle, offsets_h: T.handle, rpi_h: T.handle, pool_h: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        n = T.int64(); bs1 = T.int64(); bs = T.int64(); rows = T.int64(); width = T.int64()
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        n = T.int64()
+        bs1 = T.int64()
+        bs = T.int64()
+        rows = T.int64()
+        width = T.int64()
         flat = T.match_buffer(flat_h, (n,), "int64")
         offsets = T.match_buffer(offsets_h, (bs1,), "int64")
         rpi = T.match_buffer(rpi_h, (bs,), "int64")
         pool = T.match_buffer(pool_h, (rows, width), "int32")
-        for b in geom.grid(G):
-            for t in geom.lanes(TH):
+        for b in grid(geom, G):
+            for t in lanes(geom, TH):
                 for it in T.serial((bs - b + G - 1) // G):
                     r = b + it * G
                     start = offsets[r]

@@ -26,22 +26,44 @@ is not used by verify (the emit phase runs with the block's own lanes).
 
 from __future__ import annotations
 
+import collections
+
 from tvm.script import tirx as T
 
-from ..consts import FailReason
+from .. import consts
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_sources, last_block, slot_hash, source_buffers, take_marks
+from .common import (
+    HEADS_PER_SLOT,
+    INVALID_INDEX,
+    Geometry,
+    block_sync,
+    blocks_for,
+    check_slot,
+    close_emit,
+    fold_sources,
+    grid,
+    lanes,
+    last_block,
+    slot_hash,
+    source_buffers,
+    take_marks,
+)
 
-CHAIN = int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)
-POSITION = int(FailReason.VERIFY_POSITION_MISMATCH)
-REAL_KV = int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
-TOKEN = int(FailReason.VERIFY_TOKEN_MISMATCH)
+CHAIN = int(consts.FailReason.VERIFY_CHAIN_HASH_MISMATCH)
+POSITION = int(consts.FailReason.VERIFY_POSITION_MISMATCH)
+REAL_KV = int(consts.FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
+TOKEN = int(consts.FailReason.VERIFY_TOKEN_MISMATCH)
+
+
+# The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
+# canary buffer, the plan vectors, the launch tag, and the four sources with their scalar triples.
+Launch = collections.namedtuple("Launch", "buf slots etoks epos prevs kind srcs params")
 
 
 def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
     TH = geom.threads
-    sync = geom.sync
+    sync = block_sync(geom)
     take = take_marks(geom, TH)
     ticket = last_block(geom)
     assert CHUNK % TH == 0
@@ -50,50 +72,50 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     assert geom.gpu or TH == 1
 
     @T.macro
-    def entry(k, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok):
-        """bits[0], row[0:8] := verdict and violation row of entry k (bits 0: no row)."""
-        heads = T.alloc_buffer((8,), "int64", scope="local")
-        slot = slots[k]
+    def entry(k, bits, row, launch, h, acc, part, ok):
+        """bits[0], row := verdict and violation row (VIOLATION_FIELDS words) of entry k (bits 0: no row)."""
+        heads = T.alloc_buffer((HEADS_PER_SLOT,), "int64", scope="local")
+        slot = launch.slots[k]
         bits[0] = 0
         if slot != T.int64(0):
-            et = etoks[k] if check_token else T.int64(-1)
-            check_slot(ok, slot, buf.shape[0], srcs, params, num_sources)
-            row[0] = kind
-            row[1] = slot
-            row[4] = et
+            et = launch.etoks[k] if check_token else T.int64(-1)
+            check_slot(ok, slot, launch.buf.shape[0], launch.srcs, launch.params, num_sources)
+            row[consts.VIOLATION_FIELD_KERNEL_KIND] = launch.kind
+            row[consts.VIOLATION_FIELD_SLOT_IDX] = slot
+            row[consts.VIOLATION_FIELD_EXPECTED_TOKEN] = et
             if ok[0] == 0:
                 bits[0] = INVALID_INDEX
-                row[2] = T.int64(0)
-                row[3] = T.int64(0)
-                row[5] = T.int64(0)
-                row[6] = T.int64(0)
+                row[consts.VIOLATION_FIELD_POSITION] = T.int64(0)
+                row[consts.VIOLATION_FIELD_STORED_TOKEN] = T.int64(0)
+                row[consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = T.int64(0)
+                row[consts.VIOLATION_FIELD_EXPECTED_AUX] = T.int64(0)
             else:
-                st = buf[slot, 0]
-                sp = buf[slot, 1]
-                sh = buf[slot, 2]
-                sr = buf[slot, 3]
-                prev = prevs[k]
-                row[2] = sp
-                row[3] = st
-                row[5] = sh
-                row[6] = sh
+                st = launch.buf[slot, consts.CANARY_FIELD_TOKEN]
+                sp = launch.buf[slot, consts.CANARY_FIELD_POSITION]
+                sh = launch.buf[slot, consts.CANARY_FIELD_PREV_HASH]
+                sr = launch.buf[slot, consts.CANARY_FIELD_REAL_KV_HASH]
+                prev = launch.prevs[k]
+                row[consts.VIOLATION_FIELD_POSITION] = sp
+                row[consts.VIOLATION_FIELD_STORED_TOKEN] = st
+                row[consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = sh
+                row[consts.VIOLATION_FIELD_EXPECTED_AUX] = sh
                 if prev != T.int64(0):
-                    if prev >= buf.shape[0]:
+                    if prev >= launch.buf.shape[0]:
                         bits[0] = bits[0] | INVALID_INDEX
                     else:
-                        slot_hash(h, buf, prev)
-                        row[6] = T.reinterpret("int64", h[0])
-                        if sh != row[6]:
+                        slot_hash(h, launch.buf, prev)
+                        row[consts.VIOLATION_FIELD_EXPECTED_AUX] = T.reinterpret("int64", h[0])
+                        if sh != row[consts.VIOLATION_FIELD_EXPECTED_AUX]:
                             bits[0] = bits[0] | CHAIN
                 if check_token:
                     if et != T.int64(-1) and st != et:
                         bits[0] = bits[0] | TOKEN
-                if sp != epos[k]:
+                if sp != launch.epos[k]:
                     bits[0] = bits[0] | POSITION
-                fold_sources(acc, part, heads, srcs, params, num_sources, slot)
+                fold_sources(acc, part, heads, launch.srcs, launch.params, num_sources, slot)
                 if sr != T.reinterpret("int64", acc[0]):
                     bits[0] = bits[0] | REAL_KV
-        row[7] = T.Cast("int64", bits[0])
+        row[consts.VIOLATION_FIELD_FAIL_REASON_BITS] = T.Cast("int64", bits[0])
 
     # fmt: off
     @T.prim_func(private=False)
@@ -108,25 +130,30 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         src2_h: T.handle, ps2: T.int64, tw2: T.int64, fw2: T.int64,
         src3_h: T.handle, ps3: T.int64, tw3: T.int64, fw3: T.int64,
     ):
-        T.func_attr({"tirx.noalias": True})
-        S = T.int64(); F = T.int64(); cap = T.int64(); R = T.int64(); NF = T.int64()
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        S = T.int64()
+        F = T.int64()
+        cap = T.int64()
+        R = T.int64()
+        NF = T.int64()
         buf = T.match_buffer(buf_h, (S, F), "int64")
         slots = T.match_buffer(slots_h, (cap,), "int64")
         etoks = T.match_buffer(etoks_h, (cap,), "int64")
         epos = T.match_buffer(epos_h, (cap,), "int64")
         prevs = T.match_buffer(prevs_h, (cap,), "int64")
-        ring = T.match_buffer(ring_h, (R, 8), "int64")
+        ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
+        launch = T.meta_var(Launch(buf, slots, etoks, epos, prevs, kind, srcs, params))
         # Blocks: enough for one entry per thread, at most G (a shape expression: no host sync).
         # A meta_var (the expression itself): a bound variable would not reach the host's launch code.
-        nb = T.meta_var(geom.blocks_for(cap))
+        nb = T.meta_var(blocks_for(geom, cap))
 
         # One launch: nb blocks check the entries (grid-stride), then the block that finishes last
         # appends the rows of the marked chunks in entry order. Every lane keeps the ring base in a
         # register; branches around barriers are loops of uniform extent 0 or n.
-        for b in geom.grid(nb):
+        for b in grid(geom, nb):
             with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", geom.min_blocks):
                 sflag = T.alloc_buffer((TH,), "int32", scope="shared")
                 sbits = T.alloc_buffer((TH,), "int32", scope="shared")
@@ -135,7 +162,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 base = T.alloc_buffer((1,), "int64", scope="local")
                 marked = T.alloc_buffer((1,), "int32", scope="local")
                 bits = T.alloc_buffer((1,), "int32", scope="local")
-                row = T.alloc_buffer((8,), "int64", scope="local")
+                row = T.alloc_buffer((consts.VIOLATION_FIELDS,), "int64", scope="local")
                 h = T.alloc_buffer((1,), "uint64", scope="local")
                 acc = T.alloc_buffer((1,), "uint64", scope="local")
                 part = T.alloc_buffer((1,), "uint64", scope="local")
@@ -145,17 +172,17 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 on = enable[0] != 0
 
                 # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
-                for t in geom.lanes(TH):
+                for t in lanes(geom, TH):
                     if on:
                         k[0] = T.Cast("int64", b * TH + t)
                         while k[0] < active:
-                            entry(k[0], bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
+                            entry(k[0], bits, row, launch, h, acc, part, ok)
                             if bits[0] != 0:
                                 flags[0] = 1
                                 flags[1 + k[0] // CHUNK] = 1
                             k[0] = k[0] + nb * TH
                 sync()
-                for t in geom.lanes(TH):
+                for t in lanes(geom, TH):
                     if t == 0:
                         ticket(slast, flags, NF - 1, nb, b)
                 sync()
@@ -171,14 +198,14 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                         for j in T.serial(TH):
                             marked[0] = sflag[j]
                             for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
-                                for t in geom.lanes(TH):
+                                for t in lanes(geom, TH):
                                     kk = (c * TH + j) * CHUNK + tile * TH + t
                                     bits[0] = 0
                                     if kk < active:
-                                        entry(kk, bits, row, buf, slots, etoks, epos, prevs, kind, srcs, params, h, acc, part, ok)
+                                        entry(kk, bits, row, launch, h, acc, part, ok)
                                     sbits[t] = bits[0]
                                 sync()
-                                for t in geom.lanes(TH):
+                                for t in lanes(geom, TH):
                                     rank = T.alloc_buffer((1,), "int64", scope="local")
                                     rank[0] = base[0]
                                     for q in T.serial(TH):
@@ -186,11 +213,11 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                                         base[0] = base[0] + mark
                                         rank[0] = rank[0] + T.Select(q < t, mark, T.int64(0))
                                     if bits[0] != 0 and rank[0] < R:
-                                        for f in T.serial(8):
+                                        for f in T.serial(consts.VIOLATION_FIELDS):
                                             ring[rank[0], f] = row[f]
                                 sync()
                     sync()
-                    for t in geom.lanes(TH):
+                    for t in lanes(geom, TH):
                         if t == 0:
                             close_emit(flags, write_index, kernel_counter, base)
                             if on:

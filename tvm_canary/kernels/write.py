@@ -25,14 +25,32 @@ phases do not write for plans that do not alias (SPEC D7).
 
 from __future__ import annotations
 
+import collections
+
 from tvm.script import tirx as T
 
-from ..consts import FailReason
+from .. import consts
 from .common import FLAG_CHUNK as CHUNK
-from .common import INVALID_INDEX, Geometry, check_slot, close_emit, fold_loaded, load_heads, mix3, slot_hash, source_buffers, take_marks
+from .common import (
+    HEADS_PER_SLOT,
+    INVALID_INDEX,
+    Geometry,
+    block_sync,
+    blocks_for,
+    check_slot,
+    close_emit,
+    fold_loaded,
+    grid,
+    lanes,
+    load_heads,
+    mix3,
+    slot_hash,
+    source_buffers,
+    take_marks,
+)
 
-TOKEN = int(FailReason.WRITE_TOKEN_MISMATCH)
-POSITION = int(FailReason.WRITE_POSITION_MISMATCH)
+TOKEN = int(consts.FailReason.WRITE_TOKEN_MISMATCH)
+POSITION = int(consts.FailReason.WRITE_POSITION_MISMATCH)
 STAMP, COUNT, EMIT = "stamp", "count", "emit"
 ATOMIC_ADD_I64 = """
 __device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long value) {
@@ -41,47 +59,56 @@ __device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long v
 """
 
 
+# The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
+# canary buffer, the plan, the token vectors, the input-assert flag, the ring, the launch tag, and the
+# four sources with their scalar triples.
+Launch = collections.namedtuple("Launch", "buf offsets seeds ids pos_in ocl etoks epos cpa ring kind srcs params")
+# Local registers holding U consecutive entries of a request: slot (-1 past the request's end), token,
+# position and, with the input assert, expected token and position.
+Group = collections.namedtuple("Group", "slot tok pos et ep")
+
+
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
     TH, TB, U = geom.threads, geom.tile, geom.unroll
     W = 32 if geom.gpu else 1  # lanes folding one request's entries (a warp on CUDA)
-    sync = geom.sync
+    sync = block_sync(geom)
     take = take_marks(geom, TB)
 
     def record_macro(mode):
         @T.macro
-        def record(ring, nrows, base, f1, f2, f3, f4, f5, f6, f7, kind):
+        def record(launch, nrows, base, slot, position, stored_token, expected_token, chain_hash, aux, bits):
             """Account one violation row; in EMIT mode store it at ring[base + nrows] if it fits."""
             if mode == EMIT:
                 d = base + nrows[0]
-                if d < ring.shape[0]:
-                    ring[d, 0] = kind
-                    ring[d, 1] = f1
-                    ring[d, 2] = f2
-                    ring[d, 3] = f3
-                    ring[d, 4] = f4
-                    ring[d, 5] = f5
-                    ring[d, 6] = f6
-                    ring[d, 7] = f7
+                if d < launch.ring.shape[0]:
+                    launch.ring[d, consts.VIOLATION_FIELD_KERNEL_KIND] = launch.kind
+                    launch.ring[d, consts.VIOLATION_FIELD_SLOT_IDX] = slot
+                    launch.ring[d, consts.VIOLATION_FIELD_POSITION] = position
+                    launch.ring[d, consts.VIOLATION_FIELD_STORED_TOKEN] = stored_token
+                    launch.ring[d, consts.VIOLATION_FIELD_EXPECTED_TOKEN] = expected_token
+                    launch.ring[d, consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = chain_hash
+                    launch.ring[d, consts.VIOLATION_FIELD_EXPECTED_AUX] = aux
+                    launch.ring[d, consts.VIOLATION_FIELD_FAIL_REASON_BITS] = bits
             nrows[0] = nrows[0] + T.int64(1)
 
         return record
 
     @T.macro
-    def load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, first, ocl, ids, pos_in, etoks, epos):
-        """Registers := entries [s0 + first, s0 + first + U) of the request (slot -1 past s1)."""
+    def load_group(group, s0, s1, first, launch):
+        """group := entries [s0 + first, s0 + first + U) of the request (slot -1 past s1)."""
         for u in T.unroll(U):
             i = T.min(s0 + first + u, s1 - 1)
-            slot_u[u] = T.Select(s0 + first + u < s1, ocl[i], T.int64(-1))
-            tok_u[u] = ids[i]
-            pos_u[u] = pos_in[i]
+            group.slot[u] = T.Select(s0 + first + u < s1, launch.ocl[i], T.int64(-1))
+            group.tok[u] = launch.ids[i]
+            group.pos[u] = launch.pos_in[i]
             if input_assert:
-                et_u[u] = etoks[i]
-                ep_u[u] = epos[i]
+                group.et[u] = launch.etoks[i]
+                group.ep[u] = launch.epos[i]
 
     def stamp_group_macro(guarded):
         @T.macro
-        def stamp_group(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf):
+        def stamp_group(h, hn, prev_pos, nrows, written, ok_u, group, check_pos, launch):
             """Stamp U loaded entries; nrows[0] counts entries that produce violation rows.
 
             guarded (some entry of the group is not stamped): every entry's mix3 is computed and
@@ -89,25 +116,25 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             entry is stamped, the common case): no branch at all, so the compiler interleaves the
             stores and bookkeeping with the serial chain."""
             for u in T.unroll(U):
-                slot = slot_u[u]
-                tok = tok_u[u]
-                pos = pos_u[u]
+                slot = group.slot[u]
+                tok = group.tok[u]
+                pos = group.pos[u]
                 live = slot >= T.int64(0)
                 good = live and ok_u[u] != 0
                 seq = good and check_pos
-                mismatch = (tok != et_u[u] or pos != ep_u[u]) if input_assert else T.bool(False)
+                mismatch = (tok != group.et[u] or pos != group.ep[u]) if input_assert else T.bool(False)
                 bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
                 nrows[0] = nrows[0] + T.Cast("int64", bad)
                 prev_pos[0] = T.Select(seq, pos, prev_pos[0])
                 if guarded:
                     if good:
-                        stamp(buf, slot, tok, pos, h)
+                        stamp(launch.buf, slot, tok, pos, h)
                     written[0] = written[0] + T.Cast("int64", good)
                     hn[0] = h[0]
                     mix3(hn, tok, pos)
                     h[0] = T.Select(good, hn[0], h[0])
                 else:
-                    stamp(buf, slot, tok, pos, h)
+                    stamp(launch.buf, slot, tok, pos, h)
                     written[0] = written[0] + T.int64(1)
                     mix3(h, tok, pos)
 
@@ -117,11 +144,11 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     def stamp(buf, slot, tok, pos, h):
         """The slot's fields 0-2 := token, position, chain hash (field 3 := 0 in NONE mode; the fold
         phase wrote it otherwise)."""
-        buf[slot, 0] = tok
-        buf[slot, 1] = pos
-        buf[slot, 2] = T.reinterpret("int64", h[0])
+        buf[slot, consts.CANARY_FIELD_TOKEN] = tok
+        buf[slot, consts.CANARY_FIELD_POSITION] = pos
+        buf[slot, consts.CANARY_FIELD_PREV_HASH] = T.reinterpret("int64", h[0])
         if num_sources == 0:
-            buf[slot, 3] = T.int64(0)
+            buf[slot, consts.CANARY_FIELD_REAL_KV_HASH] = T.int64(0)
 
     stamp_guarded, stamp_all = stamp_group_macro(True), stamp_group_macro(False)
 
@@ -129,26 +156,26 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         record = record_macro(mode)
 
         @T.macro
-        def record_group(h, prev_pos, nrows, base, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, ring, kind):
+        def record_group(h, prev_pos, nrows, base, ok_u, group, check_pos, launch):
             """Re-walk U loaded entries and account (COUNT) or append (EMIT) their rows in order."""
             for u in T.unroll(U):
-                slot = slot_u[u]
+                slot = group.slot[u]
                 if slot >= T.int64(0):
-                    tok = tok_u[u]
-                    pos = pos_u[u]
+                    tok = group.tok[u]
+                    pos = group.pos[u]
                     hs = T.reinterpret("int64", h[0])
                     if ok_u[u] == 0:
-                        record(ring, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX), kind)
+                        record(launch, nrows, base, slot, pos, tok, tok, hs, pos, T.int64(INVALID_INDEX))
                     else:
                         if input_assert:
-                            et = et_u[u]
-                            ep = ep_u[u]
+                            et = group.et[u]
+                            ep = group.ep[u]
                             bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
                             if bits != T.int64(0):
-                                record(ring, nrows, base, slot, pos, tok, et, hs, ep, bits, kind)
+                                record(launch, nrows, base, slot, pos, tok, et, hs, ep, bits)
                         if check_pos:
                             if pos != prev_pos[0] + T.int64(1):
-                                record(ring, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION), kind)
+                                record(launch, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION))
                             prev_pos[0] = pos
                         mix3(h, tok, pos)
 
@@ -159,7 +186,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         record_group = record_group_macro(mode)
 
         @T.macro
-        def walk(r, base, nrows, written, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params):
+        def walk(r, base, nrows, written, launch):
             """Walk request r in `mode`: nrows[0] := its violation rows (STAMP: violating entries),
             written[0] += slots written (STAMP)."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
@@ -178,74 +205,76 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             pos_n = T.alloc_buffer((U,), "int64", scope="local")
             et_n = T.alloc_buffer((U,), "int64", scope="local")
             ep_n = T.alloc_buffer((U,), "int64", scope="local")
-            n = ids.shape[0]
-            s0 = T.min(T.max(offsets[r], T.int64(0)), n)
-            s1 = T.min(T.max(offsets[r + 1], s0), n)
-            seed = seeds[r]
+            cur = T.meta_var(Group(slot_u, tok_u, pos_u, et_u, ep_u))
+            nxt = T.meta_var(Group(slot_n, tok_n, pos_n, et_n, ep_n))
+            n = launch.ids.shape[0]
+            s0 = T.min(T.max(launch.offsets[r], T.int64(0)), n)
+            s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
+            seed = launch.seeds[r]
             nrows[0] = T.int64(0)
             if s1 > s0:
-                if seed >= buf.shape[0]:
-                    record(ring, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(INVALID_INDEX), kind)
+                if seed >= launch.buf.shape[0]:
+                    record(launch, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(INVALID_INDEX))
                 else:
-                    slot_hash(h, buf, seed)
-                    check_pos = seed >= T.int64(0) and cpa[0] != 0
+                    slot_hash(h, launch.buf, seed)
+                    check_pos = seed >= T.int64(0) and launch.cpa[0] != 0
                     prev_pos[0] = T.int64(0)
                     if check_pos:
-                        prev_pos[0] = buf[seed, 1]
+                        prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
                     # Software pipeline over groups of U entries: the loads of group g + 1 are issued
                     # before group g's chain steps.
-                    load_group(slot_u, tok_u, pos_u, et_u, ep_u, s0, s1, T.int64(0), ocl, ids, pos_in, etoks, epos)
+                    load_group(cur, s0, s1, T.int64(0), launch)
                     for g in T.serial((s1 - s0 + U - 1) // U):
-                        load_group(slot_n, tok_n, pos_n, et_n, ep_n, s0, s1, (g + 1) * U, ocl, ids, pos_in, etoks, epos)
+                        load_group(nxt, s0, s1, (g + 1) * U, launch)
                         all_ok[0] = 1
                         for u in T.unroll(U):
-                            check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
+                            check_slot(ok, cur.slot[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                             ok_u[u] = ok[0]
                             all_ok[0] = all_ok[0] & ok[0]
                         if mode == STAMP:
                             if all_ok[0] != 0:
-                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf)
+                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
                             else:
-                                stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, buf)
+                                stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
                         else:
-                            record_group(h, prev_pos, nrows, base, ok_u, slot_u, tok_u, pos_u, et_u, ep_u, check_pos, ring, kind)
+                            record_group(h, prev_pos, nrows, base, ok_u, cur, check_pos, launch)
                         for u in T.unroll(U):
-                            slot_u[u] = slot_n[u]
-                            tok_u[u] = tok_n[u]
-                            pos_u[u] = pos_n[u]
+                            cur.slot[u] = nxt.slot[u]
+                            cur.tok[u] = nxt.tok[u]
+                            cur.pos[u] = nxt.pos[u]
                             if input_assert:
-                                et_u[u] = et_n[u]
-                                ep_u[u] = ep_n[u]
+                                cur.et[u] = nxt.et[u]
+                                cur.ep[u] = nxt.ep[u]
 
         return walk
 
     @T.macro
-    def fold_request(r, lane, buf, offsets, seeds, ocl, srcs, params):
+    def fold_request(r, lane, launch):
         """Fields 3 of the slots request r stamps := their real-KV folds; lane `lane` of W takes
         entries s0 + lane, s0 + lane + W, ..., U at a time with all their first words loaded first."""
         slot_u = T.alloc_buffer((U,), "int64", scope="local")
         ok_u = T.alloc_buffer((U,), "int32", scope="local")
         ok = T.alloc_buffer((1,), "int32", scope="local")
-        heads = T.alloc_buffer((U * 8,), "int64", scope="local")
+        heads = T.alloc_buffer((U * HEADS_PER_SLOT,), "int64", scope="local")
         acc = T.alloc_buffer((1,), "uint64", scope="local")
         part = T.alloc_buffer((1,), "uint64", scope="local")
-        n = ocl.shape[0]
-        s0 = T.min(T.max(offsets[r], T.int64(0)), n)
-        s1 = T.min(T.max(offsets[r + 1], s0), n)
-        if seeds[r] < buf.shape[0]:
+        n = launch.ocl.shape[0]
+        s0 = T.min(T.max(launch.offsets[r], T.int64(0)), n)
+        s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
+        if launch.seeds[r] < launch.buf.shape[0]:
             for g in T.serial((T.max(s1 - s0 - lane, T.int64(0)) + W * U - 1) // (W * U)):
                 for u in T.unroll(U):
                     i = s0 + lane + (g * U + u) * W
-                    slot_u[u] = T.Select(i < s1, ocl[T.min(i, s1 - 1)], T.int64(-1))
+                    slot_u[u] = T.Select(i < s1, launch.ocl[T.min(i, s1 - 1)], T.int64(-1))
                 for u in T.unroll(U):
-                    check_slot(ok, slot_u[u], buf.shape[0], srcs, params, num_sources)
+                    check_slot(ok, slot_u[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                     ok_u[u] = ok[0]
                     if ok[0] != 0:
-                        load_heads(heads, u * 8, srcs, params, num_sources, slot_u[u])
+                        load_heads(heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
                 for u in T.unroll(U):
                     if ok_u[u] != 0:
-                        fold_loaded(acc, part, heads, u * 8, srcs, params, num_sources, slot_u[u])
-                        buf[slot_u[u], 3] = T.reinterpret("int64", acc[0])
+                        fold_loaded(acc, part, heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
+                        launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
@@ -272,9 +301,15 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         src2_h: T.handle, ps2: T.int64, tw2: T.int64, fw2: T.int64,
         src3_h: T.handle, ps3: T.int64, tw3: T.int64, fw3: T.int64,
     ):
-        T.func_attr({"tirx.noalias": True})
-        S = T.int64(); F = T.int64(); cap = T.int64(); cap1 = T.int64(); N = T.int64(); N2 = T.int64()
-        R = T.int64(); NF = T.int64()
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        S = T.int64()
+        F = T.int64()
+        cap = T.int64()
+        cap1 = T.int64()
+        N = T.int64()
+        N2 = T.int64()
+        R = T.int64()
+        NF = T.int64()
         buf = T.match_buffer(buf_h, (S, F), "int64")
         offsets = T.match_buffer(offsets_h, (cap1,), "int64")
         seeds = T.match_buffer(seeds_h, (cap,), "int64")
@@ -283,25 +318,26 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         ocl = T.match_buffer(ocl_h, (N,), "int64")
         etoks = T.match_buffer(etoks_h, (N2,), "int64")
         epos = T.match_buffer(epos_h, (N2,), "int64")
-        ring = T.match_buffer(ring_h, (R, 8), "int64")
+        ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
+        launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params))
 
         # Phase 0 (real-KV modes): W lanes per request fold the slots it stamps into field 3.
         if num_sources > 0:
-            for b in geom.grid(geom.blocks_for(cap * W)):
-                for t in geom.lanes(TH):
+            for b in grid(geom, blocks_for(geom, cap * W)):
+                for t in lanes(geom, TH):
                     active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
                     r = T.alloc_buffer((1,), "int64", scope="local")
                     r[0] = T.Cast("int64", (b * TH + t) // W)
                     while r[0] < active:
-                        fold_request(r[0], T.Cast("int64", t % W), buf, offsets, seeds, ocl, srcs, params)
-                        r[0] = r[0] + geom.blocks_for(cap * W) * (TH // W)
+                        fold_request(r[0], T.Cast("int64", t % W), launch)
+                        r[0] = r[0] + blocks_for(geom, cap * W) * (TH // W)
 
         # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE mode).
-        for b in geom.grid(geom.blocks_for(cap)):
-            for t in geom.lanes(TH):
+        for b in grid(geom, blocks_for(geom, cap)):
+            for t in lanes(geom, TH):
                 active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
                 r = T.alloc_buffer((1,), "int64", scope="local")
                 nrows = T.alloc_buffer((1,), "int64", scope="local")
@@ -310,15 +346,15 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 if active > T.int64(0):
                     r[0] = T.Cast("int64", b * TH + t)
                     while r[0] < active:
-                        walk_stamp(r[0], T.int64(0), nrows, written, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                        walk_stamp(r[0], T.int64(0), nrows, written, launch)
                         if nrows[0] != T.int64(0):
                             flags[0] = 1
                             flags[1 + r[0] // CHUNK] = 1
-                        r[0] = r[0] + geom.blocks_for(cap) * TH
+                        r[0] = r[0] + blocks_for(geom, cap) * TH
                 add_written(slot_counter, written[0], t)
 
         # Phase 2: one block appends the rows of the marked requests in request order.
-        for b in geom.grid(1):
+        for b in grid(geom, 1):
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             sflag = T.alloc_buffer((TB,), "int32", scope="shared")
             scount = T.alloc_buffer((TB,), "int64", scope="shared")
@@ -331,16 +367,16 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 for j in T.serial(TB):
                     marked[0] = sflag[j]
                     for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TB, 0)):
-                        for t in geom.lanes(TB):
+                        for t in lanes(geom, TB):
                             nrows = T.alloc_buffer((1,), "int64", scope="local")
                             unused = T.alloc_buffer((1,), "int64", scope="local")
                             rr = (c * TB + j) * CHUNK + tile * TB + t
                             nrows[0] = T.int64(0)
                             if rr < active:
-                                walk_count(rr, T.int64(0), nrows, unused, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                                walk_count(rr, T.int64(0), nrows, unused, launch)
                             scount[t] = nrows[0]
                         sync()
-                        for t in geom.lanes(TB):
+                        for t in lanes(geom, TB):
                             nrows = T.alloc_buffer((1,), "int64", scope="local")
                             unused = T.alloc_buffer((1,), "int64", scope="local")
                             rank = T.alloc_buffer((1,), "int64", scope="local")
@@ -351,9 +387,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                 rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
                             rr = (c * TB + j) * CHUNK + tile * TB + t
                             if rr < active:
-                                walk_emit(rr, rank[0], nrows, unused, buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params)
+                                walk_emit(rr, rank[0], nrows, unused, launch)
                         sync()
-            for t in geom.lanes(TB):
+            for t in lanes(geom, TB):
                 if t == 0:
                     close_emit(flags, write_index, kernel_counter, base)
     # fmt: on

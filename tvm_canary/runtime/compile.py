@@ -36,7 +36,7 @@ _lock = threading.Lock()
 def source_hash() -> str:
     """Hash of everything that shapes the generated code (kernels, consts, geometry)."""
     pkg = pathlib.Path(__file__).resolve().parent.parent
-    files = sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "geometry.py"]
+    files = sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py"]
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())
