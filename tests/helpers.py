@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from tvm_canary import consts
+from tvm_canary import _consts, consts
 from tvm_canary.cases import random_source
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from tvm_canary.plans import VerifyPlan, WritePlan
 
-I64 = consts.to_signed_int64
-ANCHOR = I64(consts.ANCHOR_HASH)
+I64 = _consts.to_signed_int64
+ANCHOR = I64(_consts.ANCHOR_HASH)
 POISON_BYTE = 0x5A
 POISON_I64 = -7777
 INVALID = int(consts.FailReason.INVALID_INDEX)
@@ -31,7 +31,7 @@ def make_canary(num_slots: int, *, stride: int = 32, fill: int = 0, device="cpu"
 
 def set_slot(buf: torch.Tensor, slot: int, token: int, position: int, prev_hash: int, real_kv_hash: int = 0) -> None:
     """Store the four fields (any ints, taken mod 2^64) little-endian into bytes 0..31 of ``slot``."""
-    raw = b"".join((v & consts.U64_MASK).to_bytes(8, "little") for v in (token, position, prev_hash, real_kv_hash))
+    raw = b"".join((v & _consts.U64_MASK).to_bytes(8, "little") for v in (token, position, prev_hash, real_kv_hash))
     buf[slot, :32] = torch.tensor(list(raw), dtype=torch.uint8, device=buf.device)
 
 
@@ -46,12 +46,12 @@ def py_chain_hash(buf: torch.Tensor, slot: int) -> int:
     if slot < 0:
         return ANCHOR
     tok, pos, prev, _ = get_slot(buf, slot)
-    return I64(consts.splitmix64_mix3(prev, tok, pos))
+    return I64(_consts.splitmix64_mix3(prev, tok, pos))
 
 
 def link(h: int, token: int, position: int) -> int:
     """Signed chain hash following an entry: ``mix3(h, token, position)``."""
-    return I64(consts.splitmix64_mix3(h, token, position))
+    return I64(_consts.splitmix64_mix3(h, token, position))
 
 
 # ---------------------------------------------------------------- real-KV sources
@@ -97,8 +97,8 @@ def py_fold(sources: tuple[RealKvSource, ...], mode: RealKvHashMode, slot: int) 
         strip = source_strip(src, slot, n)
         one = 0
         for w in range(n // 8):
-            one = consts.splitmix64(one ^ int.from_bytes(strip[8 * w : 8 * w + 8], "little"))
-        acc = consts.splitmix64(acc ^ one)
+            one = _consts.splitmix64(one ^ int.from_bytes(strip[8 * w : 8 * w + 8], "little"))
+        acc = _consts.splitmix64(acc ^ one)
     return I64(acc)
 
 

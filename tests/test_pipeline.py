@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tvm_canary as tc
-from tvm_canary import consts
+from tvm_canary import _consts
 from tvm_canary import session as session_module
 from tvm_canary.consts import FailReason, RealKvHashMode
 from tvm_canary.context import CanaryLaunchTag
@@ -96,9 +96,9 @@ class Folder:
             strip = bytes(rows[slot // src.page_size][col : col + n])
             one = 0
             for w in range(n // 8):
-                one = consts.splitmix64(one ^ int.from_bytes(strip[8 * w : 8 * w + 8], "little"))
-            acc = consts.splitmix64(acc ^ one)
-        return consts.to_signed_int64(acc)
+                one = _consts.splitmix64(one ^ int.from_bytes(strip[8 * w : 8 * w + 8], "little"))
+            acc = _consts.splitmix64(acc ^ one)
+        return _consts.to_signed_int64(acc)
 
 
 @dataclasses.dataclass

@@ -28,7 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from .consts import CANARY_SLOT_BYTES, RealKvHashMode
+from ._consts import CANARY_SLOT_BYTES
+from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from .launch import (
     launch_canary_plan_kernels,

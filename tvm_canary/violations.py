@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from . import consts
+from . import _consts, consts
 from .consts import FailReason
 from .context import CanaryLaunchTag
 
@@ -28,7 +28,7 @@ def reason_label(bit: FailReason) -> str:
 
 
 def _hex(value: int) -> str:
-    return f"{value & consts.U64_MASK:#018x}"
+    return f"{value & _consts.U64_MASK:#018x}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

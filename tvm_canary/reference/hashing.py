@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import consts
+from .. import _consts, consts
 from ..consts import RealKvHashMode
 from ..context import RealKvSource
 
-_MUL1 = consts.to_signed_int64(consts.SPLITMIX64_MUL1)
-_MUL2 = consts.to_signed_int64(consts.SPLITMIX64_MUL2)
-ANCHOR_HASH_I64 = consts.to_signed_int64(consts.ANCHOR_HASH)
+_MUL1 = _consts.to_signed_int64(_consts.SPLITMIX64_MUL1)
+_MUL2 = _consts.to_signed_int64(_consts.SPLITMIX64_MUL2)
+ANCHOR_HASH_I64 = _consts.to_signed_int64(_consts.ANCHOR_HASH)
 
 
 def _lsr(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -24,7 +24,7 @@ def _lsr(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def splitmix64_t(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise SplitMix64 finalizer on an int64 tensor (same bits as ``consts.splitmix64``)."""
+    """Elementwise SplitMix64 finalizer on an int64 tensor (same bits as ``_consts.splitmix64``)."""
     x = (x ^ _lsr(x, 30)) * _MUL1
     x = (x ^ _lsr(x, 27)) * _MUL2
     return x ^ _lsr(x, 31)
@@ -54,7 +54,7 @@ def read_slot_fields(canary_buf: torch.Tensor, slots: torch.Tensor) -> torch.Ten
 
     Reads bytes 0..31 of each row of the uint8 ``[S, stride]`` buffer (any stride >= 32).
     """
-    return le_words(canary_buf[slots, : consts.CANARY_SLOT_BYTES])
+    return le_words(canary_buf[slots, : _consts.CANARY_SLOT_BYTES])
 
 
 def chain_hash_t(canary_buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -93,7 +93,7 @@ def valid_slot_mask(num_slots: int, sources: tuple[RealKvSource, ...], mode: Rea
 def _fold_one(src: RealKvSource, mode: RealKvHashMode, slots: torch.Tensor) -> torch.Tensor:
     """Per-source fold of SPEC 1.4 for readable ``slots``: splitmix64 over the strip's LE words.
     Reads on the source's device, returns on ``slots.device``."""
-    n = consts.PARTIAL_READ_BYTES if mode == RealKvHashMode.PARTIAL else src.read_bytes
+    n = _consts.PARTIAL_READ_BYTES if mode == RealKvHashMode.PARTIAL else src.read_bytes
     u8 = source_u8(src)
     s = slots.to(u8.device)
     rows = torch.div(s, src.page_size, rounding_mode="floor")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import consts
+from .. import _consts, consts
 from ..consts import FailReason
 from ..context import VerifyOrWriteContext
 from ..plans import WritePlan
@@ -43,15 +43,15 @@ class _WorkingBuffer:
         dev = self._buf.device
         slots = torch.tensor(list(self._written), dtype=torch.int64, device=dev)
         words = torch.tensor(list(self._written.values()), dtype=torch.int64, device=dev)
-        self._buf[slots, : consts.CANARY_SLOT_BYTES] = le_bytes(words)
+        self._buf[slots, : _consts.CANARY_SLOT_BYTES] = le_bytes(words)
 
 
 def _chain_hash(work: _WorkingBuffer, slot: int) -> int:
     """u64 chain-link hash of ``slot`` (anchor hash when negative)."""
     if slot < 0:
-        return consts.ANCHOR_HASH
+        return _consts.ANCHOR_HASH
     tok, pos, prev, _ = work.fields(slot)
-    return consts.splitmix64_mix3(prev, tok, pos)
+    return _consts.splitmix64_mix3(prev, tok, pos)
 
 
 def _clamped_count(t: torch.Tensor, cap: int) -> int:
@@ -122,7 +122,7 @@ def canary_write_ref(
             if slot < 0:
                 continue
             tok, pos = toks[i], poss[i]
-            h_i64 = consts.to_signed_int64(h)
+            h_i64 = _consts.to_signed_int64(h)
             if not slot_ok[i]:
                 rows.append([kind, slot, pos, tok, tok, h_i64, pos, _INVALID])
                 continue
@@ -132,12 +132,12 @@ def canary_write_ref(
                 if bits:
                     rows.append([kind, slot, pos, tok, et, h_i64, ep, bits])
             if check_pos:
-                want_pos = consts.to_signed_int64(prev_pos + 1)
+                want_pos = _consts.to_signed_int64(prev_pos + 1)
                 if pos != want_pos:
                     rows.append([kind, slot, pos, tok, tok, h_i64, want_pos, _POSITION_MISMATCH])
                 prev_pos = pos
             work.store(slot, [tok, pos, h_i64, real_kv[i]])
-            h = consts.splitmix64_mix3(h, tok, pos)
+            h = _consts.splitmix64_mix3(h, tok, pos)
             written += 1
 
     work.flush()

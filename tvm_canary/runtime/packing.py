@@ -22,7 +22,8 @@ import dataclasses
 
 import torch
 
-from ..consts import MAX_REAL_KV_SOURCES, PARTIAL_READ_BYTES, RealKvHashMode
+from .._consts import PARTIAL_READ_BYTES
+from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
 from ..context import VerifyOrWriteContext
 from ..geometry import FLAG_CHUNK
 from .specializations import spec

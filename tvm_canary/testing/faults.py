@@ -31,7 +31,8 @@ import random
 
 import torch
 
-from ..consts import CANARY_FIELD_POSITION, CANARY_FIELD_TOKEN, PARTIAL_READ_BYTES, RealKvHashMode
+from .._consts import PARTIAL_READ_BYTES
+from ..consts import CANARY_FIELD_POSITION, CANARY_FIELD_TOKEN, RealKvHashMode
 from ..session import CanarySession
 from ..violations import ViolationReport
 from .engine import Engine, Holder, Request

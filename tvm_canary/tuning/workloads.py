@@ -26,6 +26,7 @@ from tvm.script import tirx as T
 
 import tvm_canary as tc
 from tvm_canary import reference
+from tvm_canary._consts import ANCHOR_HASH, to_signed_int64
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.geometry import Geometry
 from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
@@ -221,7 +222,7 @@ def _verify_kwargs(bucket, device, gen):
     toks = torch.randint(0, 150000, (chains, length), generator=gen).to(device)
     num_slots = 2 * chains * length + 1
     words = torch.zeros(num_slots, 4, dtype=torch.int64, device=device)
-    h = torch.full((chains,), tc.consts.to_signed_int64(tc.consts.ANCHOR_HASH), dtype=torch.int64, device=device)
+    h = torch.full((chains,), to_signed_int64(ANCHOR_HASH), dtype=torch.int64, device=device)
     for p in range(length):
         words[slots[:, p], 0] = toks[:, p]
         words[slots[:, p], 1] = p
