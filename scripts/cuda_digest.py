@@ -10,9 +10,11 @@ after it and comparing::
 Each specialization (every entry of ``runtime.aot.SPECIALIZATIONS``) is built with the default
 geometry of its target, as ``tvm-canary build`` builds it; no GPU is needed. ``--llvm`` dumps the
 LLVM IR of the CPU builds instead; its digest leaves out the metadata lines (``!N = ...``), which hold
-source line numbers and per-process pointer names, so it covers the instructions only. The folder gets one source file per specialization and
-``digests.json`` (name -> sha256); with ``--against`` the exit status is 1 when any digest differs
-or a specialization is missing from either side (``--kernel`` limits both to some kernels).
+source line numbers and per-process pointer names, so it covers the instructions only.
+
+The folder gets one source file per specialization and ``digests.json`` (name -> sha256); with
+``--against`` the exit status is 1 when any digest differs or a specialization is missing from either
+side (``--kernel`` limits both to some kernels).
 """
 
 from __future__ import annotations
