@@ -7,8 +7,8 @@ after it and comparing::
     ... change the kernels ...
     python scripts/cuda_digest.py /tmp/after --against /tmp/before
 
-Each specialization (every entry of ``runtime.aot.SPECIALIZATIONS``) is built with the default
-geometry of its target, as ``tvm-canary build`` builds it; no GPU is needed. ``--llvm`` dumps the
+Each specialization (``runtime.specializations.all_specs``) is built with the default geometry of its
+target (``runtime.targets.default_geometry``), as ``tvm-canary build`` builds it; no GPU is needed. ``--llvm`` dumps the
 LLVM IR of the CPU builds instead; its digest leaves out the metadata lines (``!N = ...``), which hold
 source line numbers and per-process pointer names, so it covers the instructions only.
 
@@ -27,12 +27,12 @@ import sys
 
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
-from tvm_canary.runtime.aot import SPECIALIZATIONS
+from tvm_canary.runtime.specializations import KERNELS, all_specs, spec_id
 
 
 def generated_source(kernel: str, spec: tuple, tag: str) -> str:
     """The device source (CUDA tags) or the LLVM IR (``llvm``) of one specialization."""
-    ex = C.build(kernel, spec, tag, targets.geometry_for(kernel, tag))
+    ex = C.build(kernel, spec, tag, targets.default_geometry(kernel, tag))
     if tag == "llvm":
         return ex.mod.inspect_source("ll")
     return ex.mod.imports[0].inspect_source("cuda")
@@ -43,8 +43,8 @@ def dump(out: pathlib.Path, tag: str, kernels: list[str]) -> dict[str, str]:
     suffix = "ll" if tag == "llvm" else "cu"
     digests = {}
     for kernel in kernels:
-        for spec in SPECIALIZATIONS[kernel]:
-            name = f"{kernel}-{'-'.join(str(int(x)) for x in spec) or 'none'}"
+        for spec in all_specs(kernel):
+            name = f"{kernel}-{spec_id(spec)}"
             source = generated_source(kernel, spec, tag)
             (out / f"{name}.{suffix}").write_text(source)
             if tag == "llvm":
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--arch", default="sm_90", help="CUDA arch of the build (default sm_90)")
     parser.add_argument("--llvm", action="store_true", help="dump the CPU builds' LLVM IR instead of CUDA")
     parser.add_argument("--against", type=pathlib.Path, help="an earlier dump to compare with")
-    parser.add_argument("--kernel", action="append", choices=list(SPECIALIZATIONS),
+    parser.add_argument("--kernel", action="append", choices=KERNELS,
                         help="only this kernel (repeatable; default: all)")
     args = parser.parse_args(argv)
     tag = "llvm" if args.llvm else f"cuda-{args.arch}"
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
         theirs = json.loads((args.against / "digests.json").read_text())
         if theirs["tag"] != tag:
             parser.error(f"{args.against} holds a {theirs['tag']} dump, not {tag}")
-    kernels = args.kernel or list(SPECIALIZATIONS)
+    kernels = args.kernel or list(KERNELS)
     mine = dump(args.out, tag, kernels)
     if args.against is None:
         return 0

@@ -39,5 +39,3 @@ class Geometry:
     def key(self) -> str:
         return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}"
 
-
-CPU_GEOMETRY = Geometry(gpu=False, unroll=4)
