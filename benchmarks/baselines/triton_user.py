@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tvm_canary.consts import ANCHOR_HASH, PARTIAL_READ_BYTES, RealKvHashMode
+from tvm_canary._consts import ANCHOR_HASH, PARTIAL_READ_BYTES
+from tvm_canary.consts import RealKvHashMode
 
 VERIFY_BLOCK = 1024
 ANCHOR = tl.constexpr(ANCHOR_HASH)  # splitmix64(CANARY_CHAIN_ANCHOR) as a uint64 literal
