@@ -37,5 +37,7 @@ class Geometry:
     min_blocks: int = 1
 
     def key(self) -> str:
-        return f"{'cuda' if self.gpu else 'cpu'}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}"
+        """Names the geometry in module cache keys and tuning records (its format is part of both)."""
+        kind = "cuda" if self.gpu else "cpu"
+        return f"{kind}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}"
 

@@ -170,12 +170,14 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         if input_assert:
                             et = group.et[u]
                             ep = group.ep[u]
-                            bits = T.Select(tok != et, T.int64(TOKEN), T.int64(0)) | T.Select(pos != ep, T.int64(POSITION), T.int64(0))
+                            bits = (T.Select(tok != et, T.int64(TOKEN), T.int64(0))
+                                    | T.Select(pos != ep, T.int64(POSITION), T.int64(0)))
                             if bits != T.int64(0):
                                 record(launch, nrows, base, slot, pos, tok, et, hs, ep, bits)
                         if check_pos:
                             if pos != prev_pos[0] + T.int64(1):
-                                record(launch, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1), T.int64(POSITION))
+                                record(launch, nrows, base, slot, pos, tok, tok, hs, prev_pos[0] + T.int64(1),
+                                       T.int64(POSITION))
                             prev_pos[0] = pos
                         mix3(h, tok, pos)
 
@@ -214,7 +216,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             nrows[0] = T.int64(0)
             if s1 > s0:
                 if seed >= launch.buf.shape[0]:
-                    record(launch, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(INVALID_INDEX))
+                    record(launch, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0),
+                           T.int64(INVALID_INDEX))
                 else:
                     slot_hash(h, launch.buf, seed)
                     check_pos = seed >= T.int64(0) and launch.cpa[0] != 0
@@ -273,7 +276,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         load_heads(heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
                 for u in T.unroll(U):
                     if ok_u[u] != 0:
-                        fold_loaded(acc, part, heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
+                        fold_loaded(acc, part, heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources,
+                                    slot_u[u])
                         launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
@@ -284,7 +288,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         if geom.gpu:
             warp_total = T.cuda.warp_sum(value)
             if lane % 32 == 0 and warp_total != T.int64(0):
-                T.evaluate(T.cuda.func_call("canary_atomic_add_i64", T.address_of(counter[0]), warp_total, source_code=ATOMIC_ADD_I64))
+                T.evaluate(T.cuda.func_call("canary_atomic_add_i64", T.address_of(counter[0]), warp_total,
+                                            source_code=ATOMIC_ADD_I64))
         else:
             counter[0] = counter[0] + value
 
