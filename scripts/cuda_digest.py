@@ -7,10 +7,12 @@ after it and comparing::
     ... change the kernels ...
     python scripts/cuda_digest.py /tmp/after --against /tmp/before
 
-Each specialization (``runtime.specializations.all_specs``) is built with the default geometry of its
-target (``runtime.targets.default_geometry``), as ``tvm-canary build`` builds it; no GPU is needed. ``--llvm`` dumps the
-LLVM IR of the CPU builds instead; its digest leaves out the metadata lines (``!N = ...``), which hold
-source line numbers and per-process pointer names, so it covers the instructions only.
+Each specialization (``runtime.specializations.all_specs``) is built with each default geometry of its
+target (``runtime.targets.default_geometry`` for each of its launch modes; a mode whose default differs
+from the first mode's is dumped as ``<kernel>-<spec>-mode<m>``), as ``tvm-canary build`` builds it; no
+GPU is needed. ``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the
+metadata lines (``!N = ...``), which hold source line numbers and per-process pointer names, so it
+covers the instructions only.
 
 The folder gets one source file per specialization and ``digests.json`` (name -> sha256); with
 ``--against`` the exit status is 1 when any digest differs or a specialization is missing from either
@@ -27,12 +29,12 @@ import sys
 
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
-from tvm_canary.runtime.specializations import KERNELS, all_specs, spec_id
+from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_modes, spec_id
 
 
-def generated_source(kernel: str, spec: tuple, tag: str) -> str:
+def generated_source(kernel: str, spec: tuple, tag: str, geom) -> str:
     """The device source (CUDA tags) or the LLVM IR (``llvm``) of one specialization."""
-    ex = C.build(kernel, spec, tag, targets.default_geometry(kernel, tag))
+    ex = C.build(kernel, spec, tag, geom)
     if tag == "llvm":
         return ex.mod.inspect_source("ll")
     return ex.mod.imports[0].inspect_source("cuda")
@@ -44,15 +46,32 @@ def dump(out: pathlib.Path, tag: str, kernels: list[str]) -> dict[str, str]:
     digests = {}
     for kernel in kernels:
         for spec in all_specs(kernel):
-            name = f"{kernel}-{spec_id(spec)}"
-            source = generated_source(kernel, spec, tag)
-            (out / f"{name}.{suffix}").write_text(source)
-            if tag == "llvm":
-                source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("!"))
-            digests[name] = hashlib.sha256(source.encode()).hexdigest()
-            print(f"{name}: {digests[name]}", flush=True)
+            for name, geom in default_builds(kernel, spec, tag):
+                digests[name] = dump_one(out / f"{name}.{suffix}", kernel, spec, tag, geom)
+                print(f"{name}: {digests[name]}", flush=True)
     (out / "digests.json").write_text(json.dumps({"tag": tag, "digests": digests}, indent=1))
     return digests
+
+
+def default_builds(kernel: str, spec: tuple, tag: str) -> list:
+    """(name, geometry) of each distinct default geometry a launch of ``spec`` on ``tag`` can use."""
+    modes = launch_modes(kernel, spec)
+    first = targets.default_geometry(kernel, tag, modes[0])
+    builds = [(f"{kernel}-{spec_id(spec)}", first)]
+    for mode in modes[1:]:
+        geom = targets.default_geometry(kernel, tag, mode)
+        if geom != first:
+            builds.append((f"{kernel}-{spec_id(spec)}-mode{mode}", geom))
+    return builds
+
+
+def dump_one(path: pathlib.Path, kernel: str, spec: tuple, tag: str, geom) -> str:
+    """Write one build's source to ``path``; returns its digest."""
+    source = generated_source(kernel, spec, tag, geom)
+    path.write_text(source)
+    if tag == "llvm":
+        source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("!"))
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def compare(mine: dict[str, str], theirs: dict[str, str]) -> int:
