@@ -20,9 +20,10 @@ Columns:
   32 B per PARTIAL source per entry; write: 24 B read + 32 B stamped + 32 B per source per token; plan:
   32 B per verify entry + 4 B table; scatter: 12 B per token), HBM bandwidth is a measured device copy.
   The ratio graph only / floor sum is the issue's "within 2x" figure.
-Then the host overhead of one eager public launch (verify, nothing to check) and its parts.
+Then the host overhead of one eager public launch (verify, nothing to check) and its parts;
+``--host-only`` measures only that, on the GPU when there is one, else on the CPU.
 
-    python benchmarks/bench_embedding.py [--quick] [--json OUT.json]
+    python benchmarks/bench_embedding.py [--quick] [--host-only] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -81,6 +82,16 @@ def kernels_launched(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def sources(slots: int, device: torch.device) -> tuple:
+    """SOURCES real-KV sources of random bytes covering ``slots`` slots, PAGE slots of KV_BYTES per row."""
+    return tuple(
+        tc.RealKvSource(tensor=torch.randint(0, 256, (slots // PAGE + 1, PAGE * KV_BYTES), dtype=torch.uint8,
+                                             device=device),
+                        page_size=PAGE, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
+        for _ in range(SOURCES)
+    )
+
+
 class Workload:
     """A session over ``bs`` requests with CONTEXT cached tokens, prefilled, and one decode batch."""
 
@@ -92,21 +103,14 @@ class Workload:
         table[1:] = (torch.randperm(slots - 1, device=DEV)[: bs * (CONTEXT + 8)] + 1).view(bs, -1).int()
         self.table = table
 
-        def sources():
-            return tuple(
-                tc.RealKvSource(tensor=torch.randint(0, 256, (slots // PAGE + 1, PAGE * KV_BYTES), dtype=torch.uint8,
-                                                     device=DEV),
-                                page_size=PAGE, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
-                for _ in range(SOURCES)
-            )
-
         swa_group = None
         if swa:
             lut = torch.arange(slots, device=DEV)
-            swa_group = CanaryGroup(num_slots=slots, k_sources=sources(), v_sources=sources(), swa_window_size=WINDOW,
-                                    full_to_swa_index_mapping=lut)
+            swa_group = CanaryGroup(num_slots=slots, k_sources=sources(slots, DEV), v_sources=sources(slots, DEV),
+                                    swa_window_size=WINDOW, full_to_swa_index_mapping=lut)
         self.session = CanarySession(
-            full=CanaryGroup(num_slots=slots, k_sources=sources(), v_sources=sources()), swa=swa_group, device=DEV,
+            full=CanaryGroup(num_slots=slots, k_sources=sources(slots, DEV), v_sources=sources(slots, DEV)),
+            swa=swa_group, device=DEV,
             write_req_capacity=bs, write_entry_capacity=bs * CONTEXT, verify_capacity=bs * CONTEXT,
             expected_token_pool_shape=(bs + 1, CONTEXT + 8), health_check_interval=0, violation_mode="raise",
         )
@@ -186,12 +190,18 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
     return row
 
 
-def host_overhead(iters: int) -> dict:
-    """Host µs of one eager verify launch with nothing to check (the kernel returns at once), and parts."""
-    w = Workload(1, False)
-    context = w.session._groups[0].contexts["TAIL", "K"]
-    plan = tc.VerifyPlan.allocate(verify_capacity=64, device=DEV).zero_for_testing_()
-    plan.enable.fill_(1)
+def host_overhead(iters: int, device: torch.device) -> dict:
+    """Host µs of one eager verify launch with nothing to check (enable 0: the kernel returns at once)
+    on a TAIL context of a session like the workload's (SOURCES PARTIAL sources, token check on), and
+    its parts. Each part: the best of 5 rounds of ``iters // 5`` back-to-back calls (the least
+    disturbed by other load on the host), after 100 warm-up calls."""
+    slots = CONTEXT + 9
+    session = CanarySession(full=CanaryGroup(num_slots=slots, k_sources=sources(slots, device),
+                                             v_sources=sources(slots, device)),
+                            device=device, write_req_capacity=1, write_entry_capacity=CONTEXT, verify_capacity=64,
+                            expected_token_pool_shape=(2, CONTEXT + 8), health_check_interval=0)
+    context = session._groups[0].contexts["TAIL", "K"]
+    plan = tc.VerifyPlan.allocate(verify_capacity=64, device=device).zero_for_testing_()
     kw = dict(context=context, plan=plan, check_verify_expected_token=True)
     call = packing.verify_call(**kw)
     fn, args = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode), call.args
@@ -203,24 +213,39 @@ def host_overhead(iters: int) -> dict:
         "implementation_us": lambda: ops.run("verify", kw),  # what an untraced launch runs after the checks
         "ffi_call_us": lambda: fn(*args),
     }
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = {}
     for name, f in parts.items():
         for _ in range(100):
             f()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            f()
-        out[name] = (time.perf_counter() - t) / iters * 1e6
-        torch.cuda.synchronize()
+        rounds = []
+        for _ in range(5):
+            sync()
+            t = time.perf_counter()
+            for _ in range(iters // 5):
+                f()
+            rounds.append((time.perf_counter() - t) / (iters // 5) * 1e6)
+        sync()
+        out[name] = min(rounds)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
+    ap.add_argument("--host-only", action="store_true",
+                    help="only the host overhead of one eager launch (on the CPU when there is no GPU)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    host_iters = 2000 if args.quick else 20000
+    if args.host_only:
+        device = DEV if torch.cuda.is_available() else torch.device("cpu")
+        host = host_overhead(host_iters, device)
+        print(f"host overhead of one eager launch on {device}: " + ", ".join(f"{k} {v:.2f}" for k, v in host.items()))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=str(device), host_overhead=host), f, indent=1)
+        return 0
     if not torch.cuda.is_available():
         print("bench_embedding: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -231,7 +256,7 @@ def main(argv=None) -> int:
         for swa in (False, True):
             rows.append(step_row(bs, swa, iters, empty_us, bytes_per_us))
             torch.cuda.empty_cache()
-    host = host_overhead(2000 if args.quick else 20000)
+    host = host_overhead(host_iters, DEV)
     cols = ["bs", "groups", "eager_wall_us", "eager_stream_us", "graph_wall_us", "graph_stream_us", "graph_only_us",
             "device_ops", "ops_x_empty_us", "floor_sum_us", "graph_over_floor"]
     print(f"{torch.cuda.get_device_name(0)}: empty launch {empty_us:.2f} us, HBM copy {bytes_per_us / 1e3:.0f} GB/s")
