@@ -12,10 +12,18 @@ import os
 
 BACKENDS = ("tvm", "reference")
 _current = contextvars.ContextVar("tvm_canary_backend", default=None)
+# os.environ.get raises and catches a KeyError when the variable is unset (about a microsecond, at
+# every launch); reading os.environ's own mapping is the same lookup without it.
+_ENV_KEY = os.environ.encodekey("TVM_CANARY_BACKEND")
 
 
 def current_backend() -> str:
-    name = _current.get() or os.environ.get("TVM_CANARY_BACKEND", "tvm")
+    """The backend of this launch: ``use_backend``'s, else ``$TVM_CANARY_BACKEND`` (read at every call),
+    else "tvm"."""
+    name = _current.get()
+    if name is None:
+        value = os.environ._data.get(_ENV_KEY)
+        name = "tvm" if value is None else os.environ.decodevalue(value)
     if name not in BACKENDS:
         raise ValueError(f"kv-canary: unknown backend {name!r}, expected one of {BACKENDS}")
     return name

@@ -28,7 +28,7 @@ from . import targets
 from .specializations import spec_id
 
 _memory: dict[tuple, object] = {}  # (kernel, spec, device, geometry) -> function
-_by_launch: dict[tuple, object] = {}  # (kernel, spec, device, size) -> function
+_by_launch: dict[tuple, object] = {}  # (kernel, spec, torch.device, size, mode) -> function
 _lock = threading.Lock()
 
 
@@ -76,17 +76,21 @@ def export(ex, path: pathlib.Path) -> None:
 def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0, mode: int = 0):
     """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached), with the
     tuned geometry of the bucket nearest to ``size`` (a capacity) among those of ``mode`` (verify's
-    real-KV hash mode) when the device has one."""
-    launch_key = (name, spec, device.type, device.index, size, mode)
-    fn = _by_launch.get(launch_key)
-    if fn is not None:
-        return fn
+    real-KV hash mode) when the device has one. After the first launch of a key: one dict lookup."""
+    fn = _by_launch.get((name, spec, device, size, mode))
+    if fn is None:
+        fn = _first_launch(name, spec, device, size, mode)
+    return fn
+
+
+def _first_launch(name: str, spec: tuple, device: torch.device, size: int, mode: int):
+    """``get_kernel`` of a launch key not seen yet: choose the geometry, find or build the module."""
     with _lock:
         geom = geometry(name, device, size, mode)
         key = (name, spec, device.type, device.index, geom)
         if key not in _memory:
             _memory[key] = _load_or_build(name, spec, device, geom)
-        _by_launch[launch_key] = fn = _memory[key]
+        _by_launch[name, spec, device, size, mode] = fn = _memory[key]
     return fn
 
 
