@@ -246,42 +246,72 @@ def check_write(
     expected_input_positions: Optional[torch.Tensor],
 ) -> None:
     """Arguments of ``launch_canary_write_kernel`` (SPEC 3.1, 4 "Shared" and "Write front end")."""
-    require_instance(context, VerifyOrWriteContext, "context")
-    _check_real_kv_source_count(context)
+    _check_write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
+                 expected_input_positions, context_and_plan_checked=False)
+
+
+def check_write_inputs(
+    context: VerifyOrWriteContext,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    enable_write_input_assert: bool,
+    expected_input_tokens: Optional[torch.Tensor],
+    expected_input_positions: Optional[torch.Tensor],
+) -> None:
+    """``check_write`` for a context and plan known to pass it (``tvm_canary.eager``: the same objects
+    passed before with the same tensor metadata): only the checks that read the per-step arguments, in
+    ``check_write``'s order, so that the first failing check and its message are the same."""
+    _check_write(context, None, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
+                 expected_input_positions, context_and_plan_checked=True)
+
+
+def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
+                 expected_input_positions, *, context_and_plan_checked: bool) -> None:
+    """``check_write``'s sequence; with ``context_and_plan_checked`` the checks of the context and the
+    plan alone are skipped (each would pass)."""
+    if not context_and_plan_checked:
+        require_instance(context, VerifyOrWriteContext, "context")
+        _check_real_kv_source_count(context)
     if enable_write_input_assert:
         if expected_input_tokens is None or expected_input_positions is None:
             raise ValueError("kv-canary: expected input tensors are required when enable_write_input_assert=True")
     elif expected_input_tokens is not None or expected_input_positions is not None:
         raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
-    require_instance(plan, WritePlan, "plan")
 
-    plan_tensors = [
-        (plan.write_offsets, "plan.write_offsets"),
-        (plan.write_seed_slot_indices, "plan.write_seed_slot_indices"),
-        (plan.write_num_valid_reqs, "plan.write_num_valid_reqs"),
-    ]
     token_tensors = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
     expected_tensors = (
         [(expected_input_tokens, "expected_input_tokens"), (expected_input_positions, "expected_input_positions")]
         if enable_write_input_assert
         else []
     )
-    others = plan_tensors + token_tensors + expected_tensors + _context_tensors(context, with_chain_flag=True)
-    _require_all_contiguous([(context.canary_buf, "canary_buf")] + others)
+    if context_and_plan_checked:
+        others = token_tensors + expected_tensors
+        _require_all_contiguous(others)
+    else:
+        require_instance(plan, WritePlan, "plan")
+        plan_tensors = [
+            (plan.write_offsets, "plan.write_offsets"),
+            (plan.write_seed_slot_indices, "plan.write_seed_slot_indices"),
+            (plan.write_num_valid_reqs, "plan.write_num_valid_reqs"),
+        ]
+        others = plan_tensors + token_tensors + expected_tensors + _context_tensors(context, with_chain_flag=True)
+        _require_all_contiguous([(context.canary_buf, "canary_buf")] + others)
 
-    _check_context_tensors(context, with_chain_flag=True)
+        _check_context_tensors(context, with_chain_flag=True)
 
-    _require_vector(plan.write_seed_slot_indices, "plan.write_seed_slot_indices", torch.int64)
-    capacity = int(plan.write_seed_slot_indices.shape[0])
-    _require_vector(plan.write_offsets, "plan.write_offsets", torch.int64, capacity + 1)
-    _require_vector(plan.write_num_valid_reqs, "plan.write_num_valid_reqs", torch.int32, 1)
+        _require_vector(plan.write_seed_slot_indices, "plan.write_seed_slot_indices", torch.int64)
+        capacity = int(plan.write_seed_slot_indices.shape[0])
+        _require_vector(plan.write_offsets, "plan.write_offsets", torch.int64, capacity + 1)
+        _require_vector(plan.write_num_valid_reqs, "plan.write_num_valid_reqs", torch.int32, 1)
 
     _require_vector(input_ids, "input_ids", torch.int64)
     num_tokens = int(input_ids.shape[0])
     for tensor, name in token_tensors[1:] + expected_tensors:
         _require_vector(tensor, name, torch.int64, num_tokens)
 
-    check_real_kv_sources(context)
+    if not context_and_plan_checked:
+        check_real_kv_sources(context)
     _require_same_device(context.canary_buf, "canary_buf", others)
 
 
