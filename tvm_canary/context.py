@@ -81,7 +81,7 @@ class RealKvSource:
             require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class VerifyOrWriteContext:
     """Everything one endpoint's verify/write launch shares (SPEC 2.3).
 

@@ -3,8 +3,10 @@
 Every function is keyword-only, mutates its outputs in place on the device of its inputs, and
 returns None. The checks read only metadata (dtypes, shapes, strides, devices), so they also run
 while ``torch.compile`` traces a caller, which then records the operator (``tvm_canary.ops``);
-untraced calls run the operator's implementation directly. Either runs the compiled kernel, or the
-torch reference under ``use_backend("reference")``. CUDA launches go on torch's current
+untraced calls run the operator's implementation directly, and untraced verify and write launches on
+the compiled backend replay the checked, packed launch of their context and plan while its tensors'
+metadata is unchanged (``tvm_canary.eager``). Either runs the compiled kernel, or the torch reference
+under ``use_backend("reference")``. CUDA launches go on torch's current
 stream with no host synchronisation; tensors reach the kernels zero-copy through DLPack (tvm-ffi).
 """
 
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, ops
+from . import checks, eager, ops
 from .context import VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
 
 _ops = torch.ops.tvm_canary
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def launch_canary_write_kernel(
@@ -31,6 +35,10 @@ def launch_canary_write_kernel(
     expected_input_positions: torch.Tensor | None,
 ) -> None:
     """Stamp the fingerprints of the plan's tokens into ``context.canary_buf`` (SPEC 3.1)."""
+    if not _tracing():
+        eager.write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+                    expected_input_tokens, expected_input_positions)
+        return
     kwargs = dict(
         context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
         enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
@@ -44,6 +52,9 @@ def launch_canary_verify_kernel(
     *, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool
 ) -> None:
     """Check the plan's entries against ``context.canary_buf`` and append violations (SPEC 3.2)."""
+    if not _tracing():
+        eager.verify(context, plan, check_verify_expected_token)
+        return
     kwargs = dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
     checks.check_verify(**kwargs)
     _dispatch("verify", kwargs)
@@ -86,11 +97,16 @@ def launch_scatter_req_token_ids_kernel(
     _dispatch("scatter", kwargs)
 
 
+def _tracing() -> bool:
+    """Whether torch traces the caller: torch.compile or export, or any dispatch mode (FakeTensor,
+    functionalization, ...) is active. ``is_compiling`` comes first: a compiled caller sees a constant."""
+    return _is_compiling() or _dispatch_modes() > 0
+
+
 def _dispatch(kernel: str, kwargs: dict) -> None:
-    """Run a checked launch: through its torch operator while torch traces the caller (torch.compile or
-    export, or any dispatch mode such as FakeTensor or functionalization is active), else straight to
+    """Run a checked launch: through its torch operator while torch traces the caller, else straight to
     the operator's implementation (the same work without the dispatcher's host time)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+    if _tracing():
         getattr(_ops, kernel)(*ops.ARGS[kernel](**kwargs))
     else:
         ops.run(kernel, kwargs)

@@ -13,7 +13,7 @@ import torch
 from .argtypes import require_integer, require_number
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class VerifyPlan:
     """Entries the verify kernel checks.
 
@@ -69,7 +69,7 @@ class VerifyPlan:
         return self
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class WritePlan:
     """Request rows the write kernel stamps.
 

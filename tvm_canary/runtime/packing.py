@@ -122,6 +122,18 @@ def _context_args(context: VerifyOrWriteContext) -> list:
     return [context.violation_ring, context.violation_write_index, context.slot_run_counter, context.kernel_run_counter]
 
 
+def write_inputs(input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
+                 expected_input_positions) -> tuple:
+    """Write's per-step tensors as they stand in its arguments, from position ``WRITE_INPUTS``: the
+    expected tensors are the inputs themselves when the assert is off (never read then)."""
+    if enable_write_input_assert:
+        return input_ids, positions, out_cache_loc, expected_input_tokens, expected_input_positions
+    return input_ids, positions, out_cache_loc, input_ids, positions
+
+
+WRITE_INPUTS = 4  # write's arguments: canary words and the three plan tensors, then ``write_inputs``
+
+
 def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
                expected_input_tokens, expected_input_positions):
     assert_on = bool(enable_write_input_assert)
@@ -129,8 +141,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
     marks = flags_for(context.violation_ring, cap)
     args = (
         canary_words(context.canary_buf), plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs,
-        input_ids, positions, out_cache_loc,
-        expected_input_tokens if assert_on else input_ids, expected_input_positions if assert_on else positions,
+        *write_inputs(input_ids, positions, out_cache_loc, assert_on, expected_input_tokens, expected_input_positions),
         context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("write", num_sources=folded_sources(context), input_assert=assert_on)
@@ -181,9 +192,9 @@ def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
     return KernelCall("scatter", spec("scatter"), pool_out.shape[0], 0, (flat_in, offsets, req_pool_indices, pool_out))
 
 
-def _positions(args: tuple, *scratch: torch.Tensor) -> frozenset:
-    """Positions in ``args`` of the ``scratch`` tensors (by identity)."""
-    return frozenset(i for i, a in enumerate(args) if any(a is t for t in scratch))
+def _positions(args: tuple, scratch: torch.Tensor) -> frozenset:
+    """Positions in ``args`` of the ``scratch`` tensor (by identity)."""
+    return frozenset(i for i, a in enumerate(args) if a is scratch)
 
 
 _placeholders: dict[tuple, torch.Tensor] = {}

@@ -1,0 +1,118 @@
+"""Eager replays (tvm_canary.eager): after a launch is memoised, changing its context's or plan's tensors in
+place (resize_, set_, as_strided_, .data =) makes the next launch check and pack again, so it raises what
+the checks raise and reads and writes the tensors as they now are. Correctness only, no timing."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+import torch
+from test_checks import LAUNCH_CASES, TYPE_CASES, verify_args
+
+import tvm_canary as tc
+from tvm_canary import checks, eager
+from tvm_canary.cases import CASES, LAUNCH, REFERENCE
+
+from tree import assert_same_bytes, tensors
+
+
+def _memoised(kernel: str, args: dict) -> eager._Packed:
+    flag = args["check_verify_expected_token" if kernel == "verify" else "enable_write_input_assert"]
+    return eager._memo[kernel, id(args["context"]), id(args["plan"]), flag]
+
+
+def _roll(t: torch.Tensor) -> torch.Tensor:
+    """Other bytes in a new storage, same shape."""
+    return t.roll(1, 0).contiguous()
+
+
+CHANGES = {
+    "canary_buf set_": lambda a: a["context"].canary_buf.set_(_roll(a["context"].canary_buf)),
+    "canary_buf .data": lambda a: setattr(a["context"].canary_buf, "data", _roll(a["context"].canary_buf)),
+    "first plan tensor set_": lambda a: (lambda t: t.set_(_roll(t)))(next(iter(tensors(dict(plan=a["plan"]))))),
+    "ring .data": lambda a: setattr(a["context"].violation_ring, "data", a["context"].violation_ring.clone()),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_a_replay_follows_tensors_replaced_in_place(kernel, change):
+    for seed in range(4):
+        got = CASES[kernel](torch.Generator().manual_seed(seed), "cpu")
+        want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu")
+        LAUNCH[kernel](**got)
+        REFERENCE[kernel](**want)
+        if seed == 0:
+            assert _memoised(kernel, got)  # the second launch below replays or repacks a memoised one
+        CHANGES[change](got)
+        CHANGES[change](want)
+        LAUNCH[kernel](**got)
+        REFERENCE[kernel](**want)
+        assert_same_bytes(tensors(got), tensors(want))
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.zeros(t.shape[0], t.shape[1] + 8, dtype=t.dtype)
+    return wide[:, 1 : 1 + t.shape[1]]
+
+
+IN_PLACE = {
+    "resize_": lambda a: a["plan"].verify_expected_tokens.resize_(3),
+    "as_strided_": lambda a: a["context"].canary_buf.as_strided_((8, 16), (32, 2)),
+    "set_ misaligned": lambda a: a["context"].real_kv_sources[0].tensor.set_(_misaligned(
+        a["context"].real_kv_sources[0].tensor)),
+    ".data dtype": lambda a: setattr(a["context"].violation_ring, "data",
+                                     a["context"].violation_ring.view(torch.float64)),
+    ".data shorter": lambda a: setattr(a["plan"].enable, "data", a["plan"].enable.new_zeros(2)[:2]),
+    "unsqueeze_": lambda a: a["context"].slot_run_counter.unsqueeze_(0),
+}
+
+
+@pytest.mark.parametrize("change", list(IN_PLACE))
+def test_a_tensor_changed_in_place_is_checked_again(change):
+    args = verify_args()
+    tc.launch_canary_verify_kernel(**args)
+    tc.launch_canary_verify_kernel(**args)  # a replay
+    IN_PLACE[change](args)
+    with pytest.raises(ValueError) as want:
+        checks.check_verify(**args)
+    with pytest.raises(ValueError) as got:
+        tc.launch_canary_verify_kernel(**args)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize(
+    "base, check, mutate, error, message",
+    [c[1:] for c in LAUNCH_CASES + TYPE_CASES if c[2] in (checks.check_write, checks.check_verify)],
+    ids=[c[0] for c in LAUNCH_CASES + TYPE_CASES if c[2] in (checks.check_write, checks.check_verify)],
+)
+def test_launch_errors_after_a_memoised_launch(base, check, mutate, error, message):
+    """Each write/verify case of test_checks through the public launch, after a clean launch of the base
+    arguments: cases changing only write's per-step tensors replay the memoised context and plan
+    (``checks.check_write_inputs``) and must fail as ``check_write`` does."""
+    args = base()
+    launch = tc.launch_canary_write_kernel if check is checks.check_write else tc.launch_canary_verify_kernel
+    launch(**args)
+    with pytest.raises(error) as info:
+        launch(**mutate(args))
+    assert str(info.value) == message, re.escape(message)
+    assert type(info.value) is error
+
+
+def test_entries_are_forgotten_with_their_context():
+    args = verify_args()
+    tc.launch_canary_verify_kernel(**args)
+    key = ("verify", id(args["context"]), id(args["plan"]), True)
+    assert key in eager._memo
+    del args
+    gc.collect()
+    assert key not in eager._memo
+
+
+def test_flags_that_are_not_bools_are_not_memoised():
+    args = dict(verify_args(), check_verify_expected_token=1)
+    before = len(eager._memo)
+    tc.launch_canary_verify_kernel(**args)
+    assert len(eager._memo) == before

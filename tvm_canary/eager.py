@@ -1,0 +1,169 @@
+"""Eager launches of verify and write: checked and packed once per (context, plan), then replayed.
+
+An untraced launch (``launch.py``) of verify or write on the compiled backend looks here for what its
+last launch with the same context and plan objects and the same flag (``check_verify_expected_token``,
+``enable_write_input_assert``) prepared: the compiled function and its packed arguments (the int64
+view of ``canary_buf``, the real-KV source views, the ring's chunk marks, the specialization). It
+replays them when nothing that the checks (SPEC 4) and the packing read of the context and plan has
+changed; otherwise it checks and packs again, raising what the checks raise, and keeps the result.
+
+The contract of a replay (what it relies on, and how each is known unchanged):
+
+* The context, the plan and their real-KV sources are frozen dataclasses: their fields are never
+  reassigned (``object.__setattr__`` on them is not supported). Entries are keyed by the identity of
+  the context and the plan and forgotten when either is collected (weak references), so an identity
+  is never mistaken for another object's.
+* Their tensors may change in place (``resize_``, ``set_``, ``as_strided_``, ``.data =``, ...): every
+  tensor the checks or the packing read (the context's, the plan's, each source's) has its data
+  pointer, shape, strides and dtype compared with those it had when packed. Equal, every check passes
+  again and every view addresses the same bytes with the same layout. The device follows from a
+  non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
+* Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; a
+  ``real_kv_sources`` that is not a tuple (a list can change); tensors that are not exactly
+  ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor with a null data
+  pointer (no elements: its device would not follow from it).
+* The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
+  launch key for the life of the process).
+
+Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are
+not part of an entry: each launch checks them (``checks.check_write_inputs``, in ``check_write``'s
+order) and passes them as they are. Verify's replay runs no check at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+
+import torch
+import tvm_ffi
+
+from . import checks, reference
+from .context import RealKvSource, VerifyOrWriteContext
+from .plans import VerifyPlan, WritePlan
+from .runtime import get_kernel, packing, use_reference
+
+_Tensor = torch.Tensor
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Packed:
+    """One (context, plan, flag)'s checked launch.
+
+    tensors: every tensor the checks and the packing read, in a fixed order.
+    metadata: ``_metadata(tensors)`` when packed.
+    fn, head, tail: the compiled function and its arguments; write's per-step tensors go between
+        ``head`` and ``tail`` (verify: ``tail`` is empty).
+    lifelines: weak references to the context and the plan, whose callbacks forget the entry.
+    """
+
+    tensors: tuple
+    metadata: list
+    fn: object
+    head: tuple
+    tail: tuple
+    lifelines: tuple
+
+
+# (kernel, id(context), id(plan), flag) -> its checked launch; only bool flags are memoised
+_memo: dict[tuple, _Packed] = {}
+
+
+def _metadata(tensors: tuple) -> list:
+    return [(t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors]
+
+
+def verify(context, plan, check_verify_expected_token) -> None:
+    """``launch_canary_verify_kernel`` untraced."""
+    key = None
+    if check_verify_expected_token is True or check_verify_expected_token is False:
+        key = ("verify", id(context), id(plan), check_verify_expected_token)
+        packed = _memo.get(key)
+        if packed is not None and packed.metadata == _metadata(packed.tensors) and not use_reference():
+            packed.fn(*packed.head)
+            return
+    kwargs = dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
+    checks.check_verify(**kwargs)
+    if use_reference():
+        reference.canary_verify_ref(**kwargs)
+        return
+    call = packing.verify_call(**kwargs)
+    fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
+    _remember(key, context, plan, _verify_plan_tensors(plan), fn, call.args, ())
+    fn(*call.args)
+
+
+def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
+          expected_input_positions) -> None:
+    """``launch_canary_write_kernel`` untraced."""
+    inputs = (input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
+              expected_input_positions)
+    key = None
+    if enable_write_input_assert is True or enable_write_input_assert is False:
+        key = ("write", id(context), id(plan), enable_write_input_assert)
+        packed = _memo.get(key)
+        if packed is not None and packed.metadata == _metadata(packed.tensors):
+            checks.check_write_inputs(context, *inputs)
+            if not use_reference():
+                packed.fn(*packed.head, *packing.write_inputs(*inputs), *packed.tail)
+                return
+    kwargs = dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+                  enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
+                  expected_input_positions=expected_input_positions)
+    checks.check_write(**kwargs)
+    if use_reference():
+        reference.canary_write_ref(**kwargs)
+        return
+    call = packing.write_call(**kwargs)
+    fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
+    end = packing.WRITE_INPUTS + 5
+    _remember(key, context, plan, _write_plan_tensors(plan) + (context.enable_chain_position_assert,), fn,
+              call.args[: packing.WRITE_INPUTS], call.args[end:])
+    fn(*call.args)
+
+
+def _verify_plan_tensors(plan: VerifyPlan) -> tuple:
+    return (plan.verify_slot_indices, plan.verify_expected_tokens, plan.verify_expected_positions,
+            plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable)
+
+
+def _write_plan_tensors(plan: WritePlan) -> tuple:
+    return (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs)
+
+
+def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tuple, tail: tuple) -> None:
+    """Keep a checked launch under ``key`` unless the contract (module docstring) cannot vouch for it.
+    ``own_tensors``: the plan's tensors and any other the kernel's checks read besides the context's."""
+    if key is None:
+        return
+    sources = context.real_kv_sources
+    if type(context) is not VerifyOrWriteContext or type(sources) is not tuple:
+        return
+    if any(type(s) is not RealKvSource for s in sources):
+        return
+    if type(plan) is not (VerifyPlan if key[0] == "verify" else WritePlan):
+        return
+    tensors = (context.canary_buf, context.violation_ring, context.violation_write_index, context.slot_run_counter,
+               context.kernel_run_counter, *own_tensors, *(s.tensor for s in sources))
+    if any(type(t) is not _Tensor or t.data_ptr() == 0 for t in tensors):
+        return
+    forget = functools.partial(_memo.pop, key)  # called with the dead weak reference as pop's default
+    lifelines = (weakref.ref(context, forget), weakref.ref(plan, forget))
+    head, tail = _converted(head, keep_first=True), _converted(tail)
+    _memo[key] = _Packed(tensors, _metadata(tensors), fn, head, tail, lifelines)
+
+
+def _converted(args: tuple, *, keep_first: bool = False) -> tuple:
+    """``args`` with its torch tensors converted to tvm-ffi tensors once, so that a replay does not
+    convert them again (tvm-ffi converts torch tensors at every call). Each is converted from a detached
+    alias (its own shape and strides, which nothing changes) through torch's DLPack exchange API, which
+    neither synchronises nor enqueues work; without that API the tensors stay torch tensors. With
+    ``keep_first`` the first argument stays a torch tensor: tvm-ffi takes the stream of the launch
+    (torch's current stream) from a torch tensor argument."""
+    if not hasattr(_Tensor, "__dlpack_c_exchange_api__"):
+        return args
+    return tuple(
+        tvm_ffi.from_dlpack(a.detach()) if type(a) is _Tensor and not (keep_first and i == 0) else a
+        for i, a in enumerate(args)
+    )
