@@ -193,7 +193,9 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
 def host_overhead(iters: int, device: torch.device) -> dict:
     """Host µs of one eager verify launch with nothing to check (enable 0: the kernel returns at once)
     on a TAIL context of a session like the workload's (SOURCES PARTIAL sources, token check on), and
-    its parts. Each part: the best of 5 rounds of ``iters // 5`` back-to-back calls (the least
+    its parts. The public launch replays the memoised checked launch of its context and plan
+    (``tvm_canary.eager``); the checks and the implementation are what a launch whose context or plan
+    is new or changed runs again. Each part: the best of 5 rounds of ``iters // 5`` back-to-back calls (the least
     disturbed by other load on the host), after 100 warm-up calls."""
     slots = CONTEXT + 9
     session = CanarySession(full=CanaryGroup(num_slots=slots, k_sources=sources(slots, device),
