@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import numbers
 import operator
+import sys
 
 import torch
+
+# The dataclass options of the public records (contexts, sources, plans): frozen, slotted, keyword-only,
+# and weakly referable where Python allows it (3.11+), so that ``tvm_canary.eager`` can forget a
+# memoised launch when its context or plan dies (on 3.10 launches are not memoised).
+RECORD = dict(frozen=True, slots=True, kw_only=True, **({"weakref_slot": True} if sys.version_info >= (3, 11) else {}))
 
 
 def type_name(value: object) -> str:

@@ -12,7 +12,7 @@ import enum
 
 import torch
 
-from .argtypes import require_instance, require_integer, require_number, require_tensor, type_name
+from .argtypes import RECORD, require_instance, require_integer, require_number, require_tensor, type_name
 from .consts import RealKvHashMode
 
 
@@ -33,7 +33,7 @@ class CanaryLaunchTag(enum.IntEnum):
     SWEEP_V_SWA = 11
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(**RECORD)
 class RealKvSource:
     """One KV tensor whose bytes are folded into each slot's ``real_kv_hash``.
 
@@ -81,7 +81,7 @@ class RealKvSource:
             require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
+@dataclasses.dataclass(**RECORD)
 class VerifyOrWriteContext:
     """Everything one endpoint's verify/write launch shares (SPEC 2.3).
 

@@ -149,7 +149,10 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
     if any(type(t) is not _Tensor or t.data_ptr() == 0 for t in tensors):
         return
     forget = functools.partial(_memo.pop, key)  # called with the dead weak reference as pop's default
-    lifelines = (weakref.ref(context, forget), weakref.ref(plan, forget))
+    try:
+        lifelines = (weakref.ref(context, forget), weakref.ref(plan, forget))
+    except TypeError:  # Python 3.10: the records are not weakly referable (argtypes.RECORD)
+        return
     head, tail = _converted(head, keep_first=True), _converted(tail)
     _memo[key] = _Packed(tensors, _metadata(tensors), fn, head, tail, lifelines)
 

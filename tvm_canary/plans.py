@@ -10,10 +10,10 @@ import dataclasses
 
 import torch
 
-from .argtypes import require_integer, require_number
+from .argtypes import RECORD, require_integer, require_number
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
+@dataclasses.dataclass(**RECORD)
 class VerifyPlan:
     """Entries the verify kernel checks.
 
@@ -69,7 +69,7 @@ class VerifyPlan:
         return self
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
+@dataclasses.dataclass(**RECORD)
 class WritePlan:
     """Request rows the write kernel stamps.
 
