@@ -56,13 +56,17 @@ class KvPool:
         """The model's forward: fresh random bytes for ``slots`` in every source."""
         if not slots:
             return
-        index = torch.tensor(slots, dtype=torch.int64)
+        # A slot named twice (padding tokens all write the reserved slot 0) keeps its last token's bytes:
+        # an indexed store with repeated indices picks an arbitrary winner on CUDA, so only the last
+        # occurrence is stored, as the CPU's in-order store would leave it.
+        last = torch.tensor(sorted({slot: i for i, slot in enumerate(slots)}.values()), dtype=torch.int64)
+        index = torch.tensor(slots, dtype=torch.int64)[last]
         for srcs in self._sources.values():
             for src in srcs:
                 nbpt = src.num_bytes_per_token
                 rows = (index // src.page_size).unsqueeze(1)
                 cols = (index % src.page_size).unsqueeze(1) * nbpt + torch.arange(nbpt)
-                data = torch.randint(0, 256, (len(slots), nbpt), dtype=torch.uint8, generator=self.gen)
+                data = torch.randint(0, 256, (len(slots), nbpt), dtype=torch.uint8, generator=self.gen)[last]
                 dev = src.tensor.device
                 src.tensor.view(torch.uint8)[rows.to(dev), cols.to(dev)] = data.to(dev)
 
