@@ -106,6 +106,10 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
     the ``tvm.rpc.Server`` (its ``proc`` serves in a child process)."""
     from tvm import rpc
 
+    # Sessions are processes forked from the server; torch refuses CUDA in a child forked after the parent
+    # asked the CUDA runtime for its devices (torch.cuda.is_available(), which tvm-ffi calls when it loads
+    # its torch bridge). With the NVML-based check the server never touches the CUDA runtime before forking.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     return rpc.Server(host, port, port_end, key=key, tracker_addr=parse_address(tracker), custom_addr=custom_addr,
                       server_init_callback=register_server_functions)
 
