@@ -12,6 +12,7 @@ hash of the kernel sources, so a stale module is never loaded.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -134,8 +135,28 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
             f"kv-canary: no prebuilt module {filename} in TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} "
             "and this TVM has no compiler (runtime-only); build it with `tvm-canary build` on a host with the compiler"
         )
-    export(build(name, spec, tag, geom), path)
+    with _build_lock(path):  # another process building the same module: wait for its file instead
+        if not path.exists():
+            export(build(name, spec, tag, geom), path)
     return path
+
+
+@contextlib.contextmanager
+def _build_lock(path: pathlib.Path):
+    """Hold an exclusive lock on ``<path>.lock`` (POSIX ``flock``; no lock where ``fcntl`` is missing), so
+    that processes sharing the disk cache (parallel test workers, torchrun ranks) compile a module once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def prebuilt_dirs() -> list[pathlib.Path]:
