@@ -22,6 +22,7 @@ import sys
 
 BASELINES = ("original", "triton", "torch")
 STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
+DEFAULT_DPI = 110  # plot.py --dpi: the PNGs' resolution (docs/ keeps them small at 60-80)
 
 
 def load(path: str, reader: str) -> dict | None:
@@ -39,7 +40,17 @@ def _tokens(row) -> int:
     return reqs * length
 
 
-def plot_verify(run, out: pathlib.Path, plt) -> pathlib.Path:
+
+def _save(fig, path: pathlib.Path, dpi: int) -> None:
+    """Write ``fig`` as a 256-colour palette PNG (a third of the RGBA size; Pillow comes with matplotlib)."""
+    from PIL import Image
+
+    fig.savefig(path, dpi=dpi)
+    with Image.open(path) as image:
+        palette = image.convert("RGB").quantize(256)
+    palette.save(path, optimize=True)
+
+def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.Path:
     rows = [r for r in run["rows"] if r["kernel"] == "verify"]
     modes = [m for m in ("NONE", "PARTIAL", "ALL") if any(r["mode"] == m for r in rows)]
     fig, axes = plt.subplots(2, len(modes), figsize=(6 * len(modes), 9), squeeze=False, height_ratios=(3, 2))
@@ -80,7 +91,7 @@ def plot_verify(run, out: pathlib.Path, plt) -> pathlib.Path:
     fig.suptitle(_title(run))
     fig.tight_layout()
     path = out / "perf-verify.png"
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi)
     plt.close(fig)
     return path
 
@@ -112,7 +123,7 @@ def _series(rows, scale):
     return series
 
 
-def plot_write(run, out: pathlib.Path, plt) -> pathlib.Path:
+def plot_write(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.Path:
     rows = [r for r in run["rows"] if r["kernel"] == "write"]
     fig, ax = plt.subplots(figsize=(11, 5))
     _bars(ax, [r["case"] for r in rows], _series(rows, lambda r: 1000.0 / _tokens(r)), "ns per written token", "write")
@@ -120,12 +131,12 @@ def plot_write(run, out: pathlib.Path, plt) -> pathlib.Path:
     fig.suptitle(_title(run))
     fig.tight_layout()
     path = out / "perf-write.png"
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi)
     plt.close(fig)
     return path
 
 
-def plot_plan_scatter(run, out: pathlib.Path, plt) -> pathlib.Path:
+def plot_plan_scatter(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.Path:
     kernels = [k for k in ("plan", "scatter") if any(r["kernel"] == k for r in run["rows"])]
     fig, axes = plt.subplots(1, len(kernels), figsize=(6 * len(kernels), 5), squeeze=False)
     for ax, kernel in zip(axes[0], kernels):
@@ -134,7 +145,7 @@ def plot_plan_scatter(run, out: pathlib.Path, plt) -> pathlib.Path:
     fig.suptitle(_title(run))
     fig.tight_layout()
     path = out / "perf-plan-scatter.png"
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi)
     plt.close(fig)
     return path
 
@@ -212,6 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent.parent / "docs"), help="folder for the PNGs")
     ap.add_argument("--markdown", help="write the tables here (default: print them)")
     ap.add_argument("--no-png", action="store_true", help="tables only")
+    ap.add_argument("--dpi", type=int, default=DEFAULT_DPI, help="PNG resolution (lower: smaller files for the repository)")
     args = ap.parse_args(argv)
     run = load(args.run, "plot.py")
     if run is None:
@@ -235,7 +247,7 @@ def main(argv=None) -> int:
         plots = {plot_verify: ("verify",), plot_write: ("write",), plot_plan_scatter: ("plan", "scatter")}
         for fn, kernels in plots.items():
             if any(r["kernel"] in kernels for r in run["rows"]):
-                print(f"wrote {fn(run, out, plt)}")
+                print(f"wrote {fn(run, out, plt, args.dpi)}")
     return 0
 
 
