@@ -249,11 +249,15 @@ SPEC_SPLITMIX64_OF_1 = 0x5692161D100B05E5  # splitmix64(1)
 SPEC_INPUTS = (0x9E3779B97F4A7C15 - 2**64, 1, 0xDEADBEEFCAFEBABE - 2**64, -1, -(2**63), 0)
 
 
-def _golden_context(num_slots: int, device) -> VerifyOrWriteContext:
+def clean_context(num_slots: int, device, *, kernel_kind: CanaryLaunchTag = CanaryLaunchTag.HEAD_K_FULL,
+                  ring_rows: int = 4, ring_fill: int = -7777) -> VerifyOrWriteContext:
+    """A context with a zeroed canary buffer of ``num_slots`` slots, no real-KV sources, zero counters, the
+    chain-position assert on, and a ring of ``ring_rows`` rows filled with ``ring_fill`` (so that a row the
+    kernel did not write stands out). Used by the golden cases and the tuning workloads."""
     return VerifyOrWriteContext(
         canary_buf=torch.zeros((num_slots, 32), dtype=torch.uint8, device=device),
-        kernel_kind=CanaryLaunchTag.HEAD_K_FULL,
-        violation_ring=torch.full((4, 8), -7777, dtype=torch.int64, device=device),
+        kernel_kind=kernel_kind,
+        violation_ring=torch.full((ring_rows, 8), ring_fill, dtype=torch.int64, device=device),
         violation_write_index=torch.zeros(1, dtype=torch.int32, device=device),
         slot_run_counter=torch.zeros(1, dtype=torch.int64, device=device),
         kernel_run_counter=torch.zeros(1, dtype=torch.int64, device=device),
@@ -267,7 +271,7 @@ def golden_write_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
     """One request seeded at the anchor writes the SPEC 1.5 inputs as tokens into slots 1..6; slot 1's
     chain link must be the anchor hash of the SPEC table. Returns (launch kwargs, pinned check)."""
     n = len(SPEC_INPUTS)
-    ctx = _golden_context(n + 1, device)
+    ctx = clean_context(n + 1, device)
     plan = WritePlan.allocate(write_req_capacity=1, device=device)
     plan.write_offsets.copy_(torch.tensor([0, n]))
     plan.write_seed_slot_indices.fill_(-1)
@@ -286,7 +290,7 @@ def golden_write_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
 def golden_verify_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
     """Slots 1 and 2 follow the anchor; slot 1 stores the SPEC 1.5 anchor hash as its link (clean), slot 2
     stores splitmix64(1) (a chain-hash violation): exactly one violation row, for slot 2."""
-    ctx = _golden_context(3, device)
+    ctx = clean_context(3, device)
     words = ctx.canary_buf.view(torch.int64)
     words[1] = torch.tensor([7, 0, SPEC_ANCHOR_HASH, 0])
     words[2] = torch.tensor([8, 0, SPEC_SPLITMIX64_OF_1, 0])

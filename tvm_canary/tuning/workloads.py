@@ -27,6 +27,7 @@ from tvm.script import tirx as T
 import tvm_canary as tc
 from tvm_canary import reference
 from tvm_canary._consts import ANCHOR_HASH, to_signed_int64
+from tvm_canary.cases import clean_context
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.geometry import Geometry
 from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
@@ -194,17 +195,7 @@ def _copy(obj):
 
 
 def _context(num_slots: int, device) -> tc.VerifyOrWriteContext:
-    return tc.VerifyOrWriteContext(
-        canary_buf=torch.zeros(num_slots, 32, dtype=torch.uint8, device=device),
-        kernel_kind=tc.CanaryLaunchTag.TAIL_K_FULL,
-        violation_ring=torch.zeros(64, 8, dtype=torch.int64, device=device),
-        violation_write_index=torch.zeros(1, dtype=torch.int32, device=device),
-        slot_run_counter=torch.zeros(1, dtype=torch.int64, device=device),
-        kernel_run_counter=torch.zeros(1, dtype=torch.int64, device=device),
-        real_kv_sources=(),
-        real_kv_hash_mode=RealKvHashMode.NONE,
-        enable_chain_position_assert=torch.ones(1, dtype=torch.int32, device=device),
-    )
+    return clean_context(num_slots, device, kernel_kind=tc.CanaryLaunchTag.TAIL_K_FULL, ring_rows=64, ring_fill=0)
 
 
 def make_case(kernel: str, bucket: tuple, device) -> Case:
