@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every tile
-# (write) and of every verify ``threads`` (CUDA).
+# Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every
+# verify and write ``threads`` (CUDA).
 FLAG_CHUNK = 1024
 
 
@@ -21,8 +21,8 @@ class Geometry:
     gpu: bind grid/lane loops to CUDA blocks/threads (else serial CPU loops, extents 1).
     blocks: blocks of the parallel phase (grid-stride; independent of the active count).
     threads: threads per block of the parallel phase (a multiple of 32 on CUDA).
-    tile: threads of the single-block ordered phase (write's ring emission, plan offsets); verify
-        ignores it (its emit phase runs in the last block of the check grid, with ``threads`` lanes).
+    tile: threads of plan's single-block offsets phase; verify and write ignore it (their emit phase
+        runs in the last block of their grid, with ``threads`` lanes).
     unroll: entries a thread keeps in flight per step (write chain pipeline).
     min_blocks: blocks of ``threads`` that must fit on one SM at once: CUDA
         ``__launch_bounds__(threads, min_blocks)``, which caps registers per thread (with 1, ptxas may

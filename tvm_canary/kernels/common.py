@@ -57,15 +57,6 @@ def block_sync(geom: Geometry):
 
 
 @T.macro
-def close_emit(flags, write_index, kernel_counter, base):
-    """End of a launch's ordered emit phase (one lane): clear the any-mark, publish the ring's new write
-    index ``base[0]`` and count the launch."""
-    flags[0] = 0
-    write_index[0] = T.Cast("int32", base[0])
-    kernel_counter[0] = kernel_counter[0] + T.int64(1)
-
-
-@T.macro
 def splitmix64(h):
     """h[0] := splitmix64(h[0]) (finalizer only)."""
     h[0] = (h[0] ^ (h[0] >> T.uint64(30))) * C1
@@ -204,21 +195,41 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
             ok[0] = 0
 
 
-# Last-block ticket (one launch for "every block, then one ordered pass"): after its share of the
-# work and a block barrier, thread 0 of every block publishes the block's global writes (fence,
-# cumulative over the barrier), then draws a ticket from an int32 counter that is zero on entry. The
-# block drawing ``nblocks - 1`` is the last to finish: it resets the counter to zero for the next
-# launch and fences again, so that everything the other blocks wrote is visible to it.
+# Device helpers of the single-launch kernels, as CUDA source the kernels call by name.
+#
+# Last-block ticket (one launch for "every block, then one ordered pass"): after its share of the work,
+# each block learns at a barrier whether any of its threads marked a chunk (``__syncthreads_or``); its
+# thread 0 then draws a ticket from an unsigned counter that is zero on entry, adding 1 to the arrivals
+# (low 16 bits) and, if the block marked, 1 to the marking blocks (high 16 bits). A marking block fences
+# first, publishing its marks (cumulative over the barrier). The block that draws ``nblocks - 1``
+# finished last: it resets the counter for the next launch and returns 1 (no block marked: nothing to
+# read, no fence) or 2 (it fences, so every block's marks are visible to it). Other blocks get 0.
+# 64-bit counter additions are relaxed atomics whose result is unused (a fire-and-forget reduction).
+# (One string per function: the code generator emits each call's source once per function name.)
+BLOCK_ANY = """
+__device__ __forceinline__ int canary_block_any(int predicate) { return __syncthreads_or(predicate); }
+"""
 LAST_BLOCK_TICKET = """
-__device__ __forceinline__ int canary_last_block_ticket(void* counter, int last) {
+__device__ __forceinline__ int canary_last_block_ticket(void* counter, int last, int marked) {
+  unsigned int add = marked ? 0x10001u : 1u;
+  if (marked) __threadfence();
+  unsigned int drawn = atomicAdd(static_cast<unsigned int*>(counter), add);
+  if ((drawn & 0xFFFFu) != static_cast<unsigned int>(last)) return 0;
+  *static_cast<volatile unsigned int*>(counter) = 0u;
+  if (((drawn + add) >> 16) == 0u) return 1;
   __threadfence();
-  int drawn = atomicAdd(static_cast<int*>(counter), 1);
-  if (drawn != last) return 0;
-  *static_cast<volatile int*>(counter) = 0;
-  __threadfence();
-  return 1;
+  return 2;
 }
 """
+ATOMIC_ADD_I64 = """
+__device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long value) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(value));
+}
+"""
+# Blocks a single launch may use: the ticket counts arrivals in 16 bits.
+MAX_TICKET_BLOCKS = 0xFFFF
+# Ticket values: not the last block; the last block and no block marked; the last block, marks to emit.
+NOT_LAST, LAST_CLEAN, LAST_MARKED = 0, 1, 2
 
 
 def take_marks(geom: Geometry, width: int):
@@ -240,27 +251,84 @@ def take_marks(geom: Geometry, width: int):
     return take
 
 
-def last_block(geom: Geometry):
-    """Macro ``ticket(out, counter, index, nblocks, b)``: ``out[0] := 1`` in the block that finishes last
-    (else 0), using the int32 ``counter[index]`` (zero on entry and on exit).
-
-    Call it from ONE thread of each block, after a barrier, and broadcast ``out`` (a shared buffer)
-    with another barrier. On CPU the blocks run serially, so the last block is simply ``b == nblocks - 1``
-    and the counter is never touched.
-    """
+def block_any(geom: Geometry):
+    """Macro ``any_of(out, predicate)``, called by every lane of a block: a block barrier after which
+    ``out[0]`` (a local) := 1 in every lane iff ``predicate`` (int32) is non-zero in some lane. On CPU
+    the kernels run one lane per block, so it is the lane's own predicate."""
     if geom.gpu:
 
         @T.macro
-        def ticket(out, counter, index, nblocks, b):
+        def any_of(out, predicate):
+            out[0] = T.cuda.func_call("canary_block_any", predicate, source_code=BLOCK_ANY, return_type="int32")
+
+    else:
+
+        @T.macro
+        def any_of(out, predicate):
+            out[0] = predicate
+
+    return any_of
+
+
+def last_block(geom: Geometry):
+    """Macro ``ticket(out, flags, nblocks, b, marked)``: ``out[0] :=`` NOT_LAST, LAST_CLEAN or
+    LAST_MARKED (the block finishing last; marked: some block of the launch set a mark), drawn on the
+    int32 ``flags[NF - 1]`` (zero on entry and on exit); ``marked`` is this block's ``block_any`` of
+    its lanes' marks.
+
+    Call it from ONE thread of each block after ``block_any``, and broadcast ``out`` (a shared buffer)
+    with a barrier. On CPU the blocks run serially, so the last block is ``b == nblocks - 1`` and the
+    launch's any-mark ``flags[0]`` tells whether some block marked; the counter is never touched.
+    """
+    assert geom.blocks <= MAX_TICKET_BLOCKS
+    if geom.gpu:
+
+        @T.macro
+        def ticket(out, flags, nblocks, b, marked):
             out[0] = T.cuda.func_call(
-                "canary_last_block_ticket", T.address_of(counter[index]), T.Cast("int32", nblocks - 1),
-                source_code=LAST_BLOCK_TICKET, return_type="int32",
+                "canary_last_block_ticket", T.address_of(flags[flags.shape[0] - 1]), T.Cast("int32", nblocks - 1),
+                marked, source_code=LAST_BLOCK_TICKET, return_type="int32",
             )
 
     else:
 
         @T.macro
-        def ticket(out, counter, index, nblocks, b):
-            out[0] = T.Select(b == nblocks - 1, 1, 0)
+        def ticket(out, flags, nblocks, b, marked):
+            out[0] = T.Select(b == nblocks - 1, T.Select(flags[0] != 0, LAST_MARKED, LAST_CLEAN), NOT_LAST)
 
     return ticket
+
+
+def counter_add(geom: Geometry):
+    """Macro ``add(counter, value)``: ``counter[0] += value`` for an int64 ``[1]`` counter: a relaxed
+    atomic reduction on CUDA (safe from any number of threads), a plain update on CPU (serial)."""
+    if geom.gpu:
+
+        @T.macro
+        def add(counter, value):
+            T.evaluate(T.cuda.func_call("canary_atomic_add_i64", T.address_of(counter[0]), value,
+                                        source_code=ATOMIC_ADD_I64))
+
+    else:
+
+        @T.macro
+        def add(counter, value):
+            counter[0] = counter[0] + value
+
+    return add
+
+
+def close_launch(geom: Geometry):
+    """Macro ``close(flags, write_index, kernel_counter, base, marked)`` ending a single launch (one lane
+    of the last block): with marks, clear the any-mark and publish the ring's new write index ``base[0]``
+    (a clean launch leaves both as they are); count the launch."""
+    add = counter_add(geom)
+
+    @T.macro
+    def close(flags, write_index, kernel_counter, base, marked):
+        if marked:
+            flags[0] = 0
+            write_index[0] = T.Cast("int32", base[0])
+        add(kernel_counter, T.int64(1))
+
+    return close

@@ -12,15 +12,17 @@ ONE launch of ``nb = max(1, min(blocks, ceil(cap / threads)))`` blocks of ``thre
 is a shape, so the grid needs no host sync and a small plan gets a small grid):
 1. *check* (every block, grid-stride with stride ``nb * threads``): computes each entry's fail bits and
    marks the CHUNK-sized chunk of every failing entry in ``flags``. Nothing else is written.
-2. *ticket*: after a block barrier, thread 0 of each block fences (publishing the block's marks) and
-   draws a ticket with an atomicAdd on ``flags[NF - 1]`` (``common.last_block``). The block drawing
-   ``nb - 1`` finished last: it resets the counter to zero, fences, and alone runs phase 3. On CPU
-   (serial blocks, ``blocks = threads = 1``) the last block is simply the last one.
-3. *emit* (the last block, its ``threads`` lanes): walks the marked chunks in order, recomputes their
-   entries ``threads`` at a time, and each lane stores its own row from registers at its rank (prefix
-   count of the failing lanes before it), so rows land in entry order (SPEC D3); rows past the ring
-   capacity are dropped but counted in ``write_index``. It then clears the marks and bumps the counters.
-A clean launch therefore reads every entry once and writes only the counters. The geometry's ``tile``
+2. *ticket* (``common.last_block``): at a barrier each block learns whether it marked; thread 0 draws
+   a ticket on ``flags[NF - 1]`` (fencing first if the block marked). The block drawing ``nb - 1``
+   finished last and learns from the ticket whether any block marked. On CPU (serial blocks,
+   ``threads = 1``) the last block is simply the last one.
+3. *emit* (the last block, its ``threads`` lanes, only if some block marked): walks the marked chunks
+   in order, recomputes their entries ``threads`` at a time, and each lane stores its own row from
+   registers at its rank (prefix count of the failing lanes before it), so rows land in entry order
+   (SPEC D3); rows past the ring capacity are dropped but counted in ``write_index``. It then clears
+   the marks and publishes the write index. The last block then adds to the counters (atomic adds).
+A clean launch therefore reads every entry once, writes only the counters and reads nothing after
+the ticket. The geometry's ``tile``
 is not used by verify (the emit phase runs with the block's own lanes).
 """
 
@@ -35,11 +37,15 @@ from .common import FLAG_CHUNK as CHUNK
 from .common import (
     HEADS_PER_SLOT,
     INVALID_INDEX,
+    LAST_MARKED,
+    NOT_LAST,
     Geometry,
+    block_any,
     block_sync,
     blocks_for,
     check_slot,
-    close_emit,
+    close_launch,
+    counter_add,
     fold_sources,
     grid,
     lanes,
@@ -66,6 +72,9 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     sync = block_sync(geom)
     take = take_marks(geom, TH)
     ticket = last_block(geom)
+    any_of = block_any(geom)
+    close = close_launch(geom)
+    add = counter_add(geom)
     assert CHUNK % TH == 0
     # The emit phase keeps each lane's row in registers across lane loops: on CPU (serial lanes) that
     # needs one lane per block. Serial CPU blocks (G > 1) are fine: the last one emits.
@@ -161,6 +170,8 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 last = T.alloc_buffer((1,), "int32", scope="local")
                 base = T.alloc_buffer((1,), "int64", scope="local")
                 marked = T.alloc_buffer((1,), "int32", scope="local")
+                lane_marked = T.alloc_buffer((1,), "int32", scope="local")
+                block_marked = T.alloc_buffer((1,), "int32", scope="local")
                 bits = T.alloc_buffer((1,), "int32", scope="local")
                 row = T.alloc_buffer((consts.VIOLATION_FIELDS,), "int64", scope="local")
                 h = T.alloc_buffer((1,), "uint64", scope="local")
@@ -173,26 +184,29 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
 
                 # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
                 for t in lanes(geom, TH):
+                    lane_marked[0] = 0
                     if on:
                         k[0] = T.Cast("int64", b * TH + t)
                         while k[0] < active:
                             entry(k[0], bits, row, launch, h, acc, part, ok)
                             if bits[0] != 0:
+                                lane_marked[0] = 1
                                 flags[0] = 1
                                 flags[1 + k[0] // CHUNK] = 1
                             k[0] = k[0] + nb * TH
-                sync()
                 for t in lanes(geom, TH):
+                    any_of(block_marked, lane_marked[0])
                     if t == 0:
-                        ticket(slast, flags, NF - 1, nb, b)
+                        ticket(slast, flags, nb, b, block_marked[0])
                 sync()
                 last[0] = slast[0]
 
-                # Phase 2 (the last block only): emit the marked chunks' rows in entry order, TH entries
-                # at a time; each lane stores its own row from registers at its rank among the TH.
-                for _ in T.serial(last[0]):
+                # Phase 2 (the last block only, and only if some block marked): emit the marked chunks'
+                # rows in entry order, TH entries at a time; each lane stores its own row from registers
+                # at its rank among the TH.
+                for _ in T.serial(T.Select(last[0] == LAST_MARKED, 1, 0)):
                     base[0] = T.Cast("int64", write_index[0])
-                    n_chunks = T.Select(on and flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
+                    n_chunks = (active + CHUNK - 1) // CHUNK
                     for c in T.serial((n_chunks + TH - 1) // TH):
                         take(sflag, flags, c, n_chunks)
                         for j in T.serial(TH):
@@ -217,11 +231,11 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                                             ring[rank[0], f] = row[f]
                                 sync()
                     sync()
-                    for t in lanes(geom, TH):
-                        if t == 0:
-                            close_emit(flags, write_index, kernel_counter, base)
-                            if on:
-                                slot_counter[0] = slot_counter[0] + active
+                for t in lanes(geom, TH):
+                    if t == 0 and last[0] != NOT_LAST:
+                        close(flags, write_index, kernel_counter, base, last[0] == LAST_MARKED)
+                        if on:
+                            add(slot_counter, active)
     # fmt: on
 
     return canary_verify

@@ -5,22 +5,28 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 ``input_ids/positions/out_cache_loc int64[N]``; ``expected_tokens/expected_positions int64[N]``
 (read only when the input assert is on); ``chain_assert int32[1]``; ``ring int64[R, 8]``,
 ``write_index int32[1]``, ``slot_counter int64[1]``, ``kernel_counter int64[1]`` (written);
-``flags int32[>= 1 + ceil(cap / CHUNK)]`` (``[0]``: any mark; zero on entry and exit); ``kind``; four sources with their
-``(page_size, token_words, fold_words)``.
+``flags int32[NF >= 2 + ceil(cap / CHUNK)]`` (scratch, zero on entry and exit: ``[0]`` any mark,
+``[1 + c]`` the mark of chunk ``c`` (CHUNK requests), ``[NF - 1]`` the last-block ticket counter);
+``kind``; four sources with their ``(page_size, token_words, fold_words)``.
 
-Phases of one function (each a launch on CUDA; grids are grid-stride, sized by the capacity and
-capped by the geometry, so a small plan launches few blocks):
-0. *fold* (real-KV modes only; a warp per request, its lanes striding the request's entries): field
-   3 of every slot the request stamps := the slot's real-KV fold. The fold depends on the slot
-   alone, so it runs in parallel, off the serial chain.
-1. *stamp* (one thread per request): walks the chain branch-free (every entry's mix3 is computed
-   and kept only if the entry is stamped), writes fields 0-2 (and 3 := 0 in NONE mode), adds the
-   written count to the slot counter and marks the request's chunk in ``flags`` if any entry of it
-   produces violation rows.
-2. *emit* (one block): for marked chunks, counts each request's rows, ranks them (request order) and
-   walks again to append the rows to the ring in reference order (SPEC D3); bumps the kernel counter.
-Phases 1 and 2 walk a request with the same ``walk`` macro and re-read only seed slots, which the
-phases do not write for plans that do not alias (SPEC D7).
+ONE launch of ``nb = max(1, min(blocks, ceil(max(N, cap) / threads)))`` blocks of ``threads`` lanes
+(``N`` and ``cap`` are shapes, so the grid needs no host sync and a small plan gets a small grid):
+0. *fold* (real-KV modes only): ``width = max(1, lanes // active)`` lanes per request stride the
+   request's entries: field 3 of every slot the request stamps := the slot's real-KV fold. The fold
+   depends on the slot alone, so it runs in parallel, off the serial chain, and phase 1 need not wait
+   for it (it writes fields 0-2 and reads only seed slots).
+1. *stamp* (one thread per request: lane 0 of a warp of its own when there are fewer requests than
+   warps, else consecutive lanes): walks the chain branch-free (every entry's mix3 is computed and kept
+   only if the entry is stamped), writes fields 0-2 (and 3 := 0 in NONE mode), adds the written count
+   to the slot counter and marks the request's chunk in ``flags`` if any entry of it produces
+   violation rows.
+2. *ticket* (``common.last_block``): the block finishing last learns whether any request marked.
+3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
+   counts each request's rows, ranks them (request order) and walks again to append the rows to the
+   ring in reference order (SPEC D3); then publishes the write index. The last block bumps the kernel
+   counter.
+Phases 1 and 3 walk a request with the same ``walk`` macro and re-read only seed slots, which the
+launch does not write for plans that do not alias (SPEC D7). The geometry's ``tile`` is not used.
 """
 
 from __future__ import annotations
@@ -34,14 +40,19 @@ from .common import FLAG_CHUNK as CHUNK
 from .common import (
     HEADS_PER_SLOT,
     INVALID_INDEX,
+    LAST_MARKED,
+    NOT_LAST,
     Geometry,
+    block_any,
     block_sync,
     blocks_for,
     check_slot,
-    close_emit,
+    close_launch,
+    counter_add,
     fold_loaded,
     grid,
     lanes,
+    last_block,
     load_heads,
     mix3,
     slot_hash,
@@ -52,11 +63,6 @@ from .common import (
 TOKEN = int(consts.FailReason.WRITE_TOKEN_MISMATCH)
 POSITION = int(consts.FailReason.WRITE_POSITION_MISMATCH)
 STAMP, COUNT, EMIT = "stamp", "count", "emit"
-ATOMIC_ADD_I64 = """
-__device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long value) {
-  atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(value));
-}
-"""
 
 
 # The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
@@ -70,10 +76,17 @@ Group = collections.namedtuple("Group", "slot tok pos et ep")
 
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
-    TH, TB, U = geom.threads, geom.tile, geom.unroll
-    W = 32 if geom.gpu else 1  # lanes folding one request's entries (a warp on CUDA)
+    TH, U = geom.threads, geom.unroll
     sync = block_sync(geom)
-    take = take_marks(geom, TB)
+    take = take_marks(geom, TH)
+    ticket = last_block(geom)
+    any_of = block_any(geom)
+    close = close_launch(geom)
+    add = counter_add(geom)
+    assert CHUNK % TH == 0
+    # The emit phase keeps each lane's rank in registers across lane loops: on CPU (serial lanes) that
+    # needs one lane per block.
+    assert geom.gpu or TH == 1
 
     def record_macro(mode):
         @T.macro
@@ -215,6 +228,10 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             seed = launch.seeds[r]
             nrows[0] = T.int64(0)
             if s1 > s0:
+                # The first group's loads are issued before the seed slot's (they are independent), and
+                # then a software pipeline over groups of U entries issues the loads of group g + 1 before
+                # group g's chain steps.
+                load_group(cur, s0, s1, T.int64(0), launch)
                 if seed >= launch.buf.shape[0]:
                     record(launch, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0),
                            T.int64(INVALID_INDEX))
@@ -224,9 +241,6 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     prev_pos[0] = T.int64(0)
                     if check_pos:
                         prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
-                    # Software pipeline over groups of U entries: the loads of group g + 1 are issued
-                    # before group g's chain steps.
-                    load_group(cur, s0, s1, T.int64(0), launch)
                     for g in T.serial((s1 - s0 + U - 1) // U):
                         load_group(nxt, s0, s1, (g + 1) * U, launch)
                         all_ok[0] = 1
@@ -252,9 +266,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         return walk
 
     @T.macro
-    def fold_request(r, lane, launch):
-        """Fields 3 of the slots request r stamps := their real-KV folds; lane `lane` of W takes
-        entries s0 + lane, s0 + lane + W, ..., U at a time with all their first words loaded first."""
+    def fold_request(r, lane, width, launch):
+        """Fields 3 of the slots request r stamps := their real-KV folds; lane `lane` of `width` takes
+        entries s0 + lane, s0 + lane + width, ..., U at a time with all their first words loaded first."""
         slot_u = T.alloc_buffer((U,), "int64", scope="local")
         ok_u = T.alloc_buffer((U,), "int32", scope="local")
         ok = T.alloc_buffer((1,), "int32", scope="local")
@@ -265,9 +279,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         s0 = T.min(T.max(launch.offsets[r], T.int64(0)), n)
         s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
         if launch.seeds[r] < launch.buf.shape[0]:
-            for g in T.serial((T.max(s1 - s0 - lane, T.int64(0)) + W * U - 1) // (W * U)):
+            for g in T.serial((T.max(s1 - s0 - lane, T.int64(0)) + width * U - 1) // (width * U)):
                 for u in T.unroll(U):
-                    i = s0 + lane + (g * U + u) * W
+                    i = s0 + lane + (g * U + u) * width
                     slot_u[u] = T.Select(i < s1, launch.ocl[T.min(i, s1 - 1)], T.int64(-1))
                 for u in T.unroll(U):
                     check_slot(ok, slot_u[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
@@ -284,14 +298,13 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
     @T.macro
     def add_written(counter, value, lane):
-        """counter[0] += the block's written counts: warp sums, then one 64-bit atomic per warp (CUDA)."""
+        """counter[0] += the block's written counts: warp sums, then one atomic per warp (CUDA)."""
         if geom.gpu:
             warp_total = T.cuda.warp_sum(value)
             if lane % 32 == 0 and warp_total != T.int64(0):
-                T.evaluate(T.cuda.func_call("canary_atomic_add_i64", T.address_of(counter[0]), warp_total,
-                                            source_code=ATOMIC_ADD_I64))
+                add(counter, warp_total)
         else:
-            counter[0] = counter[0] + value
+            add(counter, value)
 
     # fmt: off
     @T.prim_func(private=False)
@@ -329,74 +342,95 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
         launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params))
 
-        # Phase 0 (real-KV modes): W lanes per request fold the slots it stamps into field 3.
-        if num_sources > 0:
-            for b in grid(geom, blocks_for(geom, cap * W)):
-                for t in lanes(geom, TH):
-                    active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
-                    r = T.alloc_buffer((1,), "int64", scope="local")
-                    r[0] = T.Cast("int64", (b * TH + t) // W)
-                    while r[0] < active:
-                        fold_request(r[0], T.Cast("int64", t % W), launch)
-                        r[0] = r[0] + blocks_for(geom, cap * W) * (TH // W)
-
-        # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE mode).
-        for b in grid(geom, blocks_for(geom, cap)):
+        # One launch of up to `blocks` blocks: a lane per plan entry or request, whichever is more
+        # (N and cap are shapes, so a small plan gets a small grid and the host never syncs). A
+        # meta_var (the expression itself): a bound variable would not reach the host's launch code.
+        nb = T.meta_var(blocks_for(geom, T.max(N, cap)))
+        for b in grid(geom, nb):
+            sflag = T.alloc_buffer((TH,), "int32", scope="shared")
+            scount = T.alloc_buffer((TH,), "int64", scope="shared")
+            slast = T.alloc_buffer((1,), "int32", scope="shared")
+            last = T.alloc_buffer((1,), "int32", scope="local")
+            base = T.alloc_buffer((1,), "int64", scope="local")
+            marked = T.alloc_buffer((1,), "int32", scope="local")
+            lane_marked = T.alloc_buffer((1,), "int32", scope="local")
+            block_marked = T.alloc_buffer((1,), "int32", scope="local")
+            r = T.alloc_buffer((1,), "int64", scope="local")
+            nrows = T.alloc_buffer((1,), "int64", scope="local")
+            written = T.alloc_buffer((1,), "int64", scope="local")
+            active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             for t in lanes(geom, TH):
-                active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
-                r = T.alloc_buffer((1,), "int64", scope="local")
-                nrows = T.alloc_buffer((1,), "int64", scope="local")
-                written = T.alloc_buffer((1,), "int64", scope="local")
+                lane = T.Cast("int32", b * TH + t)
+                total = T.Cast("int32", nb * TH)
+                # Phase 0 (real-KV modes): `width` lanes per request (as many as the grid affords, so a
+                # few long requests fold in parallel) write field 3 of every slot it stamps. Fields 3
+                # and 0-2 are disjoint and the chain reads only seed slots, so phase 1 need not wait.
+                if num_sources > 0:
+                    width = T.max(T.truncdiv(total, T.max(T.Cast("int32", active), 1)), 1)
+                    stride = T.truncdiv(total, width)
+                    if lane < stride * width:
+                        r[0] = T.Cast("int64", T.truncdiv(lane, width))
+                        while r[0] < active:
+                            fold_request(r[0], T.Cast("int64", T.truncmod(lane, width)), T.Cast("int64", width), launch)
+                            r[0] = r[0] + T.Cast("int64", stride)
+
+                # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE
+                # mode) and marks its chunk if it has violation rows. With fewer requests than warps,
+                # each request gets a warp of its own (its lane 0), spreading the serial chains over
+                # the SMs' schedulers; otherwise consecutive requests take consecutive lanes.
+                spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
                 written[0] = T.int64(0)
-                if active > T.int64(0):
-                    r[0] = T.Cast("int64", b * TH + t)
+                lane_marked[0] = 0
+                if not spread or T.truncmod(lane, 32) == 0:
+                    r[0] = T.Cast("int64", T.Select(spread, T.shift_right(lane, 5), lane))
                     while r[0] < active:
                         walk_stamp(r[0], T.int64(0), nrows, written, launch)
                         if nrows[0] != T.int64(0):
+                            lane_marked[0] = 1
                             flags[0] = 1
                             flags[1 + r[0] // CHUNK] = 1
-                        r[0] = r[0] + blocks_for(geom, cap) * TH
+                        r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
-
-        # Phase 2: one block appends the rows of the marked requests in request order.
-        for b in grid(geom, 1):
-            active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
-            sflag = T.alloc_buffer((TB,), "int32", scope="shared")
-            scount = T.alloc_buffer((TB,), "int64", scope="shared")
-            base = T.alloc_buffer((1,), "int64", scope="local")
-            marked = T.alloc_buffer((1,), "int32", scope="local")
-            base[0] = T.Cast("int64", write_index[0])
-            n_chunks = T.Select(flags[0] != 0, (active + CHUNK - 1) // CHUNK, T.int64(0))
-            for c in T.serial((n_chunks + TB - 1) // TB):
-                take(sflag, flags, c, n_chunks)
-                for j in T.serial(TB):
-                    marked[0] = sflag[j]
-                    for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TB, 0)):
-                        for t in lanes(geom, TB):
-                            nrows = T.alloc_buffer((1,), "int64", scope="local")
-                            unused = T.alloc_buffer((1,), "int64", scope="local")
-                            rr = (c * TB + j) * CHUNK + tile * TB + t
-                            nrows[0] = T.int64(0)
-                            if rr < active:
-                                walk_count(rr, T.int64(0), nrows, unused, launch)
-                            scount[t] = nrows[0]
-                        sync()
-                        for t in lanes(geom, TB):
-                            nrows = T.alloc_buffer((1,), "int64", scope="local")
-                            unused = T.alloc_buffer((1,), "int64", scope="local")
-                            rank = T.alloc_buffer((1,), "int64", scope="local")
-                            rank[0] = base[0]
-                            for q in T.serial(TB):
-                                rows_q = scount[q]
-                                base[0] = base[0] + rows_q
-                                rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
-                            rr = (c * TB + j) * CHUNK + tile * TB + t
-                            if rr < active:
-                                walk_emit(rr, rank[0], nrows, unused, launch)
-                        sync()
-            for t in lanes(geom, TB):
+                any_of(block_marked, lane_marked[0])
                 if t == 0:
-                    close_emit(flags, write_index, kernel_counter, base)
+                    ticket(slast, flags, nb, b, block_marked[0])
+            sync()
+            last[0] = slast[0]
+
+            # Phase 2 (the last block only, and only if some request marked): the block's lanes append
+            # the rows of the marked requests in request order, TH requests at a time.
+            for _ in T.serial(T.Select(last[0] == LAST_MARKED, 1, 0)):
+                base[0] = T.Cast("int64", write_index[0])
+                n_chunks = (active + CHUNK - 1) // CHUNK
+                for c in T.serial((n_chunks + TH - 1) // TH):
+                    take(sflag, flags, c, n_chunks)
+                    for j in T.serial(TH):
+                        marked[0] = sflag[j]
+                        for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
+                            for t in lanes(geom, TH):
+                                unused = T.alloc_buffer((1,), "int64", scope="local")
+                                rr = (c * TH + j) * CHUNK + tile * TH + t
+                                nrows[0] = T.int64(0)
+                                if rr < active:
+                                    walk_count(rr, T.int64(0), nrows, unused, launch)
+                                scount[t] = nrows[0]
+                            sync()
+                            for t in lanes(geom, TH):
+                                unused = T.alloc_buffer((1,), "int64", scope="local")
+                                rank = T.alloc_buffer((1,), "int64", scope="local")
+                                rank[0] = base[0]
+                                for q in T.serial(TH):
+                                    rows_q = scount[q]
+                                    base[0] = base[0] + rows_q
+                                    rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
+                                rr = (c * TH + j) * CHUNK + tile * TH + t
+                                if rr < active:
+                                    walk_emit(rr, rank[0], nrows, unused, launch)
+                            sync()
+                sync()
+            for t in lanes(geom, TH):
+                if t == 0 and last[0] != NOT_LAST:
+                    close(flags, write_index, kernel_counter, base, last[0] == LAST_MARKED)
     # fmt: on
 
     return canary_write

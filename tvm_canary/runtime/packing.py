@@ -10,8 +10,8 @@ when there is nothing to launch).
   Unused source slots get a 1x1 dummy on the device and zero parameters; kernels never read them.
 * Scratch ``flags`` (int32, per ring, shared by write and verify): ``[0]`` = any chunk marked,
   ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows, and the LAST element
-  ``[NF - 1]`` is verify's last-block ticket counter (always past every chunk mark, since ``need``
-  reserves it). Zero between launches, because each launch clears what it marked and the last block
+  ``[NF - 1]`` is the last-block ticket counter of write's and verify's single launch (always past
+  every chunk mark, since ``need`` reserves it). Zero between launches, because each launch clears what it marked and the last block
   resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
   them stay valid.
 """
@@ -108,8 +108,8 @@ def source_args(context: VerifyOrWriteContext) -> list:
 
 def flags_for(ring: torch.Tensor, entries: int) -> torch.Tensor:
     """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = any mark, ``[1 + c]`` one
-    mark per chunk, then at least one more element; the last one is the ticket counter of verify's
-    single launch."""
+    mark per chunk, then at least one more element; the last one is the ticket counter of write's and
+    verify's single launch."""
     need = 2 + -(-entries // FLAG_CHUNK)
     key = (ring.device.type, ring.device.index, ring.data_ptr())
     owned = _flags.setdefault(key, [])

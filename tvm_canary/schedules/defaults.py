@@ -16,9 +16,10 @@ CUDA_DEFAULTS = {
     # registers; 128-thread blocks spread a few thousand entries over 32 SMs. Evidence: the H200
     # tuning database and ptxas counts, docs/PERFORMANCE.md ("Default geometries").
     "verify": {"blocks": 1056, "threads": 128, "min_blocks": 8},
-    # One thread per request; 128-thread blocks spread a few thousand requests over all SMs; the
-    # chain walk keeps 4 entries in flight (4 beat 8 in both H200 buckets, 4096 x 1 and 1 x 32768).
-    "write": {"blocks": 528, "threads": 128, "tile": 256, "unroll": 4},
+    # One launch; one thread per request (a warp per request when they are few); 128-thread blocks
+    # spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (4 beat 8
+    # in both H200 buckets, 4096 x 1 and 1 x 32768).
+    "write": {"blocks": 528, "threads": 128, "unroll": 4},
     # Entries phase 2112 x 512 (fastest of 20 candidates at bs 4096); offsets phase one block of 256 lanes.
     "plan": {"blocks": 2112, "threads": 512, "tile": 256},
     "scatter": {"blocks": 1056, "threads": 256, "tile": 1},
