@@ -18,8 +18,8 @@ Times are medians of CUDA-graph replays (each replay launches on 2-4 rotating in
 inputs do not sit in L2), divided by the launches per replay; the torch reference is one eager call.
 
 Byte model, verify: 24 B of plan vectors + the slot's 32 B + the predecessor's 32 B + per source one
-32 B sector (PARTIAL) or ``read_bytes`` (ALL). Write: 24 B of token vectors + 32 B stamped per token
-(+ the folded source bytes). Plan: 32 B written per verify entry + 4 B of table read. Scatter: 8 B read
+32 B sector (PARTIAL) or ``read_bytes`` (ALL). Write: 16 B of offsets and seed per request, 24 B of token vectors + 32 B
+stamped per token (+ the folded source bytes). Plan: 32 B written per verify entry + 4 B of table read. Scatter: 8 B read
 + 4 B written per token.
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
@@ -584,10 +584,12 @@ class Bench:
                 chain_floor = chain_ns * length / 1000 + empty_us
                 store_us, grid = self.floor(
                     f"store-{mode}",
-                    lambda fn, sets=sets: [lambda a=a: fn(words, a["input_ids"], a["positions"], a["out_cache_loc"], pool.kv) for a in sets])
+                    lambda fn, sets=sets: [lambda a=a: fn(words, a["plan"].write_offsets, a["plan"].write_seed_slot_indices,
+                                                          a["input_ids"], a["positions"], a["out_cache_loc"], pool.kv)
+                                           for a in sets])
                 row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_us
                 row["floor_us"], row["floor"] = max((chain_floor, f"chain {chain_ns:.1f}ns/step"), (store_us, f"store {grid}"))
-                row["bytes"] = reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES) if mode != "NONE" else 0))
+                row["bytes"] = reqs * 16 + reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES) if mode != "NONE" else 0))
                 self.check_write_bytes(sets[0], row)
                 self.baseline_times("write", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row, graphable=False)
                 if pool.flagged():

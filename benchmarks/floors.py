@@ -6,9 +6,13 @@ the kernel's own choices is built in, so every memory floor is compiled for each
 * ``gather``: reads exactly the bytes verify reads, with the same indices (plan vectors, the slot's
   four fields, the predecessor's three, the folded source words) and only XORs them; grid-stride,
   ``max(1, min(blocks, ceil(cap / threads)))`` blocks.
-* ``store``: what write moves for a shape with all its tokens independent: reads each token's id,
-  position and slot (and its folded source words), stores the slot's four fields. With many short
-  chains this bounds write from below; with long chains ``chain`` does.
+* ``store``: what write moves for a shape with all its tokens independent, through the plan's
+  indirections: reads each request's offsets and seed (and the seed slot's three fields), then each of
+  its tokens' id, position and slot (and its folded source words), and stores the slot's four fields;
+  as many lanes per request as the grid affords (``max(1, lanes // requests)``), so one long request
+  is stored as widely as many short ones. Locating a request's tokens through its offsets is the
+  plan's layout, so every write must pay that dependent load. With many short chains this bounds write
+  from below; with long chains ``chain`` does.
 * ``copy``: a dense int64 device-to-device copy (the plan and scatter bound), beside torch's copy;
   timed over more launches per graph than the kernels (``COPY_FLOOR_LAUNCHES`` in the benchmark) so
   that the per-replay cost is spread thinner than in the kernel's own timing.
@@ -78,31 +82,48 @@ def store(geom: Geometry, fold_words: int, num_sources: int):
     TH = geom.threads
 
     @T.prim_func(private=False)
-    def store_floor(buf_h: T.handle, ids_h: T.handle, pos_h: T.handle, ocl_h: T.handle, src_h: T.handle):
+    def store_floor(buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, ids_h: T.handle, pos_h: T.handle,
+                    ocl_h: T.handle, src_h: T.handle):
         T.func_attr({"tirx.noalias": True})
-        S = T.int64(); F = T.int64(); n = T.int64(); rows = T.int64(); cols = T.int64()
+        S = T.int64(); F = T.int64(); cap = T.int64(); cap1 = T.int64(); n = T.int64(); rows = T.int64()
+        cols = T.int64()
         buf = T.match_buffer(buf_h, (S, F), "int64")
+        offsets = T.match_buffer(offsets_h, (cap1,), "int64")
+        seeds = T.match_buffer(seeds_h, (cap,), "int64")
         ids = T.match_buffer(ids_h, (n,), "int64")
         pos = T.match_buffer(pos_h, (n,), "int64")
         ocl = T.match_buffer(ocl_h, (n,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
-        nb = T.meta_var(blocks_for(geom, n))
+        nb = T.meta_var(blocks_for(geom, T.max(n, cap)))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
+                link = T.alloc_buffer((1,), "int64", scope="local")
                 k = T.alloc_buffer((1,), "int64", scope="local")
-                k[0] = T.Cast("int64", b * TH + t)
-                while k[0] < n:
-                    slot = ocl[k[0]]
-                    acc[0] = T.int64(0)
-                    for s in T.serial(num_sources):
-                        for q in T.serial(fold_words):
-                            acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
-                    buf[slot, 0] = ids[k[0]]
-                    buf[slot, 1] = pos[k[0]]
-                    buf[slot, 2] = slot
-                    buf[slot, 3] = acc[0]
-                    k[0] = k[0] + nb * TH
+                r = T.alloc_buffer((1,), "int64", scope="local")
+                g = T.Cast("int64", b * TH + t)
+                width = T.max(nb * TH // cap, T.int64(1))  # lanes per request
+                stride = nb * TH // width
+                if g < stride * width:
+                    r[0] = g // width
+                    while r[0] < cap:
+                        seed = seeds[r[0]]
+                        link[0] = seed
+                        if g % width == 0 and seed >= T.int64(0) and seed < S:
+                            link[0] = buf[seed, 0] ^ buf[seed, 1] ^ buf[seed, 2]
+                        k[0] = offsets[r[0]] + g % width
+                        while k[0] < offsets[r[0] + 1]:
+                            slot = ocl[k[0]]
+                            acc[0] = T.int64(0)
+                            for s in T.serial(num_sources):
+                                for q in T.serial(fold_words):
+                                    acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
+                            buf[slot, 0] = ids[k[0]]
+                            buf[slot, 1] = pos[k[0]]
+                            buf[slot, 2] = link[0]
+                            buf[slot, 3] = acc[0]
+                            k[0] = k[0] + width
+                        r[0] = r[0] + stride
 
     return store_floor
 

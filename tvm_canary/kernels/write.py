@@ -9,17 +9,19 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 ``[1 + c]`` the mark of chunk ``c`` (CHUNK requests), ``[NF - 1]`` the last-block ticket counter);
 ``kind``; four sources with their ``(page_size, token_words, fold_words)``.
 
-ONE launch of ``nb = max(1, min(blocks, ceil(max(N, cap) / threads)))`` blocks of ``threads`` lanes
-(``N`` and ``cap`` are shapes, so the grid needs no host sync and a small plan gets a small grid):
-0. *fold* (real-KV modes only): ``width = max(1, lanes // active)`` lanes per request stride the
-   request's entries: field 3 of every slot the request stamps := the slot's real-KV fold. The fold
+ONE launch of ``stamp_blocks = max(1, min(blocks, ceil(max(N, cap) / threads)))`` blocks of ``threads``
+lanes, twice that on CUDA in real-KV modes (``N`` and ``cap`` are shapes, so the grid needs no host sync
+and a small plan gets a small grid):
+0. *fold* (real-KV modes only; on CUDA in the second ``stamp_blocks`` blocks, concurrently with phase 1;
+   on CPU every lane before its phase 1): ``width = max(1, lanes // active)`` lanes per request stride
+   the request's entries: field 3 of every slot the request stamps := the slot's real-KV fold. The fold
    depends on the slot alone, so it runs in parallel, off the serial chain, and phase 1 need not wait
    for it (it writes fields 0-2 and reads only seed slots).
-1. *stamp* (one thread per request: lane 0 of a warp of its own when there are fewer requests than
-   warps, else consecutive lanes): walks the chain branch-free (every entry's mix3 is computed and kept
-   only if the entry is stamped), writes fields 0-2 (and 3 := 0 in NONE mode), adds the written count
-   to the slot counter and marks the request's chunk in ``flags`` if any entry of it produces
-   violation rows.
+1. *stamp* (the first ``stamp_blocks`` blocks; one thread per request: lane 0 of a warp of its own when
+   there are fewer requests than warps, else consecutive lanes): walks the chain branch-free (every
+   entry's mix3 is computed and kept only if the entry is stamped), writes fields 0-2 (and 3 := 0 in
+   NONE mode), adds the written count to the slot counter and marks the request's chunk in ``flags`` if
+   any entry of it produces violation rows.
 2. *ticket* (``common.last_block``): the block finishing last learns whether any request marked.
 3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
    counts each request's rows, ranks them (request order) and walks again to append the rows to the
@@ -41,6 +43,7 @@ from .common import (
     HEADS_PER_SLOT,
     INVALID_INDEX,
     LAST_MARKED,
+    MAX_TICKET_BLOCKS,
     NOT_LAST,
     Geometry,
     block_any,
@@ -84,6 +87,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     close = close_launch(geom)
     add = counter_add(geom)
     assert CHUNK % TH == 0
+    # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
+    FOLD_BLOCKS = 1 if geom.gpu and num_sources > 0 else 0
+    assert geom.blocks * (1 + FOLD_BLOCKS) <= MAX_TICKET_BLOCKS
     # The emit phase keeps each lane's rank in registers across lane loops: on CPU (serial lanes) that
     # needs one lane per block.
     assert geom.gpu or TH == 1
@@ -342,10 +348,13 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
         launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params))
 
-        # One launch of up to `blocks` blocks: a lane per plan entry or request, whichever is more
-        # (N and cap are shapes, so a small plan gets a small grid and the host never syncs). A
-        # meta_var (the expression itself): a bound variable would not reach the host's launch code.
-        nb = T.meta_var(blocks_for(geom, T.max(N, cap)))
+        # One launch. The stamp blocks (at most `blocks`) give a lane to each plan entry or request,
+        # whichever is more (N and cap are shapes, so a small plan gets a small grid and the host never
+        # syncs). On CUDA in real-KV modes as many blocks again fold, concurrently with the stamping;
+        # on CPU (serial) every lane folds, then stamps. meta_vars (the expressions themselves): a
+        # bound variable would not reach the host's launch code.
+        stamp_blocks = T.meta_var(blocks_for(geom, T.max(N, cap)))
+        nb = T.meta_var(stamp_blocks * (1 + FOLD_BLOCKS))
         for b in grid(geom, nb):
             sflag = T.alloc_buffer((TH,), "int32", scope="shared")
             scount = T.alloc_buffer((TH,), "int64", scope="shared")
@@ -360,28 +369,31 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             written = T.alloc_buffer((1,), "int64", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             for t in lanes(geom, TH):
-                lane = T.Cast("int32", b * TH + t)
-                total = T.Cast("int32", nb * TH)
+                total = T.Cast("int32", stamp_blocks * TH)  # lanes of each phase
                 # Phase 0 (real-KV modes): `width` lanes per request (as many as the grid affords, so a
                 # few long requests fold in parallel) write field 3 of every slot it stamps. Fields 3
                 # and 0-2 are disjoint and the chain reads only seed slots, so phase 1 need not wait.
                 if num_sources > 0:
-                    width = T.max(T.truncdiv(total, T.max(T.Cast("int32", active), 1)), 1)
-                    stride = T.truncdiv(total, width)
-                    if lane < stride * width:
-                        r[0] = T.Cast("int64", T.truncdiv(lane, width))
-                        while r[0] < active:
-                            fold_request(r[0], T.Cast("int64", T.truncmod(lane, width)), T.Cast("int64", width), launch)
-                            r[0] = r[0] + T.Cast("int64", stride)
+                    if b >= stamp_blocks * FOLD_BLOCKS:
+                        lane = T.Cast("int32", (b - stamp_blocks * FOLD_BLOCKS) * TH + t)
+                        width = T.max(T.truncdiv(total, T.max(T.Cast("int32", active), 1)), 1)
+                        stride = T.truncdiv(total, width)
+                        if lane < stride * width:
+                            r[0] = T.Cast("int64", T.truncdiv(lane, width))
+                            while r[0] < active:
+                                fold_request(r[0], T.Cast("int64", T.truncmod(lane, width)), T.Cast("int64", width),
+                                             launch)
+                                r[0] = r[0] + T.Cast("int64", stride)
 
                 # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE
                 # mode) and marks its chunk if it has violation rows. With fewer requests than warps,
                 # each request gets a warp of its own (its lane 0), spreading the serial chains over
                 # the SMs' schedulers; otherwise consecutive requests take consecutive lanes.
+                lane = T.Cast("int32", b * TH + t)
                 spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
                 written[0] = T.int64(0)
                 lane_marked[0] = 0
-                if not spread or T.truncmod(lane, 32) == 0:
+                if b < stamp_blocks and (not spread or T.truncmod(lane, 32) == 0):
                     r[0] = T.Cast("int64", T.Select(spread, T.shift_right(lane, 5), lane))
                     while r[0] < active:
                         walk_stamp(r[0], T.int64(0), nrows, written, launch)
