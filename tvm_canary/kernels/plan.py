@@ -26,6 +26,10 @@ from tvm.script import tirx as T
 
 from .common import Geometry, block_sync, blocks_for, grid, lanes
 
+# Fields of the entries phase's per-thread row state (a local int64 vector, see ``enter_row``).
+ROW, ROW_START, ROW_END, ROW_REQ, ROW_BASE, ROW_TOKENS, ROW_POOL_END = range(7)
+ROW_FIELDS = 7
+
 
 def window_start(p, window):
     """First verified position of a row with prefix ``p``: ``max(0, p - window)`` for ``window > 0``,
@@ -61,19 +65,22 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
 
     @T.macro
     def seek(row, k, guess, scratch, bs):
-        """row[0..2] := (r, scratch[r], scratch[r + 1]) for the row r holding entry k: the last r < bs
+        """row[ROW], row[ROW_START], row[ROW_END] := r, scratch[r], scratch[r + 1] for the row r holding
+        entry k: the last r < bs
         with scratch[r] <= k. Needs 0 <= k < scratch[bs] and 0 <= guess < bs; scratch is
         non-decreasing with scratch[0] = 0. Gallops from the guess, then bisects; every index read
         is in [0, bs]."""
         lo = T.alloc_buffer((2,), "int64", scope="local")  # index, value: scratch[lo] <= k
         hi = T.alloc_buffer((2,), "int64", scope="local")  # index, value: scratch[hi] > k
         d = T.alloc_buffer((1,), "int64", scope="local")
+        g = T.alloc_buffer((1,), "int64", scope="local")
         d[0] = T.int64(1)
-        if scratch[guess] <= k:
-            lo[0] = guess
-            lo[1] = scratch[guess]
-            hi[0] = guess + T.int64(1)
-            hi[1] = scratch[guess + T.int64(1)]
+        g[0] = guess
+        if scratch[g[0]] <= k:
+            lo[0] = g[0]
+            lo[1] = scratch[g[0]]
+            hi[0] = g[0] + T.int64(1)
+            hi[1] = scratch[hi[0]]
             while hi[1] <= k:
                 lo[0] = hi[0]
                 lo[1] = hi[1]
@@ -81,9 +88,9 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
                 hi[0] = T.min(lo[0] + d[0], bs)
                 hi[1] = scratch[hi[0]]
         else:
-            hi[0] = guess
-            hi[1] = scratch[guess]
-            lo[0] = T.max(guess - T.int64(1), T.int64(0))
+            hi[0] = g[0]
+            hi[1] = scratch[g[0]]
+            lo[0] = T.max(g[0] - T.int64(1), T.int64(0))
             lo[1] = scratch[lo[0]]
             while lo[1] > k:
                 hi[0] = lo[0]
@@ -99,9 +106,22 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
             else:
                 hi[0] = mid
                 hi[1] = scratch[mid]
-        row[0] = lo[0]
-        row[1] = lo[1]
-        row[2] = hi[1]
+        row[ROW] = lo[0]
+        row[ROW_START] = lo[1]
+        row[ROW_END] = hi[1]
+
+    @T.macro
+    def enter_row(row, k, guess, scratch, bs, rpi, prefix, window, L, vlens, pool):
+        """row := the entries phase's state for the row holding entry k (found by ``seek`` from
+        ``guess``): ``row[ROW_END]`` its end; pos = k + row[ROW_BASE]; req_to_token index (flat) =
+        k + row[ROW_TOKENS]; a pool hit iff 0 <= pos + token_offset < row[ROW_POOL_END]."""
+        seek(row, k, guess, scratch, bs)
+        row[ROW_REQ] = rpi[row[ROW]]
+        row[ROW_BASE] = window_start(prefix[row[ROW]], window) - row[ROW_START]
+        row[ROW_TOKENS] = row[ROW_REQ] * L + row[ROW_BASE]
+        if has_pool:
+            pool_end = T.min(vlens[row[ROW]], pool.shape[1])
+            row[ROW_POOL_END] = T.Select(row[ROW_REQ] < pool.shape[0], pool_end, T.int64(0))
 
     # fmt: off
     @T.prim_func(private=False)
@@ -200,12 +220,9 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
                 vlen = T.alloc_buffer((1,), "int64", scope="local")
                 wlen = T.alloc_buffer((1,), "int64", scope="local")
                 seed = T.alloc_buffer((1,), "int64", scope="local")
-                row = T.alloc_buffer((3,), "int64", scope="local")  # r, its first entry, its end
-                guess = T.alloc_buffer((1,), "int64", scope="local")
-                base = T.alloc_buffer((1,), "int64", scope="local")  # pos = k + base
-                first = T.alloc_buffer((1,), "int64", scope="local")  # tokens index = k + first
-                rp = T.alloc_buffer((1,), "int64", scope="local")
-                qlim = T.alloc_buffer((1,), "int64", scope="local")  # pool hit: 0 <= q < qlim
+                row = T.alloc_buffer((ROW_FIELDS,), "int64", scope="local")
+                k = T.alloc_buffer((1,), "int64", scope="local")
+                end = T.alloc_buffer((1,), "int64", scope="local")
                 slot = T.alloc_buffer((1,), "int64", scope="local")
                 prev = T.alloc_buffer((1,), "int64", scope="local")
                 et = T.alloc_buffer((1,), "int64", scope="local")
@@ -228,38 +245,32 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
                     # Entries [b * steps * TH, (b + 1) * steps * TH) of this block, TH per step; with
                     # steps = ceil(total / (G * TH)), nb blocks cover total (nb = G, or nb * TH >= vcap).
                     steps = (total + step_entries - 1) // step_entries
-                    row[0] = T.int64(-1)
-                    row[2] = T.int64(0)
-                    for s in T.serial(steps):
-                        k = (T.Cast("int64", b) * steps + s) * TH + T.Cast("int64", t)
-                        if k < total:
-                            if k >= row[2]:
-                                # A new row: the next one, or (first entry) where rows of equal length put it.
-                                if row[0] < T.int64(0):
-                                    guess[0] = T.min(T.max(T.Cast("int64", T.Cast("float64", k) * T.Cast("float64", bs)
-                                                                       / T.Cast("float64", total)), T.int64(0)), bs - 1)
-                                else:
-                                    guess[0] = row[0] + T.int64(1)
-                                seek(row, k, guess[0], scratch, bs)
-                                rp[0] = rpi[row[0]]
-                                base[0] = window_start(prefix[row[0]], window) - row[1]
-                                first[0] = rp[0] * L + base[0]
-                                if has_pool:
-                                    qlim[0] = T.Select(rp[0] < pool.shape[0], T.min(vlens[row[0]], pool.shape[1]), T.int64(0))
-                            pos = k + base[0]
-                            translate(slot, T.Cast("int64", tokens[first[0] + k]), lut)
-                            prev[0] = T.int64(-1)
-                            if pos > T.int64(0):
-                                translate(prev, T.Cast("int64", tokens[first[0] + k - T.int64(1)]), lut)
-                            et[0] = T.int64(-1)
-                            if has_pool:
-                                q = pos + token_offset
-                                if T.int64(0) <= q and q < qlim[0]:
-                                    et[0] = T.Cast("int64", pool[rp[0], q])
-                            vslots[k] = slot[0]
-                            vtoks[k] = et[0]
-                            vpos[k] = pos
-                            vprev[k] = prev[0]
+                    k[0] = (T.Cast("int64", b) * steps) * TH + T.Cast("int64", t)
+                    end[0] = T.min(total, (T.Cast("int64", b) + T.int64(1)) * steps * TH)
+                    if k[0] < end[0]:
+                        # The first entry's row: guessed where rows of equal length would put it.
+                        at = T.Cast("float64", k[0]) * T.Cast("float64", bs) / T.Cast("float64", total)
+                        guess = T.min(T.max(T.Cast("int64", at), T.int64(0)), bs - T.int64(1))
+                        enter_row(row, k[0], guess, scratch, bs, rpi, prefix, window, L, vlens, pool)
+                    while k[0] < end[0]:
+                        if k[0] >= row[ROW_END]:
+                            nxt = row[ROW] + T.int64(1)
+                            enter_row(row, k[0], nxt, scratch, bs, rpi, prefix, window, L, vlens, pool)
+                        pos = k[0] + row[ROW_BASE]
+                        translate(slot, T.Cast("int64", tokens[row[ROW_TOKENS] + k[0]]), lut)
+                        prev[0] = T.int64(-1)
+                        if pos > T.int64(0):
+                            translate(prev, T.Cast("int64", tokens[row[ROW_TOKENS] + k[0] - T.int64(1)]), lut)
+                        et[0] = T.int64(-1)
+                        if has_pool:
+                            q = pos + token_offset
+                            if T.int64(0) <= q and q < row[ROW_POOL_END]:
+                                et[0] = T.Cast("int64", pool[row[ROW_REQ], q])
+                        vslots[k[0]] = slot[0]
+                        vtoks[k[0]] = et[0]
+                        vpos[k[0]] = pos
+                        vprev[k[0]] = prev[0]
+                        k[0] = k[0] + T.int64(TH)
     # fmt: on
 
     return canary_plan
