@@ -10,6 +10,8 @@ geometry and a small grid that walks many steps per block.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -28,13 +30,16 @@ CPU_GRIDS = [Geometry(gpu=False, blocks=3, threads=8, tile=4), Geometry(gpu=Fals
 
 
 def cuda_grids(device):
-    return [targets.default_geometry("plan", targets.tag_for(device)), Geometry(gpu=True, blocks=3, threads=64, tile=32)]
+    default = targets.default_geometry("plan", targets.tag_for(device))
+    return [default, Geometry(gpu=True, blocks=3, threads=64, tile=32)]
 
 
-def wide_case(gen, device, spec, cap_mode, rows_max=40, bs_max=200, L_max=300):
+def wide_case(seed, device, rows_max=40, bs_max=200, L_max=300):
     """A batch of up to ``bs_max`` rows of mixed lengths (all lengths, empty rows, all-or-nothing,
-    inactive rows) with a verify capacity equal to the total, larger, or one short (overflow)."""
-    has_lut, has_pool = spec
+    inactive rows) with a verify capacity equal to the total, larger, or one short (overflow); the
+    seed's low bits choose the specialization (LUT, pool) and the capacity."""
+    gen = torch.Generator().manual_seed(seed)
+    has_lut, has_pool, cap_mode = bool(seed & 1), bool(seed & 2), (seed >> 2) % 3
 
     def draw(lo, hi):
         return int(torch.randint(lo, hi, (1,), generator=gen))
@@ -58,6 +63,7 @@ def wide_case(gen, device, spec, cap_mode, rows_max=40, bs_max=200, L_max=300):
               vp.verify_prev_slot_indices, wp.write_offsets, wp.write_seed_slot_indices):
         t.fill_(-7777)
     pool = torch.randint(-100, 100, (rows, draw(1, 400)), generator=gen, dtype=torch.int32) if has_pool else None
+    valid_lens = torch.randint(-2, 400, (bs,), generator=gen) if has_pool else None
     return {
         "verify_plan_out": vp,
         "write_plan_out": wp,
@@ -69,9 +75,14 @@ def wide_case(gen, device, spec, cap_mode, rows_max=40, bs_max=200, L_max=300):
         "full_to_swa_index_mapping": torch.randint(-1, 600, (500,), generator=gen).to(device) if has_lut else None,
         "verify_capacity": vcap,
         "req_to_verify_expected_tokens": None if pool is None else pool.to(device),
-        "req_to_verify_expected_tokens_valid_lens": torch.randint(-2, 400, (bs,), generator=gen).to(device) if has_pool else None,
+        "req_to_verify_expected_tokens_valid_lens": None if valid_lens is None else valid_lens.to(device),
         "kv_token_id_vs_position_offset": draw(-1, 2),
     }
+
+
+def small_case(seed, device, valid):
+    """The shared plan case of ``seed`` (tvm_canary/cases.py: valid, or garbage tables)."""
+    return plan_case(torch.Generator().manual_seed(seed), device, valid=valid)
 
 
 def check(make, device, grids):
@@ -100,12 +111,10 @@ def test_grids_match_reference(device):
     grids = CPU_GRIDS if device == "cpu" else cuda_grids(device)
     compared = 0
     for seed in range(48):
-        spec = (bool(seed & 1), bool(seed & 2))
-        compared += check(lambda d, s=seed: wide_case(torch.Generator().manual_seed(s), d, spec, (s >> 2) % 3), device, grids)
+        compared += check(functools.partial(wide_case, seed), device, grids)
     for seed in range(24):
-        compared += check(lambda d, s=seed: plan_case(torch.Generator().manual_seed(s), d), device, grids)
-        compared += check(lambda d, s=seed: plan_case(torch.Generator().manual_seed(GARBAGE_SEED_BASE + s), d, valid=False),
-                          device, grids)
+        for case_seed, valid in ((seed, True), (GARBAGE_SEED_BASE + seed, False)):
+            compared += check(functools.partial(small_case, case_seed, valid=valid), device, grids)
     assert compared >= 80
 
 
@@ -115,7 +124,6 @@ def test_long_rows_match_reference(device):
     require(device)
     if device == "cpu":
         pytest.skip("the CPU grids walk the same paths in test_grids_match_reference; this size is for CUDA")
-    for seed in range(4):
-        spec = (bool(seed & 1), bool(seed & 2))
-        assert check(lambda d, s=seed: wide_case(torch.Generator().manual_seed(s), d, spec, 0, rows_max=600,
-                                                 bs_max=512, L_max=4096), device, cuda_grids(device))
+    for seed in range(4):  # capacity = total, every specialization
+        make = functools.partial(wide_case, seed, rows_max=600, bs_max=512, L_max=4096)
+        assert check(make, device, cuda_grids(device))

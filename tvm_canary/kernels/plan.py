@@ -15,8 +15,8 @@ Two launches:
    entries, walked ``threads`` entries per step, so every store is coalesced and consecutive entries
    of a row sit in neighbouring lanes. A thread finds the row of its first entry once (guessed by
    interpolation, then a galloping search over the offsets) and afterwards only compares each entry
-   with the end of its current row: no per-entry search, no division, the row's table offset computed
-   once per row. The same grid also writes the seeds and zeroes the write offsets past ``bs``.
+   with the end of its current row: no per-entry search or division; the row's table offset is
+   computed once per row. The same grid also writes the seeds and zeroes the write offsets past ``bs``.
 Any ``bs <= wcap``.
 """
 
@@ -28,7 +28,7 @@ from .common import Geometry, block_sync, blocks_for, grid, lanes
 
 # Fields of the entries phase's per-thread row state (a local int64 vector, see ``enter_row``).
 ROW, ROW_START, ROW_END, ROW_REQ, ROW_BASE, ROW_TOKENS, ROW_POOL_END = range(7)
-ROW_FIELDS = 7
+ROW_FIELDS = ROW_POOL_END + 1
 
 
 def window_start(p, window):
@@ -66,10 +66,9 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
     @T.macro
     def seek(row, k, guess, scratch, bs):
         """row[ROW], row[ROW_START], row[ROW_END] := r, scratch[r], scratch[r + 1] for the row r holding
-        entry k: the last r < bs
-        with scratch[r] <= k. Needs 0 <= k < scratch[bs] and 0 <= guess < bs; scratch is
-        non-decreasing with scratch[0] = 0. Gallops from the guess, then bisects; every index read
-        is in [0, bs]."""
+        entry k: the last r < bs with scratch[r] <= k. Needs 0 <= k < scratch[bs] and 0 <= guess < bs;
+        scratch is non-decreasing with scratch[0] = 0. Gallops from the guess, then bisects (one or two
+        reads when the guess is the row or the one before it); every index read is in [0, bs]."""
         lo = T.alloc_buffer((2,), "int64", scope="local")  # index, value: scratch[lo] <= k
         hi = T.alloc_buffer((2,), "int64", scope="local")  # index, value: scratch[hi] > k
         d = T.alloc_buffer((1,), "int64", scope="local")
