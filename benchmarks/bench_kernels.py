@@ -23,7 +23,8 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
 + 4 B written per token.
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
-        [--baselines original triton torch] [--candidates 1056x512m1 ...] [--json OUT.json]
+        [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
+        [--json OUT.json]
 
 Expected GPU time of the full sweep with ``--ab`` and three ``--candidates`` on an H200: 4-6 minutes, of which about half
 are compiles (kernels, floors, baselines) on a fresh host.
@@ -128,13 +129,16 @@ def once_us(fn) -> float:
 # Launching tvm_canary kernels with a chosen geometry
 
 
-def parse_geometry(text: str):
-    """``BLOCKSxTHREADS[mMIN_BLOCKS]`` (e.g. ``1056x512m1``) -> a CUDA verify Geometry."""
+def parse_geometry(text: str, tile: int = 1):
+    """``BLOCKSxTHREADS[kTILE][mMIN_BLOCKS]`` (e.g. ``1056x512m1``, ``528x512k1024``) -> a CUDA Geometry
+    (``tile`` when the text names none)."""
     from tvm_canary.geometry import Geometry
 
     blocks, rest = text.split("x")
-    threads, _, min_blocks = rest.partition("m")
-    return Geometry(gpu=True, blocks=int(blocks), threads=int(threads), min_blocks=int(min_blocks or 1))
+    rest, _, min_blocks = rest.partition("m")
+    threads, _, tile_text = rest.partition("k")
+    return Geometry(gpu=True, blocks=int(blocks), threads=int(threads), tile=int(tile_text or tile),
+                    min_blocks=int(min_blocks or 1))
 
 
 def geometry_label(geom) -> str:
@@ -388,6 +392,7 @@ class Bench:
     ab: bool
     baselines: tuple
     candidates: tuple
+    plan_candidates: tuple = ()
     launchers: Launchers = None
     arch: str = ""
     warnings: list = dataclasses.field(default_factory=list)
@@ -618,6 +623,7 @@ class Bench:
         import tvm_canary as tc
 
         rows = []
+        default_tile = self.launchers.geometry("plan", "default", 0, 0).tile
         for bs, prefix in PLAN_SHAPES:
             r2t = torch.randint(1, 1 << 24, (bs + 1, 4096), dtype=torch.int32, device=DEV)
             total = bs * prefix
@@ -631,6 +637,11 @@ class Bench:
                          write_plan_out=tc.WritePlan.allocate(write_req_capacity=bs, device=DEV)) for _ in range(2)]
             row = {"kernel": "plan", "case": f"bs{bs} prefix{prefix}", "bytes": total * 36}
             self.timed("plan", sets, row)
+            if self.plan_candidates:
+                row["plan_candidates"] = {}
+                for name in self.plan_candidates:
+                    launch = self.ours("plan", parse_geometry(name, default_tile))
+                    row["plan_candidates"][name] = graph_time_us([lambda a=a, launch=launch: launch(**a) for a in sets])
             row["floor_us"], row["floor"] = self.copy_floor_us(row["bytes"])
             self.baseline_times("plan", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row)
             rows.append(row)
@@ -654,7 +665,8 @@ class Bench:
         return rows
 
     def progress(self, row):
-        print(f"  {row['kernel']:8} {row['case']:24} {row['us']:10.1f} us  floor {row['floor_us']:10.1f} us", flush=True)
+        extra = "".join(f"  {name} {us:.1f} us" for name, us in row.get("plan_candidates", {}).items())
+        print(f"  {row['kernel']:8} {row['case']:24} {row['us']:10.1f} us  floor {row['floor_us']:10.1f} us{extra}", flush=True)
 
 
 def environment() -> dict:
@@ -724,6 +736,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=["verify", "write", "plan", "scatter"])
     ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"), default=["original", "triton", "torch"])
     ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2")
+    ap.add_argument("--plan-candidates", nargs="*", default=[],
+                    help="extra plan geometries to time, BLOCKSxTHREADS[kTILE] (tile: the default's), e.g. 528x512 2112x512k1024")
     ap.add_argument("--json", help="write the rows and the run's environment here")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
@@ -739,6 +753,11 @@ def main(argv=None) -> int:
             parse_geometry(c)
         except ValueError:
             return fail(f"--candidates {c!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS], e.g. 1056x512m1")
+    for c in args.plan_candidates:
+        try:
+            parse_geometry(c)
+        except ValueError:
+            return fail(f"--plan-candidates {c!r}: expected BLOCKSxTHREADS[kTILE], e.g. 528x512k1024")
 
     sys.path.insert(0, HERE)
     import floors
@@ -746,7 +765,8 @@ def main(argv=None) -> int:
     from tvm_canary.runtime import targets
 
     t_start = time.time()
-    bench = Bench(quick=args.quick, ab=args.ab, baselines=tuple(args.baselines), candidates=tuple(args.candidates))
+    bench = Bench(quick=args.quick, ab=args.ab, baselines=tuple(args.baselines), candidates=tuple(args.candidates),
+                  plan_candidates=tuple(args.plan_candidates))
     bench.launchers = Launchers()
     bench.arch = targets.cuda_arch(0)
     flag = torch.zeros(1, dtype=torch.int32, device=DEV)
@@ -771,6 +791,7 @@ def main(argv=None) -> int:
         finish(rows)
         meta = {"env": env, "arch": bench.arch, "empty_us": empty_us, "chain_ns": chain_ns, "ab": args.ab,
                 "ab_rounds": AB_ROUNDS if args.ab else 0, "default_geometries": defaults, "candidates": list(args.candidates),
+                "plan_candidates": list(args.plan_candidates),
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": time.time() - t_start,
                 "quick": args.quick, "complete": complete}
         if args.json:
