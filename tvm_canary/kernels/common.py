@@ -108,6 +108,24 @@ def load_head(heads, at, src, page_size, token_words, slot):
 
 
 @T.macro
+def fold_source(acc, part, heads, at, src, page_size, token_words, fold_words, slot):
+    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4), given the strip's first words
+    at ``heads[at:]`` (``load_head``)."""
+    part[0] = T.reinterpret("uint64", heads[at])
+    splitmix64(part)
+    part[0] = part[0] ^ T.reinterpret("uint64", heads[at + 1])
+    splitmix64(part)
+    if fold_words > T.int64(HEAD_WORDS):
+        rc = T.alloc_buffer((2,), "int64", scope="local")
+        strip_start(rc, slot, page_size, token_words)
+        for q in T.serial(fold_words - HEAD_WORDS):
+            part[0] = part[0] ^ T.reinterpret("uint64", src[rc[0], rc[1] + HEAD_WORDS + q])
+            splitmix64(part)
+    acc[0] = acc[0] ^ part[0]
+    splitmix64(acc)
+
+
+@T.macro
 def load_heads(heads, base, srcs, params, num_sources, slot):
     """heads[base + HEAD_WORDS * j:][:HEAD_WORDS] := first strip words of source j, j < num_sources."""
     if num_sources > 0:
@@ -121,92 +139,22 @@ def load_heads(heads, base, srcs, params, num_sources, slot):
 
 
 @T.macro
-def fold_head(parts, j, heads, at, tmp):
-    """parts[j] := source j's fold (SPEC 1.4) over the first HEAD_WORDS words of the strip, at
-    ``heads[at:]`` (``load_head``)."""
-    tmp[0] = T.reinterpret("uint64", heads[at])
-    splitmix64(tmp)
-    tmp[0] = tmp[0] ^ T.reinterpret("uint64", heads[at + 1])
-    splitmix64(tmp)
-    parts[j] = tmp[0]
-
-
-@T.macro
-def fold_word(parts, j, q, src, rc, fold_words, tmp):
-    """parts[j] := its fold continued with word ``HEAD_WORDS + q`` of source j's strip (which starts at
-    ``src[rc[0], rc[1]]``) if the fold reaches that word (``fold_words``); else unchanged. The load is
-    clamped into the strip, so no branch separates the sources' chains."""
-    word = T.min(HEAD_WORDS + q, fold_words - 1)  # fold_words >= HEAD_WORDS: inside the strip
-    tmp[0] = parts[j] ^ T.reinterpret("uint64", src[rc[0], rc[1] + word])
-    splitmix64(tmp)
-    parts[j] = T.Select(HEAD_WORDS + q < fold_words, tmp[0], parts[j])
-
-
-def longest_fold(params, num_sources: int):
-    """The most words any of the first num_sources sources folds (a TIR expression of their fold_words)."""
-    words = params[0][2]
-    for j in range(1, num_sources):
-        words = T.max(words, params[j][2])
-    return words
-
-
-@T.macro
-def fold_loaded(acc, tmp, heads, base, srcs, params, num_sources, slot):
+def fold_loaded(acc, part, heads, base, srcs, params, num_sources, slot):
     """acc[0] := real_kv_fold_sources(slot) over the first num_sources (a Python int) sources, whose
-    first words ``load_heads`` put at ``heads[base:]``; tmp is a uint64 local scratch of one element.
+    first words ``load_heads`` put at ``heads[base:]``.
 
-    The sources' folds are independent serial chains until they are combined, so past the first words
-    one loop advances all of them a word per iteration (their steps overlap), as far as the longest.
     srcs: Python list of 4 source buffers; params: Python list of 4 (page_size, token_words,
     fold_words) scalar triples.
     """
-    parts = T.alloc_buffer((MAX_REAL_KV_SOURCES,), "uint64", scope="local")
-    rc0 = T.alloc_buffer((2,), "int64", scope="local")
-    rc1 = T.alloc_buffer((2,), "int64", scope="local")
-    rc2 = T.alloc_buffer((2,), "int64", scope="local")
-    rc3 = T.alloc_buffer((2,), "int64", scope="local")
-    longest = T.meta_var(longest_fold(params, num_sources))
-    rcs = T.meta_var([rc0, rc1, rc2, rc3])
-    # (TVMScript loops are TIR loops, so the unrolled source loops are written out, as in load_heads.)
-    if num_sources > 0:
-        fold_head(parts, 0, heads, base, tmp)
-    if num_sources > 1:
-        fold_head(parts, 1, heads, base + HEAD_WORDS, tmp)
-    if num_sources > 2:
-        fold_head(parts, 2, heads, base + 2 * HEAD_WORDS, tmp)
-    if num_sources > 3:
-        fold_head(parts, 3, heads, base + 3 * HEAD_WORDS, tmp)
-    if longest > T.int64(HEAD_WORDS):
-        if num_sources > 0:
-            strip_start(rcs[0], slot, params[0][0], params[0][1])
-        if num_sources > 1:
-            strip_start(rcs[1], slot, params[1][0], params[1][1])
-        if num_sources > 2:
-            strip_start(rcs[2], slot, params[2][0], params[2][1])
-        if num_sources > 3:
-            strip_start(rcs[3], slot, params[3][0], params[3][1])
-        for q in T.serial(longest - HEAD_WORDS):
-            if num_sources > 0:
-                fold_word(parts, 0, q, srcs[0], rcs[0], params[0][2], tmp)
-            if num_sources > 1:
-                fold_word(parts, 1, q, srcs[1], rcs[1], params[1][2], tmp)
-            if num_sources > 2:
-                fold_word(parts, 2, q, srcs[2], rcs[2], params[2][2], tmp)
-            if num_sources > 3:
-                fold_word(parts, 3, q, srcs[3], rcs[3], params[3][2], tmp)
     acc[0] = T.uint64(0)
     if num_sources > 0:
-        acc[0] = acc[0] ^ parts[0]
-        splitmix64(acc)
+        fold_source(acc, part, heads, base, srcs[0], params[0][0], params[0][1], params[0][2], slot)
     if num_sources > 1:
-        acc[0] = acc[0] ^ parts[1]
-        splitmix64(acc)
+        fold_source(acc, part, heads, base + HEAD_WORDS, srcs[1], params[1][0], params[1][1], params[1][2], slot)
     if num_sources > 2:
-        acc[0] = acc[0] ^ parts[2]
-        splitmix64(acc)
+        fold_source(acc, part, heads, base + 2 * HEAD_WORDS, srcs[2], params[2][0], params[2][1], params[2][2], slot)
     if num_sources > 3:
-        acc[0] = acc[0] ^ parts[3]
-        splitmix64(acc)
+        fold_source(acc, part, heads, base + 3 * HEAD_WORDS, srcs[3], params[3][0], params[3][1], params[3][2], slot)
 
 
 @T.macro
