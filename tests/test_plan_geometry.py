@@ -30,7 +30,7 @@ CPU_GRIDS = [Geometry(gpu=False, blocks=3, threads=8, tile=4), Geometry(gpu=Fals
 
 
 def cuda_grids(device):
-    default = targets.default_geometry("plan", targets.tag_for(device))
+    default = targets.default_geometry("plan", targets.tag_for(torch.device(device)))
     return [default, Geometry(gpu=True, blocks=3, threads=64, tile=32)]
 
 

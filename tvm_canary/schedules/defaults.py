@@ -20,8 +20,9 @@ CUDA_DEFAULTS = {
     # spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (4 beat 8
     # in both H200 buckets, 4096 x 1 and 1 x 32768).
     "write": {"blocks": 528, "threads": 128, "unroll": 4},
-    # Entries phase 2112 x 512 (fastest of 20 candidates at bs 4096); offsets phase one block of 256 lanes.
-    "plan": {"blocks": 2112, "threads": 512, "tile": 256},
+    # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
+    # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
+    "plan": {"blocks": 2112, "threads": 512, "tile": 1024},
     "scatter": {"blocks": 1056, "threads": 256, "tile": 1},
 }
 
