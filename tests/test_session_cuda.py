@@ -34,9 +34,10 @@ pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
 
 class DecodeRun:
-    """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens)."""
+    """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens).
+    ``swa=False`` leaves the SWA group out (the faults and ``state()`` need it)."""
 
-    def __init__(self, graph: bool, device: str = "cuda") -> None:
+    def __init__(self, graph: bool, device: str = "cuda", swa: bool = True) -> None:
         dev = self.device = torch.device(device)
         self.reported: list[Violation] = []  # rows returned by violations() and flush(), in order
         gen = torch.Generator().manual_seed(0)
@@ -51,9 +52,10 @@ class DecodeRun:
         }
         lut = torch.arange(SLOTS, dtype=torch.int64, device=dev) + SLOTS  # SWA slot = full slot + SLOTS
         lut[0] = 0
+        swa_group = CanaryGroup(num_slots=2 * SLOTS, swa_window_size=WINDOW, full_to_swa_index_mapping=lut)
         self.session = CanarySession(
             full=CanaryGroup(num_slots=SLOTS, k_sources=self.sources("K"), v_sources=self.sources("V")),
-            swa=CanaryGroup(num_slots=2 * SLOTS, swa_window_size=WINDOW, full_to_swa_index_mapping=lut),
+            swa=swa_group if swa else None,
             device=dev, write_req_capacity=BUCKET, write_entry_capacity=ROWS * PROMPT,
             expected_token_pool_shape=(ROWS + 1, MAX_LEN), sweep_interval=4, health_warmup_steps=4,
             health_check_interval=4, violation_mode="quiet",

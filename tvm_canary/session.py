@@ -182,16 +182,21 @@ class CanarySession:
         self.health_check_interval = health_check_interval
         self.violation_mode = violation_mode
 
-        self.violation_log = ViolationLog(ring_capacity=ring_capacity, device=self.device)
-        num_tags = len(CanaryLaunchTag)
-        self.kernel_run_counters = torch.zeros(num_tags, dtype=torch.int64, device=self.device)
+        # The status the host reads after each step, in one int64 buffer so that one copy takes it:
+        # [ring write index, enable of each group's plan, kernel run counter of each tag]; the int32
+        # write index and enable flags are the low halves of their words (the high halves stay 0).
+        num_groups, num_tags = 1 + (swa is not None), len(CanaryLaunchTag)
+        self._status = torch.zeros(1 + num_groups + num_tags, dtype=torch.int64, device=self.device)
+        self.violation_log = ViolationLog(ring_capacity=ring_capacity, device=self.device,
+                                          write_index=self._status_word(0))
+        self.kernel_run_counters = self._status[1 + num_groups :]
         self.slot_run_counters = torch.zeros(num_tags, dtype=torch.int64, device=self.device)
         self.enable_chain_position_assert = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.expected_token_pool = (
             None if expected_token_pool_shape is None
             else torch.zeros(expected_token_pool_shape, dtype=torch.int32, device=self.device)
         )
-        self._groups = [self._make_group("FULL", full)] + ([self._make_group("SWA", swa)] if swa else [])
+        self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
@@ -199,14 +204,17 @@ class CanarySession:
         # Allocated once: scatter offsets, sweep plans (grown on demand), status snapshots.
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
         self._sweep_plans: dict[str, VerifyPlan] = {}
-        self._status = torch.empty(1 + len(self._groups) + num_tags, dtype=torch.int64, device=self.device)
         self._free_snapshots = [host_buffer(self._status) for _ in range(SNAPSHOT_SLOTS)]
         self._snapshots: collections.deque[_Snapshot] = collections.deque()
         self._dirty = False  # launches since the last snapshot
 
     # ------------------------------------------------------------------ construction
 
-    def _make_group(self, name: str, config: CanaryGroup) -> _Group:
+    def _status_word(self, i: int) -> torch.Tensor:
+        """int32 ``[1]`` view of the low half of status word ``i``."""
+        return self._status[i : i + 1].view(torch.int32)[:1]
+
+    def _make_group(self, name: str, config: CanaryGroup, index: int) -> _Group:
         contexts = {}
         for half in self.halves:
             head = torch.zeros(config.num_slots, CANARY_SLOT_BYTES, dtype=torch.uint8, device=self.device)
@@ -228,7 +236,10 @@ class CanarySession:
         return _Group(
             name=name,
             config=config,
-            verify_plan=VerifyPlan.allocate(verify_capacity=self.verify_capacity, device=self.device),
+            verify_plan=dataclasses.replace(
+                VerifyPlan.allocate(verify_capacity=self.verify_capacity, device=self.device),
+                enable=self._status_word(1 + index).fill_(1),
+            ),
             write_plan=WritePlan.allocate(write_req_capacity=self.write_req_capacity, device=self.device),
             contexts=contexts,
             out_cache_loc=torch.empty(self.write_entry_capacity, dtype=torch.int64, device=self.device),
@@ -289,9 +300,23 @@ class CanarySession:
         Raises RuntimeError when the batch exceeds the write capacities or the health check fails.
         """
         self._begin_step()
-        dev = self._on_device
         self._check_expected_tokens(token_ids, token_lens)
-        batch = _Batch(
+        batch = self._batch_on_device(
+            req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+            input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc, req_to_token=req_to_token,
+            token_ids=token_ids, token_lens=token_lens, expected_input_tokens=expected_input_tokens,
+            expected_input_positions=expected_input_positions,
+        )
+        self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
+        self._head(batch)
+        self._batch = batch
+
+    def _batch_on_device(self, *, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions,
+                         out_cache_loc, req_to_token, token_ids=None, token_lens=None, expected_input_tokens=None,
+                         expected_input_positions=None) -> _Batch:
+        """``before_forward``'s arguments on the session device (see there)."""
+        dev = self._on_device
+        return _Batch(
             req_pool_indices=dev(req_pool_indices),
             prefix_lens=dev(prefix_lens),
             extend_seq_lens=dev(extend_seq_lens),
@@ -304,9 +329,6 @@ class CanarySession:
             expected_input_tokens=None if expected_input_tokens is None else dev(expected_input_tokens),
             expected_input_positions=None if expected_input_positions is None else dev(expected_input_positions),
         )
-        self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
-        self._head(batch)
-        self._batch = batch
 
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
@@ -384,6 +406,13 @@ class CanarySession:
         self._snapshot(overflow_check=True)
         self._poll()
 
+    def _step_work(self, batch: _Batch, forward: Callable[[], None] | None) -> None:
+        """The device work of one whole step (what ``StepGraph`` captures): HEAD, ``forward()``, TAIL."""
+        self._head(batch)
+        if forward is not None:
+            forward()
+        self._tail(batch)
+
     def _head(self, batch: _Batch) -> None:
         """Scatter the expected tokens, plan every group, verify + write its HEAD endpoints."""
         valid_lens = self._scatter_expected_tokens(batch)
@@ -424,8 +453,13 @@ class CanarySession:
         return lens
 
     def _verify_and_write(self, g: _Group, endpoint: str, batch: _Batch) -> None:
-        n = batch.out_cache_loc.shape[0]
-        out_cache_loc = to_group_slots(batch.out_cache_loc, g.config.full_to_swa_index_mapping, out=g.out_cache_loc[:n])
+        """The endpoint's verify + write of each half. The step's slots are translated for an SWA group
+        once, at HEAD (into ``g.out_cache_loc``), and TAIL reuses them: the LUT entries of the step's
+        own slots are set before the step begins."""
+        out_cache_loc, lut = batch.out_cache_loc, g.config.full_to_swa_index_mapping
+        if lut is not None:
+            group_slots = g.out_cache_loc[: out_cache_loc.shape[0]]
+            out_cache_loc = to_group_slots(out_cache_loc, lut, out=group_slots) if endpoint == "HEAD" else group_slots
         for half in self.halves:
             context = g.contexts[endpoint, half]
             launch_canary_verify_kernel(
@@ -445,16 +479,11 @@ class CanarySession:
     # ------------------------------------------------------------------ host side: snapshots, reports
 
     def _snapshot(self, *, overflow_check: bool = False, health_done: int | None = None) -> None:
-        """Copy the status (write index, enable flags, kernel run counters) to a pinned slot without
-        waiting; if all slots are in flight (the host is SNAPSHOT_SLOTS snapshots ahead), wait for
+        """Copy the status buffer (write index, enable flags, kernel run counters) to a pinned slot without
+        waiting (one copy); if all slots are in flight (the host is SNAPSHOT_SLOTS snapshots ahead), wait for
         the oldest first."""
         if not self._free_snapshots:
             self._poll(wait_for_one=True)
-        torch.cat(
-            [self.violation_log.violation_write_index, *(g.verify_plan.enable for g in self._groups),
-             self.kernel_run_counters],
-            out=self._status,
-        )
         host = self._free_snapshots.pop()
         host.copy_(self._status, non_blocking=True)
         self._snapshots.append(_Snapshot(host=host, event=record_event(self.device), overflow_check=overflow_check,
@@ -590,10 +619,7 @@ class StepGraph:
             self._work()
 
     def _work(self) -> None:
-        self.session._head(self.inputs)
-        if self.forward is not None:
-            self.forward()
-        self.session._tail(self.inputs)
+        self.session._step_work(self.inputs, self.forward)
 
     def replay(self, *, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions, out_cache_loc,
                req_to_token: torch.Tensor, token_ids=None, token_lens=None, expected_input_tokens=None,

@@ -1,0 +1,101 @@
+"""The device operations of one session step, counted on CPU (no timing).
+
+On CUDA every operation below is at least one launch (kernel, copy or memset), and the graph-replayed
+decode step is launch-bound at small batches, so the step must issue only the canary kernels and the
+few torch operations listed here. A ``TorchDispatchMode`` logs what the step dispatches; on CPU the
+session runs the same Python path as on CUDA (under a dispatch mode the launch functions call the
+``torch.ops.tvm_canary`` operators, which are logged as one operation each). Views and allocations
+launch nothing and are not counted. A new operation in the step fails here: remove it, or, if it is
+needed, add it to the pinned lists with the reason.
+
+The workload is tests/test_session_cuda.py's decode run (K and V halves, real-KV sources on FULL, the
+expected-token check), one decode step with its inputs already on the session device.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import test_session_cuda as decode
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CANARY = "tvm_canary."
+NO_LAUNCH = {"aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+             "aten.detach.default", "aten.alias.default", "aten.lift_fresh.default"}
+
+
+class DeviceOps(TorchDispatchMode):
+    """The operations dispatched inside the ``with`` block that run on a device (not views or
+    allocations), by name in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if not (getattr(func, "is_view", False) or name in NO_LAUNCH):
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+    def counted(self) -> tuple[collections.Counter, collections.Counter]:
+        """(canary operators, other operations), each name -> count."""
+        canary = collections.Counter(n.removeprefix(CANARY) for n in self.names if n.startswith(CANARY))
+        return canary, collections.Counter(n for n in self.names if not n.startswith(CANARY))
+
+
+def canary_ops(groups: int) -> collections.Counter:
+    """Per step: one scatter; per group one plan and, per endpoint (HEAD, TAIL) and half (K, V), one
+    verify and one write."""
+    return collections.Counter({"scatter.default": 1, "plan.default": groups, "verify.default": 4 * groups,
+                                "write.default": 4 * groups})
+
+
+# The operations of a step besides the canary operators.
+SCATTER_OFFSETS = {"aten.cumsum.out": 1}  # the scatter's offsets from token_lens
+SWA_TRANSLATION = {"aten.lt.Scalar": 1, "aten.clamp.default": 1, "aten.index.Tensor": 1,
+                   "aten.where.self_out": 1}  # the step's slots through the LUT, once per step (HEAD)
+STATUS_SNAPSHOT = {"aten.copy_.default": 1}  # the one status copy to pinned memory, after the step
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["FULL", "FULL+SWA"])
+def run(request):
+    run = decode.DecodeRun(graph=False, device="cpu", swa=request.param)
+    run.step(0)
+    run.step(1)  # every kernel compiled and loaded, every scratch buffer allocated
+    return run
+
+
+def test_the_captured_step_issues_only_the_canary_kernels_and_the_listed_ops(run):
+    """What ``StepGraph`` records (``CanarySession._step_work`` on its static inputs)."""
+    session = run.session
+    batch = session._batch_on_device(**run.inputs(2))
+    with DeviceOps() as ops:
+        session._step_work(batch, None)
+    swa = len(session._groups) == 2
+    assert ops.counted() == (canary_ops(len(session._groups)),
+                             collections.Counter({**SCATTER_OFFSETS, **(SWA_TRANSLATION if swa else {})}))
+
+
+def test_an_eager_step_adds_only_the_status_copy(run):
+    """``before_forward`` + ``after_forward`` with inputs on the device: the captured work and the
+    status snapshot."""
+    session, batch = run.session, run.inputs(2)
+    with DeviceOps() as ops:
+        session.before_forward(**batch)
+        session.after_forward()
+    swa = len(session._groups) == 2
+    assert ops.counted() == (canary_ops(len(session._groups)), collections.Counter(
+        {**SCATTER_OFFSETS, **(SWA_TRANSLATION if swa else {}), **STATUS_SNAPSHOT}))
+    assert not session.flush()  # a clean step
+
+
+def test_the_counter_sees_launching_ops():
+    """The dispatch mode counts what it should: a fill and a copy count, a view does not."""
+    x, ones = torch.zeros(4, dtype=torch.int64), torch.ones(2, 2, dtype=torch.int64)
+    with DeviceOps() as ops:
+        x[1:].fill_(3)
+        x.view(2, 2).copy_(ones)
+    assert ops.names == ["aten.fill_.Scalar", "aten.copy_.default"]
