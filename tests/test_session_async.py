@@ -84,13 +84,10 @@ def test_a_host_too_far_ahead_waits_for_the_oldest_snapshot():
     assert not session._snapshots
 
 
-def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch):
-    """StepGraph's own logic (static buffers, padding rows and tokens, step bookkeeping) on CPU: a
-    stand-in graph records the captured work and replays it by running it again. The real capture is
-    tests/test_session_cuda.py's (GPU)."""
+def stand_in_cuda_graphs(monkeypatch) -> None:
+    """Let ``capture_step`` run on a CPU session: a stand-in graph records the captured work and replays
+    it by running it again; events are complete at once."""
     import contextlib
-
-    import test_session_cuda as decode
 
     class StandInGraph:
         def replay(self) -> None:
@@ -122,5 +119,16 @@ def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch):
     HeldEvent.release_all()
     monkeypatch.setattr(violations_module, "record_event", lambda device: None)
     monkeypatch.setattr(session_module, "record_event", lambda device: None)
+
+
+@pytest.mark.parametrize("staged_on_host", [True, False], ids=["host-staging", "device-concatenation"])
+def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_on_host):
+    """StepGraph's own logic (static buffers, padding rows and tokens, scatter offsets, step bookkeeping)
+    on CPU, with both ways of refilling its inputs (on CUDA: host inputs / device inputs). The real
+    capture is tests/test_session_cuda.py's (GPU)."""
+    import test_session_cuda as decode
+
+    stand_in_cuda_graphs(monkeypatch)
+    monkeypatch.setattr(session_module.StepGraph, "_stage_on_host", staticmethod(lambda values: staged_on_host))
     eager, graphed = decode.DecodeRun(graph=False, device="cpu"), decode.DecodeRun(graph=True, device="cpu")
     decode.check_replay_equals_eager(eager, graphed)

@@ -19,6 +19,7 @@ import collections
 import pytest
 import test_session_cuda as decode
 import torch
+from test_session_async import stand_in_cuda_graphs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 CANARY = "tvm_canary."
@@ -54,29 +55,29 @@ def canary_ops(groups: int) -> collections.Counter:
 
 
 # The operations of a step besides the canary operators.
-SCATTER_OFFSETS = {"aten.cumsum.out": 1}  # the scatter's offsets from token_lens
+SCATTER_OFFSETS = {"aten.cumsum.out": 1}  # eager steps: the scatter's offsets (StepGraph: an input)
 SWA_TRANSLATION = {"aten.lt.Scalar": 1, "aten.clamp.default": 1, "aten.index.Tensor": 1,
                    "aten.where.self_out": 1}  # the step's slots through the LUT, once per step (HEAD)
 STATUS_SNAPSHOT = {"aten.copy_.default": 1}  # the one status copy to pinned memory, after the step
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["FULL", "FULL+SWA"])
-def run(request):
-    run = decode.DecodeRun(graph=False, device="cpu", swa=request.param)
+@pytest.fixture(params=[False, True], ids=["FULL", "FULL+SWA"])
+def run(request, monkeypatch):
+    """A decode run on CPU whose ``graph`` (stand-in CUDA graph) replays the captured work, after the
+    prefill and one decode step (every kernel compiled and loaded, every scratch buffer allocated)."""
+    stand_in_cuda_graphs(monkeypatch)
+    run = decode.DecodeRun(graph=True, device="cpu", swa=request.param)
     run.step(0)
-    run.step(1)  # every kernel compiled and loaded, every scratch buffer allocated
+    run.step(1)
     return run
 
 
 def test_the_captured_step_issues_only_the_canary_kernels_and_the_listed_ops(run):
-    """What ``StepGraph`` records (``CanarySession._step_work`` on its static inputs)."""
-    session = run.session
-    batch = session._batch_on_device(**run.inputs(2))
+    """What ``StepGraph`` records, replayed on the static inputs of step 1."""
     with DeviceOps() as ops:
-        session._step_work(batch, None)
-    swa = len(session._groups) == 2
-    assert ops.counted() == (canary_ops(len(session._groups)),
-                             collections.Counter({**SCATTER_OFFSETS, **(SWA_TRANSLATION if swa else {})}))
+        run.graph.graph.replay()
+    groups = len(run.session._groups)
+    assert ops.counted() == (canary_ops(groups), collections.Counter(SWA_TRANSLATION if groups == 2 else {}))
 
 
 def test_an_eager_step_adds_only_the_status_copy(run):

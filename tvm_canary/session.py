@@ -103,6 +103,7 @@ class _Batch:
     out_cache_loc: torch.Tensor
     expected_input_tokens: torch.Tensor | None
     expected_input_positions: torch.Tensor | None
+    token_offsets: torch.Tensor | None = None  # the scatter's offsets when given (StepGraph), else computed
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -440,12 +441,14 @@ class CanarySession:
         self._dirty = True
 
     def _scatter_expected_tokens(self, batch: _Batch) -> torch.Tensor | None:
-        """Fill the expected-token pool rows of this batch; returns the valid lengths (None without pool)."""
+        """Fill the expected-token pool rows of this batch; returns the valid lengths (None without pool).
+        The offsets are the batch's, else the prefix sums of ``token_lens`` (one cumsum)."""
         if self.expected_token_pool is None:
             return None
-        lens = batch.token_lens
-        offsets = self._scatter_offsets[: lens.shape[0] + 1]
-        torch.cumsum(lens, 0, out=offsets[1:])
+        lens, offsets = batch.token_lens, batch.token_offsets
+        if offsets is None:
+            offsets = self._scatter_offsets[: lens.shape[0] + 1]
+            torch.cumsum(lens, 0, out=offsets[1:])
         launch_scatter_req_token_ids_kernel(
             flat_in=batch.token_ids, offsets=offsets, req_pool_indices=batch.req_pool_indices,
             pool_out=self.expected_token_pool,
@@ -573,11 +576,15 @@ class StepGraph:
 
     The graph holds, in order: the expected-token scatter, every group's plan and HEAD verify + write,
     ``forward()`` when given, then every group's TAIL verify + write - the work of ``before_forward``
-    and ``after_forward``. Without ``forward`` the caller runs its model before ``replay``: HEAD reads no
-    KV bytes, so the canary bytes are those of the eager order.
+    and ``after_forward``, and nothing else (no torch operation besides the SWA slot translation;
+    tests/test_session_ops.py pins the list). Without ``forward`` the caller runs its model before
+    ``replay``: HEAD reads no KV bytes, so the canary bytes are those of the eager order.
 
-    Inputs live in static device buffers (``inputs``) that ``replay(**batch)`` refills: rows beyond the
-    batch become padding rows (pool index 0, no tokens), tokens beyond it are skipped (slot -1).
+    Inputs live in static device buffers (``inputs``), all slices of one int64 buffer, which
+    ``replay(**batch)`` refills with one operation: rows beyond the batch become padding rows (pool
+    index 0, no tokens), tokens beyond it are skipped (slot -1). The scatter's offsets (the prefix sums
+    of ``token_lens``) are an input too, computed by ``replay``: on the host when every input is host
+    data (then the refill is one host-to-device copy), else by one device cumsum after the refill.
     ``req_to_token`` and the session's state (canary buffers, plans, ring, counters, LUTs, real-KV
     sources) are read in place, so they must keep their addresses. The host side of a step (step count,
     health check, status snapshot) stays outside the graph and runs in ``replay``.
@@ -593,20 +600,36 @@ class StepGraph:
             raise ValueError("kv-canary: capture_step needs req_to_token as an int32 tensor on the session's device "
                              "(the graph reads it in place)")
         self.session, self.batch_size, self.num_tokens, self.forward = session, batch_size, num_tokens, forward
-
-        def buf(n, fill=0):
-            return torch.full((n,), fill, dtype=torch.int64, device=session.device)
-
         pool = session.expected_token_pool
-        assert_on = session.enable_write_input_assert
+        rows = ("req_pool_indices", "prefix_lens", "extend_seq_lens") + (() if pool is None else ("token_lens",))
+        tokens = ("input_ids", "positions", "out_cache_loc") + (
+            ("expected_input_tokens", "expected_input_positions") if session.enable_write_input_assert else ())
+        # The refilled inputs in buffer order: (name, capacity, padding value). The buffer holds the scatter
+        # offsets first (computed by replay), then these, then token_ids (any length up to its capacity).
+        self._fields = [(name, batch_size, 0) for name in rows] + [
+            (name, num_tokens, -1 if name == "out_cache_loc" else 0) for name in tokens]
+        self._offsets_len = 0 if pool is None else batch_size + 1
+        self._fields_end = self._offsets_len + sum(cap for _, cap, _ in self._fields)
+        token_ids_cap = 0 if pool is None else batch_size * pool.shape[1]
+        self._static = torch.zeros(self._fields_end + token_ids_cap, dtype=torch.int64, device=session.device)
+        views, at = {}, self._offsets_len
+        for name, cap, pad in self._fields:
+            views[name] = self._static[at : at + cap].fill_(pad)
+            at += cap
+        longest = max(batch_size, num_tokens)
+        self._pads = {  # padding runs to refill from, on the device and on the host
+            where: {pad: torch.full((longest,), pad, dtype=torch.int64, device=where) for pad in (0, -1)}
+            for where in (session.device, torch.device("cpu"))
+        }
         self.inputs = _Batch(
-            req_pool_indices=buf(batch_size), prefix_lens=buf(batch_size), extend_seq_lens=buf(batch_size),
-            req_to_token=req_to_token,
-            token_ids=None if pool is None else buf(batch_size * pool.shape[1]),
-            token_lens=None if pool is None else buf(batch_size),
-            input_ids=buf(num_tokens), positions=buf(num_tokens), out_cache_loc=buf(num_tokens, -1),
-            expected_input_tokens=buf(num_tokens) if assert_on else None,
-            expected_input_positions=buf(num_tokens) if assert_on else None,
+            req_pool_indices=views["req_pool_indices"], prefix_lens=views["prefix_lens"],
+            extend_seq_lens=views["extend_seq_lens"], req_to_token=req_to_token,
+            token_ids=None if pool is None else self._static[self._fields_end :],
+            token_lens=views.get("token_lens"),
+            token_offsets=None if pool is None else self._static[: self._offsets_len],
+            input_ids=views["input_ids"], positions=views["positions"], out_cache_loc=views["out_cache_loc"],
+            expected_input_tokens=views.get("expected_input_tokens"),
+            expected_input_positions=views.get("expected_input_positions"),
         )
         counters = (session.kernel_run_counters, session.slot_run_counters)
         saved = [c.clone() for c in counters]
@@ -626,13 +649,13 @@ class StepGraph:
                expected_input_positions=None) -> None:
         """One step: the arguments of ``before_forward`` (``req_to_token`` must be the captured table),
         copied into the static buffers without waiting, then the graph."""
-        session, static = self.session, self.inputs
+        session = self.session
         if session._batch is not None:
             raise RuntimeError("kv-canary: StepGraph.replay() between before_forward() and after_forward()")
         session._check_expected_tokens(token_ids, token_lens)
-        if req_to_token.data_ptr() != static.req_to_token.data_ptr():
+        if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
-        if expected_input_tokens is not None and static.expected_input_tokens is None:
+        if expected_input_tokens is not None and self.inputs.expected_input_tokens is None:
             raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
         bs, n = len(req_pool_indices), len(input_ids)
         if bs > self.batch_size or n > self.num_tokens:
@@ -641,30 +664,46 @@ class StepGraph:
                 f"{self.batch_size} requests / {self.num_tokens} tokens"
             )
         session._begin_step()
-        for dst, src, pad in (
-            (static.req_pool_indices, req_pool_indices, 0), (static.prefix_lens, prefix_lens, 0),
-            (static.extend_seq_lens, extend_seq_lens, 0), (static.token_lens, token_lens, 0),
-            (static.input_ids, input_ids, 0), (static.positions, positions, 0),
-            (static.out_cache_loc, out_cache_loc, -1),
-            (static.expected_input_tokens, expected_input_tokens, 0),
-            (static.expected_input_positions, expected_input_positions, 0),
-        ):
-            if dst is not None:
-                _refill(dst, src, pad)
-        if token_ids is not None:
-            _refill(static.token_ids, token_ids, None)
+        given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+                     token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+                     expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions)
+        self._refill([torch.as_tensor(given[name], dtype=torch.int64) for name, _, _ in self._fields],
+                     None if token_ids is None else torch.as_tensor(token_ids, dtype=torch.int64))
         self.graph.replay()
         session._dirty = True
         session._end_step()
 
+    @staticmethod
+    def _stage_on_host(values: list[torch.Tensor]) -> bool:
+        """Whether ``_refill`` stages on the host: when every value is host data."""
+        return all(v.device.type == "cpu" for v in values)
 
-def _refill(dst: torch.Tensor, src, pad: int | None) -> None:
-    """``dst[:len(src)] = src`` without waiting (device tensors, or host data staged by CUDA), and
-    ``dst[len(src):] = pad`` unless ``pad`` is None."""
-    src = torch.as_tensor(src, dtype=dst.dtype)
-    n = src.shape[0]
-    if n > dst.shape[0]:
-        raise RuntimeError(f"kv-canary: {n} values do not fit the captured buffer of {dst.shape[0]}")
-    dst[:n].copy_(src, non_blocking=True)
-    if pad is not None and n < dst.shape[0]:
-        dst[n:].fill_(pad)
+    def _refill(self, values: list[torch.Tensor], token_ids: torch.Tensor | None) -> None:
+        """Write ``values`` (one per field, each followed by its padding) and ``token_ids`` into the static
+        buffer with one operation, and the scatter offsets: host data is staged on the host and copied
+        once, without waiting; device tensors (and host data copied beside them) are concatenated on the
+        device, then one cumsum gives the offsets."""
+        for (_, cap, _), v in zip(self._fields, values):
+            if v.shape[0] > cap:
+                raise RuntimeError(f"kv-canary: {v.shape[0]} values do not fit the captured buffer of {cap}")
+        if token_ids is not None and token_ids.shape[0] > self._static.shape[0] - self._fields_end:
+            raise RuntimeError(f"kv-canary: {token_ids.shape[0]} values do not fit the captured buffer of "
+                               f"{self._static.shape[0] - self._fields_end}")
+        tail = [] if token_ids is None else [token_ids]
+        end = self._fields_end + sum(t.shape[0] for t in tail)
+        on_host = self._stage_on_host(values + tail)
+        where = torch.device("cpu") if on_host else self.session.device
+        pieces = []
+        for (_, cap, pad), v in zip(self._fields, values):
+            pieces += [v.to(where, non_blocking=True), self._pads[where][pad][: cap - v.shape[0]]]
+        lens = self.inputs.token_lens
+        if on_host:
+            if lens is not None:  # the padded token_lens are the piece after req_pool_indices, ... (rows order)
+                at = 2 * [name for name, _, _ in self._fields].index("token_lens")
+                padded = torch.cat(pieces[at : at + 2])
+                pieces = [torch.zeros(1, dtype=torch.int64), padded.cumsum(0)] + pieces
+            self._static[:end].copy_(torch.cat(pieces + tail), non_blocking=True)
+            return
+        torch.cat(pieces + [t.to(where, non_blocking=True) for t in tail], out=self._static[self._offsets_len : end])
+        if lens is not None:
+            torch.cumsum(lens, 0, out=self.inputs.token_offsets[1:])
