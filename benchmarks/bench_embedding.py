@@ -10,11 +10,17 @@ Columns:
 * eager wall: µs per step of back-to-back ``before_forward`` + ``after_forward`` (host-bound when the
   host is slower than the kernels); eager stream: CUDA-event time of one step (includes the gaps
   while the host enqueues).
-* graph wall / graph stream: the same for ``StepGraph.replay`` (inputs refilled from device tensors,
-  the status snapshot after the graph); graph only: CUDA-event time of the bare graph replay.
-* device ops: kernels, copies and memsets of one eager step (profiler), and ``device ops x empty``.
+* graph wall / graph stream: the same for ``StepGraph.replay`` (inputs refilled from device tensors:
+  one concatenation and the scatter offsets' cumsum before the graph, the status snapshot after it);
+  graph only: CUDA-event time of the bare graph replay.
+* device ops: kernels, copies and memsets of one eager step (profiler); graph ops: those of the work
+  the graph holds (its captured work run once under the profiler), and ``graph ops x empty``. A canary
+  operator may be several launches (the plan kernel is two; write is two, three with real-KV sources).
 * empty: one empty kernel replayed in a CUDA graph (the launch floor).
-* floor sum: the sum over the step's kernels of (empty launch + bytes / HBM bandwidth). This is an
+* floor sum: the sum over the step's canary operators (``modeled_launches``: one scatter, per group one
+  plan and per endpoint and half one verify and one write) of (one empty launch + bytes / HBM
+  bandwidth): a lower bound, since every operator is at least one launch that moves at least its
+  bytes; other torch operations of the step (the SWA slot translation) count zero. This is an
   approximation, not a measurement of the kernels' own floors: bytes follow the byte model of
   benchmarks/bench_kernels.py (verify: 24 B plan (+8 token check) + 32 B slot + 32 B predecessor +
   32 B per PARTIAL source per entry; write: 24 B read + 32 B stamped + 32 B per source per token; plan:
@@ -177,13 +183,14 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
         graph.replay(**w.decode)
 
     ops_per_step = kernels_launched(w.eager_step)
+    graph_ops = kernels_launched(graph._work)  # the captured work (a repeat of the decode step)
     graph_only = median_us(graph.graph.replay, iters)
     floor = sum(empty_us + b / bytes_per_us for b in w.bytes_per_kernel())
     row = dict(
         bs=bs, groups="FULL+SWA" if swa else "FULL", eager_wall_us=wall_us(w.eager_step, iters),
         eager_stream_us=median_us(w.eager_step, iters), graph_wall_us=wall_us(replay, iters),
         graph_stream_us=median_us(replay, iters), graph_only_us=graph_only, device_ops=ops_per_step,
-        ops_x_empty_us=ops_per_step * empty_us, modeled_launches=len(w.bytes_per_kernel()),
+        graph_ops=graph_ops, ops_x_empty_us=graph_ops * empty_us, modeled_launches=len(w.bytes_per_kernel()),
         floor_sum_us=floor, graph_over_floor=graph_only / floor,
     )
     w.session.flush()  # raises if any step recorded a violation (the workload is clean)
@@ -260,7 +267,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     host = host_overhead(host_iters, DEV)
     cols = ["bs", "groups", "eager_wall_us", "eager_stream_us", "graph_wall_us", "graph_stream_us", "graph_only_us",
-            "device_ops", "ops_x_empty_us", "floor_sum_us", "graph_over_floor"]
+            "device_ops", "graph_ops", "ops_x_empty_us", "modeled_launches", "floor_sum_us", "graph_over_floor"]
     print(f"{torch.cuda.get_device_name(0)}: empty launch {empty_us:.2f} us, HBM copy {bytes_per_us / 1e3:.0f} GB/s")
     print("  ".join(f"{c.removesuffix('_us'):>15}" for c in cols))
     for r in rows:
