@@ -3,9 +3,9 @@
 A small decode workload (every row one token per step after a prefill, FULL + SWA groups, K and V,
 real-KV sources, the expected-token check, sweeps, the health check) runs with inputs built on the
 device, and faults are injected between steps: canary fields of HEAD/TAIL/SWA buffers and a byte of
-a real-KV source. The eager session runs under ``torch.cuda.set_sync_debug_mode("error")``; a
-second session replays a captured ``StepGraph`` and must match the eager one byte for byte after
-every step. Both must report every fault and rows only of faulted requests.
+a real-KV source. The eager session, and a session replaying its ``StepGraph`` with device inputs,
+run under ``torch.cuda.set_sync_debug_mode("error")``; a replaying session must match the eager one
+byte for byte after every step. Both must report every fault and rows only of faulted requests.
 """
 
 from __future__ import annotations
@@ -155,10 +155,11 @@ def check_detection(run: DecodeRun, rows: list[Violation]) -> None:
     assert {Tag.HEAD_K_FULL, Tag.TAIL_K_FULL, Tag.HEAD_V_SWA, Tag.TAIL_V_FULL} <= {r.tag for r in rows}
 
 
-def test_session_steps_never_synchronise_and_report_one_step_late():
-    run = DecodeRun(graph=False)
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph-replay"])
+def test_session_steps_never_synchronise_and_report_one_step_late(graph):
+    run = DecodeRun(graph=graph)
     run.step(0)
-    run.step(1)  # kernels are loaded by now
+    run.step(1)  # kernels are loaded by now (and the graph replayed once)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
