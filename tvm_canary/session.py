@@ -185,7 +185,7 @@ class CanarySession:
 
         # The status the host reads after each step, in one int64 buffer so that one copy takes it:
         # [ring write index, enable of each group's plan, kernel run counter of each tag]; the int32
-        # write index and enable flags are the low halves of their words (the high halves stay 0).
+        # write index and enable flags are the first 4 bytes of their words.
         num_groups, num_tags = 1 + (swa is not None), len(CanaryLaunchTag)
         self._status = torch.zeros(1 + num_groups + num_tags, dtype=torch.int64, device=self.device)
         self.violation_log = ViolationLog(ring_capacity=ring_capacity, device=self.device,
@@ -212,7 +212,7 @@ class CanarySession:
     # ------------------------------------------------------------------ construction
 
     def _status_word(self, i: int) -> torch.Tensor:
-        """int32 ``[1]`` view of the low half of status word ``i``."""
+        """int32 ``[1]`` view of the first 4 bytes of status word ``i``."""
         return self._status[i : i + 1].view(torch.int32)[:1]
 
     def _make_group(self, name: str, config: CanaryGroup, index: int) -> _Group:
@@ -301,23 +301,9 @@ class CanarySession:
         Raises RuntimeError when the batch exceeds the write capacities or the health check fails.
         """
         self._begin_step()
-        self._check_expected_tokens(token_ids, token_lens)
-        batch = self._batch_on_device(
-            req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
-            input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc, req_to_token=req_to_token,
-            token_ids=token_ids, token_lens=token_lens, expected_input_tokens=expected_input_tokens,
-            expected_input_positions=expected_input_positions,
-        )
-        self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
-        self._head(batch)
-        self._batch = batch
-
-    def _batch_on_device(self, *, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions,
-                         out_cache_loc, req_to_token, token_ids=None, token_lens=None, expected_input_tokens=None,
-                         expected_input_positions=None) -> _Batch:
-        """``before_forward``'s arguments on the session device (see there)."""
         dev = self._on_device
-        return _Batch(
+        self._check_expected_tokens(token_ids, token_lens)
+        batch = _Batch(
             req_pool_indices=dev(req_pool_indices),
             prefix_lens=dev(prefix_lens),
             extend_seq_lens=dev(extend_seq_lens),
@@ -330,6 +316,9 @@ class CanarySession:
             expected_input_tokens=None if expected_input_tokens is None else dev(expected_input_tokens),
             expected_input_positions=None if expected_input_positions is None else dev(expected_input_positions),
         )
+        self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
+        self._head(batch)
+        self._batch = batch
 
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
@@ -504,14 +493,15 @@ class CanarySession:
             self._decode(snap)
 
     def _decode(self, snap: _Snapshot) -> None:
-        values = snap.host.tolist()
-        self._free_snapshots.append(snap.host)
         groups = len(self._groups)
-        self.violation_log.fetch(values[0])
-        if snap.overflow_check and min(values[1 : 1 + groups]) == 0:
+        flags = snap.host[: 1 + groups].view(torch.int32)[::2].tolist()  # the int32 in each word's first 4 bytes
+        counters = snap.host[1 + groups :].tolist()
+        self._free_snapshots.append(snap.host)
+        self.violation_log.fetch(flags[0])
+        if snap.overflow_check and min(flags[1:]) == 0:
             warnings.warn(OVERFLOW_WARNING, RuntimeWarning, stacklevel=4)
         if snap.health_done is not None:
-            self._health_check(values[1 + groups :], snap.health_done)
+            self._health_check(counters, snap.health_done)
 
     def _health_check(self, counts: list[int], done: int) -> None:
         """SPEC 6 item 9: each active tag's kernel_run_counter after ``done`` steps must exceed its value
