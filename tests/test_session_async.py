@@ -132,3 +132,16 @@ def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_
     monkeypatch.setattr(session_module.StepGraph, "_stage_on_host", staticmethod(lambda values: staged_on_host))
     eager, graphed = decode.DecodeRun(graph=False, device="cpu"), decode.DecodeRun(graph=True, device="cpu")
     decode.check_replay_equals_eager(eager, graphed)
+
+
+def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):
+    """``before_forward`` stages all-host inputs on a CUDA session (one copy, scatter offsets included);
+    forced here on CPU, a run so staged equals one whose inputs are converted one by one."""
+    import test_session_cuda as decode
+
+    for module in (session_module, violations_module):
+        monkeypatch.setattr(module, "record_event", lambda device: None)
+    converted, staged = decode.DecodeRun(graph=False, device="cpu"), decode.DecodeRun(graph=False, device="cpu")
+    staged.session._stages = lambda given: True
+    decode.check_replay_equals_eager(converted, staged)
+    assert staged.session._staging.shape[0] > 0 and converted.session._staging.shape[0] == 0

@@ -204,6 +204,7 @@ class CanarySession:
         self._raised = False
         # Allocated once: scatter offsets, sweep plans (grown on demand), status snapshots.
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
+        self._staging = torch.empty(0, dtype=torch.int64, device=self.device)  # host inputs of eager steps
         self._sweep_plans: dict[str, VerifyPlan] = {}
         self._free_snapshots = [host_buffer(self._status) for _ in range(SNAPSHOT_SLOTS)]
         self._snapshots: collections.deque[_Snapshot] = collections.deque()
@@ -297,28 +298,55 @@ class CanarySession:
         slots (negative = skip). ``token_ids`` is every row's known tokens (prompt + output) concatenated
         and ``token_lens`` their lengths; both are needed iff the expected-token pool exists.
         Inputs already on the session device with the right dtype are used as they are (no copy, no
-        host synchronisation); others are converted.
+        host synchronisation). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
+        staged and reach the device with one non-blocking copy; mixed ones are converted one by one
+        (host data then copies synchronously).
         Raises RuntimeError when the batch exceeds the write capacities or the health check fails.
         """
         self._begin_step()
-        dev = self._on_device
         self._check_expected_tokens(token_ids, token_lens)
-        batch = _Batch(
-            req_pool_indices=dev(req_pool_indices),
-            prefix_lens=dev(prefix_lens),
-            extend_seq_lens=dev(extend_seq_lens),
-            req_to_token=dev(req_to_token, torch.int32),
-            token_ids=None if token_ids is None else dev(token_ids),
-            token_lens=None if token_lens is None else dev(token_lens),
-            input_ids=dev(input_ids),
-            positions=dev(positions),
-            out_cache_loc=dev(out_cache_loc),
-            expected_input_tokens=None if expected_input_tokens is None else dev(expected_input_tokens),
-            expected_input_positions=None if expected_input_positions is None else dev(expected_input_positions),
-        )
+        given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+                     token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+                     expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
+                     token_ids=token_ids)
+        batch = self._staged_batch(given, req_to_token) if self._stages(given) else None
+        if batch is None:
+            batch = self._converted_batch(given, req_to_token)
         self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
         self._head(batch)
         self._batch = batch
+
+    def _stages(self, given: dict) -> bool:
+        """Whether ``before_forward`` stages its inputs (``_staged_batch``): on a device session, when every
+        input is host data."""
+        return self.device.type != "cpu" and all(
+            not isinstance(v, torch.Tensor) or v.device.type == "cpu" for v in given.values() if v is not None)
+
+    def _staged_batch(self, given: dict, req_to_token) -> _Batch | None:
+        """``before_forward``'s host inputs on the device with one non-blocking copy: converted and
+        concatenated on the host, the scatter offsets included, then copied into a staging buffer (grown
+        to the next power of two when too small). None when an input is not 1-D (then converted one by
+        one, and checked as such)."""
+        values = {name: torch.as_tensor(v, dtype=torch.int64) for name, v in given.items() if v is not None}
+        if any(v.dim() != 1 for v in values.values()):
+            return None
+        lens = values.get("token_lens")
+        if lens is not None:
+            values["token_offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+        staged = torch.cat(list(values.values()))
+        if self._staging.shape[0] < staged.shape[0]:
+            self._staging = torch.empty(1 << (staged.shape[0] - 1).bit_length(), dtype=torch.int64, device=self.device)
+        on_device = self._staging[: staged.shape[0]]
+        on_device.copy_(staged, non_blocking=True)
+        views = dict(zip(values, on_device.split([v.shape[0] for v in values.values()])))
+        return _Batch(req_to_token=self._on_device(req_to_token, torch.int32),
+                      **{name: views.get(name) for name in (*given, "token_offsets")})
+
+    def _converted_batch(self, given: dict, req_to_token) -> _Batch:
+        """``before_forward``'s inputs, each on the session device (used as they are when already there with
+        the right dtype)."""
+        return _Batch(req_to_token=self._on_device(req_to_token, torch.int32),
+                      **{name: None if v is None else self._on_device(v) for name, v in given.items()})
 
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
