@@ -332,7 +332,7 @@ class CanarySession:
             return None
         lens = values.get("token_lens")
         if lens is not None:
-            values["token_offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+            values["token_offsets"] = _host_offsets(lens)
         staged = torch.cat(list(values.values()))
         if self._staging.shape[0] < staged.shape[0]:
             self._staging = torch.empty(1 << (staged.shape[0] - 1).bit_length(), dtype=torch.int64, device=self.device)
@@ -716,12 +716,17 @@ class StepGraph:
             pieces += [v.to(where, non_blocking=True), self._pads[where][pad][: cap - v.shape[0]]]
         lens = self.inputs.token_lens
         if on_host:
-            if lens is not None:  # the padded token_lens are the piece after req_pool_indices, ... (rows order)
+            if lens is not None:  # field i is pieces 2i (its values) and 2i + 1 (its padding)
                 at = 2 * [name for name, _, _ in self._fields].index("token_lens")
                 padded = torch.cat(pieces[at : at + 2])
-                pieces = [torch.zeros(1, dtype=torch.int64), padded.cumsum(0)] + pieces
+                pieces = [_host_offsets(padded)] + pieces
             self._static[:end].copy_(torch.cat(pieces + tail), non_blocking=True)
             return
         torch.cat(pieces + [t.to(where, non_blocking=True) for t in tail], out=self._static[self._offsets_len : end])
         if lens is not None:
             torch.cumsum(lens, 0, out=self.inputs.token_offsets[1:])
+
+
+def _host_offsets(lens: torch.Tensor) -> torch.Tensor:
+    """The scatter's offsets of host ``lens``: ``[0, lens[0], lens[0] + lens[1], ...]``."""
+    return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
