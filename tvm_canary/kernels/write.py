@@ -125,6 +125,40 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 group.et[u] = launch.etoks[i]
                 group.ep[u] = launch.epos[i]
 
+    def stamp_group_macro(guarded):
+        @T.macro
+        def stamp_group(h, hn, prev_pos, nrows, written, ok_u, group, check_pos, launch):
+            """Stamp U loaded entries; nrows[0] counts entries that produce violation rows.
+
+            guarded (some entry of the group is not stamped): every entry's mix3 is computed and
+            kept only if the entry is stamped, and its stores sit behind a branch. Unguarded (every
+            entry is stamped, the common case): no branch at all, so the compiler interleaves the
+            stores and bookkeeping with the serial chain."""
+            for u in T.unroll(U):
+                slot = group.slot[u]
+                tok = group.tok[u]
+                pos = group.pos[u]
+                live = slot >= T.int64(0)
+                good = live and ok_u[u] != 0
+                seq = good and check_pos
+                mismatch = (tok != group.et[u] or pos != group.ep[u]) if input_assert else T.bool(False)
+                bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
+                nrows[0] = nrows[0] + T.Cast("int64", bad)
+                prev_pos[0] = T.Select(seq, pos, prev_pos[0])
+                if guarded:
+                    if good:
+                        stamp(launch.buf, slot, tok, pos, h)
+                    written[0] = written[0] + T.Cast("int64", good)
+                    hn[0] = h[0]
+                    mix3(hn, tok, pos)
+                    h[0] = T.Select(good, hn[0], h[0])
+                else:
+                    stamp(launch.buf, slot, tok, pos, h)
+                    written[0] = written[0] + T.int64(1)
+                    mix3(h, tok, pos)
+
+        return stamp_group
+
     @T.macro
     def stamp(buf, slot, tok, pos, h):
         """The slot's fields 0-2 := token, position, chain hash (field 3 := 0 in NONE mode; the fold
@@ -135,31 +169,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         if num_sources == 0:
             buf[slot, consts.CANARY_FIELD_REAL_KV_HASH] = T.int64(0)
 
-    @T.macro
-    def stamp_group(h, hn, prev_pos, nrows, written, ok_u, group, check_pos, launch):
-        """Stamp U loaded entries; nrows[0] counts entries that produce violation rows.
-
-        Branch-free: every entry's mix3 is computed and kept only if the entry is stamped, and its
-        stores are predicated. So a whole group iteration (the next group's loads and slot checks, this
-        group's chain) is one basic block, and the compiler issues the loads, checks, stores and
-        bookkeeping in the serial chain's stall cycles."""
-        for u in T.unroll(U):
-            slot = group.slot[u]
-            tok = group.tok[u]
-            pos = group.pos[u]
-            live = slot >= T.int64(0)
-            good = live and ok_u[u] != 0
-            seq = good and check_pos
-            mismatch = (tok != group.et[u] or pos != group.ep[u]) if input_assert else T.bool(False)
-            bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
-            nrows[0] = nrows[0] + T.Cast("int64", bad)
-            prev_pos[0] = T.Select(seq, pos, prev_pos[0])
-            if good:
-                stamp(launch.buf, slot, tok, pos, h)
-            written[0] = written[0] + T.Cast("int64", good)
-            hn[0] = h[0]
-            mix3(hn, tok, pos)
-            h[0] = T.Select(good, hn[0], h[0])
+    stamp_guarded, stamp_all = stamp_group_macro(True), stamp_group_macro(False)
 
     def record_group_macro(mode):
         record = record_macro(mode)
@@ -202,6 +212,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             written[0] += slots written (STAMP)."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
             hn = T.alloc_buffer((1,), "uint64", scope="local")
+            all_ok = T.alloc_buffer((1,), "int32", scope="local")
             ok = T.alloc_buffer((1,), "int32", scope="local")
             prev_pos = T.alloc_buffer((1,), "int64", scope="local")
             slot_u = T.alloc_buffer((U,), "int64", scope="local")
@@ -238,11 +249,16 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
                     for g in T.serial((s1 - s0 + U - 1) // U):
                         load_group(nxt, s0, s1, (g + 1) * U, launch)
+                        all_ok[0] = 1
                         for u in T.unroll(U):
                             check_slot(ok, cur.slot[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                             ok_u[u] = ok[0]
+                            all_ok[0] = all_ok[0] & ok[0]
                         if mode == STAMP:
-                            stamp_group(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
+                            if all_ok[0] != 0:
+                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
+                            else:
+                                stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
                         else:
                             record_group(h, prev_pos, nrows, base, ok_u, cur, check_pos, launch)
                         for u in T.unroll(U):
