@@ -2,11 +2,18 @@
 
 Markers (registered in pyproject.toml): ``gpu`` tests need a CUDA GPU and are skipped without one; a
 test is marked ``gpu`` automatically when one of its parameter ids names CUDA (``tvm-cuda``, ``cuda``),
-or explicitly. The GPU host selects them with ``-m gpu``.
+or explicitly. The GPU host selects them with ``-m gpu``. ``slow`` tests take tens of seconds (a
+module fixture's cost counts for every test using it).
+
+Order: under the README's ``-n 2 --dist loadscope`` each test class, else module, is one unit of work,
+handed to the workers in collection order (pyproject.toml turns off xdist's reordering by test count).
+The units holding the most ``slow`` tests are collected first, so the long ones start at once and the
+many short units fill in around them, instead of a long unit starting last and running alone.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
 
@@ -75,7 +82,8 @@ IMPLS = {
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Mark the tests parametrized on CUDA ``gpu``; skip every ``gpu`` test on a machine without a GPU."""
+    """Mark the tests parametrized on CUDA ``gpu``; skip every ``gpu`` test on a machine without a GPU;
+    put the units of work with the most ``slow`` tests first (see the module docstring)."""
     no_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (the gpu-marked tests run on GPU hosts)")
     has_gpu = torch.cuda.is_available()
     for item in items:
@@ -84,6 +92,14 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.gpu)
         if not has_gpu and item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)
+    slow = collections.Counter(_work_unit(item) for item in items if item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[_work_unit(item)])  # stable: each unit stays whole and in order
+
+
+def _work_unit(item) -> str:
+    """The unit of work of ``--dist loadscope``: the test's class, else its module (xdist cuts the node
+    id at its last ``::``)."""
+    return item.nodeid.rsplit("::", 1)[0]
 
 
 @pytest.fixture(params=list(IMPLS), ids=list(IMPLS))

@@ -1,6 +1,6 @@
 """CUDA code generation without a GPU: every kernel specialization lowers for CUDA, keeps all state on
-the device (no host-side workspace, no host reads of device tensors), and its source compiles with
-nvcc for sm_80 and sm_90, so CUDA breakage is caught in CPU CI.
+the device (no host-side workspace, no host reads of device tensors), and its device code compiles
+with nvcc for sm_80 and sm_90, so CUDA breakage is caught in CPU CI.
 
 One class per kernel: under ``pytest -n 2 --dist loadscope`` (the README's test command) a class runs
 in one worker, so the nvcc test finds its kernel's lowerings in ``cuda_build``'s per-process cache and
@@ -50,14 +50,19 @@ class KernelCodegen:
     @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
     @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
     def test_nvcc_compiles_generated_source(self, arch, tmp_path):
+        """Every third specialization's device code through nvcc's device compiler and assembler (``-cubin``:
+        cicc and ptxas for ``arch``, as when the module is loaded; the host side of these sources is
+        nvcc's own launch stubs), all in one nvcc run per arch."""
         specs = all_specs(self.kernel)
+        files = []
         for spec in specs[:: max(1, len(specs) // 3)]:
-            source = cuda_build(self.kernel, spec, arch).mod.imports[0].inspect_source("cuda")
-            cu = tmp_path / f"{self.kernel}.cu"
-            cu.write_text(source)
-            cmd = ["nvcc", "-c", "-o", str(tmp_path / f"{self.kernel}.o"), f"-arch={arch}", "-std=c++17", str(cu)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            assert res.returncode == 0, res.stderr[-4000:]
+            cu = tmp_path / f"{self.kernel}-{spec_id(spec)}.cu"
+            cu.write_text(cuda_build(self.kernel, spec, arch).mod.imports[0].inspect_source("cuda"))
+            files.append(cu.name)
+        cmd = ["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", *files]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-4000:]
+        assert all((tmp_path / f).with_suffix(".cubin").stat().st_size > 0 for f in files)
 
 
 class TestWrite(KernelCodegen):

@@ -33,6 +33,7 @@ def fleet_logs(tracker, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # the loopback fleet
 def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, monkeypatch, capsys):
     from tvm.s_tir import meta_schedule as ms
 
@@ -49,6 +50,7 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
         apply._records.cache_clear()
 
 
+@pytest.mark.slow  # the loopback fleet
 def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_record(fleet_logs):
     """Every stored time is a real measurement: MetaSchedule marks failed candidates with 1e10 s."""
     from tvm.s_tir import meta_schedule as ms
@@ -57,6 +59,7 @@ def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_r
     assert all(max(float(s) for s in r.run_secs) < apply.FAILED_RUN_SECS for r in db.get_all_tuning_records())
 
 
+@pytest.mark.slow  # the loopback fleet
 def test_preflight_refuses_what_would_hang(tracker):
     with pytest.raises(RuntimeError, match="kv-canary: the RPC tracker at .* has no server under key 'nobody'"):
         fleet.connect(tracker, "nobody", "llvm", None)

@@ -25,10 +25,12 @@ def tuned_logs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # the tuned_logs fixture
 def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
     assert any((tuned_logs.parent / "ms-logs" / "logs").glob("*.log"))
 
 
+@pytest.mark.slow  # the tuned_logs fixture
 def test_tune_again_says_it_measured_nothing(tuned_logs, capsys):
     assert main([*TUNE_CI, "--out", str(tuned_logs), "--log-dir", str(tuned_logs.parent / "ms-logs-2")]) == 0
     out = capsys.readouterr().out
@@ -45,6 +47,7 @@ def test_tune_rejects_fewer_than_one_trial(trials, capsys):
     assert f"argument --trials: must be at least 1, got {trials}" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the tuned_logs fixture
 def test_tune_writes_a_database_per_device(tuned_logs):
     key = keys.device_key(torch.device("cpu"))
     assert (tuned_logs / key / "database_workload.json").exists()
@@ -52,6 +55,7 @@ def test_tune_writes_a_database_per_device(tuned_logs):
     assert records.count("\n") >= 6  # 4 write + 2 verify (NONE and ALL)
 
 
+@pytest.mark.slow  # the tuned_logs fixture
 def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()
@@ -71,6 +75,7 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     apply._records.cache_clear()
 
 
+@pytest.mark.slow  # the tuned_logs fixture
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()

@@ -22,7 +22,6 @@ the GPU pipeline does not re-schedule them.
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
 
@@ -31,7 +30,7 @@ import tvm
 from tvm import relax
 
 from .runtime import compile as compile_cache
-from .runtime import targets
+from .runtime import parse, targets
 
 # kernel -> names of the TensorIR parameters it writes (the in-place results, in parameter order)
 WRITES = {
@@ -65,7 +64,7 @@ def kernel_ir(kernel: str, spec: tuple, tag: str, mode: int = 0) -> tvm.tirx.Pri
     path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
     if path.exists():
         return tvm.ir.load_json(path.read_text())
-    func = importlib.import_module(f"tvm_canary.kernels.{kernel}").make(*spec, geom)
+    func = parse.kernel_ir(kernel, spec, geom)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as tmp:
         tmp.write(tvm.ir.save_json(func))

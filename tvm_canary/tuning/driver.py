@@ -73,8 +73,12 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
         space_size *= len(choices)
     trials = min(trials, space_size)
     before = len(measured_records(db).get((kernel, bucket), []))
+    default = default_geometry(kernel, kind, workloads.mode_of(kernel, bucket))
+    # A space whose one point is the default (no knobs on this target) has nothing to search: the
+    # default's measurement below is its record.
+    only_default = space_size == 1 and knob_values_of(knobs, default)
     runner = None
-    if before < trials:
+    if before < trials and not only_default:
         runner = make_runner(kernel, bucket)
         builder = ms.builder.LocalBuilder(f_build=measure.build_candidate, max_workers=os.cpu_count())
         space = ms.space_generator.ScheduleFn(make_space(knobs), sch_rules=[], postprocs=[], mutator_probs={})
@@ -100,7 +104,6 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
         finally:
             for handler in unnamed:
                 ms_logger.addHandler(handler)
-    default = default_geometry(kernel, kind, workloads.mode_of(kernel, bucket))
     rows = measured_records(db).get((kernel, bucket), [])
     same = [c for c, r in rows if record_geometry(r, cuda) == default]
     if same:
@@ -142,7 +145,8 @@ def measure_default(runner, mod, target) -> float:
 
     artifact = ms.builder.local_builder.default_export(measure.build_candidate(mod, target, None))
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    (future,) = runner.run([ms.runner.RunnerInput(artifact, target.kind.name, args_info)])
+    device_type = "cuda" if target.kind.name == "cuda" else "cpu"  # a device name, as MetaSchedule's runners take
+    (future,) = runner.run([ms.runner.RunnerInput(artifact, device_type, args_info)])
     result = future.result()
     if result.error_msg or not result.run_secs:
         return math.nan

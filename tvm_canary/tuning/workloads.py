@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import json
 import os
 import pathlib
@@ -33,6 +32,7 @@ from tvm_canary.geometry import Geometry
 from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
+from tvm_canary.runtime.parse import kernel_ir
 from tvm_canary.runtime.specializations import spec, spec_id
 
 PRESETS = {
@@ -100,7 +100,7 @@ def _hash_table(path: pathlib.Path) -> dict:
 
 
 def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
-    func = importlib.import_module(f"tvm_canary.kernels.{kernel}").make(*kernel_spec, _HASH_GEOMETRY[target_kind])
+    func = kernel_ir(kernel, kernel_spec, _HASH_GEOMETRY[target_kind])
     for attr in _IGNORED_ATTRS:
         func = func.without_attr(attr)
     # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
