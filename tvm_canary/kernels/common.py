@@ -251,6 +251,63 @@ def take_marks(geom: Geometry, width: int):
     return take
 
 
+def emit_scratch(width: int, count_name: str, count_dtype: str):
+    """The buffers of a single launch's ticket and ordered emit, allocated at the top of a block (call
+    inside ``T.meta_var`` and unpack): ``sflag`` (shared, a chunk mark per lane), the per-lane row
+    counts ``count_name`` (shared, ``count_dtype``), ``slast`` (shared, the ticket), and the locals
+    ``last`` (the ticket), ``base`` (the ring position), ``marked``, ``lane_marked``, ``block_marked``."""
+    layout = (("sflag", width, "int32", "shared"), (count_name, width, count_dtype, "shared"),
+              ("slast", 1, "int32", "shared"), ("last", 1, "int32", "local"), ("base", 1, "int64", "local"),
+              ("marked", 1, "int32", "local"), ("lane_marked", 1, "int32", "local"),
+              ("block_marked", 1, "int32", "local"))
+    return tuple(IRBuilder.name(name, T.alloc_buffer((n,), dtype, scope=scope)) for name, n, dtype, scope in layout)
+
+
+def ordered_emit(geom: Geometry, width: int, count_unit, emit_unit, rows_of):
+    """Macro ``emit(last, flags, write_index, base, marked, sflag, scount, active, state)``: the ordered
+    emit phase of a single launch (SPEC D3), run by the ``width`` lanes of the block whose ticket is
+    LAST_MARKED (a no-op in every other block).
+
+    For every marked chunk of ``FLAG_CHUNK`` units (entries or requests) in order, ``width`` units at a
+    time: lane ``t`` runs ``count_unit(unit, t, active, state)``, which puts the unit's row count (or
+    mark) at ``scount[t]``; after a barrier it ranks its rows, ``rank := base[0]`` plus the rows of the
+    lanes before it (``rows_of(scount, q)`` as an int64 expression), every lane advancing ``base[0]``
+    over the whole tile, and runs ``emit_unit(unit, rank, active, state)`` to store them from ``rank``
+    on. ``base[0]`` starts at the ring's write index and ends as the new one; the chunk marks are
+    cleared as they are taken. ``state`` is the kernel's bundle of what its two macros need.
+    """
+    sync = block_sync(geom)
+    take = take_marks(geom, width)
+
+    @T.macro
+    def emit(last, flags, write_index, base, marked, sflag, scount, active, state):
+        for _ in T.serial(T.Select(last[0] == LAST_MARKED, 1, 0)):
+            base[0] = T.Cast("int64", write_index[0])
+            n_chunks = (active + FLAG_CHUNK - 1) // FLAG_CHUNK
+            for c in T.serial((n_chunks + width - 1) // width):
+                take(sflag, flags, c, n_chunks)
+                for j in T.serial(width):
+                    marked[0] = sflag[j]
+                    for tile in T.serial(T.Select(marked[0] != 0, FLAG_CHUNK // width, 0)):
+                        for t in lanes(geom, width):
+                            unit = (c * width + j) * FLAG_CHUNK + tile * width + t
+                            count_unit(unit, t, active, state)
+                        sync()
+                        for t in lanes(geom, width):
+                            rank = T.alloc_buffer((1,), "int64", scope="local")
+                            rank[0] = base[0]
+                            for q in T.serial(width):
+                                rows_q = rows_of(scount, q)
+                                base[0] = base[0] + rows_q
+                                rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
+                            unit = (c * width + j) * FLAG_CHUNK + tile * width + t
+                            emit_unit(unit, rank[0], active, state)
+                        sync()
+            sync()
+
+    return emit
+
+
 def block_any(geom: Geometry):
     """Macro ``any_of(out, predicate)``, called by every lane of a block: a block barrier after which
     ``out[0]`` (a local) := 1 in every lane iff ``predicate`` (int32) is non-zero in some lane. On CPU

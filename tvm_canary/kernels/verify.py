@@ -46,13 +46,14 @@ from .common import (
     check_slot,
     close_launch,
     counter_add,
+    emit_scratch,
     fold_sources,
     grid,
     lanes,
     last_block,
+    ordered_emit,
     slot_hash,
     source_buffers,
-    take_marks,
 )
 
 CHAIN = int(consts.FailReason.VERIFY_CHAIN_HASH_MISMATCH)
@@ -64,13 +65,15 @@ TOKEN = int(consts.FailReason.VERIFY_TOKEN_MISMATCH)
 # The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
 # canary buffer, the plan vectors, the launch tag, and the four sources with their scalar triples.
 Launch = collections.namedtuple("Launch", "buf slots etoks epos prevs kind srcs params")
+# What the emit phase's per-entry macros use: the lane's verdict, row and hash scratch, the launch, the
+# shared verdicts and the ring.
+EmitState = collections.namedtuple("EmitState", "bits row launch h acc part ok sbits ring")
 
 
 def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
     TH = geom.threads
     sync = block_sync(geom)
-    take = take_marks(geom, TH)
     ticket = last_block(geom)
     any_of = block_any(geom)
     close = close_launch(geom)
@@ -126,6 +129,23 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                     bits[0] = bits[0] | REAL_KV
         row[consts.VIOLATION_FIELD_FAIL_REASON_BITS] = T.Cast("int64", bits[0])
 
+    @T.macro
+    def count_entry(unit, t, active, st):
+        """Emit phase A: the lane's verdict and row of entry ``unit`` into registers, its bits to shared."""
+        st.bits[0] = 0
+        if unit < active:
+            entry(unit, st.bits, st.row, st.launch, st.h, st.acc, st.part, st.ok)
+        st.sbits[t] = st.bits[0]
+
+    @T.macro
+    def emit_entry(unit, rank, active, st):
+        """Emit phase B: the lane's row, if it has one, at ``rank`` (rows past the ring are dropped)."""
+        if st.bits[0] != 0 and rank < st.ring.shape[0]:
+            for f in T.serial(consts.VIOLATION_FIELDS):
+                st.ring[rank, f] = st.row[f]
+
+    emit = ordered_emit(geom, TH, count_entry, emit_entry, lambda sbits, q: T.Cast("int64", sbits[q] != 0))
+
     # fmt: off
     @T.prim_func(private=False)
     def canary_verify(
@@ -164,14 +184,8 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         # register; branches around barriers are loops of uniform extent 0 or n.
         for b in grid(geom, nb):
             with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", geom.min_blocks):
-                sflag = T.alloc_buffer((TH,), "int32", scope="shared")
-                sbits = T.alloc_buffer((TH,), "int32", scope="shared")
-                slast = T.alloc_buffer((1,), "int32", scope="shared")
-                last = T.alloc_buffer((1,), "int32", scope="local")
-                base = T.alloc_buffer((1,), "int64", scope="local")
-                marked = T.alloc_buffer((1,), "int32", scope="local")
-                lane_marked = T.alloc_buffer((1,), "int32", scope="local")
-                block_marked = T.alloc_buffer((1,), "int32", scope="local")
+                sflag, sbits, slast, last, base, marked, lane_marked, block_marked = T.meta_var(
+                    emit_scratch(TH, "sbits", "int32"))
                 bits = T.alloc_buffer((1,), "int32", scope="local")
                 row = T.alloc_buffer((consts.VIOLATION_FIELDS,), "int64", scope="local")
                 h = T.alloc_buffer((1,), "uint64", scope="local")
@@ -181,6 +195,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 k = T.alloc_buffer((1,), "int64", scope="local")
                 active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
                 on = enable[0] != 0
+                state = T.meta_var(EmitState(bits, row, launch, h, acc, part, ok, sbits, ring))
 
                 # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
                 for t in lanes(geom, TH):
@@ -204,33 +219,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 # Phase 2 (the last block only, and only if some block marked): emit the marked chunks'
                 # rows in entry order, TH entries at a time; each lane stores its own row from registers
                 # at its rank among the TH.
-                for _ in T.serial(T.Select(last[0] == LAST_MARKED, 1, 0)):
-                    base[0] = T.Cast("int64", write_index[0])
-                    n_chunks = (active + CHUNK - 1) // CHUNK
-                    for c in T.serial((n_chunks + TH - 1) // TH):
-                        take(sflag, flags, c, n_chunks)
-                        for j in T.serial(TH):
-                            marked[0] = sflag[j]
-                            for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
-                                for t in lanes(geom, TH):
-                                    kk = (c * TH + j) * CHUNK + tile * TH + t
-                                    bits[0] = 0
-                                    if kk < active:
-                                        entry(kk, bits, row, launch, h, acc, part, ok)
-                                    sbits[t] = bits[0]
-                                sync()
-                                for t in lanes(geom, TH):
-                                    rank = T.alloc_buffer((1,), "int64", scope="local")
-                                    rank[0] = base[0]
-                                    for q in T.serial(TH):
-                                        mark = T.Cast("int64", sbits[q] != 0)
-                                        base[0] = base[0] + mark
-                                        rank[0] = rank[0] + T.Select(q < t, mark, T.int64(0))
-                                    if bits[0] != 0 and rank[0] < R:
-                                        for f in T.serial(consts.VIOLATION_FIELDS):
-                                            ring[rank[0], f] = row[f]
-                                sync()
-                    sync()
+                emit(last, flags, write_index, base, marked, sflag, sbits, active, state)
                 for t in lanes(geom, TH):
                     if t == 0 and last[0] != NOT_LAST:
                         close(flags, write_index, kernel_counter, base, last[0] == LAST_MARKED)

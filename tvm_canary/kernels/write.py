@@ -52,15 +52,16 @@ from .common import (
     check_slot,
     close_launch,
     counter_add,
+    emit_scratch,
     fold_loaded,
     grid,
     lanes,
     last_block,
     load_heads,
     mix3,
+    ordered_emit,
     slot_hash,
     source_buffers,
-    take_marks,
 )
 
 TOKEN = int(consts.FailReason.WRITE_TOKEN_MISMATCH)
@@ -75,13 +76,14 @@ Launch = collections.namedtuple("Launch", "buf offsets seeds ids pos_in ocl etok
 # Local registers holding U consecutive entries of a request: slot (-1 past the request's end), token,
 # position and, with the input assert, expected token and position.
 Group = collections.namedtuple("Group", "slot tok pos et ep")
+# What the emit phase's per-request macros use: the lane's row count, the shared counts, the launch.
+EmitState = collections.namedtuple("EmitState", "nrows scount launch")
 
 
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
     TH, U = geom.threads, geom.unroll
     sync = block_sync(geom)
-    take = take_marks(geom, TH)
     ticket = last_block(geom)
     any_of = block_any(geom)
     close = close_launch(geom)
@@ -312,6 +314,24 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         else:
             add(counter, value)
 
+    @T.macro
+    def count_request(unit, t, active, st):
+        """Emit phase A: request ``unit``'s violation rows, counted into shared."""
+        unused = T.alloc_buffer((1,), "int64", scope="local")
+        st.nrows[0] = T.int64(0)
+        if unit < active:
+            walk_count(unit, T.int64(0), st.nrows, unused, st.launch)
+        st.scount[t] = st.nrows[0]
+
+    @T.macro
+    def emit_request(unit, rank, active, st):
+        """Emit phase B: request ``unit``'s rows appended to the ring from ``rank`` on."""
+        unused = T.alloc_buffer((1,), "int64", scope="local")
+        if unit < active:
+            walk_emit(unit, rank, st.nrows, unused, st.launch)
+
+    emit = ordered_emit(geom, TH, count_request, emit_request, lambda scount, q: scount[q])
+
     # fmt: off
     @T.prim_func(private=False)
     def canary_write(
@@ -356,14 +376,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         stamp_blocks = T.meta_var(blocks_for(geom, T.max(N, cap)))
         nb = T.meta_var(stamp_blocks * (1 + FOLD_BLOCKS))
         for b in grid(geom, nb):
-            sflag = T.alloc_buffer((TH,), "int32", scope="shared")
-            scount = T.alloc_buffer((TH,), "int64", scope="shared")
-            slast = T.alloc_buffer((1,), "int32", scope="shared")
-            last = T.alloc_buffer((1,), "int32", scope="local")
-            base = T.alloc_buffer((1,), "int64", scope="local")
-            marked = T.alloc_buffer((1,), "int32", scope="local")
-            lane_marked = T.alloc_buffer((1,), "int32", scope="local")
-            block_marked = T.alloc_buffer((1,), "int32", scope="local")
+            sflag, scount, slast, last, base, marked, lane_marked, block_marked = T.meta_var(
+                emit_scratch(TH, "scount", "int64"))
             r = T.alloc_buffer((1,), "int64", scope="local")
             nrows = T.alloc_buffer((1,), "int64", scope="local")
             written = T.alloc_buffer((1,), "int64", scope="local")
@@ -411,35 +425,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
             # Phase 2 (the last block only, and only if some request marked): the block's lanes append
             # the rows of the marked requests in request order, TH requests at a time.
-            for _ in T.serial(T.Select(last[0] == LAST_MARKED, 1, 0)):
-                base[0] = T.Cast("int64", write_index[0])
-                n_chunks = (active + CHUNK - 1) // CHUNK
-                for c in T.serial((n_chunks + TH - 1) // TH):
-                    take(sflag, flags, c, n_chunks)
-                    for j in T.serial(TH):
-                        marked[0] = sflag[j]
-                        for tile in T.serial(T.Select(marked[0] != 0, CHUNK // TH, 0)):
-                            for t in lanes(geom, TH):
-                                unused = T.alloc_buffer((1,), "int64", scope="local")
-                                rr = (c * TH + j) * CHUNK + tile * TH + t
-                                nrows[0] = T.int64(0)
-                                if rr < active:
-                                    walk_count(rr, T.int64(0), nrows, unused, launch)
-                                scount[t] = nrows[0]
-                            sync()
-                            for t in lanes(geom, TH):
-                                unused = T.alloc_buffer((1,), "int64", scope="local")
-                                rank = T.alloc_buffer((1,), "int64", scope="local")
-                                rank[0] = base[0]
-                                for q in T.serial(TH):
-                                    rows_q = scount[q]
-                                    base[0] = base[0] + rows_q
-                                    rank[0] = rank[0] + T.Select(q < t, rows_q, T.int64(0))
-                                rr = (c * TH + j) * CHUNK + tile * TH + t
-                                if rr < active:
-                                    walk_emit(rr, rank[0], nrows, unused, launch)
-                            sync()
-                sync()
+            emit(last, flags, write_index, base, marked, sflag, scount, active, EmitState(nrows, scount, launch))
             for t in lanes(geom, TH):
                 if t == 0 and last[0] != NOT_LAST:
                     close(flags, write_index, kernel_counter, base, last[0] == LAST_MARKED)
