@@ -209,6 +209,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                                 flags[0] = 1
                                 flags[1 + k[0] // CHUNK] = 1
                             k[0] = k[0] + nb * TH
+                # Phase 2: the ticket; the last block learns whether any block marked.
                 for t in lanes(geom, TH):
                     any_of(block_marked, lane_marked[0])
                     if t == 0:
@@ -216,7 +217,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 sync()
                 last[0] = slast[0]
 
-                # Phase 2 (the last block only, and only if some block marked): emit the marked chunks'
+                # Phase 3 (the last block only, and only if some block marked): emit the marked chunks'
                 # rows in entry order, TH entries at a time; each lane stores its own row from registers
                 # at its rank among the TH.
                 emit(last, flags, write_index, base, marked, sflag, sbits, active, state)

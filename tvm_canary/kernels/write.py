@@ -417,13 +417,14 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                             flags[1 + r[0] // CHUNK] = 1
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
+                # Phase 2: the ticket; the last block learns whether any request marked.
                 any_of(block_marked, lane_marked[0])
                 if t == 0:
                     ticket(slast, flags, nb, b, block_marked[0])
             sync()
             last[0] = slast[0]
 
-            # Phase 2 (the last block only, and only if some request marked): the block's lanes append
+            # Phase 3 (the last block only, and only if some request marked): the block's lanes append
             # the rows of the marked requests in request order, TH requests at a time.
             emit(last, flags, write_index, base, marked, sflag, scount, active, EmitState(nrows, scount, launch))
             for t in lanes(geom, TH):
