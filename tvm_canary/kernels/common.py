@@ -6,6 +6,8 @@ straight-line ``h ^= h >> 30; h *= C1; ...`` rather than duplicated expression t
 
 from __future__ import annotations
 
+import collections
+
 import tvm
 from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
@@ -337,7 +339,6 @@ def last_block(geom: Geometry):
     with a barrier. On CPU the blocks run serially, so the last block is ``b == nblocks - 1`` and the
     launch's any-mark ``flags[0]`` tells whether some block marked; the counter is never touched.
     """
-    assert geom.blocks <= MAX_TICKET_BLOCKS
     if geom.gpu:
 
         @T.macro
@@ -389,3 +390,35 @@ def close_launch(geom: Geometry):
         add(kernel_counter, T.int64(1))
 
     return close
+
+
+# The parts of the single-launch protocol a kernel calls (see ``single_launch``).
+SingleLaunch = collections.namedtuple("SingleLaunch", "draw_ticket emit close")
+
+
+def single_launch(geom: Geometry, width: int, max_blocks: int, count_unit, emit_unit, rows_of) -> SingleLaunch:
+    """The single-launch protocol (every block does its share; the block finishing last appends the
+    violation rows in order) for blocks of ``width`` lanes and launches of at most ``max_blocks`` blocks:
+
+    * ``draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked)``: called by every lane ``t``
+      of block ``b`` after its share: the block's any-mark of its lanes' ``lane_marked`` (a barrier),
+      then lane 0 draws the block's ticket into the shared ``slast`` (``last_block``; broadcast it with
+      a barrier);
+    * ``emit``: the ordered emit phase (``ordered_emit`` with the kernel's per-unit macros);
+    * ``close``: the end of the launch (``close_launch``).
+    """
+    assert FLAG_CHUNK % width == 0
+    # The emit phase keeps each lane's state in registers across lane loops: on CPU (serial lanes)
+    # that needs one lane per block. Serial CPU blocks are fine: the last one emits.
+    assert geom.gpu or width == 1
+    assert max_blocks <= MAX_TICKET_BLOCKS
+    any_of = block_any(geom)
+    ticket = last_block(geom)
+
+    @T.macro
+    def draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked):
+        any_of(block_marked, lane_marked[0])
+        if t == 0:
+            ticket(slast, flags, nblocks, b, block_marked[0])
+
+    return SingleLaunch(draw_ticket, ordered_emit(geom, width, count_unit, emit_unit, rows_of), close_launch(geom))

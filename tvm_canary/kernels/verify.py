@@ -12,7 +12,7 @@ ONE launch of ``nb = max(1, min(blocks, ceil(cap / threads)))`` blocks of ``thre
 is a shape, so the grid needs no host sync and a small plan gets a small grid):
 1. *check* (every block, grid-stride with stride ``nb * threads``): computes each entry's fail bits and
    marks the CHUNK-sized chunk of every failing entry in ``flags``. Nothing else is written.
-2. *ticket* (``common.last_block``): at a barrier each block learns whether it marked; thread 0 draws
+2. *ticket* (``common.single_launch``): at a barrier each block learns whether it marked; thread 0 draws
    a ticket on ``flags[NF - 1]`` (fencing first if the block marked). The block drawing ``nb - 1``
    finished last and learns from the ticket whether any block marked. On CPU (serial blocks,
    ``threads = 1``) the last block is simply the last one.
@@ -40,18 +40,15 @@ from .common import (
     LAST_MARKED,
     NOT_LAST,
     Geometry,
-    block_any,
     block_sync,
     blocks_for,
     check_slot,
-    close_launch,
     counter_add,
     emit_scratch,
     fold_sources,
     grid,
     lanes,
-    last_block,
-    ordered_emit,
+    single_launch,
     slot_hash,
     source_buffers,
 )
@@ -74,14 +71,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
     TH = geom.threads
     sync = block_sync(geom)
-    ticket = last_block(geom)
-    any_of = block_any(geom)
-    close = close_launch(geom)
     add = counter_add(geom)
-    assert CHUNK % TH == 0
-    # The emit phase keeps each lane's row in registers across lane loops: on CPU (serial lanes) that
-    # needs one lane per block. Serial CPU blocks (G > 1) are fine: the last one emits.
-    assert geom.gpu or TH == 1
 
     @T.macro
     def entry(k, bits, row, launch, h, acc, part, ok):
@@ -144,7 +134,8 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
             for f in T.serial(consts.VIOLATION_FIELDS):
                 st.ring[rank, f] = st.row[f]
 
-    emit = ordered_emit(geom, TH, count_entry, emit_entry, lambda sbits, q: T.Cast("int64", sbits[q] != 0))
+    draw_ticket, emit, close = single_launch(geom, TH, geom.blocks, count_entry, emit_entry,
+                                             lambda sbits, q: T.Cast("int64", sbits[q] != 0))
 
     # fmt: off
     @T.prim_func(private=False)
@@ -211,9 +202,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                             k[0] = k[0] + nb * TH
                 # Phase 2: the ticket; the last block learns whether any block marked.
                 for t in lanes(geom, TH):
-                    any_of(block_marked, lane_marked[0])
-                    if t == 0:
-                        ticket(slast, flags, nb, b, block_marked[0])
+                    draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
                 sync()
                 last[0] = slast[0]
 

@@ -22,7 +22,7 @@ and a small plan gets a small grid):
    entry's mix3 is computed and kept only if the entry is stamped), writes fields 0-2 (and 3 := 0 in
    NONE mode), adds the written count to the slot counter and marks the request's chunk in ``flags`` if
    any entry of it produces violation rows.
-2. *ticket* (``common.last_block``): the block finishing last learns whether any request marked.
+2. *ticket* (``common.single_launch``): the block finishing last learns whether any request marked.
 3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
    counts each request's rows, ranks them (request order) and walks again to append the rows to the
    ring in reference order (SPEC D3); then publishes the write index. The last block bumps the kernel
@@ -43,23 +43,19 @@ from .common import (
     HEADS_PER_SLOT,
     INVALID_INDEX,
     LAST_MARKED,
-    MAX_TICKET_BLOCKS,
     NOT_LAST,
     Geometry,
-    block_any,
     block_sync,
     blocks_for,
     check_slot,
-    close_launch,
     counter_add,
     emit_scratch,
     fold_loaded,
     grid,
     lanes,
-    last_block,
     load_heads,
     mix3,
-    ordered_emit,
+    single_launch,
     slot_hash,
     source_buffers,
 )
@@ -84,17 +80,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
     TH, U = geom.threads, geom.unroll
     sync = block_sync(geom)
-    ticket = last_block(geom)
-    any_of = block_any(geom)
-    close = close_launch(geom)
     add = counter_add(geom)
-    assert CHUNK % TH == 0
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
     FOLD_BLOCKS = 1 if geom.gpu and num_sources > 0 else 0
-    assert geom.blocks * (1 + FOLD_BLOCKS) <= MAX_TICKET_BLOCKS
-    # The emit phase keeps each lane's rank in registers across lane loops: on CPU (serial lanes) that
-    # needs one lane per block.
-    assert geom.gpu or TH == 1
 
     def record_macro(mode):
         @T.macro
@@ -330,7 +318,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         if unit < active:
             walk_emit(unit, rank, st.nrows, unused, st.launch)
 
-    emit = ordered_emit(geom, TH, count_request, emit_request, lambda scount, q: scount[q])
+    draw_ticket, emit, close = single_launch(geom, TH, geom.blocks * (1 + FOLD_BLOCKS), count_request, emit_request,
+                                             lambda scount, q: scount[q])
 
     # fmt: off
     @T.prim_func(private=False)
@@ -418,9 +407,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
                 # Phase 2: the ticket; the last block learns whether any request marked.
-                any_of(block_marked, lane_marked[0])
-                if t == 0:
-                    ticket(slast, flags, nb, b, block_marked[0])
+                draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
             sync()
             last[0] = slast[0]
 
