@@ -50,7 +50,8 @@ def test_opcheck_and_reference_bytes(kernel, device):
 
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_fake_implementation_accepts_meta_tensors(kernel):
-    """Without a Meta kernel the dispatcher raises NotImplementedError here."""
+    """Each operator has a fake (Meta) implementation: it accepts meta tensors and returns None (a
+    missing one would make the dispatcher raise here)."""
     case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
     def meta(a):
         if isinstance(a, torch.Tensor):
