@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import targets
     from . import fleet
     from .driver import local_runner, tune_workload
+    from .measure import CandidateBuilder
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
@@ -76,8 +77,13 @@ def run(args: argparse.Namespace) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     jobs = [(k, b) for k in args.kernels for b in preset[k]]
-    results = [tune_workload(kernel, bucket, tag, db, args.trials, log_dir, args.verbose, make_runner)
-               for kernel, bucket in tqdm(jobs, desc=f"tune {key}")]
+    builder, runner = CandidateBuilder(), make_runner()
+    try:
+        results = [tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose)
+                   for kernel, bucket in tqdm(jobs, desc=f"tune {key}")]
+    finally:
+        builder.shutdown()
+        runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""

@@ -2,18 +2,18 @@
 
 ``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``)
 with the builder and runner hooks of ``measure`` and commits the measurements to a JSON database;
-then the default geometry competes as one more record. How candidates are run is one argument
-(``make_runner``, default ``local_runner``: this machine's device; ``fleet.Fleet.runner``: RPC servers),
-and the default is measured through the same runner, so nothing else depends on where it runs.
+then the default geometry competes as one more record. One builder and one runner serve a whole
+tuning run (starting their worker processes, which import TVM and torch, is most of a workload's
+time otherwise). Where candidates run is the runner (``local_runner``: this machine's device;
+``fleet.Fleet.runner``: RPC servers), and the default is measured through the same one, so nothing
+else depends on where it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
-import os
 import pathlib
 import sys
 import types
@@ -40,26 +40,28 @@ class Result:
     geometry: str
 
 
-def local_runner(kernel: str, bucket: tuple):
-    """MetaSchedule's LocalRunner with the canary's case allocation and checked timing (``measure``)."""
+def local_runner():
+    """MetaSchedule's LocalRunner on this machine's device, for a whole tuning run (its worker keeps the
+    current workload's case), with the canary's checked timing (``measure``)."""
     from tvm.s_tir import meta_schedule as ms
 
     return ms.runner.LocalRunner(
         evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
-        timeout_sec=120,  # the first run of a worker builds the case (16M entries: seconds)
-        f_alloc_argument=functools.partial(measure.alloc_case, kernel, bucket),
-        f_run_evaluator=functools.partial(measure.run_case, kernel),
+        timeout_sec=120,  # the first candidate of a workload builds its case (16M entries: seconds)
+        f_alloc_argument=measure.alloc_bucket,
+        f_run_evaluator=measure.run_case,
     )
 
 
-def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path,
-                  verbose: bool = False, make_runner=local_runner) -> Result:
+def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path, builder, runner,
+                  verbose: bool = False) -> Result:
     """Tune one workload for the device of target tag ``tag`` (``targets.tag_for``) into the JSON
     database ``db`` until it holds ``trials`` measured candidates (at most the size of the design space);
     MetaSchedule's logs go to ``log_dir/logs`` (and its INFO lines to stdout too when ``verbose``).
-    ``make_runner(kernel, bucket)``: the MetaSchedule runner that measures on that device (default
-    ``local_runner``; ``fleet.Fleet.runner`` for RPC servers). The default geometry is measured with the
-    same runner (checked against the reference like every candidate)."""
+    ``builder`` (``measure.CandidateBuilder``) and ``runner`` (``local_runner()``, or ``fleet.Fleet.runner()``
+    for RPC servers, which measure on that device) serve every workload of a tuning run; the caller
+    shuts them down. The default geometry is built and measured by the same two (checked against the
+    reference like every candidate)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -77,10 +79,7 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
     only_default = space_size == 1 and knob_values_of(knobs, default)
-    runner = None
     if before < trials and not only_default:
-        runner = make_runner(kernel, bucket)
-        builder = ms.builder.LocalBuilder(f_build=measure.build_candidate, max_workers=os.cpu_count())
         space = ms.space_generator.ScheduleFn(make_space(knobs), sch_rules=[], postprocs=[], mutator_probs={})
         # Our spaces never tensorize: skip the 20-30 s import of TVM's tensor intrinsics.
         sys.modules.setdefault("tvm.s_tir.tensor_intrin", types.ModuleType("tvm.s_tir.tensor_intrin"))
@@ -110,14 +109,11 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
         default_us = 1e6 * same[0]
     else:
         # The default competes too: a bucket's best record is then never slower than the default.
-        runner = runner or make_runner(kernel, bucket)
-        seconds = measure_default(runner, mod, target)
+        seconds = measure_default(builder, runner, mod, target)
         default_us = 1e6 * seconds
         if knob_values_of(knobs, default) and math.isfinite(seconds):
             commit_measurement(db, mod, knobs, default, seconds, target)
             rows = measured_records(db).get((kernel, bucket), [])
-    if runner is not None and hasattr(runner, "pool"):
-        runner.pool.shutdown()  # a worker holds this bucket's case (up to ~35 GB of device memory)
     measured = len(rows) - before
     if not rows:
         return Result(kernel, bucket, 0, measured, default_us, float("nan"), "every candidate failed: the default applies")
@@ -137,13 +133,16 @@ def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> No
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
 
 
-def measure_default(runner, mod, target) -> float:
+def measure_default(builder, runner, mod, target) -> float:
     """Mean seconds of the workload ``mod`` in the kernel's default geometry (the stand-in without knob
-    annotations, which ``measure.build_candidate`` builds with the defaults), measured and checked
-    against the reference by ``runner`` like a candidate; NaN when that failed."""
+    annotations, which the builder builds with the defaults), measured and checked against the reference
+    by ``runner`` like a candidate; NaN when that failed."""
     from tvm.s_tir import meta_schedule as ms
 
-    artifact = ms.builder.local_builder.default_export(measure.build_candidate(mod, target, None))
+    (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
+    if built.error_msg:
+        return math.nan
+    artifact = built.artifact_path
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     device_type = "cuda" if target.kind.name == "cuda" else "cpu"  # a device name, as MetaSchedule's runners take
     (future,) = runner.run([ms.runner.RunnerInput(artifact, device_type, args_info)])

@@ -14,8 +14,8 @@ runner. TVM's stock ``python -m tvm.exec.rpc_server`` lacks these functions and 
 Sessions: MetaSchedule opens a session per candidate by default, and a session is a forked process on
 the server, so the bucket's case (valid inputs and reference outputs: seconds to build, up to ~35 GB
 on a GPU) would be rebuilt for every candidate. Here each runner worker keeps its session for the
-workload (``_held``), the server keeps the case for the session (``measure``'s cache), and the session
-ends when the driver shuts the runner down after the workload. Hence one worker per server at most
+whole tuning run (``_held``), the session keeps the current workload's case (``measure.case_for``),
+and the session ends when the tuning run shuts the runner down. Hence one worker per server at most
 (``--rpc-workers`` is checked against the servers the tracker knows).
 
 Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session
@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-CANDIDATE_TIMEOUT_S = 120  # the first candidate of a session builds the case (16M entries: seconds)
+CANDIDATE_TIMEOUT_S = 120  # the first candidate of a workload builds its case (16M entries: seconds)
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
 TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's request
 
@@ -58,7 +58,7 @@ def register_server_functions() -> None:
 
     from . import keys, measure  # noqa: F401 - imported before the fork, see above
 
-    for name, func in (("device_info", _device_info), ("prepare", _prepare), ("run_case", _run_case)):
+    for name, func in (("device_info", _device_info), ("run_case", _run_case)):
         tvm_ffi.register_global_func(f"tvm_canary.fleet.{name}", func, override=True)
 
 
@@ -82,22 +82,15 @@ def _tvm_device(device_type: str):
     return tvm.cuda(0) if device_type == "cuda" else tvm.cpu(0)
 
 
-def _prepare(kernel: str, bucket: str, device_type: str) -> None:
-    """Build (once per session) the valid case of the workload ``kernel``/``bucket`` (JSON list)."""
+def _run_case(rt_mod, bucket: str, device_type: str, number: int, repeat: int, min_repeat_ms: int) -> str:
+    """Run a candidate module on its workload's case (``bucket``: JSON list; built once per session and
+    workload), check it against the reference and time it, with ``measure.run_case`` (a mismatch
+    raises, which fails the candidate); the times as a JSON list."""
     from . import measure
 
-    measure.alloc_case(kernel, tuple(json.loads(bucket)), _tvm_device(device_type), None, 1)
-
-
-def _run_case(rt_mod, kernel: str, bucket: str, device_type: str, number: int, repeat: int, min_repeat_ms: int) -> str:
-    """Run a candidate module on the session's case, check it against the reference and time it, with
-    ``measure.run_case`` (a mismatch raises, which fails the candidate); the times as a JSON list."""
-    from . import measure
-
-    device = _tvm_device(device_type)
-    repeated_args = measure.alloc_case(kernel, tuple(json.loads(bucket)), device, None, 1)
     config = argparse.Namespace(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return json.dumps([float(t) for t in measure.run_case(kernel, rt_mod, device, config, repeated_args)])
+    times = measure.run_case(rt_mod, _tvm_device(device_type), config, [[tuple(json.loads(bucket))]])
+    return json.dumps([float(t) for t in times])
 
 
 def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_end: int = 9199,
@@ -138,18 +131,17 @@ class Fleet:
     tag: str
     workers: int
 
-    def runner(self, kernel: str, bucket: tuple):
-        """MetaSchedule's RPCRunner for one workload: held sessions, the server-side case and check."""
+    def runner(self):
+        """MetaSchedule's RPCRunner for a tuning run: held sessions, the server-side case and check."""
         from tvm.s_tir import meta_schedule as ms
         from tvm.support.popen_pool import PopenPoolExecutor
 
-        hook_args = (kernel, json.dumps(list(bucket)), self.device_type)
         runner = ms.runner.RPCRunner(
             rpc_config=ms.runner.RPCConfig(self.host, self.port, self.rpc_key, session_timeout_sec=SESSION_TIMEOUT_S),
             evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
             f_create_session=functools.partial(_held_session, self.device_key, self.device_type),
-            f_alloc_argument=functools.partial(_alloc_remote, *hook_args),
-            f_run_evaluator=functools.partial(_run_remote, *hook_args),
+            f_alloc_argument=_alloc_remote,
+            f_run_evaluator=functools.partial(_run_remote, self.device_type),
             f_cleanup=_cleanup_remote,
             max_workers=self.workers,
         )
@@ -265,16 +257,18 @@ def _held_session(device_key: str, device_type: str, rpc_config):
     return session
 
 
-def _alloc_remote(kernel, bucket, device_type, session, _device, _args_info, alloc_repeat):
-    """Build the workload's case on the server (kept for the session); no arguments travel."""
-    session.get_function("tvm_canary.fleet.prepare")(kernel, bucket, device_type)
-    return [[]] * alloc_repeat
+def _alloc_remote(_session, _device, args_info, alloc_repeat):
+    """The workload's bucket (``measure.alloc_bucket``); the server builds the case, no arguments travel."""
+    from . import measure
+
+    return measure.alloc_bucket(None, args_info, alloc_repeat)
 
 
-def _run_remote(kernel, bucket, device_type, session, rt_mod, _device, config, _repeated_args):
+def _run_remote(device_type, session, rt_mod, _device, config, repeated_args):
     """Check and time the candidate on the server (``_run_case``)."""
+    (bucket,) = repeated_args[0]
     run = session.get_function("tvm_canary.fleet.run_case")
-    return json.loads(run(rt_mod, kernel, bucket, device_type, config.number, config.repeat, config.min_repeat_ms))
+    return json.loads(run(rt_mod, json.dumps(list(bucket)), device_type, config.number, config.repeat, config.min_repeat_ms))
 
 
 def _cleanup_remote(session, remote_path) -> None:

@@ -1,46 +1,143 @@
-"""MetaSchedule builder and runner hooks (run in MetaSchedule's worker processes).
+"""Building and measuring candidates: MetaSchedule's builder and runner hooks, alive for a whole tuning run.
 
-* ``build_candidate``: reads the geometry a candidate's trace annotated on the stand-in workload and
-  builds the real kernel with it.
-* ``alloc_case`` / ``run_case``: the runner allocates valid inputs for the bucket once per worker
-  (random valid plans, a clean canary), checks every candidate's outputs against the torch reference
+* ``CandidateBuilder``: a MetaSchedule builder whose worker processes start once per tuning run (TVM's
+  ``LocalBuilder`` starts a new pool, and so imports TVM, torch and the kernels again, at every call,
+  and checks itself in another new process at construction: most of a workload's time on a GPU). The
+  geometry a candidate's trace annotated on the stand-in workload is read here; a worker builds the
+  real kernel with it (``build_candidate``) and exports it as ``LocalBuilder`` does.
+* ``alloc_bucket`` / ``run_case``: runner hooks for one runner per tuning run. The bucket is read from
+  the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
+  the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
+  plans, a clean canary; ``case_for``), checks the candidate's outputs against the torch reference
   byte for byte (a mismatch is a failed measurement, so it can never win) and then times it.
 """
 
 from __future__ import annotations
 
-import functools
+import concurrent.futures
+import multiprocessing
+import os
 
 import torch
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
 
 from ..runtime import compile as C
+from ..runtime.specializations import KERNELS
 from ..runtime.targets import default_geometry
 from ..schedules.space import geometry_from
 from . import workloads
 
+BUILD_TIMEOUT_S = 120  # one round of candidates; a build that hangs fails its round instead of the run
+
+
+def tag_of(target) -> str:
+    """The target tag (``cuda-sm_90``, ``llvm``) of a MetaSchedule target."""
+    return f"cuda-{target.attrs['arch']}" if target.kind.name == "cuda" else "llvm"
+
 
 def build_candidate(mod, target, _params):
-    cuda = target.kind.name == "cuda"
-    tag = f"cuda-{target.attrs['arch']}" if cuda else "llvm"
+    """The runtime module of the kernel a stand-in workload ``mod`` (scheduled or not) names, built in
+    the geometry its annotations select (the default geometry where it has none)."""
+    return _build(*_job(mod, target))
+
+
+def _job(mod, target) -> tuple:
+    """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry)."""
     kernel = str(mod["main"].attrs["canary.kernel"])
     bucket = workloads.bucket_of(mod["main"])
-    geom = geometry_from(mod, default_geometry(kernel, tag, workloads.mode_of(kernel, bucket)))
+    tag = tag_of(target)
+    return kernel, bucket, tag, geometry_from(mod, default_geometry(kernel, tag, workloads.mode_of(kernel, bucket)))
+
+
+def _build(kernel: str, bucket: tuple, tag: str, geom):
     return C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod
 
 
-@functools.lru_cache(maxsize=1)  # one bucket at a time: a 16M-entry ALL case holds ~35 GB
-def _case(kernel: str, bucket: tuple, device_type: str):
-    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-    return workloads.make_case(kernel, bucket, device)
+def _build_exported(job: tuple) -> str:
+    """Worker side of ``CandidateBuilder``: build one candidate, export it, return the artifact's path."""
+    return ms.builder.local_builder.default_export(_build(*job))
 
 
-def alloc_case(kernel: str, bucket: tuple, device, _args_info, alloc_repeat: int):
-    case = _case(kernel, bucket, "cuda" if device.dlpack_device_type() == 2 else "cpu")
-    return [[case]] * alloc_repeat
+@derived_object
+class CandidateBuilder(ms.builder.PyBuilder):
+    """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
+    per CPU) spawned processes that live until ``shutdown()``."""
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        super().__init__()
+        self.max_workers = max_workers or os.cpu_count()
+        self._pool = None
+
+    def build(self, build_inputs):
+        if self._pool is None:
+            # spawn: the tuning process may hold a CUDA context, which a forked worker could not use
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"))
+        futures = [self._pool.submit(_build_exported, _job(i.mod, i.target)) for i in build_inputs]
+        _, pending = concurrent.futures.wait(futures, timeout=BUILD_TIMEOUT_S)
+        results = [_build_result(f) for f in futures]
+        if pending:  # a hung build: the next round gets a fresh pool
+            self.shutdown(kill=True)
+        return results
+
+    def shutdown(self, kill: bool = False) -> None:
+        if self._pool is None:
+            return
+        if kill:
+            for process in list(self._pool._processes.values()):
+                process.kill()
+        self._pool.shutdown(wait=not kill, cancel_futures=True)
+        self._pool = None
 
 
-def run_case(kernel: str, rt_mod, device, config, repeated_args):
-    case = repeated_args[0][0]
+def _build_result(future):
+    if not future.done():
+        return ms.builder.BuilderResult(None, f"kv-canary: candidate build timed out after {BUILD_TIMEOUT_S} s")
+    error = future.exception()
+    if error is not None:
+        return ms.builder.BuilderResult(None, f"kv-canary: candidate build failed: {error!r}")
+    return ms.builder.BuilderResult(future.result(), None)
+
+
+# -- runner hooks (run in the runner's worker processes, or in an RPC server's session) ----------------
+
+
+def alloc_bucket(_device, args_info, alloc_repeat: int):
+    """The stand-in's argument shapes give the bucket (one buffer per dimension, ``workloads.descriptor``);
+    the case itself is built by ``run_case``, which knows the kernel."""
+    bucket = tuple(int(info[2][0]) for info in args_info)
+    return [[bucket]] * alloc_repeat
+
+
+def kernel_of(rt_mod) -> str:
+    """The kernel a candidate module implements (its one function ``canary_<kernel>``)."""
+    for kernel in KERNELS:
+        if rt_mod.implements_function(f"canary_{kernel}", query_imports=True):
+            return kernel
+    raise RuntimeError("kv-canary: the candidate module implements no canary kernel")
+
+
+_held_case: dict = {}  # (kernel, bucket, device type) -> Case: one workload at a time (16M ALL: ~35 GB)
+
+
+def case_for(kernel: str, bucket: tuple, device_type: str):
+    """The valid case of a workload on this process's device, built once; the previous workload's case
+    is released first."""
+    key = (kernel, bucket, device_type)
+    if key not in _held_case:
+        _held_case.clear()
+        if device_type == "cuda":
+            torch.cuda.empty_cache()
+        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+        _held_case[key] = workloads.make_case(kernel, bucket, device)
+    return _held_case[key]
+
+
+def run_case(rt_mod, device, config, repeated_args):
+    """Check the candidate ``rt_mod`` on its workload's case against the reference, then time it."""
+    (bucket,) = repeated_args[0]
+    kernel = kernel_of(rt_mod)
+    case = case_for(kernel, bucket, "cuda" if device.dlpack_device_type() == 2 else "cpu")
     name = f"canary_{kernel}"
     case.reset()
     rt_mod[name](*case.args)
