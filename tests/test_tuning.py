@@ -64,8 +64,7 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
-    best = apply.measured_records(db)[("write", (8, 16))][0][1]
-    want = apply.record_geometry(best, cuda=False)
+    want = apply.chosen("write", (8, 16), apply.measured_records(db)[("write", (8, 16))], cuda=False)[1]
     assert apply.tuned_geometry("write", torch.device("cpu"), 8) == want
     assert C.geometry("write", torch.device("cpu"), 8) == want
     for seed in range(15):
@@ -82,8 +81,8 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
-    folded = apply.measured_records(db)[("verify", (1024, 2))][0][1]
-    assert apply.tuned_geometry("verify", torch.device("cpu"), 1 << 20, 2) == apply.record_geometry(folded, cuda=False)
+    folded = apply.chosen("verify", (1024, 2), apply.measured_records(db)[("verify", (1024, 2))], cuda=False)[1]
+    assert apply.tuned_geometry("verify", torch.device("cpu"), 1 << 20, 2) == folded
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024, 1) is None  # no PARTIAL bucket: default
     apply._records.cache_clear()
 
@@ -98,18 +97,18 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
 
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
-    """Verify in ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``), which the tuner can draw
-    (so ``tune`` records it in the ALL buckets) and which ahead-of-time builds cover for a
-    specialization folding sources; other modes, kernels and the CPU use the kernel's default."""
+    """Verify in PARTIAL and ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``); every verify
+    default is a point of the design space (so ``tune`` measures it beside the candidates), and
+    ahead-of-time builds cover the defaults of a specialization's modes; the CPU has one default."""
     from tvm_canary import schedules
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import aot, specializations, targets
     from tvm_canary.schedules.space import knob_values_of
 
     none, partial, full = (targets.default_geometry("verify", "cuda", int(m)) for m in RealKvHashMode)
-    assert none == partial == targets.default_geometry("verify", "cuda-sm_90") and full != none
+    assert none == targets.default_geometry("verify", "cuda-sm_90") and len({none, partial, full}) == 3
     assert full == targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL))
-    assert knob_values_of(schedules.knobs("verify", True), full)
+    assert all(knob_values_of(schedules.knobs("verify", True), g) for g in (none, partial, full))
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
     sources = specializations.spec("verify", num_sources=2, check_token=False)
@@ -139,6 +138,31 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
     commit_measurement(db, mod, knobs, default, 1e-3, target)
     ((cost, record),) = apply.measured_records(db)[("write", (8, 16))]
     assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == default
+
+
+@pytest.mark.parametrize(("faster", "wins"), [(0.02, False), (0.04, True)])
+def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, faster, wins):
+    """``apply.chosen``: the fastest record applies only when it beat the default measured in the same
+    database by at least ``TUNED_MARGIN`` (3%); within it the default stays."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import workloads
+    from tvm_canary.tuning.driver import commit_measurement
+
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
+    knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
+    default = targets.default_geometry("write", "llvm")
+    candidate = dataclasses.replace(default, unroll=1)
+    commit_measurement(db, mod, knobs, default, 1e-3, target)
+    commit_measurement(db, mod, knobs, candidate, (1 - faster) * 1e-3, target)
+    rows = apply.measured_records(db)[("write", (8, 16))]
+    assert apply.record_geometry(rows[0][1], cuda=False) == candidate  # the fastest record either way
+    want = ((1 - faster) * 1e-3, candidate) if wins else (1e-3, default)
+    assert apply.chosen("write", (8, 16), rows, cuda=False) == want
 
 
 def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):

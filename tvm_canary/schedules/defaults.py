@@ -9,13 +9,14 @@ one lane); only write's chain pipeline depth (``unroll``) matters there.
 """
 
 CUDA_DEFAULTS = {
-    # Up to 1056 blocks x 128 threads (fewer for a small plan capacity), grid-stride over the active
-    # entries, in one launch; the last block emits the rows with its 128 lanes (tile is unused).
-    # min_blocks 8 caps registers at 64 (61 without sources, 64 with, no spills), so all 1056 blocks
-    # are resident at once (8 per SM, 32 warps): no tail wave, twice the warps of 512 x 1 at 72-80
-    # registers; 128-thread blocks spread a few thousand entries over 32 SMs. Evidence: the H200
-    # tuning database and ptxas counts, docs/PERFORMANCE.md ("Default geometries").
-    "verify": {"blocks": 1056, "threads": 128, "min_blocks": 8},
+    # NONE (no real-KV sources): up to 2112 blocks x 128 threads (fewer for a small plan capacity),
+    # grid-stride over the active entries, in one launch; the last block emits the rows with its 128
+    # lanes (tile is unused). min_blocks 16 caps registers at 32 so that 2048 threads per SM are resident:
+    # in chain order (each entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries
+    # from 1.24-1.28x to 1.03-1.12x of the gather floor; random order stays within 1.03x and 1K-64K cost
+    # 1-4% more than 1056 x 128 with min_blocks 8. Evidence: the H200 candidate sweeps of 2026-11-30
+    # (session 3), docs/PERFORMANCE.md ("Default geometries").
+    "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 128-thread blocks
     # spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (4 beat 8
     # in both H200 buckets, 4096 x 1 and 1 x 32768).
@@ -27,6 +28,10 @@ CUDA_DEFAULTS = {
 }
 
 CUDA_MODE_DEFAULTS = {
+    # verify in PARTIAL mode (a 32-byte prefix of each source folded): the 32-register cap of NONE's
+    # default costs 1.2-1.5x at 1M-16M entries; 1056 x 128 with min_blocks 8 (64 registers, no spills,
+    # 1024 threads per SM) is within 0.95-1.01x of the floor there.
+    ("verify", 1): {"blocks": 1056, "threads": 128, "min_blocks": 8},
     # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
     # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
     # was within a few % of the best candidate in every ALL row of the H200 sweep (random and chain,

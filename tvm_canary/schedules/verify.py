@@ -4,5 +4,9 @@ that trades spills for occupancy). Verify is one launch whose last block also ru
 phase with the same ``threads`` lanes, so ``tile`` is not a verify knob. On CPU the kernel runs
 serially: no knobs."""
 
-CUDA_KNOBS = {"blocks": [264, 528, 1056, 2112], "threads": [128, 256, 512, 1024], "min_blocks": [1, 2, 4]}
+# min_blocks 8 and 16 make the NONE and PARTIAL defaults points of the space, so tuning measures them
+# beside the candidates (``tuning.apply`` keeps a default unless a candidate beat it clearly). Where
+# threads x min_blocks exceeds an SM's 2048 threads the cap cannot hold: such a point fails to build or
+# measures slow, and never wins.
+CUDA_KNOBS = {"blocks": [264, 528, 1056, 2112], "threads": [128, 256, 512, 1024], "min_blocks": [1, 2, 4, 8, 16]}
 CPU_KNOBS: dict[str, list[int]] = {}

@@ -2,7 +2,8 @@
 
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
-of the fastest record of the kernel's bucket nearest to ``size`` among its buckets of ``mode``;
+that the kernel's bucket nearest to ``size`` among its buckets of ``mode`` chose (``chosen``: the
+fastest record, unless the database measured the default within ``TUNED_MARGIN`` of it);
 ``None`` when the device has no database (a one-line notice, once per device) or no record for the
 kernel (once per kernel). Records whose workload carries another kernel hash than the current kernels'
 (``workloads.kernel_hash``: the kernel changed since it was tuned) are ignored, with one warning per
@@ -24,11 +25,15 @@ from . import keys
 
 log = logging.getLogger("tvm_canary")
 FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
+# A tuned geometry replaces the default only when the same tuning run measured it at least this much
+# faster: a smaller gain is within run-to-run noise, and a geometry chosen on noise can be slower at
+# the sizes between buckets.
+TUNED_MARGIN = 0.03
 
 
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
-    """{kernel: {bucket: Geometry}} of the first database found for ``key`` (best record each)."""
+    """{kernel: {bucket: Geometry}} of the first database found for ``key`` (``chosen`` per bucket)."""
     work_dir = keys.database_dir(key)
     return {} if work_dir is None else _best_geometries(str(work_dir), cuda)
 
@@ -72,6 +77,22 @@ def record_geometry(record, cuda: bool) -> Geometry:
     return geometry_from(sch.mod, default)
 
 
+def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
+    """(mean seconds, geometry) that a bucket's measured ``rows`` (``measured_records``, fastest first)
+    select: the fastest record's, unless the default geometry (of the bucket's mode) was measured too
+    and the fastest is not at least ``TUNED_MARGIN`` faster than it; then the default's."""
+    from .workloads import mode_of
+
+    best_cost, best = rows[0]
+    default = default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket))
+    for cost, record in rows:
+        if record_geometry(record, cuda) == default:
+            if best_cost > (1 - TUNED_MARGIN) * cost:
+                return cost, default
+            break
+    return best_cost, record_geometry(best, cuda)
+
+
 def _best_geometries(work_dir: str, cuda: bool) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
@@ -79,7 +100,7 @@ def _best_geometries(work_dir: str, cuda: bool) -> dict:
     stale: set = set()
     out: dict = {}
     for (kernel, bucket), rows in measured_records(db, stale).items():
-        out.setdefault(kernel, {})[bucket] = record_geometry(rows[0][1], cuda)
+        out.setdefault(kernel, {})[bucket] = chosen(kernel, bucket, rows, cuda)[1]
     if stale:
         log.warning("tvm_canary: %s holds records tuned for an older version of %s; they are ignored "
                     "(re-tune with `tvm-canary tune --kernels %s`)", work_dir, ", ".join(sorted(stale)), " ".join(sorted(stale)))

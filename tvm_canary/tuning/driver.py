@@ -23,7 +23,7 @@ from ..runtime.targets import default_geometry
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
-from .apply import measured_records, record_geometry
+from .apply import chosen, measured_records, record_geometry
 
 
 @dataclasses.dataclass
@@ -117,8 +117,8 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
     measured = len(rows) - before
     if not rows:
         return Result(kernel, bucket, 0, measured, default_us, float("nan"), "every candidate failed: the default applies")
-    best_cost, best = rows[0]
-    return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * best_cost, record_geometry(best, cuda).key())
+    cost, geom = chosen(kernel, bucket, rows, cuda)
+    return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * cost, geom.key())
 
 
 def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> None:
