@@ -26,7 +26,8 @@ def tracker():
 @pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
-    args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--trials", "2", "--out", str(out),
+    # Two kernels, four workloads, one held session: every candidate must run its own code on its own case.
+    args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2", "--out", str(out),
             "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
     # An outer limit: a fleet whose server died would otherwise leave MetaSchedule waiting.
     assert fleet._bounded("tune on the loopback fleet", lambda: main(args), timeout_s=TUNE_TIMEOUT_S) == 0

@@ -235,3 +235,16 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
 def test_tune_cuda_without_a_gpu_is_a_one_line_error():
     with pytest.raises(SystemExit, match="tvm-canary tune: error: --target cuda needs a CUDA GPU"):
         main(["tune", "--target", "cuda"])
+
+
+def test_candidate_artifacts_have_file_names_of_their_own():
+    """An RPC session loads each candidate under its artifact's file name; two candidates under one name
+    would run the first one's code (``measure._build_exported``)."""
+    import pathlib
+
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import measure
+
+    geom = targets.default_geometry("write", "llvm")
+    paths = [pathlib.Path(measure._build_exported(("write", (8, 16), "llvm", geom))) for _ in range(2)]
+    assert paths[0].name != paths[1].name and all(p.stat().st_size > 0 for p in paths)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import tempfile
+import uuid
 
 import torch
 from tvm.ir.utils import derived_object
@@ -55,8 +57,15 @@ def _build(kernel: str, bucket: tuple, tag: str, geom):
 
 
 def _build_exported(job: tuple) -> str:
-    """Worker side of ``CandidateBuilder``: build one candidate, export it, return the artifact's path."""
-    return ms.builder.local_builder.default_export(_build(*job))
+    """Worker side of ``CandidateBuilder``: build one candidate and export it as a tar archive with a
+    file name of its own; returns the artifact's path. The name matters on an RPC server: a session
+    that measures many candidates loads each from the artifact's file name, and a library loaded again
+    under a name still open would be the earlier candidate's code (``dlopen`` returns the open one)."""
+    from tvm.support.tar import tar
+
+    path = os.path.join(tempfile.mkdtemp(), f"candidate-{uuid.uuid4().hex}.{tar.output_format}")
+    _build(*job).export_library(path, fcompile=tar)
+    return path
 
 
 @derived_object
