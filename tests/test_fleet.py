@@ -1,7 +1,7 @@
 """Fleet tuning without a GPU: a loopback RPC tracker and one CPU ``tvm-canary rpc-server`` (started and
 stopped here, under timeouts) tune a tiny llvm workload end to end, the record's geometry is applied at
-load; the fleet's preflight refuses what would hang; ``tune-merge`` keeps the best valid record per
-workload and refuses another device's database."""
+load; the fleet's preflight refuses what would hang; ``tune-merge`` keeps the best valid record (and the
+default's) per workload and refuses another device's database."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def tracker():
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
     # Two kernels, four workloads, one held session: every candidate must run its own code on its own case.
-    args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2", "--out", str(out),
-            "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
+    args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2",
+            "--out", str(out), "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
     # An outer limit: a fleet whose server died would otherwise leave MetaSchedule waiting.
     assert fleet._bounded("tune on the loopback fleet", lambda: main(args), timeout_s=TUNE_TIMEOUT_S) == 0
     return out
@@ -107,13 +107,18 @@ def test_tune_merge_keeps_the_best_valid_record_per_workload(tmp_path, capsys):
 
     key = keys.device_key(torch.device("cpu"))
     g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 2, 4)}
-    a = _database(tmp_path / "host-a", key, {("write", (8, 16), g[1]): 3e-6, ("write", (256, 1), g[2]): 1e10})
+    assert g[4] == default_geometry("write", "llvm")
+    a = _database(tmp_path / "host-a", key, {("write", (8, 16), g[1]): 3e-6, ("write", (8, 16), g[4]): 2.05e-6,
+                                             ("write", (256, 1), g[2]): 1e10})
     b = _database(tmp_path / "host-b", key, {("write", (8, 16), g[2]): 2e-6, ("write", (256, 1), g[4]): 5e-6})
     out = tmp_path / "merged" / key
     assert main(["tune-merge", str(a), str(b), "--out", str(out)]) == 0
     merged = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))
-    assert {w: len(rows) for w, rows in merged.items()} == {("write", (8, 16)): 1, ("write", (256, 1)): 1}
-    assert apply.record_geometry(merged[("write", (8, 16))][0][1], cuda=False) == g[2]  # 2 us beats 3 us
+    # per workload the best record, and the default's when it is another one
+    assert {w: len(rows) for w, rows in merged.items()} == {("write", (8, 16)): 2, ("write", (256, 1)): 1}
+    rows = merged[("write", (8, 16))]
+    assert [apply.record_geometry(r, cuda=False) for _, r in rows] == [g[2], g[4]]  # 2 us beats 3 us
+    assert apply.chosen("write", (8, 16), merged[("write", (8, 16))], cuda=False)[1] == g[4]  # within 3%: the default
     assert apply.record_geometry(merged[("write", (256, 1))][0][1], cuda=False) == g[4]  # the failed record lost
     assert "wrote 2 workloads" in capsys.readouterr().out
 

@@ -8,7 +8,8 @@ to its own device key. Merging keeps that true: every input folder must carry th
 and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records for ``sm_XY``; a CPU
 key: llvm records); anything else is refused before anything is written. The output (its earlier
 records included) gets, per workload, the best valid record of all inputs (``apply.measured_records``:
-measured, not failed, tuned for the current kernel code).
+measured, not failed, tuned for the current kernel code) and the fastest valid record of the default
+geometry, which ``apply.chosen`` needs to keep the default unless the best clearly beat it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import re
 import shutil
 import tempfile
 
-from .apply import measured_records
+from ..runtime.targets import default_geometry
+from .apply import measured_records, record_geometry
+from .workloads import mode_of
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -60,9 +63,20 @@ def _check_database(folder: pathlib.Path, device_key: str):
     return db
 
 
+def _default_row(workload: tuple, rows: list):
+    """The fastest of ``rows`` (``measured_records``) that measured the workload's default geometry, or None."""
+    kernel, bucket = workload
+    for row in rows:
+        cuda = row[1].target.kind.name == "cuda"
+        if record_geometry(row[1], cuda) == default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket)):
+            return row
+    return None
+
+
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
-    """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping the
-    best valid record per workload. Every input is checked before ``out`` is touched; ``out`` is
+    """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
+    workload the best valid record and the fastest valid record of the default geometry (against which
+    ``apply.chosen`` weighs the best). Every input is checked before ``out`` is touched; ``out`` is
     replaced as a whole."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -71,17 +85,23 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     if (out / DATABASE_FILES[0]).is_file() and out.resolve() not in inputs:
         inputs.append(out.resolve())
     databases = [(folder, _check_database(folder, device_key)) for folder in inputs]
-    best: dict = {}
+    best: dict = {}  # workload -> the fastest valid row of all inputs
+    default: dict = {}  # workload -> the fastest valid row of the default geometry (``apply.chosen`` needs it)
     read = {}
     for folder, db in databases:
         read[str(folder)] = len(db.get_all_tuning_records())
         for workload, rows in measured_records(db).items():
             if workload not in best or rows[0][0] < best[workload][0]:
                 best[workload] = rows[0]
+            row = _default_row(workload, rows)
+            if row is not None and (workload not in default or row[0] < default[workload][0]):
+                default[workload] = row
+    kept = [row for workload in best for row in (best[workload], default.get(workload)) if row is not None]
+    kept = list({id(row[1]): row for row in kept}.values())  # the best row may be the default's
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         merged = ms.database.JSONDatabase(work_dir=tmp)
-        for _, record in sorted(best.values(), key=lambda row: str(row[1].workload.mod["main"].attrs["canary.kernel"])):
+        for _, record in sorted(kept, key=lambda row: str(row[1].workload.mod["main"].attrs["canary.kernel"])):
             workload = merged.commit_workload(record.workload.mod)
             merged.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target,
                                                                  record.args_info))
@@ -104,5 +124,5 @@ def run(args) -> int:
     result = merge(args.sources, args.out)
     for folder, count in result.records_read.items():
         print(f"read {count:5} records from {folder}")
-    print(f"wrote {result.workloads} workloads (best valid record each) to {args.out}")
+    print(f"wrote {result.workloads} workloads (best valid record and the default's, each) to {args.out}")
     return 0
