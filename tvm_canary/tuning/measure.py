@@ -4,7 +4,7 @@
   ``LocalBuilder`` starts a new pool, and so imports TVM, torch and the kernels again, at every call,
   and checks itself in another new process at construction: most of a workload's time on a GPU). The
   geometry a candidate's trace annotated on the stand-in workload is read here; a worker builds the
-  real kernel with it (``build_candidate``) and exports it as ``LocalBuilder`` does.
+  real kernel with it and exports it under a file name of its own (``_build_exported``).
 * ``alloc_bucket`` / ``run_case``: runner hooks for one runner per tuning run. The bucket is read from
   the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
   the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
@@ -33,27 +33,14 @@ from . import workloads
 BUILD_TIMEOUT_S = 120  # one round of candidates; a build that hangs fails its round instead of the run
 
 
-def tag_of(target) -> str:
-    """The target tag (``cuda-sm_90``, ``llvm``) of a MetaSchedule target."""
-    return f"cuda-{target.attrs['arch']}" if target.kind.name == "cuda" else "llvm"
-
-
-def build_candidate(mod, target, _params):
-    """The runtime module of the kernel a stand-in workload ``mod`` (scheduled or not) names, built in
-    the geometry its annotations select (the default geometry where it has none)."""
-    return _build(*_job(mod, target))
-
-
 def _job(mod, target) -> tuple:
-    """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry)."""
+    """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry), the
+    geometry being the one the stand-in workload ``mod``'s annotations select (the default's fields where
+    it has none)."""
     kernel = str(mod["main"].attrs["canary.kernel"])
     bucket = workloads.bucket_of(mod["main"])
-    tag = tag_of(target)
+    tag = f"cuda-{target.attrs['arch']}" if target.kind.name == "cuda" else "llvm"
     return kernel, bucket, tag, geometry_from(mod, default_geometry(kernel, tag, workloads.mode_of(kernel, bucket)))
-
-
-def _build(kernel: str, bucket: tuple, tag: str, geom):
-    return C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod
 
 
 def _build_exported(job: tuple) -> str:
@@ -63,8 +50,9 @@ def _build_exported(job: tuple) -> str:
     under a name still open would be the earlier candidate's code (``dlopen`` returns the open one)."""
     from tvm.support.tar import tar
 
+    kernel, bucket, tag, geom = job
     path = os.path.join(tempfile.mkdtemp(), f"candidate-{uuid.uuid4().hex}.{tar.output_format}")
-    _build(*job).export_library(path, fcompile=tar)
+    C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod.export_library(path, fcompile=tar)
     return path
 
 
