@@ -77,19 +77,23 @@ def record_geometry(record, cuda: bool) -> Geometry:
     return geometry_from(sch.mod, default)
 
 
+def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
+    """The fastest of a bucket's measured ``rows`` (``measured_records``, fastest first) whose record is
+    the default geometry of the bucket's mode, or None when the default was not measured."""
+    from .workloads import mode_of
+
+    default = default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket))
+    return next((row for row in rows if record_geometry(row[1], cuda) == default), None)
+
+
 def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
     """(mean seconds, geometry) that a bucket's measured ``rows`` (``measured_records``, fastest first)
     select: the fastest record's, unless the default geometry (of the bucket's mode) was measured too
     and the fastest is not at least ``TUNED_MARGIN`` faster than it; then the default's."""
-    from .workloads import mode_of
-
     best_cost, best = rows[0]
-    default = default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket))
-    for cost, record in rows:
-        if record_geometry(record, cuda) == default:
-            if best_cost > (1 - TUNED_MARGIN) * cost:
-                return cost, default
-            break
+    default = default_row(kernel, bucket, rows, cuda)
+    if default is not None and best_cost > (1 - TUNED_MARGIN) * default[0]:
+        return default[0], record_geometry(default[1], cuda)
     return best_cost, record_geometry(best, cuda)
 
 

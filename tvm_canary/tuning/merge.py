@@ -20,9 +20,7 @@ import re
 import shutil
 import tempfile
 
-from ..runtime.targets import default_geometry
-from .apply import measured_records, record_geometry
-from .workloads import mode_of
+from .apply import default_row, measured_records
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -63,16 +61,6 @@ def _check_database(folder: pathlib.Path, device_key: str):
     return db
 
 
-def _default_row(workload: tuple, rows: list):
-    """The fastest of ``rows`` (``measured_records``) that measured the workload's default geometry, or None."""
-    kernel, bucket = workload
-    for row in rows:
-        cuda = row[1].target.kind.name == "cuda"
-        if record_geometry(row[1], cuda) == default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket)):
-            return row
-    return None
-
-
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
     workload the best valid record and the fastest valid record of the default geometry (against which
@@ -93,7 +81,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
         for workload, rows in measured_records(db).items():
             if workload not in best or rows[0][0] < best[workload][0]:
                 best[workload] = rows[0]
-            row = _default_row(workload, rows)
+            row = default_row(*workload, rows, cuda=rows[0][1].target.kind.name == "cuda")
             if row is not None and (workload not in default or row[0] < default[workload][0]):
                 default[workload] = row
     kept = [row for workload in best for row in (best[workload], default.get(workload)) if row is not None]
