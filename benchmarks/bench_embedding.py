@@ -15,17 +15,26 @@ Columns:
   graph only: CUDA-event time of the bare graph replay.
 * device ops: kernels, copies and memsets of one eager step (profiler); graph ops: those of the work
   the graph holds (its captured work run once under the profiler), and ``graph ops x empty``. A canary
-  operator may be several launches (the plan kernel is two; write is two, three with real-KV sources).
+  operator may be several launches (the plan kernel is two).
 * empty: one empty kernel replayed in a CUDA graph (the launch floor).
-* floor sum: the sum over the step's canary operators (``modeled_launches``: one scatter, per group one
-  plan and per endpoint and half one verify and one write) of (one empty launch + bytes / HBM
-  bandwidth): a lower bound, since every operator is at least one launch that moves at least its
-  bytes; other torch operations of the step (the SWA slot translation) count zero. This is an
-  approximation, not a measurement of the kernels' own floors: bytes follow the byte model of
-  benchmarks/bench_kernels.py (verify: 24 B plan (+8 token check) + 32 B slot + 32 B predecessor +
-  32 B per PARTIAL source per entry; write: 24 B read + 32 B stamped + 32 B per source per token; plan:
-  32 B per verify entry + 4 B table; scatter: 12 B per token), HBM bandwidth is a measured device copy.
-  The ratio graph only / floor sum is the issue's "within 2x" figure.
+* floor sum: the sum of the floors of the step's canary operators (``operators``: one scatter, per
+  group one plan, per endpoint, half and group one verify and one write), each measured in this run
+  as ``benchmarks/bench_kernels.py`` measures a kernel's floor (``floors.py``: a kernel that moves the
+  same bytes with the same pattern and computes nothing, the fastest of the floor grids, timed in CUDA
+  graphs of FLOOR_REPEATS launches) on the step's own tensors: verify a gather through the plan the
+  step's plan kernel filled (token vector included), write a store through its write plan into a
+  scratch copy of the canary, plan and scatter a dense copy of their bytes. Each floor runs on data
+  as warm as the step's (the same tensors, replayed), so the sum is a lower bound for the step's
+  operators; other torch operations of the step (the SWA slot translation) count zero. The ratio
+  graph only / floor sum is the issue's "within 2x" figure; ``floor_ops`` in the JSON lists each
+  operator's floor.
+* model floor: the same sum modeled instead of measured, per operator one empty launch + bytes / HBM
+  bandwidth (a measured device copy): bytes follow the byte model of benchmarks/bench_kernels.py
+  (verify: 24 B plan + 8 B token + 32 B slot + 32 B predecessor + 32 B per PARTIAL source per entry;
+  write: 24 B read + 32 B stamped + 32 B per source per token; plan: 32 B per verify entry + 4 B table;
+  scatter: 12 B per token). It ignores latency: a verify's dependent loads (plan, slot, predecessor)
+  are three memory round trips that no byte count shows, so at small batches it sits well below the
+  measured floors. Runs before 2026-12-01 report only this model, under the name ``floor_sum``.
 Then the host overhead of one eager public launch (verify, nothing to check) and its parts;
 ``--host-only`` measures only that, on the GPU when there is one, else on the CPU.
 
@@ -35,6 +44,7 @@ Then the host overhead of one eager public launch (verify, nothing to check) and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -44,6 +54,7 @@ import torch
 
 import tvm_canary as tc
 from tvm_canary import checks, ops
+from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import get_kernel, packing, targets
 from tvm_canary.runtime.compile import ensure_cuda_runtime
 from tvm_canary.session import CanaryGroup, CanarySession
@@ -54,6 +65,7 @@ import floors  # noqa: E402
 DEV = torch.device("cuda", 0)
 CONTEXT, WINDOW, SOURCES, KV_BYTES, PAGE = 512, 128, 2, 256, 16
 BATCHES = (1, 64, 256)
+FLOOR_REPEATS = 8  # launches per CUDA graph when a floor kernel is timed (as bench_kernels' copy floor)
 
 
 def median_us(fn, iters: int) -> float:
@@ -88,14 +100,28 @@ def kernels_launched(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def sources(slots: int, device: torch.device) -> tuple:
-    """SOURCES real-KV sources of random bytes covering ``slots`` slots, PAGE slots of KV_BYTES per row."""
-    return tuple(
-        tc.RealKvSource(tensor=torch.randint(0, 256, (slots // PAGE + 1, PAGE * KV_BYTES), dtype=torch.uint8,
-                                             device=device),
-                        page_size=PAGE, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
-        for _ in range(SOURCES)
-    )
+def kv_pool(slots: int, device: torch.device) -> torch.Tensor:
+    """Random KV bytes for SOURCES sources covering ``slots`` slots: ``uint8[SOURCES * pages, PAGE *
+    KV_BYTES]``, source ``s`` the ``s``-th block of ``pages`` rows (PAGE slots of KV_BYTES per row)."""
+    return torch.randint(0, 256, (SOURCES * (slots // PAGE + 1), PAGE * KV_BYTES), dtype=torch.uint8, device=device)
+
+
+def sources(kv: torch.Tensor) -> tuple:
+    """The SOURCES real-KV sources of a ``kv_pool``: its row blocks."""
+    return tuple(tc.RealKvSource(tensor=part, page_size=PAGE, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
+                 for part in kv.chunk(SOURCES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """One canary operator of the step: what it is, its byte model (module docstring) and its floor, a
+    ``bench_kernels.Bench`` floor kernel (``floor``: a ``Bench.floor_makers`` name, or "copy" for the dense
+    copy of ``nbytes``) with ``args``, the step's own tensors (a scratch canary where the floor stores)."""
+
+    what: str
+    nbytes: int
+    floor: str
+    args: tuple = ()
 
 
 class Workload:
@@ -108,14 +134,17 @@ class Workload:
         table = torch.zeros(bs + 1, CONTEXT + 8, dtype=torch.int32, device=DEV)
         table[1:] = (torch.randperm(slots - 1, device=DEV)[: bs * (CONTEXT + 8)] + 1).view(bs, -1).int()
         self.table = table
+        self.kv = {(group, half): kv_pool(slots, DEV) for group in ("FULL", "SWA")[: 1 + swa] for half in "KV"}
 
         swa_group = None
         if swa:
             lut = torch.arange(slots, device=DEV)
-            swa_group = CanaryGroup(num_slots=slots, k_sources=sources(slots, DEV), v_sources=sources(slots, DEV),
-                                    swa_window_size=WINDOW, full_to_swa_index_mapping=lut)
+            swa_group = CanaryGroup(num_slots=slots, k_sources=sources(self.kv["SWA", "K"]),
+                                    v_sources=sources(self.kv["SWA", "V"]), swa_window_size=WINDOW,
+                                    full_to_swa_index_mapping=lut)
         self.session = CanarySession(
-            full=CanaryGroup(num_slots=slots, k_sources=sources(slots, DEV), v_sources=sources(slots, DEV)),
+            full=CanaryGroup(num_slots=slots, k_sources=sources(self.kv["FULL", "K"]),
+                             v_sources=sources(self.kv["FULL", "V"])),
             swa=swa_group, device=DEV,
             write_req_capacity=bs, write_entry_capacity=bs * CONTEXT, verify_capacity=bs * CONTEXT,
             expected_token_pool_shape=(bs + 1, CONTEXT + 8), health_check_interval=0, violation_mode="raise",
@@ -124,9 +153,7 @@ class Workload:
         self.session.before_forward(**self.batch(rows, 0, CONTEXT))  # prefill
         self.session.after_forward()
         self.decode = self.batch(rows, CONTEXT, 1)
-        self.verify_entries = bs * CONTEXT
-        self.groups = 2 if swa else 1
-        self.swa_entries = bs * min(WINDOW, CONTEXT) if swa else 0
+        self.groups = ("FULL", "SWA") if swa else ("FULL",)
 
     def batch(self, rows, start: int, extend: int) -> dict:
         bs = self.bs
@@ -144,15 +171,60 @@ class Workload:
         self.session.before_forward(**self.decode)
         self.session.after_forward()
 
-    def bytes_per_kernel(self) -> list[int]:
-        """Byte model of the step's launches (see the module docstring)."""
-        bs, halves, src = self.bs, 2, 32 * SOURCES
-        out = [12 * bs * (CONTEXT + 1)]  # scatter
-        for entries in [self.verify_entries] + ([self.swa_entries] if self.groups == 2 else []):
-            out.append(32 * entries + 4 * entries)  # plan
-            for endpoint_src in (0, src):  # HEAD (no sources), TAIL
-                out += [(24 + 8 + 64 + endpoint_src) * entries, (24 + 32 + endpoint_src) * bs] * halves
-        return out
+    def operators(self) -> list[Operator]:
+        """The step's canary operators in launch order (scatter; per group plan, HEAD verify + write per
+        half; then TAIL verify + write per group and half), with their floors' arguments taken from the
+        session after a step: the plans its plan kernel filled, the decode batch, the slots the step
+        wrote (translated for SWA) and the sources' bytes. Verify's floor reads its plan, the token
+        vector, the slot and predecessor fields and the PARTIAL words; write's stores a scratch copy of
+        the canary."""
+        bs, n_src, decode = self.bs, SOURCES, self.decode
+        out = [Operator("scatter", 12 * bs * (CONTEXT + 1), "copy")]
+        entries = {"FULL": bs * CONTEXT, "SWA": bs * min(WINDOW, CONTEXT)}
+        tail = []
+        for name in self.groups:
+            g = self.session._group(name)
+            out.append(Operator(f"plan {name}", 36 * entries[name], "copy"))
+            slots = g.out_cache_loc[:bs] if name == "SWA" else decode["out_cache_loc"]
+            kv = {half: self.kv[name, half].view(torch.int64).view(-1, KV_BYTES // 8) for half in "KV"}
+            for endpoint, in_order in (("HEAD", out), ("TAIL", tail)):
+                src_bytes = 32 * n_src if endpoint == "TAIL" else 0
+                for half in "KV":
+                    ctx = g.contexts[endpoint, half]
+                    mode = RealKvHashMode(ctx.real_kv_hash_mode).name
+                    canary = ctx.canary_buf.view(torch.int64)
+                    vp, wp = g.verify_plan, g.write_plan
+                    in_order.append(Operator(
+                        f"verify {endpoint} {half} {name}", (24 + 8 + 64 + src_bytes) * entries[name], f"gather-token-{mode}",
+                        (canary, vp.verify_slot_indices, vp.verify_expected_tokens, vp.verify_expected_positions,
+                         vp.verify_prev_slot_indices, vp.verify_num_valid, kv[half], torch.zeros(1, dtype=torch.int64, device=DEV))))
+                    in_order.append(Operator(
+                        f"write {endpoint} {half} {name}", (24 + 32 + src_bytes) * bs, f"store-{mode}",
+                        (canary.clone(), wp.write_offsets, wp.write_seed_slot_indices, decode["input_ids"],
+                         decode["positions"], slots, kv[half])))
+        return out + tail
+
+
+def floor_bench(arch: str):
+    """A ``bench_kernels.Bench`` for its floors only (compiled for ``arch``), with gather floors that also
+    read the token vector (the step checks expected tokens)."""
+    import bench_kernels
+
+    bench = bench_kernels.Bench(quick=False, ab=False, baselines=(), candidates=(), arch=arch)
+    for mode in ("NONE", "PARTIAL"):
+        words, n_src = bench_kernels.fold_words(mode), SOURCES if mode != "NONE" else 0
+        bench.floor_makers[f"gather-token-{mode}"] = (
+            lambda g, words=words, n_src=n_src: floors.gather(g, words, True, n_src))
+    return bench
+
+
+def floor_of(bench, op: Operator) -> tuple[float, str]:
+    """The fastest floor of ``op`` (µs per launch, which one): its floor kernel over the floor grids,
+    FLOOR_REPEATS launches per CUDA graph on the step's tensors; for a copy, ``Bench.copy_floor_us``."""
+    if op.floor == "copy":
+        return bench.copy_floor_us(op.nbytes)
+    us, grid = bench.floor(op.floor, lambda fn: [lambda: fn(*op.args)] * FLOOR_REPEATS)
+    return us, f"{op.floor} {grid}"
 
 
 def hbm_bytes_per_us() -> float:
@@ -175,7 +247,7 @@ def empty_launch_us() -> float:
     return median_us(graph.replay, 20) / 100
 
 
-def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: float) -> dict:
+def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: float, bench) -> dict:
     w = Workload(bs, swa)
     graph = w.session.capture_step(batch_size=bs, req_to_token=w.table)
 
@@ -185,14 +257,21 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
     ops_per_step = kernels_launched(w.eager_step)
     graph_ops = kernels_launched(graph._work)  # the captured work (a repeat of the decode step)
     graph_only = median_us(graph.graph.replay, iters)
-    floor = sum(empty_us + b / bytes_per_us for b in w.bytes_per_kernel())
     row = dict(
         bs=bs, groups="FULL+SWA" if swa else "FULL", eager_wall_us=wall_us(w.eager_step, iters),
         eager_stream_us=median_us(w.eager_step, iters), graph_wall_us=wall_us(replay, iters),
         graph_stream_us=median_us(replay, iters), graph_only_us=graph_only, device_ops=ops_per_step,
-        graph_ops=graph_ops, ops_x_empty_us=graph_ops * empty_us, modeled_launches=len(w.bytes_per_kernel()),
-        floor_sum_us=floor, graph_over_floor=graph_only / floor,
+        graph_ops=graph_ops, ops_x_empty_us=graph_ops * empty_us,
     )
+    w.eager_step()  # the plans hold this decode step's
+    operators = w.operators()
+    floors_us = [floor_of(bench, op) for op in operators]
+    row.update(
+        operators=len(operators), floor_sum_us=sum(us for us, _ in floors_us),
+        model_floor_us=sum(empty_us + op.nbytes / bytes_per_us for op in operators),
+        floor_ops=[dict(what=op.what, floor_us=us, floor=which) for op, (us, which) in zip(operators, floors_us)],
+    )
+    row.update(graph_over_floor=graph_only / row["floor_sum_us"], graph_over_model=graph_only / row["model_floor_us"])
     w.session.flush()  # raises if any step recorded a violation (the workload is clean)
     return row
 
@@ -205,8 +284,8 @@ def host_overhead(iters: int, device: torch.device) -> dict:
     is new or changed runs again. Each part: the best of 5 rounds of ``iters // 5`` back-to-back calls (the least
     disturbed by other load on the host), after 100 warm-up calls."""
     slots = CONTEXT + 9
-    session = CanarySession(full=CanaryGroup(num_slots=slots, k_sources=sources(slots, device),
-                                             v_sources=sources(slots, device)),
+    session = CanarySession(full=CanaryGroup(num_slots=slots, k_sources=sources(kv_pool(slots, device)),
+                                             v_sources=sources(kv_pool(slots, device))),
                             device=device, write_req_capacity=1, write_entry_capacity=CONTEXT, verify_capacity=64,
                             expected_token_pool_shape=(2, CONTEXT + 8), health_check_interval=0)
     context = session._groups[0].contexts["TAIL", "K"]
@@ -259,15 +338,17 @@ def main(argv=None) -> int:
         print("bench_embedding: needs a CUDA GPU", file=sys.stderr)
         return 2
     empty_us, bytes_per_us = empty_launch_us(), hbm_bytes_per_us()
+    bench = floor_bench(targets.cuda_arch(0))
     iters = 20 if args.quick else 100
     rows = []
     for bs in BATCHES:
         for swa in (False, True):
-            rows.append(step_row(bs, swa, iters, empty_us, bytes_per_us))
+            rows.append(step_row(bs, swa, iters, empty_us, bytes_per_us, bench))
             torch.cuda.empty_cache()
     host = host_overhead(host_iters, DEV)
     cols = ["bs", "groups", "eager_wall_us", "eager_stream_us", "graph_wall_us", "graph_stream_us", "graph_only_us",
-            "device_ops", "graph_ops", "ops_x_empty_us", "modeled_launches", "floor_sum_us", "graph_over_floor"]
+            "device_ops", "graph_ops", "ops_x_empty_us", "operators", "floor_sum_us", "graph_over_floor", "model_floor_us",
+            "graph_over_model"]
     print(f"{torch.cuda.get_device_name(0)}: empty launch {empty_us:.2f} us, HBM copy {bytes_per_us / 1e3:.0f} GB/s")
     print("  ".join(f"{c.removesuffix('_us'):>15}" for c in cols))
     for r in rows:

@@ -63,3 +63,55 @@ def test_plot_tables_and_targets(tmp_path):
     assert "| write, real-KV modes: <= 1.10 x NONE | 0 | 1 | PARTIAL 1x32768 (1.20) |" in lines
     assert "Rows with targets: 1 PASS, 3 FAIL." in lines
     assert "Floors as lower bounds: PASS, no row faster than its floor by more than 5%." in lines
+
+
+def test_decode_step_floors_mirror_the_step(monkeypatch):
+    """bench_embedding's floor of a decode step (GPU) lists the step's canary operators in launch order
+    (recorded from an eager step of the same session, on the CPU here), each floor kernel with arguments
+    of the dtypes and ranks its TensorIR signature binds, and only floors the benchmark can build."""
+    import bench_embedding
+    import tvm
+
+    from tvm_canary import session as session_module
+
+    monkeypatch.setattr(bench_embedding, "DEV", torch.device("cpu"))
+    w = bench_embedding.Workload(2, swa=True)
+    launched = []
+
+    def recording(kind, launch):
+        def run(**kw):
+            if kind == "plan":
+                launched.append(("plan", "SWA" if kw["full_to_swa_index_mapping"] is not None else "FULL"))
+            elif kind == "scatter":
+                launched.append(("scatter",))
+            else:
+                endpoint, half, group = kw["context"].kernel_kind.name.split("_")
+                launched.append((kind, endpoint, half, group))
+            return launch(**kw)
+        return run
+
+    for kind, name in (("plan", "launch_canary_plan_kernels"), ("verify", "launch_canary_verify_kernel"),
+                       ("write", "launch_canary_write_kernel"), ("scatter", "launch_scatter_req_token_ids_kernel")):
+        monkeypatch.setattr(session_module, name, recording(kind, getattr(session_module, name)))
+    w.eager_step()
+    operators = w.operators()
+    assert [tuple(op.what.split()) for op in operators] == launched
+    assert len(launched) == 1 + 2 * 9  # scatter; per group: plan, HEAD and TAIL verify + write of K and V
+
+    bench = bench_embedding.floor_bench("sm_90")
+    for op in operators:
+        if op.floor == "copy":
+            assert op.nbytes > 0 and op.args == ()
+            continue
+        func = bench.floor_makers[op.floor](bench_embedding.floors.floor_geometries()[0])
+        assert len(func.params) == len(op.args), op.what
+        sizes = {}  # the signature's shape variables, bound as the launch would bind them
+        for param, arg in zip(func.params, op.args):
+            assert str(arg.dtype).removeprefix("torch.") == str(param.dtype) and arg.dim() == len(param.ty.shape), (op.what, param)
+            for dim, size in zip(param.ty.shape, arg.shape):
+                expected = int(dim) if isinstance(dim, tvm.tirx.IntImm) else sizes.setdefault(str(dim), size)
+                assert expected == size, (op.what, param, dim)
+    tail_verify = next(op for op in operators if op.what == "verify TAIL K FULL")
+    assert tail_verify.floor == "gather-token-PARTIAL" and tail_verify.args[0].data_ptr() == w.session.canary_buffer("TAIL", "K").data_ptr()
+    tail_write = next(op for op in operators if op.what == "write TAIL K FULL")
+    assert tail_write.floor == "store-PARTIAL" and tail_write.args[0].data_ptr() != w.session.canary_buffer("TAIL", "K").data_ptr()
