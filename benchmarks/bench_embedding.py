@@ -197,7 +197,8 @@ class Workload:
                     in_order.append(Operator(
                         f"verify {endpoint} {half} {name}", (24 + 8 + 64 + src_bytes) * entries[name], f"gather-token-{mode}",
                         (canary, vp.verify_slot_indices, vp.verify_expected_tokens, vp.verify_expected_positions,
-                         vp.verify_prev_slot_indices, vp.verify_num_valid, kv[half], torch.zeros(1, dtype=torch.int64, device=DEV))))
+                         vp.verify_prev_slot_indices, vp.verify_num_valid, kv[half], torch.zeros(1, dtype=torch.int64, device=DEV),
+                         torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV))))
                     in_order.append(Operator(
                         f"write {endpoint} {half} {name}", (24 + 32 + src_bytes) * bs, f"store-{mode}",
                         (canary.clone(), wp.write_offsets, wp.write_seed_slot_indices, decode["input_ids"],

@@ -5,7 +5,9 @@ the kernel's own choices is built in, so every memory floor is compiled for each
 
 * ``gather``: reads exactly the bytes verify reads, with the same indices (plan vectors, the slot's
   four fields, the predecessor's three, the folded source words) and only XORs them; grid-stride,
-  ``max(1, min(blocks, ceil(cap / threads)))`` blocks.
+  ``max(1, min(blocks, ceil(cap / threads)))`` blocks. Two variants bound more than the bytes: with
+  ``hashing`` it hashes them as SPEC 1 requires of any verify (chain link, real-KV fold), and with
+  ``ticket`` it adds the clean launch of a single launch that appends rows in entry order.
 * ``store``: what write moves for a shape with all its tokens independent, through the plan's
   indirections: reads each request's offsets and seed (and the seed slot's three fields), then each of
   its tokens' id, position and slot (and its folded source words), and stores the slot's four fields;
@@ -25,7 +27,17 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from tvm_canary.kernels.common import Geometry, blocks_for, mix3
+from tvm_canary.kernels.common import (
+    NOT_LAST,
+    Geometry,
+    block_any,
+    blocks_for,
+    counter_add,
+    last_block,
+    mix3,
+    slot_hash,
+    splitmix64,
+)
 
 # (blocks, threads) of the memory floors: small blocks spread few entries over many SMs, large ones
 # give every SM a full complement of threads. 1056 x 512 (two full blocks per SM) is here because the
@@ -38,14 +50,31 @@ def floor_geometries():
     return [Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
 
 
-def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int):
+def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int, hashing: str | None = None,
+           ticket: bool = False):
+    """The ``gather`` floor: verify's bytes with verify's indices, XOR-ed (sources: the first
+    ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
+
+    ``hashing``: the bytes are hashed as SPEC 1 requires of every verify instead of XOR-ed: the
+    predecessor's chain link (``mix3`` of its fields) and the real-KV fold (one ``splitmix64`` per folded
+    word of each source, one per source), so in ALL mode (32 dependent steps per source) it also bounds
+    the arithmetic; "serial" folds the sources one after the other (as SPEC 1.4 writes it), "joint"
+    advances both sources' chains in one loop (half the latency, at most two sources): the benchmark
+    keeps the faster. ``ticket``: also the least a single launch that appends rows in entry order does
+    in a clean launch: a block barrier, one ticket per block (``kernels.common.last_block``, drawn on
+    ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``.
+    """
+    assert hashing in (None, "serial", "joint") and (hashing != "joint" or num_sources <= 2)
     TH = geom.threads
+    any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
 
     @T.prim_func(private=False)
     def gather_floor(buf_h: T.handle, slots_h: T.handle, etoks_h: T.handle, epos_h: T.handle, prevs_h: T.handle,
-                     num_valid: T.Buffer((1,), "int32"), src_h: T.handle, out_h: T.handle):
+                     num_valid: T.Buffer((1,), "int32"), src_h: T.handle, out_h: T.handle, flags_h: T.handle,
+                     counter: T.Buffer((1,), "int64")):
         T.func_attr({"tirx.noalias": True})
         S = T.int64(); F = T.int64(); cap = T.int64(); rows = T.int64(); cols = T.int64(); n_out = T.int64()
+        NF = T.int64()
         buf = T.match_buffer(buf_h, (S, F), "int64")
         slots = T.match_buffer(slots_h, (cap,), "int64")
         etoks = T.match_buffer(etoks_h, (cap,), "int64")
@@ -53,11 +82,17 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
         prevs = T.match_buffer(prevs_h, (cap,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
         out = T.match_buffer(out_h, (n_out,), "int64")
+        flags = T.match_buffer(flags_h, (NF,), "int32")
         nb = T.meta_var(blocks_for(geom, cap))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
                 k = T.alloc_buffer((1,), "int64", scope="local")
+                h = T.alloc_buffer((1,), "uint64", scope="local")
+                part = T.alloc_buffer((1,), "uint64", scope="local")
+                part2 = T.alloc_buffer((1,), "uint64", scope="local")
+                drawn = T.alloc_buffer((1,), "int32", scope="local")
+                block_done = T.alloc_buffer((1,), "int32", scope="local")
                 acc[0] = T.int64(0)
                 k[0] = T.Cast("int64", b * TH + t)
                 while k[0] < T.Cast("int64", num_valid[0]):
@@ -67,13 +102,52 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int)
                     if check_token:
                         acc[0] = acc[0] ^ etoks[k[0]]
                     if prev > T.int64(0):
-                        acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
-                    for s in T.serial(num_sources):
+                        if hashing is not None:
+                            slot_hash(h, buf, prev)
+                            acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                        else:
+                            acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
+                    if hashing == "serial":
+                        h[0] = T.uint64(0)
+                        for s in T.unroll(num_sources):
+                            part[0] = T.uint64(0)
+                            for q in T.serial(fold_words):
+                                part[0] = part[0] ^ T.reinterpret("uint64", src[slot + s * (rows // 2), q])
+                                splitmix64(part)
+                            h[0] = h[0] ^ part[0]
+                            splitmix64(h)
+                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                    elif hashing == "joint":
+                        h[0] = T.uint64(0)
+                        part[0] = T.uint64(0)
+                        part2[0] = T.uint64(0)
                         for q in T.serial(fold_words):
-                            acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
+                            if num_sources > 0:
+                                part[0] = part[0] ^ T.reinterpret("uint64", src[slot, q])
+                                splitmix64(part)
+                            if num_sources > 1:
+                                part2[0] = part2[0] ^ T.reinterpret("uint64", src[slot + rows // 2, q])
+                                splitmix64(part2)
+                        if num_sources > 0:
+                            h[0] = h[0] ^ part[0]
+                            splitmix64(h)
+                        if num_sources > 1:
+                            h[0] = h[0] ^ part2[0]
+                            splitmix64(h)
+                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                    else:
+                        for s in T.serial(num_sources):
+                            for q in T.serial(fold_words):
+                                acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
                     k[0] = k[0] + nb * TH
                 if acc[0] == T.int64(123456789):  # never true in practice; keeps the loads alive
                     out[0] = acc[0]
+                if ticket:
+                    any_of(block_done, 0)  # the block barrier before its ticket
+                    if t == 0:
+                        draw_ticket(drawn, flags, nb, b, 0)
+                        if drawn[0] != NOT_LAST:
+                            count(counter, T.int64(1))
 
     return gather_floor
 

@@ -196,6 +196,19 @@ def markdown(run) -> str:
                 cells += [_fmt(t), _fmt(t / r["us"] if t else None, 3), r.get("tuned_geometry", "-") + same]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    bounded = [r for r in run["rows"] if "ordered_floor_us" in r]
+    if bounded:
+        lines += ["### verify, small plans: what bounds it beyond its bytes", "",
+                  "Latency-bound rows (`bench_kernels.Bench.bounds`): the gather floor; `hash`, the gather that also "
+                  "hashes as SPEC 1 requires; `ordered`, the least on top of that for rows appended in entry order "
+                  "(one launch with the clean protocol, or one more launch). Ratios are the kernel's time over each.",
+                  "", "| case | µs | gather µs (ratio) | hash µs (ratio) | ordered | ordered µs (ratio) |",
+                  "|" + " --- |" * 6]
+        for r in bounded:
+            lines.append(f"| {r['case']} | {_fmt(r['us'])} | {_fmt(r['floor_us'])} ({_fmt(r['us'] / r['floor_us'], 2)}) | "
+                         f"{_fmt(r['hash_floor_us'])} ({_fmt(r['us'] / r['hash_floor_us'], 2)}) | {r['ordered_floor']} | "
+                         f"{_fmt(r['ordered_floor_us'])} ({_fmt(r['us'] / r['ordered_floor_us'], 2)}) |")
+        lines.append("")
     if any("candidates" in r for r in run["rows"]):
         cands = run.get("candidates", [])
         lines += ["### verify: candidate default geometries (µs)", "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -65,6 +66,39 @@ def test_plot_tables_and_targets(tmp_path):
     assert "Floors as lower bounds: PASS, no row faster than its floor by more than 5%." in lines
 
 
+def test_small_verify_rows_report_their_bounds(tmp_path):
+    """The hash and ordered floors of small verify rows: their own table in plot.py, a reference line in
+    report.py beside the target (which stays against the gather floor), and a row faster than any of its
+    floors by more than 5% is a floor bug."""
+    import bench_kernels
+    import plot
+    import report
+
+    rows = [
+        _row("verify", "NONE random 1024", 5.0, 3.0, mode="NONE", order="random", n=1024, hash_floor_us=3.2,
+             hash_floor="hash 2112x64", ordered_floor_us=4.2, ordered_floor="hash 2112x64 + launch"),
+        _row("verify", "ALL random 4096", 11.0, 6.0, mode="ALL", order="random", n=4096, hash_floor_us=8.0,
+             hash_floor="hash 2112x64", ordered_floor_us=9.5, ordered_floor="hash + ticket 2112x64"),
+        _row("verify", "PARTIAL chain 1024", 4.0, 3.5, mode="PARTIAL", order="chain", n=1024, hash_floor_us=3.6,
+             hash_floor="hash 1056x128", ordered_floor_us=4.4, ordered_floor="hash + ticket 1056x128"),
+    ]
+    bench_kernels.finish(rows)
+    assert [(r["status"], r["below_floor"]) for r in rows] == [("FAIL", False), ("FAIL", False), ("PASS", True)]
+    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0, "rows": rows, "complete": True}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    out = tmp_path / "tables.md"
+    assert plot.main([str(path), "--markdown", str(out), "--no-png"]) == 0
+    assert "| NONE random 1024 | 5.0 | 3.0 (1.67) | 3.2 (1.56) | hash 2112x64 + launch | 4.2 (1.19) |" in out.read_text()
+    summary = tmp_path / "summary.md"
+    assert report.main([str(path), "--markdown", str(summary)]) == 0
+    lines = summary.read_text().splitlines()
+    assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 2 | NONE random 1024 (1.67), ALL random 4096 (1.83) |" in lines
+    assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor (gather + SPEC hashing + ordered append) "
+            "| 3 | 0 | - |") in lines
+    assert "Floors as lower bounds: FAIL, rows faster than their floor by more than 5%: verify PARTIAL chain 1024 (0.91)." in lines
+
+
 def test_decode_step_floors_mirror_the_step(monkeypatch):
     """bench_embedding's floor of a decode step (GPU) lists the step's canary operators in launch order
     (recorded from an eager step of the same session, on the CPU here), each floor kernel with arguments
@@ -115,3 +149,32 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
     assert tail_verify.floor == "gather-token-PARTIAL" and tail_verify.args[0].data_ptr() == w.session.canary_buffer("TAIL", "K").data_ptr()
     tail_write = next(op for op in operators if op.what == "write TAIL K FULL")
     assert tail_write.floor == "store-PARTIAL" and tail_write.args[0].data_ptr() != w.session.canary_buffer("TAIL", "K").data_ptr()
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_floor_kernels_compile_for_cuda(tmp_path):
+    """Every floor kernel the benchmarks build (bench_kernels' makers, bench_embedding's token-reading
+    gathers, chain and empty) lowers for CUDA and its device code compiles with nvcc for sm_90 (in one
+    floor grid: the grids change constants only): a broken floor is found here, not in a GPU session."""
+    import bench_embedding
+    import bench_kernels
+    import floors
+    import tvm
+
+    makers = dict(bench_embedding.floor_bench("sm_90").floor_makers)
+    assert set(bench_kernels.floor_makers()) < set(makers)
+    geom = floors.floor_geometries()[0]
+    funcs = [(name, make(geom)) for name, make in makers.items()]
+    funcs += [("chain", floors.chain()), ("empty", floors.empty())]
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
+    files = []
+    for name, func in funcs:
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(tvm.compile(func, target=target).mod.imports[0].inspect_source("cuda"))
+        files.append(cu.name)
+    res = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", *files], capture_output=True, text=True,
+                         cwd=tmp_path, check=False)
+    assert res.returncode == 0, res.stderr[-4000:]
+    ticket = (tmp_path / "gather-ticket-ALL.cu").read_text()
+    assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
