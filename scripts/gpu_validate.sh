@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# One GPU validation session (repo root):  bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [bench] [bench-tuned]
+# One GPU validation session (repo root):
+#   bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [conformance] [bench] [bench-tuned] [embedding]
 # (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_DEFAULT: a default-geometry bench JSON)
 #   tune:  MetaSchedule tuning of all kernels, resuming tune_logs/ (databases in OUTDIR/tune.tgz)
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
 #   sanitize: a fuzz campaign under compute-sanitizer memcheck and racecheck (scripts/sanitize.sh; SANITIZE_SECONDS)
-#   bench: benchmarks/bench_kernels.py with the default (untuned) geometries
+#   conformance: tvm-canary conformance over the CPU and every visible GPU in one process, then one process
+#          per GPU (torch.distributed.run, NCCL) with a fuzz campaign per GPU (FUZZ_SECONDS, default 30)
+#   bench: benchmarks/bench_kernels.py with the default (untuned) geometries, then its tables and target
+#          summary (plot.py --no-png, report.py) in OUTDIR/tables.md and OUTDIR/targets.md
 #   bench-tuned: the same with the tuned database (TVM_CANARY_TUNE_LOGS), compared with bench
+#   embedding: benchmarks/bench_embedding.py (decode-step cost, host overhead) and `demo --cuda-graph`
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all of them passed, and
 # the last line names the failed stages. Exit status 2: unknown stage name.
 set -uo pipefail
 out="${1:-/tmp/gpu-validate}"; shift; mkdir -p "$out"
 stages="${*:-tune tests aot sanitize bench}"
 for s in $stages; do
-  case "$s" in tune|tests|aot|sanitize|bench|bench-tuned) ;; *) echo "gpu_validate: unknown stage '$s' (tune tests aot sanitize bench bench-tuned)" >&2; exit 2;; esac
+  case "$s" in tune|tests|aot|sanitize|conformance|bench|bench-tuned|embedding) ;;
+    *) echo "gpu_validate: unknown stage '$s' (tune tests aot sanitize conformance bench bench-tuned embedding)" >&2; exit 2;;
+  esac
 done
 failed=()
 # check NAME STATUS: record stage NAME as failed unless STATUS is 0.
@@ -60,10 +67,28 @@ if wants sanitize; then
   bash scripts/sanitize.sh "$out"
   check sanitize $?
 fi
+if wants conformance; then
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  echo "== conformance (cpu + ${gpus} GPUs in one process; then one process per GPU) and fuzz" | tee "$out/conformance.log"
+  timeout 300 python3 -m tvm_canary conformance --json "$out/conformance.json" 2>&1 | tail -25 | tee -a "$out/conformance.log"
+  check conformance "${PIPESTATUS[0]}"
+  timeout 300 python3 -m torch.distributed.run --nproc-per-node "$gpus" -m tvm_canary conformance --cases 10 \
+    --json "$out/conformance-ranks.json" 2>&1 | tail -25 | tee -a "$out/conformance.log"
+  check conformance-ranks "${PIPESTATUS[0]}"
+  timeout $(( ${FUZZ_SECONDS:-30} + 300 )) python3 -m torch.distributed.run --nproc-per-node "$gpus" -m tvm_canary fuzz \
+    --seconds "${FUZZ_SECONDS:-30}" --out "$out/fuzz-failures.json" 2>&1 | grep -E "^fuzz" | tee -a "$out/conformance.log"
+  check fuzz "${PIPESTATUS[0]}"
+fi
 if wants bench; then
   echo "== benchmarks (default geometries)" | tee "$out/bench.log"
   TVM_CANARY_TUNED=0 timeout 280 python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
   check bench "${PIPESTATUS[0]}"
+  if [[ -f "$out/bench.json" ]]; then  # PNGs: plot.py where matplotlib is (docs/PERFORMANCE.md)
+    python3 benchmarks/plot.py "$out/bench.json" --no-png --markdown "$out/tables.md"
+    check bench-tables $?
+    python3 benchmarks/report.py "$out/bench.json" --markdown "$out/targets.md"
+    check bench-report $?
+  fi
 fi
 if wants bench-tuned; then
   echo "== benchmarks (tuned geometries, TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-repo tune_logs})" | tee "$out/bench-tuned.log"
@@ -74,6 +99,14 @@ if wants bench-tuned; then
     python3 benchmarks/compare.py "$base" "$out/bench-tuned.json" | tee "$out/compare.log"
     check bench-compare "${PIPESTATUS[0]}"
   fi
+fi
+
+if wants embedding; then
+  echo "== embedding: decode-step cost (eager, CUDA graph) and host overhead; demo --cuda-graph" | tee "$out/embedding.log"
+  timeout 300 python3 benchmarks/bench_embedding.py --json "$out/embedding.json" 2>&1 | tail -12 | tee -a "$out/embedding.log"
+  check embedding "${PIPESTATUS[0]}"
+  timeout 200 python3 -m tvm_canary demo --cuda-graph 2>&1 | tail -4 | tee -a "$out/embedding.log"
+  check demo-cuda-graph "${PIPESTATUS[0]}"
 fi
 
 if (( ${#failed[@]} )); then

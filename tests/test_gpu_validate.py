@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_PYTHON = """#!/bin/sh
 case "$*" in
-  *pytest*) echo "pytest $FAKE_PYTEST_RC"; exit "${FAKE_PYTEST_RC:-0}";;
+  *"tvm_canary conformance"*) exit "${FAKE_CONFORMANCE_RC:-0}";;
+  "-m pytest"*) echo "pytest $FAKE_PYTEST_RC"; exit "${FAKE_PYTEST_RC:-0}";;
 esac
 exit "${FAKE_ENV_RC:-0}"
 """
@@ -60,3 +61,18 @@ def test_unknown_stage_is_refused(tmp_path):
     done = run(tmp_path, "tests", "sanity")
     assert done.returncode == 2
     assert "unknown stage 'sanity'" in done.stderr
+
+
+@pytest.mark.parametrize("stage", ["conformance", "embedding", "bench"])
+def test_every_stage_is_accepted_and_runs(tmp_path, stage):
+    """The stages the validation record needs beyond the test suite run their commands (faked here) and
+    pass when they do."""
+    done = run(tmp_path, stage)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == f"gpu_validate: all stages passed: {stage} (logs in {tmp_path / 'out'})"
+
+
+def test_a_failing_conformance_run_fails_its_stage(tmp_path):
+    done = run(tmp_path, "conformance", FAKE_ENV_RC="0", FAKE_CONFORMANCE_RC="1")
+    assert done.returncode == 1
+    assert "== conformance: FAILED (exit status 1)" in done.stdout
