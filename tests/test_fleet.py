@@ -26,7 +26,8 @@ def tracker():
 @pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
-    # Two kernels, four workloads, one held session: every candidate must run its own code on its own case.
+    # Two kernels, three workloads, one held session: every candidate must run its own code on its own case
+    # (with one artifact name for all, the verify candidates ran write's code and all failed).
     args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2",
             "--out", str(out), "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
     # An outer limit: a fleet whose server died would otherwise leave MetaSchedule waiting.
@@ -40,7 +41,9 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
 
     key = keys.device_key(torch.device("cpu"))  # the server runs on this CPU
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / key))
-    rows = apply.measured_records(db)[("write", (8, 16))]
+    records = apply.measured_records(db)
+    assert set(records) == {("write", (8, 16)), ("verify", (1024,)), ("verify", (1024, 2))}  # every workload measured
+    rows = records[("write", (8, 16))]
     assert len(rows) >= 2  # 2 candidates (and the default when the search did not draw it), all checked
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(fleet_logs))
     monkeypatch.setattr(C, "_by_launch", {})
@@ -158,3 +161,23 @@ def test_a_database_applies_only_to_its_own_device_key(tmp_path, monkeypatch, ca
         assert f"no tuned schedule for {key}; using the default schedule" in caplog.text
     finally:
         apply._records.cache_clear()
+
+
+def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
+    """A tuned record is kept against the default its own run measured, not a faster default of another
+    run: host a measured g1 10% faster than its default, host b the default 1% slower than g1."""
+    import dataclasses
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 4)}
+    a = _database(tmp_path / "host-a", key, {("write", (8, 16), g[1]): 2.0e-6, ("write", (8, 16), g[4]): 2.2e-6})
+    b = _database(tmp_path / "host-b", key, {("write", (8, 16), g[4]): 2.02e-6})
+    out = tmp_path / "merged" / key
+    assert main(["tune-merge", str(a), str(b), "--out", str(out)]) == 0
+    rows = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))[("write", (8, 16))]
+    assert [(round(c * 1e6, 2), apply.record_geometry(r, cuda=False)) for c, r in rows] == [(2.0, g[1]), (2.2, g[4])]
+    assert apply.chosen("write", (8, 16), rows, cuda=False)[1] == g[1]

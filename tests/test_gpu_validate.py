@@ -69,7 +69,8 @@ def test_every_stage_is_accepted_and_runs(tmp_path, stage):
     pass when they do."""
     done = run(tmp_path, stage)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1] == f"gpu_validate: all stages passed: {stage} (logs in {tmp_path / 'out'})"
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == f"gpu_validate: all stages passed: {stage} (logs in {tmp_path / 'out'})"
 
 
 def test_a_failing_conformance_run_fails_its_stage(tmp_path):

@@ -242,9 +242,47 @@ def test_candidate_artifacts_have_file_names_of_their_own():
     would run the first one's code (``measure._build_exported``)."""
     import pathlib
 
+    from tvm.s_tir import meta_schedule as ms
+
     from tvm_canary.runtime import targets
     from tvm_canary.tuning import measure
 
     geom = targets.default_geometry("write", "llvm")
     paths = [pathlib.Path(measure._build_exported(("write", (8, 16), "llvm", geom))) for _ in range(2)]
-    assert paths[0].name != paths[1].name and all(p.stat().st_size > 0 for p in paths)
+    try:
+        assert paths[0].name != paths[1].name and all(p.stat().st_size > 0 for p in paths)
+    finally:
+        for path in paths:
+            ms.utils.remove_build_dir(str(path))
+
+
+def test_a_dead_build_worker_fails_only_its_round():
+    """A build worker that dies (OOM killer, a crash in codegen) fails the candidates of its round; the
+    next round gets a fresh pool instead of the tune stopping."""
+    import os
+    import signal
+    import time
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import measure, workloads
+
+    target = targets.target_from_tag("llvm")
+    inputs = [ms.builder.BuilderInput(tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")}), target)]
+    builder = measure.CandidateBuilder(max_workers=1)
+    built = []
+    try:
+        built += builder.build(inputs)
+        os.kill(next(iter(builder._pool._processes)), signal.SIGKILL)
+        time.sleep(1)
+        built += builder.build(inputs)  # the broken pool: this round fails
+        built += builder.build(inputs)  # a fresh pool
+        errors = [r.error_msg for r in built]
+        assert errors[0] is None and "candidate build failed" in errors[1] and errors[2] is None, errors
+    finally:
+        builder.shutdown()
+        for r in built:
+            if r.artifact_path:
+                ms.utils.remove_build_dir(r.artifact_path)

@@ -1,4 +1,4 @@
-"""Applying tuned schedules at load: the geometry of the best record of the nearest tuned bucket.
+"""Applying tuned schedules at load: the geometry that the nearest tuned bucket's records select (``chosen``).
 
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
@@ -35,7 +35,7 @@ TUNED_MARGIN = 0.03
 def _records(key: str, cuda: bool) -> dict:
     """{kernel: {bucket: Geometry}} of the first database found for ``key`` (``chosen`` per bucket)."""
     work_dir = keys.database_dir(key)
-    return {} if work_dir is None else _best_geometries(str(work_dir), cuda)
+    return {} if work_dir is None else _chosen_geometries(str(work_dir), cuda)
 
 
 def measured_records(db, stale: set | None = None) -> dict:
@@ -89,7 +89,9 @@ def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
 def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
     """(mean seconds, geometry) that a bucket's measured ``rows`` (``measured_records``, fastest first)
     select: the fastest record's, unless the default geometry (of the bucket's mode) was measured too
-    and the fastest is not at least ``TUNED_MARGIN`` faster than it; then the default's."""
+    and the fastest is not at least ``TUNED_MARGIN`` faster than it; then the default's. A bucket whose
+    default has no valid record (its measurement failed on that device: ``tune`` says so) takes the
+    fastest record."""
     best_cost, best = rows[0]
     default = default_row(kernel, bucket, rows, cuda)
     if default is not None and best_cost > (1 - TUNED_MARGIN) * default[0]:
@@ -97,7 +99,7 @@ def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, G
     return best_cost, record_geometry(best, cuda)
 
 
-def _best_geometries(work_dir: str, cuda: bool) -> dict:
+def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=work_dir, allow_missing=False)
@@ -129,8 +131,9 @@ def nearest(buckets: list[tuple], size: int) -> tuple:
 
 
 def tuned_geometry(kernel: str, device: torch.device, size: int, mode: int = 0) -> Geometry | None:
-    """Geometry of the best record of the bucket nearest to ``size`` among the kernel's buckets of
-    ``mode`` (``workloads.mode_of``: verify's RealKvHashMode), or None (the default applies)."""
+    """The geometry ``chosen`` selects in the bucket nearest to ``size`` among the kernel's buckets of
+    ``mode`` (``workloads.mode_of``: verify's RealKvHashMode; it may be the default's), or None (no
+    record: the default applies)."""
     from .workloads import mode_of
 
     key = keys.device_key(device)

@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
+        if r.candidates and math.isnan(r.default_us):
+            note = "  (the default's measurement failed: the best record applies without the 3% rule)"
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f}  {r.geometry}{note}")

@@ -23,7 +23,7 @@ from ..runtime.targets import default_geometry
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
-from .apply import chosen, measured_records, record_geometry
+from .apply import chosen, default_row, measured_records
 
 
 @dataclasses.dataclass
@@ -104,9 +104,9 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
             for handler in unnamed:
                 ms_logger.addHandler(handler)
     rows = measured_records(db).get((kernel, bucket), [])
-    same = [c for c, r in rows if record_geometry(r, cuda) == default]
-    if same:
-        default_us = 1e6 * same[0]
+    measured_default = default_row(kernel, bucket, rows, cuda)
+    if measured_default is not None:
+        default_us = 1e6 * measured_default[0]
     else:
         # The default competes too: a bucket's best record is then never slower than the default.
         seconds = measure_default(builder, runner, mod, target)
@@ -145,8 +145,11 @@ def measure_default(builder, runner, mod, target) -> float:
     artifact = built.artifact_path
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     device_type = "cuda" if target.kind.name == "cuda" else "cpu"  # a device name, as MetaSchedule's runners take
-    (future,) = runner.run([ms.runner.RunnerInput(artifact, device_type, args_info)])
-    result = future.result()
+    try:
+        (future,) = runner.run([ms.runner.RunnerInput(artifact, device_type, args_info)])
+        result = future.result()
+    finally:
+        ms.utils.remove_build_dir(artifact)  # MetaSchedule removes its candidates' artifacts; this one is ours
     if result.error_msg or not result.run_secs:
         return math.nan
     secs = [float(s) for s in result.run_secs]

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import tempfile
 import uuid
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 from tvm.ir.utils import derived_object
@@ -30,7 +31,9 @@ from ..runtime.targets import default_geometry
 from ..schedules.space import geometry_from
 from . import workloads
 
-BUILD_TIMEOUT_S = 120  # one round of candidates; a build that hangs fails its round instead of the run
+# Per wave of builds (a round of n candidates on w workers is ceil(n / w) waves): a build that hangs fails
+# its round instead of the run. A build takes seconds; the first wave also starts the workers.
+BUILD_TIMEOUT_S = 120
 
 
 def _job(mod, target) -> tuple:
@@ -67,15 +70,29 @@ class CandidateBuilder(ms.builder.PyBuilder):
         self._pool = None
 
     def build(self, build_inputs):
+        """One round: every candidate built (or failed: timed out, raised, or lost with a dead worker).
+        A round that leaves a build hanging or the pool broken kills the pool, so the next round starts
+        a fresh one."""
         if self._pool is None:
             # spawn: the tuning process may hold a CUDA context, which a forked worker could not use
             self._pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"))
-        futures = [self._pool.submit(_build_exported, _job(i.mod, i.target)) for i in build_inputs]
-        _, pending = concurrent.futures.wait(futures, timeout=BUILD_TIMEOUT_S)
+        futures = [self._submit(_job(i.mod, i.target)) for i in build_inputs]
+        waves = -(-len(futures) // self.max_workers)
+        _, pending = concurrent.futures.wait(futures, timeout=BUILD_TIMEOUT_S * max(waves, 1))
         results = [_build_result(f) for f in futures]
-        if pending:  # a hung build: the next round gets a fresh pool
+        broken = any(f.done() and isinstance(f.exception(), BrokenProcessPool) for f in futures)
+        if pending or broken:
             self.shutdown(kill=True)
         return results
+
+    def _submit(self, job) -> concurrent.futures.Future:
+        """The pool's future of building ``job``; a failed one if the pool is already broken (a worker died)."""
+        try:
+            return self._pool.submit(_build_exported, job)
+        except BrokenProcessPool as error:
+            failed = concurrent.futures.Future()
+            failed.set_exception(error)
+            return failed
 
     def shutdown(self, kill: bool = False) -> None:
         if self._pool is None:
@@ -89,7 +106,7 @@ class CandidateBuilder(ms.builder.PyBuilder):
 
 def _build_result(future):
     if not future.done():
-        return ms.builder.BuilderResult(None, f"kv-canary: candidate build timed out after {BUILD_TIMEOUT_S} s")
+        return ms.builder.BuilderResult(None, "kv-canary: candidate build timed out")
     error = future.exception()
     if error is not None:
         return ms.builder.BuilderResult(None, f"kv-canary: candidate build failed: {error!r}")

@@ -8,8 +8,11 @@ to its own device key. Merging keeps that true: every input folder must carry th
 and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records for ``sm_XY``; a CPU
 key: llvm records); anything else is refused before anything is written. The output (its earlier
 records included) gets, per workload, the best valid record of all inputs (``apply.measured_records``:
-measured, not failed, tuned for the current kernel code) and the fastest valid record of the default
-geometry, which ``apply.chosen`` needs to keep the default unless the best clearly beat it.
+measured, not failed, tuned for the current kernel code) and the default geometry's record from the same
+input, which ``apply.chosen`` weighs it against: a tuned record replaces the default only when one
+tuning run measured it clearly faster (a default measured in another run, on another host or at
+another time, can differ by more than the margin). Only when that input has no valid default record is
+the fastest default record of the other inputs kept instead.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
 @dataclasses.dataclass
 class Merged:
-    """What a merge kept: workloads (best record each) and the records read, per input."""
+    """What a merge kept: workloads (the best record and its run's default record each) and the records
+    read, per input."""
 
     workloads: int
     records_read: dict
@@ -63,9 +67,10 @@ def _check_database(folder: pathlib.Path, device_key: str):
 
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
-    workload the best valid record and the fastest valid record of the default geometry (against which
-    ``apply.chosen`` weighs the best). Every input is checked before ``out`` is touched; ``out`` is
-    replaced as a whole."""
+    workload the best valid record of all inputs and the default geometry's record of the input that
+    holds it, else the fastest default record of any input (against which ``apply.chosen`` weighs the
+    best). Every input is checked before ``out`` is
+    touched; ``out`` is replaced as a whole."""
     from tvm.s_tir import meta_schedule as ms
 
     device_key = out.resolve().name
@@ -73,18 +78,19 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     if (out / DATABASE_FILES[0]).is_file() and out.resolve() not in inputs:
         inputs.append(out.resolve())
     databases = [(folder, _check_database(folder, device_key)) for folder in inputs]
-    best: dict = {}  # workload -> the fastest valid row of all inputs
-    default: dict = {}  # workload -> the fastest valid row of the default geometry (``apply.chosen`` needs it)
+    best: dict = {}  # workload -> (the fastest valid row of all inputs, its input's default row or None)
+    fastest_default: dict = {}  # workload -> the fastest valid default row of any input
     read = {}
     for folder, db in databases:
         read[str(folder)] = len(db.get_all_tuning_records())
         for workload, rows in measured_records(db).items():
-            if workload not in best or rows[0][0] < best[workload][0]:
-                best[workload] = rows[0]
-            row = default_row(*workload, rows, cuda=rows[0][1].target.kind.name == "cuda")
-            if row is not None and (workload not in default or row[0] < default[workload][0]):
-                default[workload] = row
-    kept = [row for workload in best for row in (best[workload], default.get(workload)) if row is not None]
+            own_default = default_row(*workload, rows, cuda=rows[0][1].target.kind.name == "cuda")
+            if workload not in best or rows[0][0] < best[workload][0][0]:
+                best[workload] = rows[0], own_default
+            if own_default is not None and (workload not in fastest_default or own_default[0] < fastest_default[workload][0]):
+                fastest_default[workload] = own_default
+    kept = [row for workload, (best_row, own_default) in best.items()
+            for row in (best_row, own_default or fastest_default.get(workload)) if row is not None]
     kept = list({id(row[1]): row for row in kept}.values())  # the best row may be the default's
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
