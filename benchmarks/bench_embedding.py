@@ -27,7 +27,8 @@ Columns:
   as warm as the step's (the same tensors, replayed), so the sum is a lower bound for the step's
   operators; other torch operations of the step (the SWA slot translation) count zero. The ratio
   graph only / floor sum is the issue's "within 2x" figure; ``floor_ops`` in the JSON lists each
-  operator's floor.
+  operator's floor, and ``graph_op_times`` each device operation of one graph replay with its device
+  time (profiler), so the two can be set side by side.
 * model floor: the same sum modeled instead of measured, per operator one empty launch + bytes / HBM
   bandwidth (a measured device copy): bytes follow the byte model of benchmarks/bench_kernels.py
   (verify: 24 B plan + 8 B token + 32 B slot + 32 B predecessor + 32 B per PARTIAL source per entry;
@@ -92,12 +93,15 @@ def wall_us(fn, iters: int) -> float:
     return (time.perf_counter() - t) / iters * 1e6
 
 
-def kernels_launched(fn) -> int:
-    """Kernels, copies and memsets one call of ``fn`` issues on the device."""
+def device_ops(fn) -> list[dict]:
+    """The kernels, copies and memsets one call of ``fn`` runs on the device, in order, with their device
+    time (profiler; a replayed CUDA graph's kernels are reported too where CUPTI traces graphs)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    return [dict(name=e.name[:80], us=e.time_range.elapsed_us()) for e in events]
 
 
 def kv_pool(slots: int, device: torch.device) -> torch.Tensor:
@@ -255,14 +259,15 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
     def replay():
         graph.replay(**w.decode)
 
-    ops_per_step = kernels_launched(w.eager_step)
-    graph_ops = kernels_launched(graph._work)  # the captured work (a repeat of the decode step)
+    ops_per_step = len(device_ops(w.eager_step))
+    graph_ops = len(device_ops(graph._work))  # the captured work (a repeat of the decode step)
     graph_only = median_us(graph.graph.replay, iters)
+    replayed = device_ops(graph.graph.replay)  # per operation, to set beside floor_ops
     row = dict(
         bs=bs, groups="FULL+SWA" if swa else "FULL", eager_wall_us=wall_us(w.eager_step, iters),
         eager_stream_us=median_us(w.eager_step, iters), graph_wall_us=wall_us(replay, iters),
         graph_stream_us=median_us(replay, iters), graph_only_us=graph_only, device_ops=ops_per_step,
-        graph_ops=graph_ops, ops_x_empty_us=graph_ops * empty_us,
+        graph_ops=graph_ops, ops_x_empty_us=graph_ops * empty_us, graph_op_times=replayed,
     )
     w.eager_step()  # the plans hold this decode step's
     operators = w.operators()
