@@ -265,9 +265,9 @@ def floor_makers() -> dict:
         sources = 2 if mode != "NONE" else 0
         out[f"gather-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(g, fold_words(mode), False, sources)
         out[f"gather-hash-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(
-            g, fold_words(mode), False, sources, hashing="joint")
+            g, fold_words(mode), False, sources, hashing=True)
         out[f"gather-ticket-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(
-            g, fold_words(mode), False, sources, hashing="joint", ticket=True)
+            g, fold_words(mode), False, sources, hashing=True, ticket=True)
         out[f"store-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(g, fold_words(mode), sources)
     out["copy"] = floors.copy
     return out

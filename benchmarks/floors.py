@@ -50,7 +50,7 @@ def floor_geometries():
     return [Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
 
 
-def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int, hashing: str | None = None,
+def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int, hashing: bool = False,
            ticket: bool = False):
     """The ``gather`` floor: verify's bytes with verify's indices, XOR-ed (sources: the first
     ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
@@ -58,13 +58,13 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     ``hashing``: the bytes are hashed as SPEC 1 requires of every verify instead of XOR-ed: the
     predecessor's chain link (``mix3`` of its fields) and the real-KV fold (one ``splitmix64`` per folded
     word of each source, one per source), so in ALL mode (32 dependent steps per source) it also bounds
-    the arithmetic; "serial" folds the sources one after the other (as SPEC 1.4 writes it), "joint"
-    advances both sources' chains in one loop (half the latency, at most two sources): the benchmark
-    keeps the faster. ``ticket``: also the least a single launch that appends rows in entry order does
-    in a clean launch: a block barrier, one ticket per block (``kernels.common.last_block``, drawn on
-    ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``.
+    the arithmetic. The two sources' chains advance together in one loop (SPEC 1.4 folds one source
+    after the other; together, the dependent steps are half as many, so the floor stays below any
+    order a kernel may choose). ``ticket``: also the least a single launch that appends rows in entry
+    order does in a clean launch: a block barrier, one ticket per block (``kernels.common.last_block``,
+    drawn on ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``.
     """
-    assert hashing in (None, "serial", "joint") and (hashing != "joint" or num_sources <= 2)
+    assert num_sources <= 2
     TH = geom.threads
     any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
 
@@ -102,22 +102,12 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                     if check_token:
                         acc[0] = acc[0] ^ etoks[k[0]]
                     if prev > T.int64(0):
-                        if hashing is not None:
+                        if hashing:
                             slot_hash(h, buf, prev)
                             acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                         else:
                             acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
-                    if hashing == "serial":
-                        h[0] = T.uint64(0)
-                        for s in T.unroll(num_sources):
-                            part[0] = T.uint64(0)
-                            for q in T.serial(fold_words):
-                                part[0] = part[0] ^ T.reinterpret("uint64", src[slot + s * (rows // 2), q])
-                                splitmix64(part)
-                            h[0] = h[0] ^ part[0]
-                            splitmix64(h)
-                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
-                    elif hashing == "joint":
+                    if hashing:
                         h[0] = T.uint64(0)
                         part[0] = T.uint64(0)
                         part2[0] = T.uint64(0)
