@@ -182,27 +182,29 @@ class Workload:
         wrote (translated for SWA) and the sources' bytes. Verify's floor reads its plan, the token
         vector, the slot and predecessor fields and the PARTIAL words; write's stores a scratch copy of
         the canary."""
-        bs, n_src, decode = self.bs, SOURCES, self.decode
+        bs, decode = self.bs, self.decode
         out = [Operator("scatter", 12 * bs * (CONTEXT + 1), "copy")]
         entries = {"FULL": bs * CONTEXT, "SWA": bs * min(WINDOW, CONTEXT)}
+        # the gather floor's liveness output, ticket flags and launch counter (unused without a ticket)
+        scratch = (torch.zeros(1, dtype=torch.int64, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV),
+                   torch.zeros(1, dtype=torch.int64, device=DEV))
         tail = []
         for name in self.groups:
             g = self.session._group(name)
+            vp, wp = g.verify_plan, g.write_plan
             out.append(Operator(f"plan {name}", 36 * entries[name], "copy"))
             slots = g.out_cache_loc[:bs] if name == "SWA" else decode["out_cache_loc"]
             kv = {half: self.kv[name, half].view(torch.int64).view(-1, KV_BYTES // 8) for half in "KV"}
             for endpoint, in_order in (("HEAD", out), ("TAIL", tail)):
-                src_bytes = 32 * n_src if endpoint == "TAIL" else 0
+                src_bytes = 32 * SOURCES if endpoint == "TAIL" else 0
                 for half in "KV":
                     ctx = g.contexts[endpoint, half]
                     mode = RealKvHashMode(ctx.real_kv_hash_mode).name
                     canary = ctx.canary_buf.view(torch.int64)
-                    vp, wp = g.verify_plan, g.write_plan
                     in_order.append(Operator(
                         f"verify {endpoint} {half} {name}", (24 + 8 + 64 + src_bytes) * entries[name], f"gather-token-{mode}",
                         (canary, vp.verify_slot_indices, vp.verify_expected_tokens, vp.verify_expected_positions,
-                         vp.verify_prev_slot_indices, vp.verify_num_valid, kv[half], torch.zeros(1, dtype=torch.int64, device=DEV),
-                         torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV))))
+                         vp.verify_prev_slot_indices, vp.verify_num_valid, kv[half], *scratch)))
                     in_order.append(Operator(
                         f"write {endpoint} {half} {name}", (24 + 32 + src_bytes) * bs, f"store-{mode}",
                         (canary.clone(), wp.write_offsets, wp.write_seed_slot_indices, decode["input_ids"],

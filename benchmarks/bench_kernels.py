@@ -57,7 +57,9 @@ WRITE_SHAPES = ((4096, 1), (64, 512), (1, 32768))  # (requests, tokens per reque
 PLAN_SHAPES = ((64, 2048), (1024, 2048), (4096, 2048))  # (bs, prefix)
 SCATTER_SHAPES = ((256, 1024), (4096, 1024))  # (bs, tokens per request)
 COPY_FLOOR_LAUNCHES = 8  # copies per graph of the plan/scatter copy floor (the kernels' graphs hold 2)
-BOUNDS_MAX_ENTRIES = 1 << 16  # verify rows up to this size also get the hash and ordered floors (Bench.bounds)
+# Verify rows up to this size are small (latency-bound): their target is 1.25x the floor, and they also get
+# the hash and ordered floors (Bench.bounds).
+SMALL_VERIFY_ENTRIES = 1 << 16
 
 
 def fail(message: str) -> int:
@@ -340,7 +342,7 @@ def targets_for(row, rows) -> list[dict]:
         n = row["n"]
         if n >= 1 << 20:
             out.append({"what": "floor", "ratio": row["us"] / row["floor_us"], "limit": 1.10})
-        elif n <= 1 << 16:
+        elif n <= SMALL_VERIFY_ENTRIES:
             out.append({"what": "floor", "ratio": row["us"] / row["floor_us"], "limit": 1.25})
     elif k == "write":
         if row["mode"] == "NONE" and row["reqs"] == 1:
@@ -585,7 +587,7 @@ class Bench:
 
                     row["floor_us"], grid = self.floor(f"gather-{mode}", calls_of)
                     row["floor"] = f"gather {grid}"
-                    if n <= BOUNDS_MAX_ENTRIES:
+                    if n <= SMALL_VERIFY_ENTRIES:
                         self.bounds(row, mode, calls_of, empty_us)
                     src_bytes = n_src * (32 if mode == "PARTIAL" else KV_BYTES) if n_src else 0
                     row["bytes"] = n * (24 + 32 + 32 + src_bytes)

@@ -69,8 +69,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
     workload the best valid record of all inputs and the default geometry's record of the input that
     holds it, else the fastest default record of any input (against which ``apply.chosen`` weighs the
-    best). Every input is checked before ``out`` is
-    touched; ``out`` is replaced as a whole."""
+    best). Every input is checked before ``out`` is touched; ``out`` is replaced as a whole."""
     from tvm.s_tir import meta_schedule as ms
 
     device_key = out.resolve().name
