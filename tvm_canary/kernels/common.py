@@ -24,6 +24,8 @@ INVALID_INDEX = int(FailReason.INVALID_INDEX)
 # Words at the start of a slot's strip that every fold reads (PARTIAL reads exactly these), loaded
 # ahead into a local ``heads`` scratch: HEAD_WORDS per source, HEADS_PER_SLOT for all the sources.
 HEAD_WORDS = PARTIAL_READ_BYTES // 8
+# Strip words a fold keeps loaded ahead of its splitmix chain (``fold_source``).
+FOLD_PREFETCH = 8
 HEADS_PER_SLOT = MAX_REAL_KV_SOURCES * HEAD_WORDS
 
 
@@ -118,11 +120,26 @@ def fold_source(acc, part, heads, at, src, page_size, token_words, fold_words, s
     part[0] = part[0] ^ T.reinterpret("uint64", heads[at + 1])
     splitmix64(part)
     if fold_words > T.int64(HEAD_WORDS):
+        # The words after the head, FOLD_PREFETCH at a time: the next batch's loads are issued before
+        # the current batch's splitmix steps, so the serial chain does not wait on each load.
         rc = T.alloc_buffer((2,), "int64", scope="local")
+        words = T.alloc_buffer((2 * FOLD_PREFETCH,), "int64", scope="local")
         strip_start(rc, slot, page_size, token_words)
-        for q in T.serial(fold_words - HEAD_WORDS):
-            part[0] = part[0] ^ T.reinterpret("uint64", src[rc[0], rc[1] + HEAD_WORDS + q])
-            splitmix64(part)
+        rest = fold_words - HEAD_WORDS
+        for u in T.unroll(FOLD_PREFETCH):
+            words[u] = src[rc[0], rc[1] + HEAD_WORDS + T.min(T.int64(u), rest - 1)]
+        for c in T.serial(rest // FOLD_PREFETCH):
+            for u in T.unroll(FOLD_PREFETCH):
+                words[FOLD_PREFETCH + u] = src[rc[0], rc[1] + HEAD_WORDS + T.min((c + 1) * FOLD_PREFETCH + u, rest - 1)]
+            for u in T.unroll(FOLD_PREFETCH):
+                part[0] = part[0] ^ T.reinterpret("uint64", words[u])
+                splitmix64(part)
+            for u in T.unroll(FOLD_PREFETCH):
+                words[u] = words[FOLD_PREFETCH + u]
+        for u in T.unroll(FOLD_PREFETCH):
+            if rest // FOLD_PREFETCH * FOLD_PREFETCH + u < rest:
+                part[0] = part[0] ^ T.reinterpret("uint64", words[u])
+                splitmix64(part)
     acc[0] = acc[0] ^ part[0]
     splitmix64(acc)
 

@@ -18,10 +18,14 @@ and a small plan gets a small grid):
    depends on the slot alone, so it runs in parallel, off the serial chain, and phase 1 need not wait
    for it (it writes fields 0-2 and reads only seed slots).
 1. *stamp* (the first ``stamp_blocks`` blocks; one thread per request: lane 0 of a warp of its own when
-   there are fewer requests than warps, else consecutive lanes): walks the chain branch-free (every
-   entry's mix3 is computed and kept only if the entry is stamped), writes fields 0-2 (and 3 := 0 in
-   NONE mode), adds the written count to the slot counter and marks the request's chunk in ``flags`` if
-   any entry of it produces violation rows.
+   there are fewer requests than warps, else consecutive lanes): walks the chain, U entries at a time
+   with the next U loaded ahead, writes fields 0-2 (and 3 := 0 in NONE mode), adds the written count
+   to the slot counter and marks the request's chunk in ``flags`` if any entry of it produces
+   violation rows. When every slot of the request is known valid beforehand (its warp checks them
+   all and votes, on CUDA when the request has a warp of its own; the thread itself on CPU), its full
+   groups take a loop without slot checks or branches; otherwise each group's slots are checked and
+   a group with an invalid slot takes a guarded step (every entry's mix3 computed, kept only if the
+   entry is stamped).
 2. *ticket* (``common.single_launch``): the block finishing last learns whether any request marked.
 3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
    counts each request's rows, ranks them (request order) and walks again to append the rows to the
@@ -63,6 +67,8 @@ from .common import (
 TOKEN = int(consts.FailReason.WRITE_TOKEN_MISMATCH)
 POSITION = int(consts.FailReason.WRITE_POSITION_MISMATCH)
 STAMP, COUNT, EMIT = "stamp", "count", "emit"
+# Slots each lane of a warp loads at once when checking a request's slots (check_request).
+CHECK_UNROLL = 16
 
 
 # The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
@@ -115,6 +121,17 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 group.et[u] = launch.etoks[i]
                 group.ep[u] = launch.epos[i]
 
+    @T.macro
+    def load_full_group(group, i0, launch):
+        """group := entries [i0, i0 + U) (all inside the request: no clamping)."""
+        for u in T.unroll(U):
+            group.slot[u] = launch.ocl[i0 + u]
+            group.tok[u] = launch.ids[i0 + u]
+            group.pos[u] = launch.pos_in[i0 + u]
+            if input_assert:
+                group.et[u] = launch.etoks[i0 + u]
+                group.ep[u] = launch.epos[i0 + u]
+
     def stamp_group_macro(guarded):
         @T.macro
         def stamp_group(h, hn, prev_pos, nrows, written, ok_u, group, check_pos, launch):
@@ -122,20 +139,20 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
             guarded (some entry of the group is not stamped): every entry's mix3 is computed and
             kept only if the entry is stamped, and its stores sit behind a branch. Unguarded (every
-            entry is stamped, the common case): no branch at all, so the compiler interleaves the
-            stores and bookkeeping with the serial chain."""
+            entry is live and passed its slot check, the common case): no branch at all, so the
+            compiler interleaves the stores and bookkeeping with the serial chain."""
             for u in T.unroll(U):
                 slot = group.slot[u]
                 tok = group.tok[u]
                 pos = group.pos[u]
-                live = slot >= T.int64(0)
-                good = live and ok_u[u] != 0
-                seq = good and check_pos
                 mismatch = (tok != group.et[u] or pos != group.ep[u]) if input_assert else T.bool(False)
-                bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
-                nrows[0] = nrows[0] + T.Cast("int64", bad)
-                prev_pos[0] = T.Select(seq, pos, prev_pos[0])
                 if guarded:
+                    live = slot >= T.int64(0)
+                    good = live and ok_u[u] != 0
+                    seq = good and check_pos
+                    bad = (live and ok_u[u] == 0) or (seq and pos != prev_pos[0] + T.int64(1)) or (good and mismatch)
+                    nrows[0] = nrows[0] + T.Cast("int64", bad)
+                    prev_pos[0] = T.Select(seq, pos, prev_pos[0])
                     if good:
                         stamp(launch.buf, slot, tok, pos, h)
                     written[0] = written[0] + T.Cast("int64", good)
@@ -143,9 +160,13 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     mix3(hn, tok, pos)
                     h[0] = T.Select(good, hn[0], h[0])
                 else:
+                    bad = (check_pos and pos != prev_pos[0] + T.int64(1)) or mismatch
+                    nrows[0] = nrows[0] + T.Cast("int64", bad)
+                    prev_pos[0] = T.Select(check_pos, pos, prev_pos[0])
                     stamp(launch.buf, slot, tok, pos, h)
-                    written[0] = written[0] + T.int64(1)
                     mix3(h, tok, pos)
+            if not guarded:
+                written[0] = written[0] + T.int64(U)
 
         return stamp_group
 
@@ -192,19 +213,37 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
         return record_group
 
+    @T.macro
+    def copy_group(dst, src):
+        """dst := src (the next group's registers become the current group's)."""
+        for u in T.unroll(U):
+            dst.slot[u] = src.slot[u]
+            dst.tok[u] = src.tok[u]
+            dst.pos[u] = src.pos[u]
+            if input_assert:
+                dst.et[u] = src.et[u]
+                dst.ep[u] = src.ep[u]
+
     def walk_macro(mode):
         record = record_macro(mode)
         record_group = record_group_macro(mode)
 
         @T.macro
-        def walk(r, base, nrows, written, launch):
+        def walk(r, base, nrows, written, launch, checked):
             """Walk request r in `mode`: nrows[0] := its violation rows (STAMP: violating entries),
-            written[0] += slots written (STAMP)."""
+            written[0] += slots written (STAMP).
+
+            checked (STAMP only; a bool expression): every slot of the request is known to pass
+            ``check_slot`` (``check_request``). Its full groups are then stamped by a loop whose body
+            is one basic block (next group's loads, stores, bookkeeping and the chain together, so
+            the scheduler overlaps them with the chain's latency); the partial group that may follow,
+            and every group when not checked, take the checked loop."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
             hn = T.alloc_buffer((1,), "uint64", scope="local")
             all_ok = T.alloc_buffer((1,), "int32", scope="local")
             ok = T.alloc_buffer((1,), "int32", scope="local")
             prev_pos = T.alloc_buffer((1,), "int64", scope="local")
+            start = T.alloc_buffer((1,), "int64", scope="local")
             slot_u = T.alloc_buffer((U,), "int64", scope="local")
             tok_u = T.alloc_buffer((U,), "int64", scope="local")
             pos_u = T.alloc_buffer((U,), "int64", scope="local")
@@ -237,8 +276,24 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     prev_pos[0] = T.int64(0)
                     if check_pos:
                         prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
-                    for g in T.serial((s1 - s0 + U - 1) // U):
-                        load_group(nxt, s0, s1, (g + 1) * U, launch)
+                    start[0] = T.int64(0)
+                    if mode == STAMP:
+                        if checked:
+                            for u in T.unroll(U):
+                                ok_u[u] = 1
+                            # Groups 1 .. full - 1 are loaded unclamped; group `full` (the partial
+                            # group, if any) clamped, as the checked loop expects it in cur.
+                            if s1 - s0 >= U:
+                                for g in T.serial((s1 - s0) // U - 1):
+                                    load_full_group(nxt, s0 + (g + 1) * U, launch)
+                                    stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
+                                    copy_group(cur, nxt)
+                                load_group(nxt, s0, s1, (s1 - s0) // U * U, launch)
+                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
+                                copy_group(cur, nxt)
+                            start[0] = (s1 - s0) // U * U
+                    for g in T.serial((s1 - s0 - start[0] + U - 1) // U):
+                        load_group(nxt, s0, s1, start[0] + (g + 1) * U, launch)
                         all_ok[0] = 1
                         for u in T.unroll(U):
                             check_slot(ok, cur.slot[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
@@ -251,13 +306,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                 stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
                         else:
                             record_group(h, prev_pos, nrows, base, ok_u, cur, check_pos, launch)
-                        for u in T.unroll(U):
-                            cur.slot[u] = nxt.slot[u]
-                            cur.tok[u] = nxt.tok[u]
-                            cur.pos[u] = nxt.pos[u]
-                            if input_assert:
-                                cur.et[u] = nxt.et[u]
-                                cur.ep[u] = nxt.ep[u]
+                        copy_group(cur, nxt)
 
         return walk
 
@@ -293,6 +342,30 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
     @T.macro
+    def check_request(checked, r, lane, width, launch):
+        """checked[0] := 1 iff every slot of request r passes ``check_slot``. ``width`` lanes (a Python
+        int: 32, a warp, on CUDA, whose lanes call it together with the same r; 1 on CPU) share the
+        work: lane ``lane`` checks entries s0 + lane + width * k, CHECK_UNROLL loads in flight, and
+        on CUDA the warp votes."""
+        ok = T.alloc_buffer((1,), "int32", scope="local")
+        mine = T.alloc_buffer((1,), "int32", scope="local")
+        slot_c = T.alloc_buffer((CHECK_UNROLL,), "int64", scope="local")
+        n = launch.ocl.shape[0]
+        s0 = T.min(T.max(launch.offsets[r], T.int64(0)), n)
+        s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
+        mine[0] = 1
+        for g in T.serial((s1 - s0 + width * CHECK_UNROLL - 1) // (width * CHECK_UNROLL)):
+            for u in T.unroll(CHECK_UNROLL):
+                slot_c[u] = launch.ocl[T.min(s0 + (g * CHECK_UNROLL + u) * width + lane, s1 - 1)]
+            for u in T.unroll(CHECK_UNROLL):
+                check_slot(ok, slot_c[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
+                mine[0] = mine[0] & (ok[0] | T.Cast("int32", s0 + (g * CHECK_UNROLL + u) * width + lane >= s1))
+        if geom.gpu:
+            checked[0] = T.cuda.warp_min(mine[0])
+        else:
+            checked[0] = mine[0]
+
+    @T.macro
     def add_written(counter, value, lane):
         """counter[0] += the block's written counts: warp sums, then one atomic per warp (CUDA)."""
         if geom.gpu:
@@ -308,7 +381,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         unused = T.alloc_buffer((1,), "int64", scope="local")
         st.nrows[0] = T.int64(0)
         if unit < active:
-            walk_count(unit, T.int64(0), st.nrows, unused, st.launch)
+            walk_count(unit, T.int64(0), st.nrows, unused, st.launch, T.bool(False))
         st.scount[t] = st.nrows[0]
 
     @T.macro
@@ -316,7 +389,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         """Emit phase B: request ``unit``'s rows appended to the ring from ``rank`` on."""
         unused = T.alloc_buffer((1,), "int64", scope="local")
         if unit < active:
-            walk_emit(unit, rank, st.nrows, unused, st.launch)
+            walk_emit(unit, rank, st.nrows, unused, st.launch, T.bool(False))
 
     draw_ticket, emit, close = single_launch(geom, TH, geom.blocks * (1 + FOLD_BLOCKS), count_request, emit_request,
                                              lambda scount, q: scount[q])
@@ -370,6 +443,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             r = T.alloc_buffer((1,), "int64", scope="local")
             nrows = T.alloc_buffer((1,), "int64", scope="local")
             written = T.alloc_buffer((1,), "int64", scope="local")
+            checked = T.alloc_buffer((1,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             for t in lanes(geom, TH):
                 total = T.Cast("int32", stamp_blocks * TH)  # lanes of each phase
@@ -396,14 +470,23 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
                 written[0] = T.int64(0)
                 lane_marked[0] = 0
-                if b < stamp_blocks and (not spread or T.truncmod(lane, 32) == 0):
+                # The request's slots are checked first (check_request: on CUDA by the warp of a
+                # spread request), so that its full groups take the check-free stamp loop.
+                if b < stamp_blocks:
                     r[0] = T.Cast("int64", T.Select(spread, T.shift_right(lane, 5), lane))
                     while r[0] < active:
-                        walk_stamp(r[0], T.int64(0), nrows, written, launch)
-                        if nrows[0] != T.int64(0):
-                            lane_marked[0] = 1
-                            flags[0] = 1
-                            flags[1 + r[0] // CHUNK] = 1
+                        checked[0] = 0
+                        if geom.gpu:
+                            if spread:
+                                check_request(checked, r[0], T.Cast("int64", T.truncmod(lane, 32)), 32, launch)
+                        else:
+                            check_request(checked, r[0], T.int64(0), 1, launch)
+                        if not spread or T.truncmod(lane, 32) == 0:
+                            walk_stamp(r[0], T.int64(0), nrows, written, launch, checked[0] != 0)
+                            if nrows[0] != T.int64(0):
+                                lane_marked[0] = 1
+                                flags[0] = 1
+                                flags[1 + r[0] // CHUNK] = 1
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
                 # Phase 2: the ticket; the last block learns whether any request marked.
