@@ -26,7 +26,9 @@ Columns:
   scratch copy of the canary, plan and scatter a dense copy of their bytes. Each floor runs on data
   as warm as the step's (the same tensors, replayed), so the sum is a lower bound for the step's
   operators; other torch operations of the step (the SWA slot translation) count zero. The ratio
-  graph only / floor sum is the issue's "within 2x" figure; ``floor_ops`` in the JSON lists each
+  graph only / floor sum is the issue's "within 2x" figure; a step faster than its floor sum by more
+  than the noise (``BELOW_FLOOR_RATIO``) is flagged ``below_floor``: its floors are then not lower
+  bounds and the ratio bounds nothing; ``floor_ops`` in the JSON lists each
   operator's floor, and ``graph_op_times`` each device operation of one graph replay with its device
   time (profiler), so the two can be set side by side.
 * model floor: the same sum modeled instead of measured, per operator one empty launch + bytes / HBM
@@ -62,6 +64,7 @@ from tvm_canary.session import CanaryGroup, CanarySession
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import floors  # noqa: E402
+from bench_kernels import BELOW_FLOOR_RATIO  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 CONTEXT, WINDOW, SOURCES, KV_BYTES, PAGE = 512, 128, 2, 256, 16
@@ -280,6 +283,7 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
         floor_ops=[dict(what=op.what, floor_us=us, floor=which) for op, (us, which) in zip(operators, floors_us)],
     )
     row.update(graph_over_floor=graph_only / row["floor_sum_us"], graph_over_model=graph_only / row["model_floor_us"])
+    row["below_floor"] = row["graph_over_floor"] < BELOW_FLOOR_RATIO  # the floors are then not lower bounds
     w.session.flush()  # raises if any step recorded a violation (the workload is clean)
     return row
 
@@ -356,7 +360,7 @@ def main(argv=None) -> int:
     host = host_overhead(host_iters, DEV)
     cols = ["bs", "groups", "eager_wall_us", "eager_stream_us", "graph_wall_us", "graph_stream_us", "graph_only_us",
             "device_ops", "graph_ops", "ops_x_empty_us", "operators", "floor_sum_us", "graph_over_floor", "model_floor_us",
-            "graph_over_model"]
+            "graph_over_model", "below_floor"]
     print(f"{torch.cuda.get_device_name(0)}: empty launch {empty_us:.2f} us, HBM copy {bytes_per_us / 1e3:.0f} GB/s")
     print("  ".join(f"{c.removesuffix('_us'):>15}" for c in cols))
     for r in rows:
