@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from tvm_canary.cases import CASES, LAUNCH, REFERENCE
+from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH
+from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
 from tvm_canary.runtime import use_backend
 
 from tree import assert_same_bytes, devices, require, tensors
@@ -17,9 +19,13 @@ from tree import assert_same_bytes, devices, require, tensors
 ITERATIONS = {"cpu": 60, "cuda": 300}
 
 
-def run_differential(kernel: str, device: str, seed: int) -> None:
-    want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu")
-    got = CASES[kernel](torch.Generator().manual_seed(seed), device)
+def run_differential(kernel: str, device: str, seed: int, prepare=None, **case_options) -> None:
+    """One seeded case on ``device`` vs the reference on the CPU; ``prepare(case)`` edits both cases
+    before the launch."""
+    want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", **case_options)
+    got = CASES[kernel](torch.Generator().manual_seed(seed), device, **case_options)
+    for case in (want, got) if prepare else ():
+        prepare(case)
     REFERENCE[kernel](**want)
     with use_backend("tvm"):
         LAUNCH[kernel](**got)
@@ -35,3 +41,29 @@ def test_differential_fuzz(kernel, device):
             run_differential(kernel, device, seed)
         except AssertionError as e:
             raise AssertionError(f"{kernel} on {device}, seed {seed}: {e}") from e
+
+
+def stamp_true_folds(case: dict) -> None:
+    """Field 3 of every slot readable in the case's mode := its real-KV fold (the reference's), so that
+    a verify of clean entries matches and a kernel folding differently adds violation rows (random
+    field 3 values mismatch whatever the fold)."""
+    ctx = case["context"]
+    words = ctx.canary_buf.view(torch.int64)
+    slots = torch.arange(words.shape[0], device=words.device)
+    ok = valid_slot_mask(words.shape[0], ctx.real_kv_sources, ctx.real_kv_hash_mode, slots)
+    words[ok, CANARY_FIELD_REAL_KV_HASH] = real_kv_fold_t(ctx.real_kv_sources, ctx.real_kv_hash_mode, slots[ok])
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_differential_wide_tokens(kernel, device):
+    """Sources of up to 512 bytes per token: ALL-mode folds of up to 64 words, so the fold's prefetched
+    batches (``kernels.common.FOLD_PREFETCH``) run full and partial, past the head words; verify runs
+    on canaries whose field 3 holds the true folds."""
+    require(device)
+    prepare = stamp_true_folds if kernel == "verify" else None
+    for seed in range(ITERATIONS[device] // 4):
+        try:
+            run_differential(kernel, device, seed, prepare, token_units=16)
+        except AssertionError as e:
+            raise AssertionError(f"{kernel} on {device}, wide tokens, seed {seed}: {e}") from e

@@ -91,12 +91,14 @@ def _one(gen, lo, hi):
     return int(torch.randint(lo, hi, (1,), generator=gen))
 
 
-def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sources_max=4):
+def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sources_max=4, token_units=2):
+    """A random launch context; each source has 32 * k bytes per token, k in 1..token_units (the
+    default 2 keeps folds within the head and one prefetch batch; wider ones reach the fold's loop)."""
     mode = RealKvHashMode(_one(gen, 0, 3))
     n_src = _one(gen, 0, sources_max + 1)
     sources = []
     for _ in range(n_src):
-        page, nbpt = [1, 4, 16][_one(gen, 0, 3)], 32 * _one(gen, 1, 3)
+        page, nbpt = [1, 4, 16][_one(gen, 0, 3)], 32 * _one(gen, 1, token_units + 1)
         sources.append(
             random_source(
                 gen,
@@ -125,9 +127,9 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
     )
 
 
-def verify_case(gen, device, valid=True):
+def verify_case(gen, device, valid=True, token_units=2):
     S = _one(gen, 2, 600)
-    ctx = context_for(gen, device, S)
+    ctx = context_for(gen, device, S, token_units=token_units)
     cap = _one(gen, 1, 3000)
     plan = VerifyPlan.allocate(verify_capacity=cap, device=device)
     lo, hi = (-2, S) if valid else (-(2**40), 2**40)
@@ -140,9 +142,9 @@ def verify_case(gen, device, valid=True):
     return {"context": ctx, "plan": plan, "check_verify_expected_token": bool(_one(gen, 0, 2))}
 
 
-def write_case(gen, device, valid=True):
+def write_case(gen, device, valid=True, token_units=2):
     S = _one(gen, 90, 600)
-    ctx = context_for(gen, device, S)
+    ctx = context_for(gen, device, S, token_units=token_units)
     cap = _one(gen, 1, 40)
     n = _one(gen, 0, S // 2)
     perm = torch.randperm(S, generator=gen)

@@ -229,15 +229,16 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         record_group = record_group_macro(mode)
 
         @T.macro
-        def walk(r, base, nrows, written, launch, checked):
+        def walk(r, base, nrows, written, launch, all_valid):
             """Walk request r in `mode`: nrows[0] := its violation rows (STAMP: violating entries),
             written[0] += slots written (STAMP).
 
-            checked (STAMP only; a bool expression): every slot of the request is known to pass
+            all_valid (STAMP only; a bool expression): every slot of the request is known to pass
             ``check_slot`` (``check_request``). Its full groups are then stamped by a loop whose body
             is one basic block (next group's loads, stores, bookkeeping and the chain together, so
             the scheduler overlaps them with the chain's latency); the partial group that may follow,
-            and every group when not checked, take the checked loop."""
+            and every group when not all_valid, take the per-group loop, which checks each group's
+            slots."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
             hn = T.alloc_buffer((1,), "uint64", scope="local")
             all_ok = T.alloc_buffer((1,), "int32", scope="local")
@@ -278,11 +279,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
                     start[0] = T.int64(0)
                     if mode == STAMP:
-                        if checked:
-                            for u in T.unroll(U):
-                                ok_u[u] = 1
+                        if all_valid:
                             # Groups 1 .. full - 1 are loaded unclamped; group `full` (the partial
-                            # group, if any) clamped, as the checked loop expects it in cur.
+                            # group, if any) clamped, as the per-group loop expects it in cur.
                             if s1 - s0 >= U:
                                 for g in T.serial((s1 - s0) // U - 1):
                                     load_full_group(nxt, s0 + (g + 1) * U, launch)
@@ -342,8 +341,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
     @T.macro
-    def check_request(checked, r, lane, width, launch):
-        """checked[0] := 1 iff every slot of request r passes ``check_slot``. ``width`` lanes (a Python
+    def check_request(all_valid, r, lane, width, launch):
+        """all_valid[0] := 1 iff every slot of request r passes ``check_slot``. ``width`` lanes (a Python
         int: 32, a warp, on CUDA, whose lanes call it together with the same r; 1 on CPU) share the
         work: lane ``lane`` checks entries s0 + lane + width * k, CHECK_UNROLL loads in flight, and
         on CUDA the warp votes."""
@@ -361,9 +360,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 check_slot(ok, slot_c[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                 mine[0] = mine[0] & (ok[0] | T.Cast("int32", s0 + (g * CHECK_UNROLL + u) * width + lane >= s1))
         if geom.gpu:
-            checked[0] = T.cuda.warp_min(mine[0])
+            all_valid[0] = T.cuda.warp_min(mine[0])
         else:
-            checked[0] = mine[0]
+            all_valid[0] = mine[0]
 
     @T.macro
     def add_written(counter, value, lane):
@@ -443,7 +442,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             r = T.alloc_buffer((1,), "int64", scope="local")
             nrows = T.alloc_buffer((1,), "int64", scope="local")
             written = T.alloc_buffer((1,), "int64", scope="local")
-            checked = T.alloc_buffer((1,), "int32", scope="local")
+            all_valid = T.alloc_buffer((1,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             for t in lanes(geom, TH):
                 total = T.Cast("int32", stamp_blocks * TH)  # lanes of each phase
@@ -475,14 +474,14 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 if b < stamp_blocks:
                     r[0] = T.Cast("int64", T.Select(spread, T.shift_right(lane, 5), lane))
                     while r[0] < active:
-                        checked[0] = 0
+                        all_valid[0] = 0
                         if geom.gpu:
                             if spread:
-                                check_request(checked, r[0], T.Cast("int64", T.truncmod(lane, 32)), 32, launch)
+                                check_request(all_valid, r[0], T.Cast("int64", T.truncmod(lane, 32)), 32, launch)
                         else:
-                            check_request(checked, r[0], T.int64(0), 1, launch)
+                            check_request(all_valid, r[0], T.int64(0), 1, launch)
                         if not spread or T.truncmod(lane, 32) == 0:
-                            walk_stamp(r[0], T.int64(0), nrows, written, launch, checked[0] != 0)
+                            walk_stamp(r[0], T.int64(0), nrows, written, launch, all_valid[0] != 0)
                             if nrows[0] != T.int64(0):
                                 lane_marked[0] = 1
                                 flags[0] = 1

@@ -29,8 +29,10 @@ CUDA_DEFAULTS = {
 
 CUDA_MODE_DEFAULTS = {
     # verify in PARTIAL mode (a 32-byte prefix of each source folded): the 32-register cap of NONE's
-    # default costs 1.2-1.5x at 1M-16M entries; 1056 x 128 with min_blocks 8 (64 registers, no spills,
-    # 1024 threads per SM) is within 0.95-1.01x of the floor there.
+    # default costs 1.2-1.5x at 1M-16M entries; 1056 x 128 with min_blocks 8 (64 registers, 1024 threads
+    # per SM) is within 0.96-1.01x of the floor there (fifth-session H200 run). Since the fold's 8-word
+    # prefetch ptxas reports 36 bytes of spill stores (2 sources) at this cap; on the H200 PARTIAL moved
+    # by at most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
     ("verify", 1): {"blocks": 1056, "threads": 128, "min_blocks": 8},
     # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
     # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
