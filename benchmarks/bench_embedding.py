@@ -28,9 +28,10 @@ Columns:
   operators; other torch operations of the step (the SWA slot translation) count zero. The ratio
   graph only / floor sum is the issue's "within 2x" figure; a step faster than its floor sum by more
   than the noise (``BELOW_FLOOR_RATIO``) is flagged ``below_floor``: its floors are then not lower
-  bounds and the ratio bounds nothing; ``floor_ops`` in the JSON lists each
-  operator's floor, and ``graph_op_times`` each device operation of one graph replay with its device
-  time (profiler), so the two can be set side by side.
+  bounds and the ratio bounds nothing. ``floor_ops`` in the JSON lists each operator's floor (a
+  floor kernel's with ``device_us``, the device time of one launch of its fastest grid) and
+  ``graph_op_times`` each device operation of one graph replay with its device time (profiler), so
+  the two can be set side by side.
 * model floor: the same sum modeled instead of measured, per operator one empty launch + bytes / HBM
   bandwidth (a measured device copy): bytes follow the byte model of benchmarks/bench_kernels.py
   (verify: 24 B plan + 8 B token + 32 B slot + 32 B predecessor + 32 B per PARTIAL source per entry;
@@ -64,7 +65,7 @@ from tvm_canary.session import CanaryGroup, CanarySession
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import floors  # noqa: E402
-from bench_kernels import BELOW_FLOOR_RATIO  # noqa: E402
+from bench_kernels import BELOW_FLOOR_RATIO, geometry_label  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 CONTEXT, WINDOW, SOURCES, KV_BYTES, PAGE = 512, 128, 2, 256, 16
@@ -228,13 +229,18 @@ def floor_bench(arch: str):
     return bench
 
 
-def floor_of(bench, op: Operator) -> tuple[float, str]:
-    """The fastest floor of ``op`` (µs per launch, which one): its floor kernel over the floor grids,
-    FLOOR_REPEATS launches per CUDA graph on the step's tensors; for a copy, ``Bench.copy_floor_us``."""
+def floor_of(bench, op: Operator) -> dict:
+    """The fastest floor of ``op``: ``floor_us`` (µs per launch) and ``floor`` (which one), its floor kernel
+    over the floor grids, FLOOR_REPEATS launches per CUDA graph on the step's tensors (for a copy,
+    ``Bench.copy_floor_us``); for a floor kernel also ``device_us``, the device time of one launch of
+    the fastest grid (profiler), to set beside the step's ``graph_op_times``."""
     if op.floor == "copy":
-        return bench.copy_floor_us(op.nbytes)
+        us, which = bench.copy_floor_us(op.nbytes)
+        return dict(what=op.what, floor_us=us, floor=which)
     us, grid = bench.floor(op.floor, lambda fn: [lambda: fn(*op.args)] * FLOOR_REPEATS)
-    return us, f"{op.floor} {grid}"
+    fn = bench.floor_kernel(op.floor, next(g for g in floors.floor_geometries() if geometry_label(g) == grid))
+    device_us = sum(e["us"] for e in device_ops(lambda: fn(*op.args)))
+    return dict(what=op.what, floor_us=us, floor=f"{op.floor} {grid}", device_us=device_us)
 
 
 def hbm_bytes_per_us() -> float:
@@ -276,11 +282,10 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
     )
     w.eager_step()  # the plans hold this decode step's
     operators = w.operators()
-    floors_us = [floor_of(bench, op) for op in operators]
+    floor_ops = [floor_of(bench, op) for op in operators]
     row.update(
-        operators=len(operators), floor_sum_us=sum(us for us, _ in floors_us),
-        model_floor_us=sum(empty_us + op.nbytes / bytes_per_us for op in operators),
-        floor_ops=[dict(what=op.what, floor_us=us, floor=which) for op, (us, which) in zip(operators, floors_us)],
+        operators=len(operators), floor_sum_us=sum(f["floor_us"] for f in floor_ops),
+        model_floor_us=sum(empty_us + op.nbytes / bytes_per_us for op in operators), floor_ops=floor_ops,
     )
     row.update(graph_over_floor=graph_only / row["floor_sum_us"], graph_over_model=graph_only / row["model_floor_us"])
     row["below_floor"] = row["graph_over_floor"] < BELOW_FLOOR_RATIO  # the floors are then not lower bounds
