@@ -512,15 +512,17 @@ class Bench:
                 for geom in floors.floor_geometries():
                     self.floor_kernel(name, geom)
 
-    def floor(self, name, calls_of):
-        """Fastest grid of floor kernel ``name``: (µs, grid label); ``calls_of(fn)`` -> zero-arg calls."""
+    def fastest_floor(self, name, calls_of):
+        """Fastest grid of floor kernel ``name``: (µs, its geometry); ``calls_of(fn)`` -> zero-arg calls."""
         import floors
 
-        best = (float("inf"), "")
-        for geom in floors.floor_geometries():
-            t = graph_time_us(calls_of(self.floor_kernel(name, geom)))
-            best = min(best, (t, geometry_label(geom)))
-        return best
+        timed = [(graph_time_us(calls_of(self.floor_kernel(name, geom))), geom) for geom in floors.floor_geometries()]
+        return min(timed, key=lambda t: t[0])
+
+    def floor(self, name, calls_of):
+        """``fastest_floor`` with the grid as its label: (µs, grid label)."""
+        us, geom = self.fastest_floor(name, calls_of)
+        return us, geometry_label(geom)
 
     def copy_floor_us(self, nbytes: int):
         """Dense device-to-device copy of ``nbytes`` (half read, half written): torch's copy and a TIR
