@@ -25,8 +25,9 @@ Columns:
   step's plan kernel filled (token vector included), write a store through its write plan into a
   scratch copy of the canary, plan and scatter a dense copy of their bytes. Each floor runs on data
   as warm as the step's (the same tensors, replayed), so that the sum bounds the step's operators
-  from below; other torch operations of the step (the SWA slot translation) count zero. (On the
-  H200 run of 2026-12-01 the verify floors took longer than the verify kernels: ``below_floor``.) The ratio
+  from below; other torch operations of the step (the SWA slot translation) count zero. (The H200
+  run of 2026-12-01, fifth session, timed the bare replays before the graph's first refill, so over an
+  empty batch, and found the step below its floors: ``below_floor``. They now follow a refill.) The ratio
   graph only / floor sum is the issue's "within 2x" figure; a step faster than its floor sum by more
   than the noise (``BELOW_FLOOR_RATIO``) is flagged ``below_floor``: its floors are then not lower
   bounds and the ratio bounds nothing. ``floor_ops`` in the JSON lists each operator's floor (a
@@ -271,7 +272,12 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
 
     ops_per_step = len(device_ops(w.eager_step))
     graph_ops = len(device_ops(graph._work))  # the captured work (a repeat of the decode step)
+    # The bare replays below reuse the inputs the last refill left in the graph's static buffers, so
+    # refill them with the decode batch first (captured, they hold zeros: an empty batch).
+    replay()
     graph_only = median_us(graph.graph.replay, iters)
+    verified = int(w.session._group("FULL").verify_plan.verify_num_valid[0])
+    assert verified == bs * CONTEXT, f"the replayed step verified {verified} entries, not {bs * CONTEXT}"
     replayed = device_ops(graph.graph.replay)  # per operation, to set beside floor_ops
     row = dict(
         bs=bs, groups="FULL+SWA" if swa else "FULL", eager_wall_us=wall_us(w.eager_step, iters),
