@@ -191,7 +191,7 @@ class Workload:
         bs, decode = self.bs, self.decode
         out = [Operator("scatter", 12 * bs * (CONTEXT + 1), "copy")]
         entries = {"FULL": bs * CONTEXT, "SWA": bs * min(WINDOW, CONTEXT)}
-        # the gather floor's liveness output, ticket flags and launch counter (unused without a ticket)
+        # the floors' liveness output (gather), ticket flags and launch counter (unused without a ticket)
         scratch = (torch.zeros(1, dtype=torch.int64, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV),
                    torch.zeros(1, dtype=torch.int64, device=DEV))
         tail = []
@@ -214,7 +214,7 @@ class Workload:
                     in_order.append(Operator(
                         f"write {endpoint} {half} {name}", (24 + 32 + src_bytes) * bs, f"store-{mode}",
                         (canary.clone(), wp.write_offsets, wp.write_seed_slot_indices, decode["input_ids"],
-                         decode["positions"], slots, kv[half])))
+                         decode["positions"], slots, kv[half], *scratch[1:])))
         return out + tail
 
 

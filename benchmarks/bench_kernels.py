@@ -260,8 +260,8 @@ def fold_words(mode: str) -> int:
 
 
 def floor_makers() -> dict:
-    """{floor name: make(geom) -> TIR function}: gather per real-KV mode (verify, two sources) and its
-    ``hash`` and ``ticket`` variants (``bounds`` below), store per mode (write), copy (plan, scatter)."""
+    """{floor name: make(geom) -> TIR function}: gather per real-KV mode (verify, two sources), store per
+    mode (write), each with its ``hash`` and ``ticket`` variants (``bounds`` below), copy (plan, scatter)."""
     import floors
 
     out = {}
@@ -273,6 +273,10 @@ def floor_makers() -> dict:
         out[f"gather-ticket-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(
             g, fold_words(mode), False, sources, hashing=True, ticket=True)
         out[f"store-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(g, fold_words(mode), sources)
+        out[f"store-hash-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(
+            g, fold_words(mode), sources, hashing=True)
+        out[f"store-ticket-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(
+            g, fold_words(mode), sources, hashing=True, ticket=True)
     out["copy"] = floors.copy
     return out
 
@@ -508,7 +512,7 @@ class Bench:
         import floors
 
         for name in self.floor_makers:  # the bounds' variants compile when first used (small verify rows)
-            if name.split("-")[0] in {FLOOR_OF[k] for k in kernels} and not name.startswith(("gather-hash", "gather-ticket")):
+            if name.split("-")[0] in {FLOOR_OF[k] for k in kernels} and name.split("-")[1] not in ("hash", "ticket"):
                 for geom in floors.floor_geometries():
                     self.floor_kernel(name, geom)
 
@@ -540,16 +544,17 @@ class Bench:
         t_tir, grid = self.floor("copy", lambda fn: [lambda s=s, d=d: fn(s, d) for s, d in pairs] * rounds)
         return (t_torch, "torch copy") if t_torch <= t_tir else (t_tir, f"copy {grid}")
 
-    def bounds(self, row, mode, calls_of, empty_us):
-        """What bounds a small (latency-bound) verify beyond its bytes, on the row's own calls:
-        ``hash_floor_us``, the gather that also hashes as SPEC 1 requires (chain link, real-KV fold), and
-        ``ordered_floor_us``, the least a verify that appends its rows in entry order pays on top: the
+    def bounds(self, row, family, mode, calls_of, empty_us):
+        """What bounds a small (latency-bound) verify or a many-request write beyond its bytes, on the
+        row's own calls (``family``: "gather" for verify, "store" for write): ``hash_floor_us``, the
+        floor that also hashes as SPEC 1 requires (chain links, real-KV fold), and
+        ``ordered_floor_us``, the least a kernel that appends its rows in order pays on top: the
         faster of that floor with the single launch's clean protocol (a block barrier, a ticket per
         block, the last block counting the launch) and that floor plus one more launch (``empty_us``),
         the cost of emitting in a second kernel. Each is the fastest of the floor grids."""
-        row["hash_floor_us"], grid = self.floor(f"gather-hash-{mode}", calls_of)
+        row["hash_floor_us"], grid = self.floor(f"{family}-hash-{mode}", calls_of)
         row["hash_floor"] = f"hash {grid}"
-        ticket_us, ticket_grid = self.floor(f"gather-ticket-{mode}", calls_of)
+        ticket_us, ticket_grid = self.floor(f"{family}-ticket-{mode}", calls_of)
         row["ordered_floor_us"], row["ordered_floor"] = min(
             (ticket_us, f"hash + ticket {ticket_grid}"), (row["hash_floor_us"] + empty_us, f"hash {grid} + launch"))
 
@@ -592,7 +597,7 @@ class Bench:
                     row["floor_us"], grid = self.floor(f"gather-{mode}", calls_of)
                     row["floor"] = f"gather {grid}"
                     if n <= SMALL_VERIFY_ENTRIES:
-                        self.bounds(row, mode, calls_of, empty_us)
+                        self.bounds(row, "gather", mode, calls_of, empty_us)
                     src_bytes = n_src * (32 if mode == "PARTIAL" else KV_BYTES) if n_src else 0
                     row["bytes"] = n * (24 + 32 + 32 + src_bytes)
                     if candidates:
@@ -619,13 +624,17 @@ class Bench:
                 row = {"kernel": "write", "case": f"{mode} {reqs}x{length}", "mode": mode, "reqs": reqs, "shape": f"{reqs}x{length}"}
                 self.timed("write", sets, row, iters=7)
                 chain_floor = chain_ns * length / 1000 + empty_us
-                store_us, grid = self.floor(
-                    f"store-{mode}",
-                    lambda fn, sets=sets: [lambda a=a: fn(words, a["plan"].write_offsets, a["plan"].write_seed_slot_indices,
-                                                          a["input_ids"], a["positions"], a["out_cache_loc"], pool.kv)
-                                           for a in sets])
+
+                def calls_of(fn, sets=sets):
+                    return [lambda a=a: fn(words, a["plan"].write_offsets, a["plan"].write_seed_slot_indices, a["input_ids"],
+                                           a["positions"], a["out_cache_loc"], pool.kv, pool.floor_flags, pool.floor_counter)
+                            for a in sets]
+
+                store_us, grid = self.floor(f"store-{mode}", calls_of)
                 row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_us
                 row["floor_us"], row["floor"] = max((chain_floor, f"chain {chain_ns:.1f}ns/step"), (store_us, f"store {grid}"))
+                if length == 1:  # one-token requests: latency-bound, like small verifies
+                    self.bounds(row, "store", mode, calls_of, empty_us)
                 row["bytes"] = reqs * 16 + reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES) if mode != "NONE" else 0))
                 self.check_write_bytes(sets[0], row)
                 self.baseline_times("write", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row, graphable=False)

@@ -14,7 +14,8 @@ the kernel's own choices is built in, so every memory floor is compiled for each
   as many lanes per request as the grid affords (``max(1, lanes // requests)``), so one long request
   is stored as widely as many short ones. Locating a request's tokens through its offsets is the
   plan's layout, so every write must pay that dependent load. With many short chains this bounds write
-  from below; with long chains ``chain`` does.
+  from below; with long chains ``chain`` does. Its ``hashing`` and ``ticket`` variants bound more than
+  the bytes, as the gather's do.
 * ``copy``: a dense int64 device-to-device copy (the plan and scatter bound), beside torch's copy;
   timed over more launches per graph than the kernels (``COPY_FLOOR_LAUNCHES`` in the benchmark) so
   that the per-replay cost is spread thinner than in the kernel's own timing.
@@ -50,17 +51,39 @@ def floor_geometries():
     return [Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
 
 
+@T.macro
+def fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources):
+    """h[0] := the slot's real-KV fold as the hashing floors compute it: one ``splitmix64`` per folded word
+    of each source (the first ``fold_words`` words of the slot's row in each of ``num_sources`` halves
+    of ``src``) and one per source. The two sources' chains advance together in one loop (SPEC 1.4
+    folds one source after the other; together, the dependent steps are half as many, so the floor
+    stays below any order a kernel may choose)."""
+    h[0] = T.uint64(0)
+    part[0] = T.uint64(0)
+    part2[0] = T.uint64(0)
+    for q in T.serial(fold_words):
+        if num_sources > 0:
+            part[0] = part[0] ^ T.reinterpret("uint64", src[slot, q])
+            splitmix64(part)
+        if num_sources > 1:
+            part2[0] = part2[0] ^ T.reinterpret("uint64", src[slot + rows // 2, q])
+            splitmix64(part2)
+    if num_sources > 0:
+        h[0] = h[0] ^ part[0]
+        splitmix64(h)
+    if num_sources > 1:
+        h[0] = h[0] ^ part2[0]
+        splitmix64(h)
+
+
 def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int, hashing: bool = False,
            ticket: bool = False):
     """The ``gather`` floor: verify's bytes with verify's indices, XOR-ed (sources: the first
     ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
 
     ``hashing``: the bytes are hashed as SPEC 1 requires of every verify instead of XOR-ed: the
-    predecessor's chain link (``mix3`` of its fields) and the real-KV fold (one ``splitmix64`` per folded
-    word of each source, one per source), so in ALL mode (32 dependent steps per source) it also bounds
-    the arithmetic. The two sources' chains advance together in one loop (SPEC 1.4 folds one source
-    after the other; together, the dependent steps are half as many, so the floor stays below any
-    order a kernel may choose). ``ticket``: also the least a single launch that appends rows in entry
+    predecessor's chain link (``mix3`` of its fields) and the real-KV fold (``fold_hash``), so in ALL
+    mode (32 dependent steps per source) it also bounds the arithmetic. ``ticket``: also the least a single launch that appends rows in entry
     order does in a clean launch: a block barrier, one ticket per block (``kernels.common.last_block``,
     drawn on ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``.
     """
@@ -108,22 +131,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                         else:
                             acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
                     if hashing:
-                        h[0] = T.uint64(0)
-                        part[0] = T.uint64(0)
-                        part2[0] = T.uint64(0)
-                        for q in T.serial(fold_words):
-                            if num_sources > 0:
-                                part[0] = part[0] ^ T.reinterpret("uint64", src[slot, q])
-                                splitmix64(part)
-                            if num_sources > 1:
-                                part2[0] = part2[0] ^ T.reinterpret("uint64", src[slot + rows // 2, q])
-                                splitmix64(part2)
-                        if num_sources > 0:
-                            h[0] = h[0] ^ part[0]
-                            splitmix64(h)
-                        if num_sources > 1:
-                            h[0] = h[0] ^ part2[0]
-                            splitmix64(h)
+                        fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources)
                         acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                     else:
                         for s in T.serial(num_sources):
@@ -142,15 +150,26 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     return gather_floor
 
 
-def store(geom: Geometry, fold_words: int, num_sources: int):
+def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = False, ticket: bool = False):
+    """The ``store`` floor: write's bytes through the write plan's indirections, XOR-ed (sources: the first
+    ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
+
+    ``hashing``: the bytes are hashed as SPEC 1 requires of every write instead of XOR-ed: the seed
+    slot's chain link (``mix3`` of its fields), each lane's chain steps over its own tokens only (one
+    ``mix3`` before each of its tokens but the first: fewer and shorter chains than any write runs)
+    and the real-KV fold as the gather floor hashes it (``fold_hash``). ``ticket``: also the least a single launch that appends rows in request
+    order does in a clean launch, as the gather floor's (``flags``, ``counter``: zero on entry; unused
+    otherwise)."""
+    assert num_sources <= 2
     TH = geom.threads
+    any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
 
     @T.prim_func(private=False)
     def store_floor(buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, ids_h: T.handle, pos_h: T.handle,
-                    ocl_h: T.handle, src_h: T.handle):
+                    ocl_h: T.handle, src_h: T.handle, flags_h: T.handle, counter: T.Buffer((1,), "int64")):
         T.func_attr({"tirx.noalias": True})
         S = T.int64(); F = T.int64(); cap = T.int64(); cap1 = T.int64(); n = T.int64(); rows = T.int64()
-        cols = T.int64()
+        cols = T.int64(); NF = T.int64()
         buf = T.match_buffer(buf_h, (S, F), "int64")
         offsets = T.match_buffer(offsets_h, (cap1,), "int64")
         seeds = T.match_buffer(seeds_h, (cap,), "int64")
@@ -158,6 +177,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int):
         pos = T.match_buffer(pos_h, (n,), "int64")
         ocl = T.match_buffer(ocl_h, (n,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
+        flags = T.match_buffer(flags_h, (NF,), "int32")
         nb = T.meta_var(blocks_for(geom, T.max(n, cap)))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
@@ -165,6 +185,11 @@ def store(geom: Geometry, fold_words: int, num_sources: int):
                 link = T.alloc_buffer((1,), "int64", scope="local")
                 k = T.alloc_buffer((1,), "int64", scope="local")
                 r = T.alloc_buffer((1,), "int64", scope="local")
+                h = T.alloc_buffer((1,), "uint64", scope="local")
+                part = T.alloc_buffer((1,), "uint64", scope="local")
+                part2 = T.alloc_buffer((1,), "uint64", scope="local")
+                drawn = T.alloc_buffer((1,), "int32", scope="local")
+                block_done = T.alloc_buffer((1,), "int32", scope="local")
                 g = T.Cast("int64", b * TH + t)
                 width = T.max(nb * TH // cap, T.int64(1))  # lanes per request
                 stride = nb * TH // width
@@ -174,20 +199,39 @@ def store(geom: Geometry, fold_words: int, num_sources: int):
                         seed = seeds[r[0]]
                         link[0] = seed
                         if g % width == 0 and seed >= T.int64(0) and seed < S:
-                            link[0] = buf[seed, 0] ^ buf[seed, 1] ^ buf[seed, 2]
+                            if hashing:
+                                slot_hash(h, buf, seed)
+                                link[0] = T.reinterpret("int64", h[0])
+                            else:
+                                link[0] = buf[seed, 0] ^ buf[seed, 1] ^ buf[seed, 2]
                         k[0] = offsets[r[0]] + g % width
                         while k[0] < offsets[r[0] + 1]:
                             slot = ocl[k[0]]
-                            acc[0] = T.int64(0)
-                            for s in T.serial(num_sources):
-                                for q in T.serial(fold_words):
-                                    acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
+                            if hashing:
+                                fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources)
+                                acc[0] = T.reinterpret("int64", h[0])
+                                buf[slot, 2] = link[0]
+                                if k[0] + width < offsets[r[0] + 1]:  # the step the lane's next token needs
+                                    h[0] = T.reinterpret("uint64", link[0])
+                                    mix3(h, ids[k[0]], pos[k[0]])
+                                    link[0] = T.reinterpret("int64", h[0])
+                            else:
+                                acc[0] = T.int64(0)
+                                for s in T.serial(num_sources):
+                                    for q in T.serial(fold_words):
+                                        acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
+                                buf[slot, 2] = link[0]
                             buf[slot, 0] = ids[k[0]]
                             buf[slot, 1] = pos[k[0]]
-                            buf[slot, 2] = link[0]
                             buf[slot, 3] = acc[0]
                             k[0] = k[0] + width
                         r[0] = r[0] + stride
+                if ticket:
+                    any_of(block_done, 0)  # the block barrier before its ticket
+                    if t == 0:
+                        draw_ticket(drawn, flags, nb, b, 0)
+                        if drawn[0] != NOT_LAST:
+                            count(counter, T.int64(1))
 
     return store_floor
 

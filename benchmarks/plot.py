@@ -203,13 +203,15 @@ def markdown(run) -> str:
                 cells += [_fmt(t), _fmt(t / r["us"] if t else None, 3), r.get("tuned_geometry", "-") + same]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    bounded = [r for r in run["rows"] if "ordered_floor_us" in r]
-    if bounded:
-        lines += ["### verify, small plans: what bounds it beyond its bytes", "",
-                  "Latency-bound rows (`bench_kernels.Bench.bounds`): the gather floor; `hash`, the gather that also "
-                  "hashes as SPEC 1 requires; `ordered`, the least on top of that for rows appended in entry order "
+    for kernel, title, floor in (("verify", "verify, small plans", "gather"), ("write", "write, one-token requests", "store")):
+        bounded = [r for r in run["rows"] if r["kernel"] == kernel and "ordered_floor_us" in r]
+        if not bounded:
+            continue
+        lines += [f"### {title}: what bounds it beyond its bytes", "",
+                  f"Latency-bound rows (`bench_kernels.Bench.bounds`): the {floor} floor; `hash`, the {floor} that also "
+                  "hashes as SPEC 1 requires; `ordered`, the least on top of that for rows appended in order "
                   "(one launch with the clean protocol, or one more launch). Ratios are the kernel's time over each.",
-                  "", "| case | µs | gather µs (ratio) | hash µs (ratio) | ordered | ordered µs (ratio) |",
+                  "", f"| case | µs | {floor} µs (ratio) | hash µs (ratio) | ordered | ordered µs (ratio) |",
                   "|" + " --- |" * 6]
         for r in bounded:
             lines.append(f"| {r['case']} | {_fmt(r['us'])} | {_fmt(r['floor_us'])} ({_fmt(r['us'] / r['floor_us'], 2)}) | "

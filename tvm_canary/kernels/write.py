@@ -18,14 +18,17 @@ and a small plan gets a small grid):
    depends on the slot alone, so it runs in parallel, off the serial chain, and phase 1 need not wait
    for it (it writes fields 0-2 and reads only seed slots).
 1. *stamp* (the first ``stamp_blocks`` blocks; one thread per request: lane 0 of a warp of its own when
-   there are fewer requests than warps, else consecutive lanes): walks the chain, U entries at a time
-   with the next U loaded ahead, writes fields 0-2 (and 3 := 0 in NONE mode), adds the written count
-   to the slot counter and marks the request's chunk in ``flags`` if any entry of it produces
-   violation rows. When every slot of the request is known valid beforehand (its warp checks them
-   all and votes, on CUDA when the request has a warp of its own; the thread itself on CPU), its full
-   groups take a loop without slot checks or branches; otherwise each group's slots are checked and
-   a group with an invalid slot takes a guarded step (every entry's mix3 computed, kept only if the
-   entry is stamped).
+   there are fewer requests than warps, else consecutive lanes): walks the chain, writes fields 0-2
+   (and 3 := 0 in NONE mode), adds the written count to the slot counter and marks the request's chunk
+   in ``flags`` if any entry of it produces violation rows. When every slot of the request is known
+   valid beforehand (its warp checks them all and votes, on CUDA when the request has a warp of its
+   own; the thread itself on CPU), its full batches of 32 entries (one on CPU) are stamped by the whole
+   warp in lockstep: each lane loads one entry, every lane runs the batch's chain steps on tokens and
+   positions shuffled from their lanes, and each lane then stores its own entry, so the serial chain
+   carries no loads, stores or checks. The rest (every entry otherwise) is walked by the one thread,
+   U entries at a time with the next U loaded ahead; each group's slots are checked and a group with
+   an invalid slot takes a guarded step (every entry's mix3 computed, kept only if the entry is
+   stamped).
 2. *ticket* (``common.single_launch``): the block finishing last learns whether any request marked.
 3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
    counts each request's rows, ranks them (request order) and walks again to append the rows to the
@@ -85,6 +88,10 @@ EmitState = collections.namedtuple("EmitState", "nrows scount launch")
 def make(num_sources: int, input_assert: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the input assert."""
     TH, U = geom.threads, geom.unroll
+    # Lanes that stamp one request in lockstep (stamp_lockstep): a warp on CUDA, the thread on CPU; the
+    # chain steps of a batch are unrolled U at a time.
+    WARP = 32 if geom.gpu else 1
+    STEP_UNROLL = min(U, WARP)
     sync = block_sync(geom)
     add = counter_add(geom)
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
@@ -120,17 +127,6 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             if input_assert:
                 group.et[u] = launch.etoks[i]
                 group.ep[u] = launch.epos[i]
-
-    @T.macro
-    def load_full_group(group, i0, launch):
-        """group := entries [i0, i0 + U) (all inside the request: no clamping)."""
-        for u in T.unroll(U):
-            group.slot[u] = launch.ocl[i0 + u]
-            group.tok[u] = launch.ids[i0 + u]
-            group.pos[u] = launch.pos_in[i0 + u]
-            if input_assert:
-                group.et[u] = launch.etoks[i0 + u]
-                group.ep[u] = launch.epos[i0 + u]
 
     def stamp_group_macro(guarded):
         @T.macro
@@ -214,9 +210,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         return record_group
 
     @T.macro
-    def copy_group(dst, src):
-        """dst := src (the next group's registers become the current group's)."""
-        for u in T.unroll(U):
+    def copy_group(dst, src, count):
+        """dst := src, ``count`` entries (the next group's registers become the current group's)."""
+        for u in T.unroll(count):
             dst.slot[u] = src.slot[u]
             dst.tok[u] = src.tok[u]
             dst.pos[u] = src.pos[u]
@@ -224,21 +220,86 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 dst.et[u] = src.et[u]
                 dst.ep[u] = src.ep[u]
 
+    @T.macro
+    def load_entry(entry, i, launch):
+        """entry := entry i of the token vectors (one register each)."""
+        entry.slot[0] = launch.ocl[i]
+        entry.tok[0] = launch.ids[i]
+        entry.pos[0] = launch.pos_in[i]
+        if input_assert:
+            entry.et[0] = launch.etoks[i]
+            entry.ep[0] = launch.epos[i]
+
+    def lane_value(value, src):
+        """``value`` as held by lane ``src`` of the warp (a shuffle on CUDA; on CPU the thread is its own
+        and only lane, src 0)."""
+        return T.cuda.__shfl_sync(T.uint32(0xFFFFFFFF), value, T.Cast("int32", src), WARP) if geom.gpu else value
+
+    def warp_total(value):
+        return T.cuda.warp_sum(value) if geom.gpu else value
+
+    @T.macro
+    def stamp_lockstep(h, prev_pos, nrows, written, s0, s1, batches, lane, check_pos, launch):
+        """Stamp entries [s0, s0 + batches * WARP) of a request whose slots all pass ``check_slot``, by
+        the WARP lanes of a warp in lockstep (one thread on CPU), lane ``lane`` (int64) of them: per
+        batch, lane k holds entry base + k (the next batch's entry loaded ahead); every lane runs the
+        batch's WARP chain steps on the tokens and positions shuffled from their lanes and keeps the
+        hash before step k in lane k; then every lane stores its own entry and counts whether it is a
+        violation (input assert; position sequence, the predecessor's position taken from the lane
+        before). So the serial chain carries no loads, stores or checks. On return every lane holds
+        the chain hash and ``prev_pos`` after the batches, ``nrows[0]`` has grown by the batches'
+        violating entries (warp total) and ``written[0]`` by the lane's own stores. The caller has
+        all the warp's lanes call it together (s1 > s0)."""
+        slot_c = T.alloc_buffer((1,), "int64", scope="local")
+        tok_c = T.alloc_buffer((1,), "int64", scope="local")
+        pos_c = T.alloc_buffer((1,), "int64", scope="local")
+        et_c = T.alloc_buffer((1,), "int64", scope="local")
+        ep_c = T.alloc_buffer((1,), "int64", scope="local")
+        slot_x = T.alloc_buffer((1,), "int64", scope="local")
+        tok_x = T.alloc_buffer((1,), "int64", scope="local")
+        pos_x = T.alloc_buffer((1,), "int64", scope="local")
+        et_x = T.alloc_buffer((1,), "int64", scope="local")
+        ep_x = T.alloc_buffer((1,), "int64", scope="local")
+        mine = T.alloc_buffer((1,), "uint64", scope="local")
+        shifted = T.alloc_buffer((1,), "int64", scope="local")
+        bad = T.alloc_buffer((1,), "int64", scope="local")
+        cur = T.meta_var(Group(slot_c, tok_c, pos_c, et_c, ep_c))
+        nxt = T.meta_var(Group(slot_x, tok_x, pos_x, et_x, ep_x))
+        load_entry(cur, T.min(s0 + lane, s1 - 1), launch)
+        bad[0] = T.int64(0)
+        for g in T.serial(batches):
+            load_entry(nxt, T.min(s0 + (g + 1) * WARP + lane, s1 - 1), launch)
+            pos = cur.pos[0]
+            shifted[0] = lane_value(pos, lane - T.int64(1))  # every lane shuffles (outside the select)
+            before = T.Select(lane == T.int64(0), prev_pos[0], shifted[0])
+            mismatch = (cur.tok[0] != cur.et[0] or pos != cur.ep[0]) if input_assert else T.bool(False)
+            bad[0] = bad[0] + T.Cast("int64", (check_pos and pos != before + T.int64(1)) or mismatch)
+            for kk in T.serial(WARP // STEP_UNROLL):
+                for k in T.unroll(STEP_UNROLL):
+                    mine[0] = T.Select(lane == T.Cast("int64", kk * STEP_UNROLL + k), h[0], mine[0])
+                    mix3(h, lane_value(cur.tok[0], kk * STEP_UNROLL + k), lane_value(pos, kk * STEP_UNROLL + k))
+            stamp(launch.buf, cur.slot[0], cur.tok[0], pos, mine)
+            prev_pos[0] = lane_value(pos, WARP - 1)
+            copy_group(cur, nxt, 1)
+        written[0] = written[0] + batches
+        nrows[0] = nrows[0] + warp_total(bad[0])
+
     def walk_macro(mode):
         record = record_macro(mode)
         record_group = record_group_macro(mode)
 
         @T.macro
-        def walk(r, base, nrows, written, launch, all_valid):
+        def walk(r, base, nrows, written, launch, lane, leader, all_valid):
             """Walk request r in `mode`: nrows[0] := its violation rows (STAMP: violating entries),
             written[0] += slots written (STAMP).
 
-            all_valid (STAMP only; a bool expression): every slot of the request is known to pass
-            ``check_slot`` (``check_request``). Its full groups are then stamped by a loop whose body
-            is one basic block (next group's loads, stores, bookkeeping and the chain together, so
-            the scheduler overlaps them with the chain's latency); the partial group that may follow,
-            and every group when not all_valid, take the per-group loop, which checks each group's
-            slots."""
+            all_valid (STAMP only; a warp-uniform bool expression, or None): every slot of the request
+            is known to pass ``check_slot`` (``check_request``). Then the WARP lanes of the warp (all
+            of which call walk, lane ``lane`` of them) stamp its full batches of WARP entries in
+            lockstep (``stamp_lockstep``). The rest of the request (every entry when not all_valid)
+            is walked by the ``leader`` lane alone, U entries at a time, each group's slots checked;
+            with all_valid None (COUNT, EMIT, and requests of a lane each) the caller's lane is the
+            leader."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
             hn = T.alloc_buffer((1,), "uint64", scope="local")
             all_ok = T.alloc_buffer((1,), "int32", scope="local")
@@ -278,34 +339,29 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     if check_pos:
                         prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
                     start[0] = T.int64(0)
-                    if mode == STAMP:
+                    if all_valid is not None:
                         if all_valid:
-                            # Groups 1 .. full - 1 are loaded unclamped; group `full` (the partial
-                            # group, if any) clamped, as the per-group loop expects it in cur.
-                            if s1 - s0 >= U:
-                                for g in T.serial((s1 - s0) // U - 1):
-                                    load_full_group(nxt, s0 + (g + 1) * U, launch)
+                            stamp_lockstep(h, prev_pos, nrows, written, s0, s1, (s1 - s0) // WARP, lane, check_pos,
+                                           launch)
+                            start[0] = (s1 - s0) // WARP * WARP
+                            load_group(cur, s0, s1, start[0], launch)
+                    if leader:
+                        for g in T.serial((s1 - s0 - start[0] + U - 1) // U):
+                            load_group(nxt, s0, s1, start[0] + (g + 1) * U, launch)
+                            all_ok[0] = 1
+                            for u in T.unroll(U):
+                                check_slot(ok, cur.slot[u], launch.buf.shape[0], launch.srcs, launch.params,
+                                           num_sources)
+                                ok_u[u] = ok[0]
+                                all_ok[0] = all_ok[0] & ok[0]
+                            if mode == STAMP:
+                                if all_ok[0] != 0:
                                     stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
-                                    copy_group(cur, nxt)
-                                load_group(nxt, s0, s1, (s1 - s0) // U * U, launch)
-                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
-                                copy_group(cur, nxt)
-                            start[0] = (s1 - s0) // U * U
-                    for g in T.serial((s1 - s0 - start[0] + U - 1) // U):
-                        load_group(nxt, s0, s1, start[0] + (g + 1) * U, launch)
-                        all_ok[0] = 1
-                        for u in T.unroll(U):
-                            check_slot(ok, cur.slot[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
-                            ok_u[u] = ok[0]
-                            all_ok[0] = all_ok[0] & ok[0]
-                        if mode == STAMP:
-                            if all_ok[0] != 0:
-                                stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
+                                else:
+                                    stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
                             else:
-                                stamp_guarded(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
-                        else:
-                            record_group(h, prev_pos, nrows, base, ok_u, cur, check_pos, launch)
-                        copy_group(cur, nxt)
+                                record_group(h, prev_pos, nrows, base, ok_u, cur, check_pos, launch)
+                            copy_group(cur, nxt, U)
 
         return walk
 
@@ -380,7 +436,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         unused = T.alloc_buffer((1,), "int64", scope="local")
         st.nrows[0] = T.int64(0)
         if unit < active:
-            walk_count(unit, T.int64(0), st.nrows, unused, st.launch, T.bool(False))
+            walk_count(unit, T.int64(0), st.nrows, unused, st.launch, T.int64(0), T.bool(True), None)
         st.scount[t] = st.nrows[0]
 
     @T.macro
@@ -388,7 +444,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         """Emit phase B: request ``unit``'s rows appended to the ring from ``rank`` on."""
         unused = T.alloc_buffer((1,), "int64", scope="local")
         if unit < active:
-            walk_emit(unit, rank, st.nrows, unused, st.launch, T.bool(False))
+            walk_emit(unit, rank, st.nrows, unused, st.launch, T.int64(0), T.bool(True), None)
 
     draw_ticket, emit, close = single_launch(geom, TH, geom.blocks * (1 + FOLD_BLOCKS), count_request, emit_request,
                                              lambda scount, q: scount[q])
@@ -470,22 +526,24 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 written[0] = T.int64(0)
                 lane_marked[0] = 0
                 # The request's slots are checked first (check_request: on CUDA by the warp of a
-                # spread request), so that its full groups take the check-free stamp loop.
+                # spread request, whose lanes then stamp its full batches in lockstep; on CPU by the
+                # thread), so that all-valid requests take stamp_lockstep.
+                warp_lane = T.meta_var(T.Cast("int64", T.truncmod(lane, WARP)))
                 if b < stamp_blocks:
                     r[0] = T.Cast("int64", T.Select(spread, T.shift_right(lane, 5), lane))
                     while r[0] < active:
                         all_valid[0] = 0
                         if geom.gpu:
                             if spread:
-                                check_request(all_valid, r[0], T.Cast("int64", T.truncmod(lane, 32)), 32, launch)
+                                check_request(all_valid, r[0], warp_lane, WARP, launch)
                         else:
-                            check_request(all_valid, r[0], T.int64(0), 1, launch)
-                        if not spread or T.truncmod(lane, 32) == 0:
-                            walk_stamp(r[0], T.int64(0), nrows, written, launch, all_valid[0] != 0)
-                            if nrows[0] != T.int64(0):
-                                lane_marked[0] = 1
-                                flags[0] = 1
-                                flags[1 + r[0] // CHUNK] = 1
+                            check_request(all_valid, r[0], warp_lane, WARP, launch)
+                        walk_stamp(r[0], T.int64(0), nrows, written, launch, warp_lane, not spread or warp_lane == 0,
+                                   all_valid[0] != 0)
+                        if (not spread or warp_lane == 0) and nrows[0] != T.int64(0):
+                            lane_marked[0] = 1
+                            flags[0] = 1
+                            flags[1 + r[0] // CHUNK] = 1
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
                 # Phase 2: the ticket; the last block learns whether any request marked.
