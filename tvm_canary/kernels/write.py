@@ -519,8 +519,11 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
                 # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE
                 # mode) and marks its chunk if it has violation rows. With fewer requests than warps,
-                # each request gets a warp of its own (its lane 0), spreading the serial chains over
-                # the SMs' schedulers; otherwise consecutive requests take consecutive lanes.
+                # each request gets a warp of its own, spreading the serial chains over the SMs'
+                # schedulers: warp w of block b takes requests w * stamp_blocks + b + k * (lanes // 32),
+                # so consecutive requests sit in different blocks whatever the block size (with a
+                # warp index within the block, a 256-lane block would put 8 chains on one SM, two per
+                # scheduler); otherwise consecutive requests take consecutive lanes.
                 lane = T.Cast("int32", b * TH + t)
                 spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
                 written[0] = T.int64(0)
@@ -530,7 +533,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 # thread), so that all-valid requests take stamp_lockstep.
                 warp_lane = T.meta_var(T.Cast("int64", T.truncmod(lane, WARP)))
                 if b < stamp_blocks:
-                    r[0] = T.Cast("int64", T.Select(spread, T.shift_right(lane, 5), lane))
+                    r[0] = T.Select(spread, T.Cast("int64", T.shift_right(t, 5)) * stamp_blocks + T.Cast("int64", b),
+                                    T.Cast("int64", lane))
                     while r[0] < active:
                         all_valid[0] = 0
                         if geom.gpu:
