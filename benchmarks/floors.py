@@ -51,6 +51,23 @@ def floor_geometries():
     return [Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
 
 
+def ticket_protocol(geom: Geometry):
+    """The least a single launch that appends rows in order does in a clean launch (the floors' ``ticket``
+    variants): a block barrier, one ticket per block (``kernels.common.last_block``, drawn on
+    ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``."""
+    any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
+
+    @T.macro
+    def clean_append(block_done, drawn, flags, nb, b, t, counter):
+        any_of(block_done, 0)  # the block barrier before its ticket
+        if t == 0:
+            draw_ticket(drawn, flags, nb, b, 0)
+            if drawn[0] != NOT_LAST:
+                count(counter, T.int64(1))
+
+    return clean_append
+
+
 @T.macro
 def fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources):
     """h[0] := the slot's real-KV fold as the hashing floors compute it: one ``splitmix64`` per folded word
@@ -83,13 +100,12 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
 
     ``hashing``: the bytes are hashed as SPEC 1 requires of every verify instead of XOR-ed: the
     predecessor's chain link (``mix3`` of its fields) and the real-KV fold (``fold_hash``), so in ALL
-    mode (32 dependent steps per source) it also bounds the arithmetic. ``ticket``: also the least a single launch that appends rows in entry
-    order does in a clean launch: a block barrier, one ticket per block (``kernels.common.last_block``,
-    drawn on ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``.
+    mode (32 dependent steps per source) it also bounds the arithmetic. ``ticket``: also the least a
+    single launch that appends rows in entry order does in a clean launch (``ticket_protocol``).
     """
     assert num_sources <= 2
     TH = geom.threads
-    any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
+    clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
     def gather_floor(buf_h: T.handle, slots_h: T.handle, etoks_h: T.handle, epos_h: T.handle, prevs_h: T.handle,
@@ -141,11 +157,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                 if acc[0] == T.int64(123456789):  # never true in practice; keeps the loads alive
                     out[0] = acc[0]
                 if ticket:
-                    any_of(block_done, 0)  # the block barrier before its ticket
-                    if t == 0:
-                        draw_ticket(drawn, flags, nb, b, 0)
-                        if drawn[0] != NOT_LAST:
-                            count(counter, T.int64(1))
+                    clean_append(block_done, drawn, flags, nb, b, t, counter)
 
     return gather_floor
 
@@ -157,12 +169,12 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
     ``hashing``: the bytes are hashed as SPEC 1 requires of every write instead of XOR-ed: the seed
     slot's chain link (``mix3`` of its fields), each lane's chain steps over its own tokens only (one
     ``mix3`` before each of its tokens but the first: fewer and shorter chains than any write runs)
-    and the real-KV fold as the gather floor hashes it (``fold_hash``). ``ticket``: also the least a single launch that appends rows in request
-    order does in a clean launch, as the gather floor's (``flags``, ``counter``: zero on entry; unused
-    otherwise)."""
+    and the real-KV fold as the gather floor hashes it (``fold_hash``). ``ticket``: also the least a
+    single launch that appends rows in request order does in a clean launch (``ticket_protocol``;
+    ``flags`` and ``counter`` are unused otherwise)."""
     assert num_sources <= 2
     TH = geom.threads
-    any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
+    clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
     def store_floor(buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, ids_h: T.handle, pos_h: T.handle,
@@ -227,11 +239,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                             k[0] = k[0] + width
                         r[0] = r[0] + stride
                 if ticket:
-                    any_of(block_done, 0)  # the block barrier before its ticket
-                    if t == 0:
-                        draw_ticket(drawn, flags, nb, b, 0)
-                        if drawn[0] != NOT_LAST:
-                            count(counter, T.int64(1))
+                    clean_append(block_done, drawn, flags, nb, b, t, counter)
 
     return store_floor
 
