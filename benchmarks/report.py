@@ -4,8 +4,8 @@
 
 A group is one target of issue 13 as ``bench_kernels.targets_for`` states it (kernel, what the time is
 compared with, limit; verify split by size range): how many rows meet it, and each row that does not,
-with its ratio; for the small verify rows also the same limit against their ordered floor (for
-reference: it is not the target, it says what the floor really is). Then the tuning check (no row tuned more than 3% slower than default, A/B
+with its ratio; for the small verify rows and the one-token write rows also the same limit against their
+ordered floor (for reference: it is not the target, it says what the floor really is). Then the tuning check (no row tuned more than 3% slower than default, A/B
 interleaved) and the rows faster than their floor by more than 5% (a floor that is not a lower bound).
 Reads the targets the run stored; needs no GPU.
 """

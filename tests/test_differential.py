@@ -67,3 +67,16 @@ def test_differential_wide_tokens(kernel, device):
             run_differential(kernel, device, seed, prepare, token_units=16)
         except AssertionError as e:
             raise AssertionError(f"{kernel} on {device}, wide tokens, seed {seed}: {e}") from e
+
+
+@pytest.mark.parametrize("device", devices())
+def test_differential_long_chains(device):
+    """Requests of 33-100 tokens with every slot valid (``cases.long_write_case``): on CUDA their full
+    batches of 32 take write's lockstep path, with position gaps at and inside batches, input-assert
+    mismatches and a slot stored twice within a request."""
+    require(device)
+    for seed in range(ITERATIONS[device] // 4):
+        try:
+            run_differential("write", device, seed, long_chains=True)
+        except AssertionError as e:
+            raise AssertionError(f"write on {device}, long chains, seed {seed}: {e}") from e

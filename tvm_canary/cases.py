@@ -142,7 +142,10 @@ def verify_case(gen, device, valid=True, token_units=2):
     return {"context": ctx, "plan": plan, "check_verify_expected_token": bool(_one(gen, 0, 2))}
 
 
-def write_case(gen, device, valid=True, token_units=2):
+def write_case(gen, device, valid=True, token_units=2, long_chains=False):
+    """A write launch; ``long_chains`` (valid plans only): ``long_write_case``."""
+    if long_chains:
+        return long_write_case(gen, device, token_units)
     S = _one(gen, 90, 600)
     ctx = context_for(gen, device, S, token_units=token_units)
     cap = _one(gen, 1, 40)
@@ -176,6 +179,58 @@ def write_case(gen, device, valid=True, token_units=2):
         "enable_write_input_assert": assert_on,
         "expected_input_tokens": (ids + _ints(gen, 0, 2, n, device)) if assert_on else None,
         "expected_input_positions": (pos + _ints(gen, 0, 2, n, device)) if assert_on else None,
+    }
+
+
+def long_write_case(gen, device, token_units=2):
+    """1-4 requests of 33-100 tokens whose slots are all valid and distinct, so that on CUDA each request
+    has a warp of its own and its full batches of 32 entries are stamped in lockstep
+    (``kernels.write``): positions run on from the seed slot's stored position (seeds: 30% anchors) with
+    gaps at a batch's first entry and inside batches; the input assert, when on, expects a token or
+    position other than the input's for 5% of the entries; in half the cases one slot is stored by two
+    entries of a request at most 31 apart (the later one's fields must stay)."""
+    cap = _one(gen, 1, 5)
+    lens = torch.randint(33, 101, (cap,), generator=gen)
+    n = int(lens.sum())
+    S = n + cap + _one(gen, 1, 200)
+    ctx = context_for(gen, device, S, token_units=token_units)
+    perm = torch.randperm(S, generator=gen)
+    slots, seeds = perm[:n].clone(), perm[n : n + cap].clone()
+    seeds[torch.rand(cap, generator=gen) < 0.3] = -1
+    off = torch.zeros(cap + 1, dtype=torch.int64)
+    off[1:] = torch.cumsum(lens, 0)
+    starts = torch.randint(0, 1000, (cap,), generator=gen)
+    pos = torch.empty(n, dtype=torch.int64)
+    words = ctx.canary_buf.view(torch.int64)
+    for r in range(cap):
+        first, end = int(off[r]), int(off[r + 1])
+        pos[first:end] = starts[r] + 1 + torch.arange(end - first)
+        pos[first + 32 : end] += _one(gen, 0, 3)  # a gap (or none) at the second batch's first entry
+        if seeds[r] >= 0:
+            words[int(seeds[r]), 1] = int(starts[r])
+    pos[torch.randint(0, n, (2,), generator=gen)] += 7  # gaps inside batches
+    if _one(gen, 0, 2):
+        r = _one(gen, 0, cap)
+        i = _one(gen, 0, int(lens[r]) - 1)
+        j = min(i + _one(gen, 1, 32), int(lens[r]) - 1)
+        slots[int(off[r]) + j] = slots[int(off[r]) + i]
+    plan = WritePlan.allocate(write_req_capacity=cap, device=device)
+    plan.write_offsets.copy_(off.to(device))
+    plan.write_seed_slot_indices.copy_(seeds.to(device))
+    plan.write_num_valid_reqs.fill_(cap)
+    assert_on = bool(_one(gen, 0, 2))
+    ids = _ints(gen, 0, 5, n, device)
+    pos = pos.to(device)
+    off_by = (torch.rand(n, generator=gen) < 0.05).long().to(device)
+    return {
+        "context": ctx,
+        "plan": plan,
+        "input_ids": ids,
+        "positions": pos,
+        "out_cache_loc": slots.to(device),
+        "enable_write_input_assert": assert_on,
+        "expected_input_tokens": (ids + off_by) if assert_on else None,
+        "expected_input_positions": (pos + off_by.flip(0)) if assert_on else None,
     }
 
 

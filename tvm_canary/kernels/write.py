@@ -17,18 +17,19 @@ and a small plan gets a small grid):
    the request's entries: field 3 of every slot the request stamps := the slot's real-KV fold. The fold
    depends on the slot alone, so it runs in parallel, off the serial chain, and phase 1 need not wait
    for it (it writes fields 0-2 and reads only seed slots).
-1. *stamp* (the first ``stamp_blocks`` blocks; one thread per request: lane 0 of a warp of its own when
-   there are fewer requests than warps, else consecutive lanes): walks the chain, writes fields 0-2
-   (and 3 := 0 in NONE mode), adds the written count to the slot counter and marks the request's chunk
-   in ``flags`` if any entry of it produces violation rows. When every slot of the request is known
-   valid beforehand (its warp checks them all and votes, on CUDA when the request has a warp of its
-   own; the thread itself on CPU), its full batches of 32 entries (one on CPU) are stamped by the whole
-   warp in lockstep: each lane loads one entry, every lane runs the batch's chain steps on tokens and
-   positions shuffled from their lanes, and each lane then stores its own entry, so the serial chain
-   carries no loads, stores or checks. The rest (every entry otherwise) is walked by the one thread,
-   U entries at a time with the next U loaded ahead; each group's slots are checked and a group with
-   an invalid slot takes a guarded step (every entry's mix3 computed, kept only if the entry is
-   stamped).
+1. *stamp* (the first ``stamp_blocks`` blocks): each request gets a warp of its own when there are
+   fewer requests than warps (warp w of block b takes requests w * stamp_blocks + b + k * warps), else
+   a lane of its own (consecutive lanes); it walks the chain, writes fields 0-2 (and 3 := 0 in NONE
+   mode), adds the written count to the slot counter and marks the request's chunk in ``flags`` if any
+   entry of it produces violation rows. When every slot of the request is known valid beforehand (its
+   warp checks them all and votes, on CUDA when the request has a warp of its own; the thread itself on
+   CPU), its full batches of 32 entries (one on CPU) are stamped by the whole warp in lockstep: each
+   lane loads one entry, every lane runs the batch's chain steps on tokens and positions shuffled from
+   their lanes, and each lane then stores its own entry (unless a later entry of the batch stores the
+   same slot), so the serial chain carries no loads, stores or checks. The rest (every entry
+   otherwise) is walked by one thread, lane 0 of the request's warp or the request's lane, U entries
+   at a time with the next U loaded ahead; each group's slots are checked and a group with an invalid
+   slot takes a guarded step (every entry's mix3 computed, kept only if the entry is stamped).
 2. *ticket* (``common.single_launch``): the block finishing last learns whether any request marked.
 3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
    counts each request's rows, ranks them (request order) and walks again to append the rows to the
@@ -92,6 +93,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     # chain steps of a batch are unrolled U at a time.
     WARP = 32 if geom.gpu else 1
     STEP_UNROLL = min(U, WARP)
+    assert WARP % STEP_UNROLL == 0, f"write: unroll {U} must divide the warp's {WARP} lanes"
     sync = block_sync(geom)
     add = counter_add(geom)
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
@@ -238,6 +240,23 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     def warp_total(value):
         return T.cuda.warp_sum(value) if geom.gpu else value
 
+    def later_lane_holds(slot, lane):
+        """Whether a later lane of the warp holds ``slot`` too (CUDA: ``__match_any_sync``, the lanes
+        holding the same value; on CPU there is no other lane). The later entry's store must stay, as
+        the reference stores entry by entry; one store instruction of the warp keeps any of them,
+        field by field."""
+        if not geom.gpu:
+            return T.bool(False)
+        same = T.call_extern("uint32", "__match_any_sync", T.uint32(0xFFFFFFFF), T.reinterpret("uint64", slot))
+        return T.shift_right(same, T.Cast("uint32", lane)) > T.uint32(1)
+
+    @T.macro
+    def order_warp_stores():
+        """On CUDA, ``__syncwarp``: the lanes' stores so far are ordered before the warp's later ones (a
+        slot stored by two entries of a request keeps the later entry's fields, as in the reference)."""
+        if geom.gpu:
+            T.evaluate(T.cuda.warp_sync())
+
     @T.macro
     def stamp_lockstep(h, prev_pos, nrows, written, s0, s1, batches, lane, check_pos, launch):
         """Stamp entries [s0, s0 + batches * WARP) of a request whose slots all pass ``check_slot``, by
@@ -278,7 +297,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 for k in T.unroll(STEP_UNROLL):
                     mine[0] = T.Select(lane == T.Cast("int64", kk * STEP_UNROLL + k), h[0], mine[0])
                     mix3(h, lane_value(cur.tok[0], kk * STEP_UNROLL + k), lane_value(pos, kk * STEP_UNROLL + k))
-            stamp(launch.buf, cur.slot[0], cur.tok[0], pos, mine)
+            if not later_lane_holds(cur.slot[0], lane):
+                stamp(launch.buf, cur.slot[0], cur.tok[0], pos, mine)
+            order_warp_stores()
             prev_pos[0] = lane_value(pos, WARP - 1)
             copy_group(cur, nxt, 1)
         written[0] = written[0] + batches
@@ -517,9 +538,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                              launch)
                                 r[0] = r[0] + T.Cast("int64", stride)
 
-                # Phase 1: one thread per request stamps its chain (fields 0-2; field 3 too in NONE
-                # mode) and marks its chunk if it has violation rows. With fewer requests than warps,
-                # each request gets a warp of its own, spreading the serial chains over the SMs'
+                # Phase 1: each request's chain is stamped (fields 0-2; field 3 too in NONE mode) and
+                # its chunk marked if it has violation rows. With fewer requests than warps, each
+                # request gets a warp of its own, spreading the serial chains over the SMs'
                 # schedulers: warp w of block b takes requests w * stamp_blocks + b + k * (lanes // 32),
                 # so consecutive requests sit in different blocks whatever the block size (with a
                 # warp index within the block, a 256-lane block would put 8 chains on one SM, two per
