@@ -21,8 +21,10 @@ def campaign(tmp_path, *argv, launches=None) -> tuple[int, dict]:
 
 def test_case_order_alternates_differential_and_garbage():
     kernels = ["write", "plan"]
-    assert [fuzz.case_of(i, kernels, 100) for i in range(5)] == [
-        ("write", "diff:100"), ("plan", "diff:101"), ("write", "garbage:102"), ("plan", "garbage:103"), ("write", "diff:104")
+    assert [fuzz.case_of(i, kernels, 100) for i in range(10)] == [
+        ("write", "diff:100"), ("plan", "diff:101"), ("write", "garbage:102"), ("plan", "garbage:103"),
+        ("write", "long:104"), ("plan", "diff:105"), ("write", "garbage:106"), ("plan", "garbage:107"),
+        ("write", "diff:108"), ("plan", "diff:109"),
     ]
 
 

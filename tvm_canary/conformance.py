@@ -75,7 +75,10 @@ def build(kernel: str, case: str, device) -> tuple[dict, object]:
     if kind == "garbage":
         kw, guarded, inputs = C.guarded_case(kernel, device, int(arg))
         return kw, lambda kw: C.guard_violations(guarded, inputs)
-    raise ValueError(f"kv-canary: unknown case id {case!r} (expected golden:NAME, diff:SEED or garbage:SEED)")
+    if kind == "long" and kernel == "write":
+        return C.write_case(torch.Generator().manual_seed(int(arg)), device, long_chains=True), lambda kw: []
+    raise ValueError(f"kv-canary: unknown case id {case!r} for {kernel} (expected golden:NAME, diff:SEED, garbage:SEED "
+                     "or, for write, long:SEED)")
 
 
 def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict | None]:
@@ -286,12 +289,14 @@ def add_parser(subparsers) -> None:
 
 
 def case_id(text: str) -> str:
-    """argparse ``type=`` of ``--case``: ``golden:NAME``, ``diff:SEED`` or ``garbage:SEED``."""
+    """argparse ``type=`` of ``--case``: ``golden:NAME``, ``diff:SEED``, ``garbage:SEED`` or ``long:SEED``
+    (write's ``cases.long_write_case``)."""
     kind, _, arg = text.partition(":")
     golden = {name for by_name in C.GOLDEN.values() for name in by_name}
-    if not ((kind == "golden" and arg in golden) or (kind in ("diff", "garbage") and arg.lstrip("-").isdigit())):
+    if not ((kind == "golden" and arg in golden) or (kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit())):
         raise argparse.ArgumentTypeError(
-            f"kv-canary: case id {text!r}: expected golden:NAME (NAME in {', '.join(sorted(golden))}), diff:SEED or garbage:SEED"
+            f"kv-canary: case id {text!r}: expected golden:NAME (NAME in {', '.join(sorted(golden))}), diff:SEED, "
+            "garbage:SEED or long:SEED (write)"
         )
     return text
 

@@ -3,9 +3,11 @@
 Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE``
 under torchrun) and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid
 plans, bytes compared with the torch reference) and K garbage plans between guard bands (no byte outside
-the outputs may change; bytes compared with the reference where it defines a result). Cases are the
-ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` / ``garbage:SEED``), so a failing case is
-replayed with one conformance command, written next to it in the failures JSON.
+the outputs may change; bytes compared with the reference where it defines a result); every other
+differential round gives write long all-valid requests instead (``cases.long_write_case``: on CUDA its
+lockstep batches). Cases are the ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` /
+``garbage:SEED`` / ``long:SEED``), so a failing case is replayed with one conformance command, written
+next to it in the failures JSON.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ PROGRESS_SECONDS = 10.0
 
 
 def case_of(index: int, kernels: list[str], seed_base: int) -> tuple[str, str]:
-    """(kernel, case id) of the campaign's case ``index``."""
-    kind = "diff" if (index // len(kernels)) % 2 == 0 else "garbage"
-    return kernels[index % len(kernels)], f"{kind}:{seed_base + index}"
+    """(kernel, case id) of the campaign's case ``index``: rounds of K cases, differential and garbage
+    in turn; write's differential rounds alternate with long-request ones."""
+    kernel, turn = kernels[index % len(kernels)], (index // len(kernels)) % 4
+    kind = "garbage" if turn % 2 else ("long" if turn == 2 and kernel == "write" else "diff")
+    return kernel, f"{kind}:{seed_base + index}"
 
 
 def check(kernel: str, case: str, device: str, launches: dict | None = None) -> str | None:
