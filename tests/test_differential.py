@@ -80,3 +80,27 @@ def test_differential_long_chains(device):
             run_differential("write", device, seed, long_chains=True)
         except AssertionError as e:
             raise AssertionError(f"write on {device}, long chains, seed {seed}: {e}") from e
+
+
+@pytest.mark.xfail(strict=True, reason="SPEC D7's known deviation: the rows of a request that writes its own seed slot")
+@pytest.mark.parametrize("device", devices())
+def test_write_own_seed_slot_rows(device):
+    """One request whose second entry writes its seed slot (slot 3), with an input-assert mismatch:
+    the stamped canary matches the reference, the violation row does not (the emit walk re-reads the
+    seed slot as stamped)."""
+    require(device)
+
+    def own_seed(case):
+        ctx = case["context"]
+        ctx.canary_buf.view(torch.int64)[3, 1] = 10
+        plan = case["plan"]
+        plan.write_offsets[:2] = torch.tensor([0, 2])
+        plan.write_seed_slot_indices[0] = 3
+        plan.write_num_valid_reqs.fill_(1)
+        dev = ctx.canary_buf.device
+        case.update(input_ids=torch.tensor([7, 8], device=dev), positions=torch.tensor([11, 12], device=dev),
+                    out_cache_loc=torch.tensor([5, 3], device=dev), enable_write_input_assert=True,
+                    expected_input_tokens=torch.tensor([7, 9], device=dev),
+                    expected_input_positions=torch.tensor([11, 12], device=dev))
+
+    run_differential("write", device, 3, own_seed)

@@ -211,7 +211,7 @@ def long_write_case(gen, device, token_units=2):
     pos[torch.randint(0, n, (2,), generator=gen)] += 7  # gaps inside batches
     if _one(gen, 0, 2):
         r = _one(gen, 0, cap)
-        i = _one(gen, 0, int(lens[r]) - 1)
+        i = _one(gen, 0, int(lens[r]) // 32 * 32 - 1)  # inside the full batches
         j = min(i + _one(gen, 1, 32), int(lens[r]) - 1)
         slots[int(off[r]) + j] = slots[int(off[r]) + i]
     plan = WritePlan.allocate(write_req_capacity=cap, device=device)

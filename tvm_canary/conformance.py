@@ -313,8 +313,11 @@ def kernel_list(text: str) -> list[str]:
 def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Run, gather, compare; rank 0 prints and writes JSON. ``launches``: tests only (see run_device)."""
     kernels = args.kernels
-    if args.case and args.case.startswith("golden:"):
-        kernels = [k for k in kernels if args.case[len("golden:"):] in C.GOLDEN.get(k, {})]
+    if args.case and args.case.startswith(("golden:", "long:")):
+        if args.case.startswith("golden:"):
+            kernels = [k for k in kernels if args.case[len("golden:"):] in C.GOLDEN.get(k, {})]
+        else:
+            kernels = [k for k in kernels if k == "write"]  # long cases are write's
         if not kernels:
             raise ValueError(f"kv-canary: no kernel of --kernels {','.join(args.kernels)} has the case {args.case}")
     group = init_distributed()

@@ -267,7 +267,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         violation (input assert; position sequence, the predecessor's position taken from the lane
         before). So the serial chain carries no loads, stores or checks. On return every lane holds
         the chain hash and ``prev_pos`` after the batches, ``nrows[0]`` has grown by the batches'
-        violating entries (warp total) and ``written[0]`` by the lane's own stores. The caller has
+        violating entries (warp total) and ``written[0]`` by the lane's own entries (stored or left to a
+        later entry with the same slot: the reference counts entries). The caller has
         all the warp's lanes call it together (s1 > s0)."""
         slot_c = T.alloc_buffer((1,), "int64", scope="local")
         tok_c = T.alloc_buffer((1,), "int64", scope="local")
