@@ -163,22 +163,32 @@ def write_case(gen, device, valid=True, token_units=2, long_chains=False):
         off[torch.randint(0, cap + 1, (cap // 2 + 1,), generator=gen)] %= max(n, 1)
         seeds = torch.randint(-(2**40), 2**40, (cap,), generator=gen)
         slots = torch.randint(-(2**40), 2**40, (n,), generator=gen)
-    plan = WritePlan.allocate(write_req_capacity=cap, device=device)
-    plan.write_offsets.copy_(off.to(device))
-    plan.write_seed_slot_indices.copy_(seeds.to(device))
-    plan.write_num_valid_reqs.fill_(_one(gen, 0, cap + 1) if valid else _one(gen, -5, cap + 10))
+    num_valid = _one(gen, 0, cap + 1) if valid else _one(gen, -5, cap + 10)
     assert_on = bool(_one(gen, 0, 2))
     ids = _ints(gen, 0, 5, n, device)
     pos = _ints(gen, 0, 40, n, device)
+    expected = (ids + _ints(gen, 0, 2, n, device), pos + _ints(gen, 0, 2, n, device)) if assert_on else None
+    return _write_launch(ctx, off, seeds, num_valid, ids, pos, slots, expected)
+
+
+def _write_launch(ctx, offsets, seeds, num_valid, ids, pos, slots, expected) -> dict:
+    """A write launch's keyword arguments on the context's device: a plan of ``offsets``, ``seeds`` and
+    ``num_valid`` requests, the token vectors, and the input assert on iff ``expected`` holds the
+    expected (tokens, positions)."""
+    device = ctx.canary_buf.device
+    plan = WritePlan.allocate(write_req_capacity=seeds.shape[0], device=device)
+    plan.write_offsets.copy_(offsets.to(device))
+    plan.write_seed_slot_indices.copy_(seeds.to(device))
+    plan.write_num_valid_reqs.fill_(num_valid)
     return {
         "context": ctx,
         "plan": plan,
         "input_ids": ids,
         "positions": pos,
         "out_cache_loc": slots.to(device),
-        "enable_write_input_assert": assert_on,
-        "expected_input_tokens": (ids + _ints(gen, 0, 2, n, device)) if assert_on else None,
-        "expected_input_positions": (pos + _ints(gen, 0, 2, n, device)) if assert_on else None,
+        "enable_write_input_assert": expected is not None,
+        "expected_input_tokens": expected[0] if expected is not None else None,
+        "expected_input_positions": expected[1] if expected is not None else None,
     }
 
 
@@ -214,24 +224,11 @@ def long_write_case(gen, device, token_units=2):
         i = _one(gen, 0, int(lens[r]) // 32 * 32 - 1)  # inside the full batches
         j = min(i + _one(gen, 1, 32), int(lens[r]) - 1)
         slots[int(off[r]) + j] = slots[int(off[r]) + i]
-    plan = WritePlan.allocate(write_req_capacity=cap, device=device)
-    plan.write_offsets.copy_(off.to(device))
-    plan.write_seed_slot_indices.copy_(seeds.to(device))
-    plan.write_num_valid_reqs.fill_(cap)
     assert_on = bool(_one(gen, 0, 2))
     ids = _ints(gen, 0, 5, n, device)
     pos = pos.to(device)
     off_by = (torch.rand(n, generator=gen) < 0.05).long().to(device)
-    return {
-        "context": ctx,
-        "plan": plan,
-        "input_ids": ids,
-        "positions": pos,
-        "out_cache_loc": slots.to(device),
-        "enable_write_input_assert": assert_on,
-        "expected_input_tokens": (ids + off_by) if assert_on else None,
-        "expected_input_positions": (pos + off_by.flip(0)) if assert_on else None,
-    }
+    return _write_launch(ctx, off, seeds, cap, ids, pos, slots, (ids + off_by, pos + off_by.flip(0)) if assert_on else None)
 
 
 def plan_case(gen, device, valid=True):
