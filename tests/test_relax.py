@@ -161,7 +161,7 @@ def reference_step(s: dict[str, torch.Tensor], x: dict[str, torch.Tensor]) -> No
 
 def relax_step(vm, names: list[str], s: dict[str, torch.Tensor], x: dict[str, torch.Tensor]) -> None:
     words = {"kv", "new_kv", "canary"}  # passed as their int64 views
-    flags = packing.flags_for(s["ring"], SLOTS)
+    flags = packing.flags_for(s["ring"], SLOTS, seed_saves=BS)
     args = dict(s, **x, flags=flags, scratch=torch.empty(BS + 1, dtype=torch.int64, device=s["kv"].device))
     vm["main"](*[args[n].view(torch.int64) if n in words else args[n] for n in names])
 

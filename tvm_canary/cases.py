@@ -142,8 +142,9 @@ def verify_case(gen, device, valid=True, token_units=2):
     return {"context": ctx, "plan": plan, "check_verify_expected_token": bool(_one(gen, 0, 2))}
 
 
-def write_case(gen, device, valid=True, token_units=2, long_chains=False):
-    """A write launch; ``long_chains`` (valid plans only): ``long_write_case``."""
+def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_seeds=0.25):
+    """A write launch; ``long_chains`` (valid plans only): ``long_write_case``; ``own_seeds``: the share
+    of valid requests (with a seed slot and entries) one of whose entries stores their seed slot."""
     if long_chains:
         return long_write_case(gen, device, token_units)
     S = _one(gen, 90, 600)
@@ -157,6 +158,7 @@ def write_case(gen, device, valid=True, token_units=2, long_chains=False):
         lens = torch.randint(0, 2 * n // cap + 2, (cap,), generator=gen)
         off = torch.zeros(cap + 1, dtype=torch.int64)
         off[1:] = torch.cumsum(lens, 0).clamp(max=n)
+        _store_own_seeds(gen, slots, seeds, off, own_seeds)
         slots[torch.randint(0, max(n, 1), (n // 8,), generator=gen)] = -1
     else:
         off = torch.randint(-(2**40), 2**40, (cap + 1,), generator=gen)
@@ -169,6 +171,15 @@ def write_case(gen, device, valid=True, token_units=2, long_chains=False):
     pos = _ints(gen, 0, 40, n, device)
     expected = (ids + _ints(gen, 0, 2, n, device), pos + _ints(gen, 0, 2, n, device)) if assert_on else None
     return _write_launch(ctx, off, seeds, num_valid, ids, pos, slots, expected)
+
+
+def _store_own_seeds(gen, slots, seeds, offsets, share) -> None:
+    """Each request with a seed slot and entries, with probability ``share``: one of its entries stores
+    its seed slot (SPEC D7: its rows are counted from the seed as it stood before the launch)."""
+    for r in (torch.rand(seeds.shape[0], generator=gen) < share).nonzero().flatten().tolist():
+        first, end = int(offsets[r]), int(offsets[r + 1])
+        if seeds[r] >= 0 and end > first:
+            slots[first + _one(gen, 0, end - first)] = seeds[r]
 
 
 def _write_launch(ctx, offsets, seeds, num_valid, ids, pos, slots, expected) -> dict:
@@ -198,7 +209,8 @@ def long_write_case(gen, device, token_units=2):
     (``kernels.write``): positions run on from the seed slot's stored position (seeds: 30% anchors) with
     gaps at a batch's first entry and inside batches; the input assert, when on, expects a token or
     position other than the input's for 5% of the entries; in half the cases one slot is stored by two
-    entries of a request at most 31 apart (the later one's fields must stay)."""
+    entries of a request at most 31 apart (the later one's fields must stay); a third of the requests
+    with a seed slot store it at one of their entries."""
     cap = _one(gen, 1, 5)
     lens = torch.randint(33, 101, (cap,), generator=gen)
     n = int(lens.sum())
@@ -224,6 +236,7 @@ def long_write_case(gen, device, token_units=2):
         i = _one(gen, 0, int(lens[r]) // 32 * 32 - 1)  # inside the full batches
         j = min(i + _one(gen, 1, 32), int(lens[r]) - 1)
         slots[int(off[r]) + j] = slots[int(off[r]) + i]
+    _store_own_seeds(gen, slots, seeds, off, 1 / 3)
     assert_on = bool(_one(gen, 0, 2))
     ids = _ints(gen, 0, 5, n, device)
     pos = pos.to(device)

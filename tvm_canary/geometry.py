@@ -13,6 +13,10 @@ import dataclasses
 # Entries (verify) or requests (write) per mark of the ordered ring emission; a multiple of every
 # verify and write ``threads`` (CUDA).
 FLAG_CHUNK = 1024
+# int32 words of ``flags`` per write request for its seed save (a marker, then the seed's chain hash
+# and position as two words each): the rows of a request that writes its own seed slot are counted
+# and appended from the seed as it stood before the launch (SPEC D7).
+SEED_SAVE_WORDS = 5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,9 @@ int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view 
 real-KV source is its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``fw`` = page size,
 token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are
 Python ints. Unused source slots may be left out. ``flags`` (verify, write) is an int32 scratch the
-caller allocates zeroed, one per violation ring (``runtime.packing.flags_for(ring, capacity)``); the
-kernels leave it zero again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
+caller allocates zeroed, one per violation ring (``runtime.packing.flags_for(ring, capacity,
+seed_saves=write_capacity)``: write keeps a seed save per request in it); the kernels leave it zero
+again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
 
 Relax treats ``call_tir_inplace`` as pure: a call whose results are not used is deleted. Use every
 result (pass it to the next call, return it). The TensorIR kernels must stay outside dataflow blocks

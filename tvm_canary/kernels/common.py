@@ -14,7 +14,7 @@ from tvm.script.ir_builder import IRBuilder
 
 from .._consts import ANCHOR_HASH, PARTIAL_READ_BYTES, SPLITMIX64_MUL1, SPLITMIX64_MUL2, to_signed_int64
 from ..consts import CANARY_FIELD_POSITION, CANARY_FIELD_PREV_HASH, CANARY_FIELD_TOKEN, MAX_REAL_KV_SOURCES, FailReason
-from ..geometry import FLAG_CHUNK, Geometry  # noqa: F401  (re-exported for kernel files)
+from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS, Geometry  # noqa: F401  (re-exported for kernel files)
 
 C1 = tvm.tirx.const(SPLITMIX64_MUL1, "uint64")
 C2 = tvm.tirx.const(SPLITMIX64_MUL2, "uint64")

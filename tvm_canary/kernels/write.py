@@ -5,8 +5,9 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 ``input_ids/positions/out_cache_loc int64[N]``; ``expected_tokens/expected_positions int64[N]``
 (read only when the input assert is on); ``chain_assert int32[1]``; ``ring int64[R, 8]``,
 ``write_index int32[1]``, ``slot_counter int64[1]``, ``kernel_counter int64[1]`` (written);
-``flags int32[NF >= 2 + ceil(cap / CHUNK)]`` (scratch, zero on entry and exit: ``[0]`` any mark,
-``[1 + c]`` the mark of chunk ``c`` (CHUNK requests), ``[NF - 1]`` the last-block ticket counter);
+``flags int32[NF >= 2 + ceil(cap / CHUNK) + SEED_SAVE_WORDS * cap]`` (scratch, zero on entry and exit:
+``[0]`` any mark, ``[1 + c]`` the mark of chunk ``c`` (CHUNK requests), then a seed save per request,
+``[NF - 1]`` the last-block ticket counter);
 ``kind``; four sources with their ``(page_size, token_words, fold_words)``.
 
 ONE launch of ``stamp_blocks = max(1, min(blocks, ceil(max(N, cap) / threads)))`` blocks of ``threads``
@@ -30,13 +31,17 @@ and a small plan gets a small grid):
    otherwise) is walked by one thread, lane 0 of the request's warp or the request's lane, U entries
    at a time with the next U loaded ahead; each group's slots are checked and a group with an invalid
    slot takes a guarded step (every entry's mix3 computed, kept only if the entry is stamped).
+   A request that stores its own seed slot (found by ``check_request``'s vote, or by the group about
+   to store it) first saves the seed's chain hash and position in ``flags`` and marks its chunk.
 2. *ticket* (``common.single_launch``): the block finishing last learns whether any request marked.
 3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
    counts each request's rows, ranks them (request order) and walks again to append the rows to the
    ring in reference order (SPEC D3); then publishes the write index. The last block bumps the kernel
    counter.
-Phases 1 and 3 walk a request with the same ``walk`` macro and re-read only seed slots, which the
-launch does not write for plans that do not alias (SPEC D7). The geometry's ``tile`` is not used.
+Phases 1 and 3 walk a request with the same ``walk`` macro and re-read only seed slots: phase 3 starts
+from the request's seed save when it has one (clearing it), so a request storing its own seed slot
+gets the reference's rows; another request's seed slot must not be stored (plans that do not alias,
+SPEC D7). The geometry's ``tile`` is not used.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from .common import (
     INVALID_INDEX,
     LAST_MARKED,
     NOT_LAST,
+    SEED_SAVE_WORDS,
     Geometry,
     block_sync,
     blocks_for,
@@ -78,7 +84,7 @@ CHECK_UNROLL = 16
 # The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
 # canary buffer, the plan, the token vectors, the input-assert flag, the ring, the launch tag, and the
 # four sources with their scalar triples.
-Launch = collections.namedtuple("Launch", "buf offsets seeds ids pos_in ocl etoks epos cpa ring kind srcs params")
+Launch = collections.namedtuple("Launch", "buf offsets seeds ids pos_in ocl etoks epos cpa ring flags kind srcs params")
 # Local registers holding U consecutive entries of a request: slot (-1 past the request's end), token,
 # position and, with the input assert, expected token and position.
 Group = collections.namedtuple("Group", "slot tok pos et ep")
@@ -263,13 +269,14 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         the WARP lanes of a warp in lockstep (one thread on CPU), lane ``lane`` (int64) of them: per
         batch, lane k holds entry base + k (the next batch's entry loaded ahead); every lane runs the
         batch's WARP chain steps on the tokens and positions shuffled from their lanes and keeps the
-        hash before step k in lane k; then every lane stores its own entry and counts whether it is a
-        violation (input assert; position sequence, the predecessor's position taken from the lane
-        before). So the serial chain carries no loads, stores or checks. On return every lane holds
-        the chain hash and ``prev_pos`` after the batches, ``nrows[0]`` has grown by the batches'
-        violating entries (warp total) and ``written[0]`` by the lane's own entries (stored or left to a
-        later entry with the same slot: the reference counts entries). The caller has
-        all the warp's lanes call it together (s1 > s0)."""
+        hash before step k in lane k; then every lane stores its own entry (unless a later lane holds
+        its slot: ``later_lane_holds``, asked before the chain steps so that they hide its latency)
+        and counts whether it is a violation (input assert; position sequence, the predecessor's
+        position taken from the lane before). So the serial chain carries no loads, stores or checks.
+        On return every lane holds the chain hash and ``prev_pos`` after the batches, ``nrows[0]`` has
+        grown by the batches' violating entries (warp total) and ``written[0]`` by the lane's own
+        entries (stored or left to a later entry with the same slot: the reference counts entries).
+        The caller has all the warp's lanes call it together (s1 > s0)."""
         slot_c = T.alloc_buffer((1,), "int64", scope="local")
         tok_c = T.alloc_buffer((1,), "int64", scope="local")
         pos_c = T.alloc_buffer((1,), "int64", scope="local")
@@ -283,12 +290,15 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         mine = T.alloc_buffer((1,), "uint64", scope="local")
         shifted = T.alloc_buffer((1,), "int64", scope="local")
         bad = T.alloc_buffer((1,), "int64", scope="local")
+        keep = T.alloc_buffer((1,), "int32", scope="local")
         cur = T.meta_var(Group(slot_c, tok_c, pos_c, et_c, ep_c))
         nxt = T.meta_var(Group(slot_x, tok_x, pos_x, et_x, ep_x))
         load_entry(cur, T.min(s0 + lane, s1 - 1), launch)
         bad[0] = T.int64(0)
         for g in T.serial(batches):
             load_entry(nxt, T.min(s0 + (g + 1) * WARP + lane, s1 - 1), launch)
+            # Before the chain steps, which hide its latency (it does not depend on the hash).
+            keep[0] = T.Cast("int32", not later_lane_holds(cur.slot[0], lane))
             pos = cur.pos[0]
             shifted[0] = lane_value(pos, lane - T.int64(1))  # every lane shuffles (outside the select)
             before = T.Select(lane == T.int64(0), prev_pos[0], shifted[0])
@@ -298,7 +308,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 for k in T.unroll(STEP_UNROLL):
                     mine[0] = T.Select(lane == T.Cast("int64", kk * STEP_UNROLL + k), h[0], mine[0])
                     mix3(h, lane_value(cur.tok[0], kk * STEP_UNROLL + k), lane_value(pos, kk * STEP_UNROLL + k))
-            if not later_lane_holds(cur.slot[0], lane):
+            if keep[0] != 0:
                 stamp(launch.buf, cur.slot[0], cur.tok[0], pos, mine)
             order_warp_stores()
             prev_pos[0] = lane_value(pos, WARP - 1)
@@ -306,12 +316,60 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         written[0] = written[0] + batches
         nrows[0] = nrows[0] + warp_total(bad[0])
 
+    @T.macro
+    def seed_state(h, prev_pos, seed, check_pos, launch):
+        """h[0], prev_pos[0] := the chain hash and position a request's walk starts from: its seed slot's
+        (0 < seed < S; anchor hash for seed < 0; the position only when ``check_pos``, else 0)."""
+        slot_hash(h, launch.buf, seed)
+        prev_pos[0] = T.int64(0)
+        if check_pos:
+            prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
+
+    def seed_save_at(r, launch):
+        """Where request r's seed save starts in ``flags`` (after the chunk marks), and whether flags has
+        room for it (the ticket word stays clear); without room it is neither saved nor used."""
+        at = 1 + (launch.seeds.shape[0] + CHUNK - 1) // CHUNK + SEED_SAVE_WORDS * r
+        return at, at + SEED_SAVE_WORDS < launch.flags.shape[0]
+
+    def word(bits, half):
+        """Half ``half`` (0 low, 1 high) of uint64 ``bits`` as an int32."""
+        return T.Cast("int32", T.shift_right(bits, T.uint64(32 * half)))
+
+    def joined(flags, at):
+        """The uint64 whose low and high words are flags[at], flags[at + 1]."""
+        return (T.shift_left(T.Cast("uint64", T.Cast("uint32", flags[at + 1])), T.uint64(32))
+                | T.Cast("uint64", T.Cast("uint32", flags[at])))
+
+    @T.macro
+    def save_seed(saved, r, seed, check_pos, launch):
+        """Request r's seed save := a marker and ``seed_state`` (read now: call before the request's
+        first store to its seed slot); saved[0] := 1. The emit phase starts the request's walks from
+        the save (SPEC D7: a request writing its own seed slot) and clears it."""
+        h = T.alloc_buffer((1,), "uint64", scope="local")
+        pos = T.alloc_buffer((1,), "int64", scope="local")
+        at, fits = T.meta_var(seed_save_at(r, launch))
+        if fits:
+            seed_state(h, pos, seed, check_pos, launch)
+            launch.flags[at + 1] = word(h[0], 0)
+            launch.flags[at + 2] = word(h[0], 1)
+            launch.flags[at + 3] = word(T.reinterpret("uint64", pos[0]), 0)
+            launch.flags[at + 4] = word(T.reinterpret("uint64", pos[0]), 1)
+            launch.flags[at] = 1
+        saved[0] = 1
+
+    @T.macro
+    def clear_seed_save(r, launch):
+        at, fits = T.meta_var(seed_save_at(r, launch))
+        if fits:
+            for w in T.unroll(SEED_SAVE_WORDS):
+                launch.flags[at + w] = 0
+
     def walk_macro(mode):
         record = record_macro(mode)
         record_group = record_group_macro(mode)
 
         @T.macro
-        def walk(r, base, nrows, written, launch, lane, leader, all_valid):
+        def walk(r, base, nrows, written, saved, launch, lane, leader, all_valid, holds_seed):
             """Walk request r in `mode`: nrows[0] := its violation rows (STAMP: violating entries),
             written[0] += slots written (STAMP).
 
@@ -321,11 +379,19 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             lockstep (``stamp_lockstep``). The rest of the request (every entry when not all_valid)
             is walked by the ``leader`` lane alone, U entries at a time, each group's slots checked;
             with all_valid None (COUNT, EMIT, and requests of a lane each) the caller's lane is the
-            leader."""
+            leader.
+
+            Seed saves (SPEC D7): in STAMP, the leader saves the request's seed state before the
+            request first stores its seed slot (up front when ``holds_seed``, a warp-uniform bool
+            from ``check_request``: some entry stores the seed slot; else when a group holds it) and
+            then has saved[0] = 1 (0 otherwise; the caller marks the request's chunk, so that the
+            emit phase clears the save). COUNT and EMIT start from the save when there is one, and
+            EMIT clears it."""
             h = T.alloc_buffer((1,), "uint64", scope="local")
             hn = T.alloc_buffer((1,), "uint64", scope="local")
             all_ok = T.alloc_buffer((1,), "int32", scope="local")
             ok = T.alloc_buffer((1,), "int32", scope="local")
+            holds = T.alloc_buffer((1,), "int32", scope="local")
             prev_pos = T.alloc_buffer((1,), "int64", scope="local")
             start = T.alloc_buffer((1,), "int64", scope="local")
             slot_u = T.alloc_buffer((U,), "int64", scope="local")
@@ -346,23 +412,38 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
             seed = launch.seeds[r]
             nrows[0] = T.int64(0)
+            saved[0] = 0
             if s1 > s0:
-                # The first group's loads are issued before the seed slot's (they are independent), and
-                # then a software pipeline over groups of U entries issues the loads of group g + 1 before
-                # group g's chain steps.
-                load_group(cur, s0, s1, T.int64(0), launch)
+                # The first group's loads are issued before the seed slot's (they are independent;
+                # requests stamped in lockstep load theirs after the batches), and then a software
+                # pipeline over groups of U entries issues the loads of group g + 1 before group g's
+                # chain steps.
+                if all_valid is None:
+                    load_group(cur, s0, s1, T.int64(0), launch)
+                else:
+                    if not all_valid:
+                        load_group(cur, s0, s1, T.int64(0), launch)
                 if seed >= launch.buf.shape[0]:
                     record(launch, nrows, base, seed, T.int64(0), T.int64(0), T.int64(0), T.int64(0), T.int64(0),
                            T.int64(INVALID_INDEX))
                 else:
-                    slot_hash(h, launch.buf, seed)
                     check_pos = seed >= T.int64(0) and launch.cpa[0] != 0
-                    prev_pos[0] = T.int64(0)
-                    if check_pos:
-                        prev_pos[0] = launch.buf[seed, consts.CANARY_FIELD_POSITION]
+                    if mode == STAMP:
+                        seed_state(h, prev_pos, seed, check_pos, launch)
+                    else:
+                        at, fits = T.meta_var(seed_save_at(r, launch))
+                        if fits:
+                            saved[0] = launch.flags[at]
+                        if saved[0] != 0:
+                            h[0] = joined(launch.flags, at + 1)
+                            prev_pos[0] = T.reinterpret("int64", joined(launch.flags, at + 3))
+                        else:
+                            seed_state(h, prev_pos, seed, check_pos, launch)
                     start[0] = T.int64(0)
                     if all_valid is not None:
                         if all_valid:
+                            if leader and holds_seed:
+                                save_seed(saved, r, seed, check_pos, launch)
                             stamp_lockstep(h, prev_pos, nrows, written, s0, s1, (s1 - s0) // WARP, lane, check_pos,
                                            launch)
                             start[0] = (s1 - s0) // WARP * WARP
@@ -377,6 +458,12 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                 ok_u[u] = ok[0]
                                 all_ok[0] = all_ok[0] & ok[0]
                             if mode == STAMP:
+                                if saved[0] == 0 and seed >= T.int64(0):
+                                    holds[0] = 0
+                                    for u in T.unroll(U):
+                                        holds[0] = holds[0] | T.Cast("int32", cur.slot[u] == seed)
+                                    if holds[0] != 0:
+                                        save_seed(saved, r, seed, check_pos, launch)
                                 if all_ok[0] != 0:
                                     stamp_all(h, hn, prev_pos, nrows, written, ok_u, cur, check_pos, launch)
                                 else:
@@ -384,6 +471,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                             else:
                                 record_group(h, prev_pos, nrows, base, ok_u, cur, check_pos, launch)
                             copy_group(cur, nxt, U)
+                        if mode == EMIT:
+                            if saved[0] != 0:
+                                clear_seed_save(r, launch)
 
         return walk
 
@@ -419,28 +509,36 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
     @T.macro
-    def check_request(all_valid, r, lane, width, launch):
-        """all_valid[0] := 1 iff every slot of request r passes ``check_slot``. ``width`` lanes (a Python
-        int: 32, a warp, on CUDA, whose lanes call it together with the same r; 1 on CPU) share the
-        work: lane ``lane`` checks entries s0 + lane + width * k, CHECK_UNROLL loads in flight, and
-        on CUDA the warp votes."""
+    def check_request(all_valid, holds_seed, r, lane, width, launch):
+        """all_valid[0] := 1 iff every slot of request r passes ``check_slot``; holds_seed[0] := 1 iff
+        some entry's slot is the request's seed slot (seed >= 0). ``width`` lanes (a Python int: 32, a
+        warp, on CUDA, whose lanes call it together with the same r; 1 on CPU) share the work: lane
+        ``lane`` checks entries s0 + lane + width * k, CHECK_UNROLL loads in flight, and on CUDA the
+        warp votes."""
         ok = T.alloc_buffer((1,), "int32", scope="local")
         mine = T.alloc_buffer((1,), "int32", scope="local")
+        seen = T.alloc_buffer((1,), "int32", scope="local")
         slot_c = T.alloc_buffer((CHECK_UNROLL,), "int64", scope="local")
         n = launch.ocl.shape[0]
         s0 = T.min(T.max(launch.offsets[r], T.int64(0)), n)
         s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
+        seed = launch.seeds[r]
         mine[0] = 1
+        seen[0] = 0
         for g in T.serial((s1 - s0 + width * CHECK_UNROLL - 1) // (width * CHECK_UNROLL)):
             for u in T.unroll(CHECK_UNROLL):
                 slot_c[u] = launch.ocl[T.min(s0 + (g * CHECK_UNROLL + u) * width + lane, s1 - 1)]
             for u in T.unroll(CHECK_UNROLL):
                 check_slot(ok, slot_c[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
-                mine[0] = mine[0] & (ok[0] | T.Cast("int32", s0 + (g * CHECK_UNROLL + u) * width + lane >= s1))
+                past = s0 + (g * CHECK_UNROLL + u) * width + lane >= s1
+                mine[0] = mine[0] & (ok[0] | T.Cast("int32", past))
+                seen[0] = seen[0] | T.Cast("int32", slot_c[u] == seed and seed >= T.int64(0) and not past)
         if geom.gpu:
             all_valid[0] = T.cuda.warp_min(mine[0])
+            holds_seed[0] = T.cuda.warp_max(seen[0])
         else:
             all_valid[0] = mine[0]
+            holds_seed[0] = seen[0]
 
     @T.macro
     def add_written(counter, value, lane):
@@ -456,17 +554,19 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     def count_request(unit, t, active, st):
         """Emit phase A: request ``unit``'s violation rows, counted into shared."""
         unused = T.alloc_buffer((1,), "int64", scope="local")
+        saved = T.alloc_buffer((1,), "int32", scope="local")
         st.nrows[0] = T.int64(0)
         if unit < active:
-            walk_count(unit, T.int64(0), st.nrows, unused, st.launch, T.int64(0), T.bool(True), None)
+            walk_count(unit, T.int64(0), st.nrows, unused, saved, st.launch, T.int64(0), T.bool(True), None, None)
         st.scount[t] = st.nrows[0]
 
     @T.macro
     def emit_request(unit, rank, active, st):
         """Emit phase B: request ``unit``'s rows appended to the ring from ``rank`` on."""
         unused = T.alloc_buffer((1,), "int64", scope="local")
+        saved = T.alloc_buffer((1,), "int32", scope="local")
         if unit < active:
-            walk_emit(unit, rank, st.nrows, unused, st.launch, T.int64(0), T.bool(True), None)
+            walk_emit(unit, rank, st.nrows, unused, saved, st.launch, T.int64(0), T.bool(True), None, None)
 
     draw_ticket, emit, close = single_launch(geom, TH, geom.blocks * (1 + FOLD_BLOCKS), count_request, emit_request,
                                              lambda scount, q: scount[q])
@@ -505,7 +605,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         flags = T.match_buffer(flags_h, (NF,), "int32")
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
-        launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, kind, srcs, params))
+        launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, flags, kind, srcs,
+                                    params))
 
         # One launch. The stamp blocks (at most `blocks`) give a lane to each plan entry or request,
         # whichever is more (N and cap are shapes, so a small plan gets a small grid and the host never
@@ -521,6 +622,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             nrows = T.alloc_buffer((1,), "int64", scope="local")
             written = T.alloc_buffer((1,), "int64", scope="local")
             all_valid = T.alloc_buffer((1,), "int32", scope="local")
+            holds_seed = T.alloc_buffer((1,), "int32", scope="local")
+            saved = T.alloc_buffer((1,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             for t in lanes(geom, TH):
                 total = T.Cast("int32", stamp_blocks * TH)  # lanes of each phase
@@ -540,7 +643,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                 r[0] = r[0] + T.Cast("int64", stride)
 
                 # Phase 1: each request's chain is stamped (fields 0-2; field 3 too in NONE mode) and
-                # its chunk marked if it has violation rows. With fewer requests than warps, each
+                # its chunk marked if it has violation rows (or a seed save). With fewer requests than warps, each
                 # request gets a warp of its own, spreading the serial chains over the SMs'
                 # schedulers: warp w of block b takes requests w * stamp_blocks + b + k * (lanes // 32),
                 # so consecutive requests sit in different blocks whatever the block size (with a
@@ -559,14 +662,16 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                     T.Cast("int64", lane))
                     while r[0] < active:
                         all_valid[0] = 0
+                        holds_seed[0] = 0
                         if geom.gpu:
                             if spread:
-                                check_request(all_valid, r[0], warp_lane, WARP, launch)
+                                check_request(all_valid, holds_seed, r[0], warp_lane, WARP, launch)
                         else:
-                            check_request(all_valid, r[0], warp_lane, WARP, launch)
-                        walk_stamp(r[0], T.int64(0), nrows, written, launch, warp_lane, not spread or warp_lane == 0,
-                                   all_valid[0] != 0)
-                        if (not spread or warp_lane == 0) and nrows[0] != T.int64(0):
+                            check_request(all_valid, holds_seed, r[0], warp_lane, WARP, launch)
+                        walk_stamp(r[0], T.int64(0), nrows, written, saved, launch, warp_lane,
+                                   not spread or warp_lane == 0, all_valid[0] != 0, holds_seed[0] != 0)
+                        # A request with a seed save is marked too: the emit phase clears the save.
+                        if (not spread or warp_lane == 0) and (nrows[0] != T.int64(0) or saved[0] != 0):
                             lane_marked[0] = 1
                             flags[0] = 1
                             flags[1 + r[0] // CHUNK] = 1

@@ -9,7 +9,8 @@ when there is nothing to launch).
   ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
   Unused source slots get a 1x1 dummy on the device and zero parameters; kernels never read them.
 * Scratch ``flags`` (int32, per ring, shared by write and verify): ``[0]`` = any chunk marked,
-  ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows, and the LAST element
+  ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows, write's seed saves
+  follow the chunk marks (``SEED_SAVE_WORDS`` per request, kernels/write.py), and the LAST element
   ``[NF - 1]`` is the last-block ticket counter of write's and verify's single launch (always past
   every chunk mark, since ``need`` reserves it). Zero between launches, because each launch clears what it marked and the last block
   resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
@@ -25,7 +26,7 @@ import torch
 from .._consts import PARTIAL_READ_BYTES
 from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
 from ..context import VerifyOrWriteContext
-from ..geometry import FLAG_CHUNK
+from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS
 from .specializations import spec
 
 
@@ -106,13 +107,22 @@ def source_args(context: VerifyOrWriteContext) -> list:
     return args
 
 
-def flags_for(ring: torch.Tensor, entries: int) -> torch.Tensor:
+def _ring_key(ring: torch.Tensor) -> tuple:
+    return ring.device.type, ring.device.index, ring.data_ptr()
+
+
+def flags_of(ring: torch.Tensor) -> list[torch.Tensor]:
+    """The scratch tensors ``flags_for`` made for ``ring`` so far (each is zero between launches)."""
+    return list(_flags.get(_ring_key(ring), []))
+
+
+def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Tensor:
     """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = any mark, ``[1 + c]`` one
-    mark per chunk, then at least one more element; the last one is the ticket counter of write's and
-    verify's single launch."""
-    need = 2 + -(-entries // FLAG_CHUNK)
-    key = (ring.device.type, ring.device.index, ring.data_ptr())
-    owned = _flags.setdefault(key, [])
+    mark per chunk, then ``SEED_SAVE_WORDS`` per seed save (write: one per request, ``seed_saves`` =
+    its plan's capacity), then at least one more element; the last one is the ticket counter of write's
+    and verify's single launch."""
+    need = 2 + -(-entries // FLAG_CHUNK) + SEED_SAVE_WORDS * seed_saves
+    owned = _flags.setdefault(_ring_key(ring), [])
     if not owned or owned[-1].numel() < need:
         owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32, device=ring.device))
     return owned[-1]
@@ -138,7 +148,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
                expected_input_tokens, expected_input_positions):
     assert_on = bool(enable_write_input_assert)
     cap = plan.write_seed_slot_indices.shape[0]
-    marks = flags_for(context.violation_ring, cap)
+    marks = flags_for(context.violation_ring, cap, seed_saves=cap)
     args = (
         canary_words(context.canary_buf), plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs,
         *write_inputs(input_ids, positions, out_cache_loc, assert_on, expected_input_tokens, expected_input_positions),
