@@ -442,6 +442,9 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     start[0] = T.int64(0)
                     if all_valid is not None:
                         if all_valid:
+                            # The leader's save reads the seed slot before any lane stores it: its
+                            # flags stores consume the loaded values before it reaches the batch's
+                            # first warp-wide call (later_lane_holds), which the storing lanes wait at.
                             if leader and holds_seed:
                                 save_seed(saved, r, seed, check_pos, launch)
                             stamp_lockstep(h, prev_pos, nrows, written, s0, s1, (s1 - s0) // WARP, lane, check_pos,

@@ -121,7 +121,8 @@ def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Te
     mark per chunk, then ``SEED_SAVE_WORDS`` per seed save (write: one per request, ``seed_saves`` =
     its plan's capacity), then at least one more element; the last one is the ticket counter of write's
     and verify's single launch."""
-    need = 2 + -(-entries // FLAG_CHUNK) + SEED_SAVE_WORDS * seed_saves
+    # write places its saves after the chunk marks of its own capacity (seed_saves), whatever ``entries``
+    need = 2 + -(-max(entries, seed_saves) // FLAG_CHUNK) + SEED_SAVE_WORDS * seed_saves
     owned = _flags.setdefault(_ring_key(ring), [])
     if not owned or owned[-1].numel() < need:
         owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32, device=ring.device))
