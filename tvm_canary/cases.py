@@ -204,9 +204,9 @@ def _write_launch(ctx, offsets, seeds, num_valid, ids, pos, slots, expected) -> 
 
 
 def long_write_case(gen, device, token_units=2):
-    """1-4 requests of 33-100 tokens whose slots are all valid and distinct, so that on CUDA each request
-    has a warp of its own and its full batches of 32 entries are stamped in lockstep
-    (``kernels.write``): positions run on from the seed slot's stored position (seeds: 30% anchors) with
+    """1-4 requests of 33-100 tokens whose slots are all valid (distinct but for the repeats below), so
+    that on CUDA each request has a warp of its own and its full batches of 32 entries are stamped in
+    lockstep (``kernels.write``): positions run on from the seed slot's stored position (seeds: 30% anchors) with
     gaps at a batch's first entry and inside batches; the input assert, when on, expects a token or
     position other than the input's for 5% of the entries; in half the cases one slot is stored by two
     entries of a request at most 31 apart (the later one's fields must stay); a third of the requests

@@ -9,8 +9,10 @@ when there is nothing to launch).
   ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
   Unused source slots get a 1x1 dummy on the device and zero parameters; kernels never read them.
 * Scratch ``flags`` (int32, per ring, shared by write and verify): ``[0]`` = any chunk marked,
-  ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows, write's seed saves
-  follow the chunk marks (``SEED_SAVE_WORDS`` per request, kernels/write.py), and the LAST element
+  ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows or (write) a seed
+  save, write's seed saves follow write's own chunk marks (``SEED_SAVE_WORDS`` per request,
+  kernels/write.py; they may share words with a longer verify's marks: each launch leaves them zero),
+  and the LAST element
   ``[NF - 1]`` is the last-block ticket counter of write's and verify's single launch (always past
   every chunk mark, since ``need`` reserves it). Zero between launches, because each launch clears what it marked and the last block
   resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
