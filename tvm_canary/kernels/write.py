@@ -319,7 +319,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     @T.macro
     def seed_state(h, prev_pos, seed, check_pos, launch):
         """h[0], prev_pos[0] := the chain hash and position a request's walk starts from: its seed slot's
-        (0 < seed < S; anchor hash for seed < 0; the position only when ``check_pos``, else 0)."""
+        (seed < S; the anchor hash for seed < 0; the position only when ``check_pos``, else 0)."""
         slot_hash(h, launch.buf, seed)
         prev_pos[0] = T.int64(0)
         if check_pos:
@@ -359,6 +359,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
     @T.macro
     def clear_seed_save(r, launch):
+        """Request r's seed save := zeros (the emit phase, after the request's last walk)."""
         at, fits = T.meta_var(seed_save_at(r, launch))
         if fits:
             for w in T.unroll(SEED_SAVE_WORDS):

@@ -12,10 +12,9 @@ when there is nothing to launch).
   ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows or (write) a seed
   save, write's seed saves follow write's own chunk marks (``SEED_SAVE_WORDS`` per request,
   kernels/write.py; they may share words with a longer verify's marks: each launch leaves them zero),
-  and the LAST element
-  ``[NF - 1]`` is the last-block ticket counter of write's and verify's single launch (always past
-  every chunk mark, since ``need`` reserves it). Zero between launches, because each launch clears what it marked and the last block
-  resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
+  and the LAST element ``[NF - 1]`` is the last-block ticket counter of write's and verify's single
+  launch (always past every chunk mark, since ``need`` reserves it). Zero between launches, because
+  each launch clears what it marked and the last block resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
   them stay valid.
 """
 
