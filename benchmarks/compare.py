@@ -8,14 +8,14 @@ cases where the second run is more than 3% slower (run-to-run noise on an H200 i
 
 from __future__ import annotations
 
-import json
-import pathlib
 import sys
+
+from plot import read_run
 
 
 def main(argv=None) -> int:
     a_path, b_path = (argv or sys.argv[1:])[:2]
-    a, b = (json.loads(pathlib.Path(p).read_text()) for p in (a_path, b_path))
+    a, b = (read_run(p) for p in (a_path, b_path))
     rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
     slower = []
     print(f"{a.get('gpu') or a['env']['gpu']}: {a_path} vs {b_path}")

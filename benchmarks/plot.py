@@ -16,6 +16,7 @@ environment. Without ``--markdown`` it is printed.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import pathlib
@@ -26,10 +27,17 @@ STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": (
 DEFAULT_DPI = 110  # plot.py --dpi: the PNGs' resolution (docs/ keeps them small at 60-80)
 
 
+def read_run(path) -> dict:
+    """A run's JSON as stored: ``RUN.json``, or ``RUN.json.gz`` (the older runs in benchmarks/results)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
 def load(path: str, reader: str) -> dict | None:
     """A bench_kernels.py run, or None after a one-line error naming ``reader`` when it is a run of
     the earlier bench (no baselines, targets or environment)."""
-    run = json.loads(pathlib.Path(path).read_text())
+    run = read_run(path)
     if "env" not in run:
         print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
         return None

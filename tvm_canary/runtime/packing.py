@@ -37,8 +37,8 @@ class KernelCall:
 
     kernel: "write", "verify", "plan" or "scatter".
     spec: its specialization (``specializations.spec``).
-    size, mode: the workload point its geometry is chosen for: a capacity, and verify's real-KV hash
-        mode (0 elsewhere; ``tuning.workloads.mode_of``).
+    size, mode: the workload point its geometry is chosen for: a capacity, and verify's or write's
+        real-KV hash mode when it folds sources (0 elsewhere; ``tuning.workloads.mode_of``).
     args: the positional arguments of the compiled function.
     scratch: positions in ``args`` of scratch tensors, whose contents after the launch are not part of
         the result (the ring's chunk marks, plan's offsets); everything else is compared byte for byte
@@ -92,6 +92,11 @@ def folded_sources(context: VerifyOrWriteContext) -> int:
     if context.real_kv_hash_mode == RealKvHashMode.NONE:
         return 0
     return len(context.real_kv_sources)
+
+
+def launch_mode(context: VerifyOrWriteContext) -> int:
+    """A verify or write launch's tuning mode: its real-KV hash mode when it folds sources, else 0."""
+    return int(context.real_kv_hash_mode) if folded_sources(context) else 0
 
 
 def source_args(context: VerifyOrWriteContext) -> list:
@@ -157,7 +162,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
         context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("write", num_sources=folded_sources(context), input_assert=assert_on)
-    return KernelCall("write", kernel_spec, cap, 0, args, scratch=_positions(args, marks))
+    return KernelCall("write", kernel_spec, cap, launch_mode(context), args, scratch=_positions(args, marks))
 
 
 def verify_call(*, context, plan, check_verify_expected_token):
@@ -168,9 +173,8 @@ def verify_call(*, context, plan, check_verify_expected_token):
         plan.verify_expected_positions, plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable,
         *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
-    mode = int(context.real_kv_hash_mode) if folded_sources(context) else 0
     kernel_spec = spec("verify", num_sources=folded_sources(context), check_token=bool(check_verify_expected_token))
-    return KernelCall("verify", kernel_spec, cap, mode, args, scratch=_positions(args, marks))
+    return KernelCall("verify", kernel_spec, cap, launch_mode(context), args, scratch=_positions(args, marks))
 
 
 def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,

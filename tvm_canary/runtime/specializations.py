@@ -57,7 +57,7 @@ def spec_id(spec_: tuple) -> str:
 
 def launch_modes(kernel: str, spec_: tuple) -> tuple[int, ...]:
     """The tuning *modes* (``tuning.workloads.mode_of``) a launch of this specialization can have:
-    verify folding sources runs in PARTIAL or ALL mode, everything else in mode 0 (NONE)."""
-    if kernel == "verify" and dict(zip((n for n, _ in AXES[kernel]), spec_))["num_sources"]:
+    verify or write folding sources runs in PARTIAL or ALL mode, everything else in mode 0 (NONE)."""
+    if kernel in ("verify", "write") and dict(zip((n for n, _ in AXES[kernel]), spec_))["num_sources"]:
         return (int(RealKvHashMode.PARTIAL), int(RealKvHashMode.ALL))
     return (0,)

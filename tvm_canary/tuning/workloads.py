@@ -2,10 +2,14 @@
 
 A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` in NONE mode and
 ``(entries, mode)`` with two real-KV sources of 256 bytes per token folded in ``RealKvHashMode``
-``mode`` (PARTIAL or ALL); write ``(requests, tokens per request)``, plan ``(bs, prefix)``, scatter
-``(bs, tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply;
-within a mode the nearest size wins. Write, plan and scatter are tuned in their NONE / no-check
-specialization, whose geometry serves all of theirs.
+``mode`` (PARTIAL or ALL); write ``(requests, tokens per request)`` in NONE mode and ``(requests,
+tokens per request, mode)`` with the same two sources; plan ``(bs, prefix)``, scatter ``(bs,
+tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply; within a
+mode the nearest size wins (a launch whose mode has no bucket runs its default geometry). Verify and
+write are tuned without input checks, plan and scatter in their no-LUT / no-pool specialization,
+whose geometry serves all of theirs. Write's real-KV modes have buckets of their own because its
+fold blocks run beside the chains: a geometry tuned on NONE chains alone slowed ALL 64 x 512 by 15%
+on the H200 (docs/TUNING.md).
 
 Every workload carries the *kernel hash* of the code it was tuned for (``kernel_hash``), so records
 of a kernel that changed since are recognised and ignored (``tuning.apply``).
@@ -37,27 +41,32 @@ from tvm_canary.runtime.specializations import spec, spec_id
 
 PRESETS = {
     "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
-    "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)], "plan": [(64, 512)], "scatter": [(64, 512)]},
+    "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)] + [(256, 1, m) for m in (1, 2)],
+            "plan": [(64, 512)], "scatter": [(64, 512)]},
     "gpu": {
         "verify": [(n,) for n in (4096, 1 << 20, 1 << 24)] + [(n, m) for m in (1, 2) for n in (4096, 1 << 20, 1 << 24)],
-        "write": [(4096, 1), (1, 32768)],
+        "write": [(4096, 1), (1, 32768)] + [(r, n, m) for m in (1, 2) for r, n in ((4096, 1), (1, 32768))],
         "plan": [(4096, 2048)],
         "scatter": [(4096, 1024)],
     },
 }
-KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of folded verify buckets
+KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of the folded (real-KV mode) verify and write buckets
+# Where a bucket holds its RealKvHashMode (after its sizes); kernels not named here have none.
+MODE_AT = {"verify": 1, "write": 2}
 
 
 def mode_of(kernel: str, bucket: tuple) -> int:
-    """The bucket's RealKvHashMode (verify; 0 = NONE for every other kernel)."""
-    return bucket[1] if kernel == "verify" and len(bucket) > 1 else 0
+    """The bucket's RealKvHashMode (verify and write; 0 = NONE, and for every other kernel)."""
+    at = MODE_AT.get(kernel)
+    return bucket[at] if at is not None and len(bucket) > at else 0
 
 
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
     """The specialization a workload is compiled in: no input checks, sources folded per its mode."""
+    sources = KV_SOURCES if mode_of(kernel, bucket) else 0
     return {
-        "verify": lambda: spec("verify", num_sources=KV_SOURCES if mode_of(kernel, bucket) else 0, check_token=False),
-        "write": lambda: spec("write", num_sources=0, input_assert=False),
+        "verify": lambda: spec("verify", num_sources=sources, check_token=False),
+        "write": lambda: spec("write", num_sources=sources, input_assert=False),
         "plan": lambda: spec("plan", has_lut=False, has_pool=False),
         "scatter": lambda: spec("scatter"),
     }[kernel]()
@@ -114,7 +123,22 @@ def descriptor(kernel: str, bucket: tuple, target_kind: str):
     MetaSchedule workload; attributes name the kernel, the bucket and the kernel hash."""
     n = bucket[0]
     m = bucket[1] if len(bucket) > 1 else 0
+    k = bucket[2] if len(bucket) > 2 else 0
     attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket), "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
+
+    if k:
+
+        @T.prim_func(s_tir=True)
+        def main(x: T.Buffer((n,), "int64"), y: T.Buffer((m,), "int64"), z: T.Buffer((k,), "int64")):
+            T.func_attr(attrs)
+            for i in range(n):
+                with T.sblock("canary"):
+                    vi = T.axis.spatial(n, i)
+                    T.reads(x[vi], y[0], z[0])
+                    T.writes(x[vi])
+                    x[vi] = x[vi] + y[0] + z[0]
+
+        return main
 
     if m:
 
@@ -198,6 +222,18 @@ def _context(num_slots: int, device) -> tc.VerifyOrWriteContext:
     return clean_context(num_slots, device, kernel_kind=tc.CanaryLaunchTag.TAIL_K_FULL, ring_rows=64, ring_fill=0)
 
 
+def _with_sources(ctx: tc.VerifyOrWriteContext, mode: int, device) -> tc.VerifyOrWriteContext:
+    """``ctx`` folding KV_SOURCES random K/V pools (KV_BYTES per slot each) in ``mode``; unchanged in NONE."""
+    if not mode:
+        return ctx
+    num_slots = ctx.canary_buf.shape[0]
+    kv_gen = torch.Generator(device=device).manual_seed(1)  # 16 GB at 16M entries: drawn on the device
+    kv = torch.randint(-(2**62), 2**62, (KV_SOURCES * num_slots, KV_BYTES // 8), generator=kv_gen, device=device)
+    sources = tuple(tc.RealKvSource(tensor=part, page_size=1, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
+                    for part in kv.view(torch.uint8).chunk(KV_SOURCES))
+    return dataclasses.replace(ctx, real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode(mode))
+
+
 def make_case(kernel: str, bucket: tuple, device) -> Case:
     gen = torch.Generator().manual_seed(0)
     return Case(kernel, _BUILDERS[kernel](bucket, device, gen))
@@ -219,13 +255,9 @@ def _verify_kwargs(bucket, device, gen):
         words[slots[:, p], 1] = p
         words[slots[:, p], 2] = h
         h = mix3_t(h, toks[:, p], torch.full_like(h, p))
-    ctx = _context(num_slots, device)
+    ctx = _with_sources(_context(num_slots, device), mode, device)
     if mode:
-        kv_gen = torch.Generator(device=device).manual_seed(1)  # 16 GB at 16M entries: drawn on the device
-        kv = torch.randint(-(2**62), 2**62, (KV_SOURCES * num_slots, KV_BYTES // 8), generator=kv_gen, device=device)
-        sources = tuple(tc.RealKvSource(tensor=part, page_size=1, num_bytes_per_token=KV_BYTES, read_bytes=KV_BYTES)
-                        for part in kv.view(torch.uint8).chunk(KV_SOURCES))
-        ctx = dataclasses.replace(ctx, real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode(mode))
+        sources = ctx.real_kv_sources
         for first in range(0, num_slots, 1 << 20):  # chunks: the reference's gather is 2 KB of indices per slot
             chunk = torch.arange(first, min(first + (1 << 20), num_slots), device=device)
             words[chunk, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), chunk)
@@ -242,9 +274,11 @@ def _verify_kwargs(bucket, device, gen):
 
 
 def _write_kwargs(bucket, device, gen):
-    reqs, length = bucket
+    """Requests of ``length`` tokens stamped on random slots, each from the anchor; in a real-KV mode
+    the slots' folds come from two random K/V pools."""
+    reqs, length = bucket[:2]
     n = reqs * length
-    ctx = _context(2 * n + 1, device)
+    ctx = _with_sources(_context(2 * n + 1, device), mode_of("write", bucket), device)
     plan = tc.WritePlan.allocate(write_req_capacity=reqs, device=device)
     plan.write_offsets.copy_(torch.arange(reqs + 1) * length)
     plan.write_seed_slot_indices.fill_(-1)
