@@ -11,9 +11,14 @@ import pytest
 import torch
 from test_differential import run_differential
 
+from tvm_canary.cases import write_case
 from tvm_canary.cli import main
+from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import compile as C
-from tvm_canary.tuning import apply, keys
+from tvm_canary.runtime import packing
+from tvm_canary.tuning import apply, keys, workloads
+
+from helpers import four_sources
 
 TUNE_CI = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials", "4", "--workloads", "ci"]
 
@@ -81,10 +86,31 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
-    folded = apply.chosen("verify", (1024, 2), apply.measured_records(db)[("verify", (1024, 2))], cuda=False)[1]
+    records = apply.measured_records(db)
+    folded = apply.chosen("verify", (1024, 2), records[("verify", (1024, 2))], cuda=False)[1]
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1 << 20, 2) == folded
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024, 1) is None  # no PARTIAL bucket: default
+    # Write's real-KV launches take the buckets of their mode too (the ci preset tunes NONE and ALL).
+    for bucket in ((8, 16), (8, 16, 2)):
+        mode = workloads.mode_of("write", bucket)
+        assert apply.tuned_geometry("write", torch.device("cpu"), 8, mode) == apply.chosen(
+            "write", bucket, records[("write", bucket)], cuda=False)[1]
+    assert apply.tuned_geometry("write", torch.device("cpu"), 8, 1) is None  # no PARTIAL bucket: default
     apply._records.cache_clear()
+
+
+@pytest.mark.parametrize("mode", list(RealKvHashMode))
+def test_write_launches_carry_their_real_kv_mode(mode):
+    """A write (like a verify) that folds sources is launched in its real-KV hash mode, the mode whose
+    tuning buckets choose its geometry; without sources (NONE, or PARTIAL folding nothing; ALL needs
+    sources) it is mode 0."""
+    case = write_case(torch.Generator().manual_seed(3), "cpu")
+    ctx = case["context"]
+    case["context"] = dataclasses.replace(ctx, real_kv_hash_mode=mode, real_kv_sources=four_sources(3)[:2])
+    assert packing.write_call(**case).mode == int(mode)
+    if mode != RealKvHashMode.ALL:
+        case["context"] = dataclasses.replace(ctx, real_kv_hash_mode=mode, real_kv_sources=())
+        assert packing.write_call(**case).mode == 0
 
 
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):

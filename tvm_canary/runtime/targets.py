@@ -44,8 +44,8 @@ def target_from_tag(tag: str):
 
 def default_geometry(kernel: str, target: str, mode: int = 0) -> Geometry:
     """The untuned geometry of ``kernel`` (``tvm_canary/schedules/defaults.py``) for a target tag
-    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``) and launch ``mode`` (verify's
-    real-KV hash mode when it folds sources, else 0: ``runtime.packing``'s ``KernelCall.mode``, the
+    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``) and launch ``mode`` (verify's or
+    write's real-KV hash mode when it folds sources, else 0: ``runtime.packing``'s ``KernelCall.mode``, the
     tuning bucket's ``workloads.mode_of``). Every default in the package (at launch, in tuning and in
     ahead-of-time builds) comes from here."""
     if not target.startswith("cuda"):

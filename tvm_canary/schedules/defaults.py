@@ -1,6 +1,7 @@
 """Default (untuned) geometries as ``{kernel: {Geometry field: value}}``; unnamed fields keep the
 ``Geometry`` defaults (1). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
-(verify's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other launch is mode 0).
+(verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other
+launch is mode 0).
 ``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
 
 CUDA grids are grid-stride, so one size serves every GPU; the numbers suit a 132-SM Hopper (8 blocks

@@ -132,7 +132,7 @@ def nearest(buckets: list[tuple], size: int) -> tuple:
 
 def tuned_geometry(kernel: str, device: torch.device, size: int, mode: int = 0) -> Geometry | None:
     """The geometry ``chosen`` selects in the bucket nearest to ``size`` among the kernel's buckets of
-    ``mode`` (``workloads.mode_of``: verify's RealKvHashMode; it may be the default's), or None (no
+    ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's), or None (no
     record: the default applies)."""
     from .workloads import mode_of
 

@@ -40,7 +40,7 @@ from tvm_canary.runtime.parse import kernel_ir
 from tvm_canary.runtime.specializations import spec, spec_id
 
 PRESETS = {
-    "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
+    "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16), (8, 16, 2)], "plan": [(8, 16)], "scatter": [(8, 16)]},
     "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)] + [(256, 1, m) for m in (1, 2)],
             "plan": [(64, 512)], "scatter": [(64, 512)]},
     "gpu": {
@@ -124,6 +124,7 @@ def descriptor(kernel: str, bucket: tuple, target_kind: str):
     n = bucket[0]
     m = bucket[1] if len(bucket) > 1 else 0
     k = bucket[2] if len(bucket) > 2 else 0
+    assert len(bucket) < 3 or k in (1, 2), f"{bucket}: a write bucket's mode is PARTIAL or ALL (NONE has none)"
     attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket), "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
 
     if k:
