@@ -26,7 +26,7 @@ def tracker():
 @pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
-    # Two kernels, four workloads, one held session: every candidate must run its own code on its own case
+    # Two kernels, three workloads, one held session: every candidate must run its own code on its own case
     # (with one artifact name for all, the verify candidates ran write's code and all failed).
     args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2",
             "--out", str(out), "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
@@ -42,8 +42,7 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
     key = keys.device_key(torch.device("cpu"))  # the server runs on this CPU
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / key))
     records = apply.measured_records(db)
-    measured = {("write", (8, 16)), ("write", (8, 16, 2)), ("verify", (1024,)), ("verify", (1024, 2))}
-    assert set(records) == measured  # every workload
+    assert set(records) == {("write", (8, 16)), ("verify", (1024,)), ("verify", (1024, 2))}  # every workload measured
     rows = records[("write", (8, 16))]
     assert len(rows) >= 2  # 2 candidates (and the default when the search did not draw it), all checked
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(fleet_logs))

@@ -86,17 +86,42 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
-    records = apply.measured_records(db)
-    folded = apply.chosen("verify", (1024, 2), records[("verify", (1024, 2))], cuda=False)[1]
+    folded = apply.chosen("verify", (1024, 2), apply.measured_records(db)[("verify", (1024, 2))], cuda=False)[1]
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1 << 20, 2) == folded
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024, 1) is None  # no PARTIAL bucket: default
-    # Write's real-KV launches take the buckets of their mode too (the ci preset tunes NONE and ALL).
-    for bucket in ((8, 16), (8, 16, 2)):
-        mode = workloads.mode_of("write", bucket)
-        assert apply.tuned_geometry("write", torch.device("cpu"), 8, mode) == apply.chosen(
-            "write", bucket, records[("write", bucket)], cuda=False)[1]
-    assert apply.tuned_geometry("write", torch.device("cpu"), 8, 1) is None  # no PARTIAL bucket: default
     apply._records.cache_clear()
+
+
+def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
+    """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` (a stand-in of
+    three buffers, the ALL specialization's kernel hash) each choose for their own mode's launches; a
+    mode without a bucket (PARTIAL here) runs the default."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning.driver import commit_measurement
+
+    folder = tmp_path / keys.device_key(torch.device("cpu"))
+    folder.mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(folder))
+    knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
+    default = targets.default_geometry("write", "llvm")
+    picks = {(8, 16): dataclasses.replace(default, unroll=1), (8, 16, 2): dataclasses.replace(default, unroll=2)}
+    for bucket, pick in picks.items():
+        mod = tvm.IRModule({"main": workloads.descriptor("write", bucket, "llvm")})
+        commit_measurement(db, mod, knobs, default, 1e-3, target)
+        commit_measurement(db, mod, knobs, pick, 0.5e-3, target)
+    del db
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
+    apply._records.cache_clear()
+    try:
+        for bucket, pick in picks.items():
+            assert apply.tuned_geometry("write", torch.device("cpu"), 8, workloads.mode_of("write", bucket)) == pick
+        assert apply.tuned_geometry("write", torch.device("cpu"), 8, int(RealKvHashMode.PARTIAL)) is None
+    finally:
+        apply._records.cache_clear()
 
 
 @pytest.mark.parametrize("mode", list(RealKvHashMode))
