@@ -25,7 +25,8 @@ import pathlib
 
 import torch
 import tvm_ffi
-from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as Tb
 
 import tvm_canary as tc
 from tvm_canary import reference
@@ -119,53 +120,27 @@ def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
 
 def descriptor(kernel: str, bucket: tuple, target_kind: str):
     """The schedulable stand-in of a workload for a target kind (``cuda`` or ``llvm``): one block
-    ``canary``; one buffer per bucket dimension (its length), so each (kernel, bucket) is its own
-    MetaSchedule workload; attributes name the kernel, the bucket and the kernel hash."""
-    n = bucket[0]
-    m = bucket[1] if len(bucket) > 1 else 0
-    k = bucket[2] if len(bucket) > 2 else 0
-    assert len(bucket) < 3 or k in (1, 2), f"{bucket}: a write bucket's mode is PARTIAL or ALL (NONE has none)"
+    ``canary``; one buffer per bucket dimension (its length: ``x``, ``y``, ``z``), so each (kernel,
+    bucket) is its own MetaSchedule workload whose argument shapes give the bucket
+    (``measure.alloc_bucket``); attributes name the kernel, the bucket and the kernel hash."""
+    assert len(bucket) < 3 or bucket[2] in (1, 2), f"{bucket}: a write bucket's mode is PARTIAL or ALL (NONE has none)"
     attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket), "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
-
-    if k:
-
-        @T.prim_func(s_tir=True)
-        def main(x: T.Buffer((n,), "int64"), y: T.Buffer((m,), "int64"), z: T.Buffer((k,), "int64")):
-            T.func_attr(attrs)
-            for i in range(n):
-                with T.sblock("canary"):
-                    vi = T.axis.spatial(n, i)
-                    T.reads(x[vi], y[0], z[0])
-                    T.writes(x[vi])
-                    x[vi] = x[vi] + y[0] + z[0]
-
-        return main
-
-    if m:
-
-        @T.prim_func(s_tir=True)
-        def main(x: T.Buffer((n,), "int64"), y: T.Buffer((m,), "int64")):
-            T.func_attr(attrs)
-            for i in range(n):
-                with T.sblock("canary"):
-                    vi = T.axis.spatial(n, i)
-                    T.reads(x[vi], y[0])
-                    T.writes(x[vi])
-                    x[vi] = x[vi] + y[0]
-
-        return main
-
-    @T.prim_func(s_tir=True)
-    def main(x: T.Buffer((n,), "int64")):
-        T.func_attr(attrs)
-        for i in range(n):
-            with T.sblock("canary"):
-                vi = T.axis.spatial(n, i)
-                T.reads(x[vi])
-                T.writes(x[vi])
-                x[vi] = x[vi]
-
-    return main
+    n = bucket[0]
+    with IRBuilder() as builder:
+        with Tb.prim_func(s_tir=True):
+            Tb.func_name("main")
+            x, *rest = (Tb.arg(name, Tb.buffer((size,), "int64")) for name, size in zip("xyz", bucket))
+            Tb.func_attr(attrs)
+            with Tb.serial(n) as i:
+                with Tb.sblock("canary"):
+                    vi = Tb.axis.spatial(n, i)
+                    Tb.reads([x[vi], *(b[0] for b in rest)])
+                    Tb.writes([x[vi]])
+                    value = x[vi]
+                    for b in rest:
+                        value = value + b[0]
+                    Tb.buffer_store(x, value, [vi])
+    return builder.get()
 
 
 def bucket_of(func) -> tuple:
