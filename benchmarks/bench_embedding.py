@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 
@@ -64,6 +63,7 @@ from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import get_kernel, packing, targets
 from tvm_canary.runtime.compile import ensure_cuda_runtime
 from tvm_canary.session import CanaryGroup, CanarySession
+from tvm_canary.timing import median_us
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bench_kernels  # noqa: E402
@@ -73,19 +73,6 @@ DEV = torch.device("cuda", 0)
 CONTEXT, WINDOW, SOURCES, KV_BYTES, PAGE = 512, 128, 2, 256, 16
 BATCHES = (1, 64, 256)
 FLOOR_REPEATS = 8  # launches per CUDA graph when a floor kernel is timed (as bench_kernels' copy floor)
-
-
-def median_us(fn, iters: int) -> float:
-    """Median CUDA-event µs of ``fn``."""
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
 
 
 def wall_us(fn, iters: int) -> float:

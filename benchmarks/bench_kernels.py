@@ -39,18 +39,18 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
 
+from tvm_canary.timing import AB_ROUNDS, ab_time_us, graph_time_us
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = torch.device("cuda", 0)
 KV_BYTES = 256  # bytes per token per source (K and V)
 MODES = ("NONE", "PARTIAL", "ALL")
-AB_ROUNDS = 4
 POOL_SLOTS = {"full": 1 << 25, "quick": 1 << 22}  # canary slots (the K/V pool is 512 B per slot)
 VERIFY_SIZES = {"full": (1 << 10, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24), "quick": (1 << 10, 1 << 12, 1 << 16, 1 << 20)}
 WRITE_SHAPES = ((4096, 1), (64, 512), (1, 32768))  # (requests, tokens per request)
@@ -71,50 +71,6 @@ def fail(message: str) -> int:
 
 # ------------------------------------------------------------------------------------------------
 # Timing
-
-
-def capture(calls):
-    """A CUDA graph replaying ``calls`` (zero-argument launches) once each, after an eager warm-up."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        for c in calls:
-            c()
-    for _ in range(3):
-        graph.replay()
-    return graph
-
-
-def replay_us(graph, launches: int, iters: int) -> float:
-    """Median µs per launch over ``iters`` replays of a captured graph."""
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / launches)
-    return statistics.median(times)
-
-
-def graph_time_us(calls, iters=15) -> float:
-    return replay_us(capture(calls), len(calls), iters)
-
-
-def ab_time_us(calls_a, calls_b, iters=7):
-    """Interleaved A/B: both graphs captured, then AB_ROUNDS rounds of (A, B); medians of the rounds."""
-    ga, gb = capture(calls_a), capture(calls_b)
-    ta, tb = [], []
-    for _ in range(AB_ROUNDS):
-        ta.append(replay_us(ga, len(calls_a), iters))
-        tb.append(replay_us(gb, len(calls_b), iters))
-    return statistics.median(ta), statistics.median(tb), ta, tb
 
 
 def once_us(fn) -> float:

@@ -79,6 +79,32 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     apply._records.cache_clear()
 
 
+@pytest.mark.gpu
+def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, capsys):
+    """The ci preset tuned on GPU 0 (candidates checked, then timed as CUDA-graph replays on a case
+    scattered over a ``GPU_POOL_SLOTS`` pool): every workload has a finite default and tuned time, and
+    the tuned kernels load and pass the differential tests."""
+    key = keys.device_key(torch.device("cuda", 0))
+    assert main(["tune", "--target", "cuda", "--kernels", "write", "verify", "--trials", "3", "--workloads", "ci",
+                 "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms-logs")]) == 0
+    assert "nan" not in capsys.readouterr().out  # every default measured
+    from tvm.s_tir import meta_schedule as ms
+
+    records = apply.measured_records(ms.database.JSONDatabase(work_dir=str(tmp_path / key)))
+    assert set(records) == {("verify", (1024,)), ("verify", (1024, 2)), ("write", (8, 16))}
+    assert all(0 < cost < 1e-3 for rows in records.values() for cost, _ in rows)  # µs, not a failure's 1e10 s
+    monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
+    monkeypatch.setattr(C, "_by_launch", {})
+    apply._records.cache_clear()
+    try:
+        assert apply.tuned_geometry("verify", torch.device("cuda", 0), 1024) is not None, key
+        for seed in range(5):
+            run_differential("write", "cuda", seed)
+            run_differential("verify", "cuda", seed)
+    finally:
+        apply._records.cache_clear()
+
+
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))

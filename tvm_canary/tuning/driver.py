@@ -46,7 +46,7 @@ def local_runner():
     from tvm.s_tir import meta_schedule as ms
 
     return ms.runner.LocalRunner(
-        evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
+        evaluator_config=measure.evaluator_config(),
         timeout_sec=120,  # the first candidate of a workload builds its case (16M entries: seconds)
         f_alloc_argument=measure.alloc_bucket,
         f_run_evaluator=measure.run_case,

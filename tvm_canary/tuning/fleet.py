@@ -136,9 +136,11 @@ class Fleet:
         from tvm.s_tir import meta_schedule as ms
         from tvm.support.popen_pool import PopenPoolExecutor
 
+        from . import measure
+
         runner = ms.runner.RPCRunner(
             rpc_config=ms.runner.RPCConfig(self.host, self.port, self.rpc_key, session_timeout_sec=SESSION_TIMEOUT_S),
-            evaluator_config=ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0),
+            evaluator_config=measure.evaluator_config(),
             f_create_session=functools.partial(_held_session, self.device_key, self.device_type),
             f_alloc_argument=_alloc_remote,
             f_run_evaluator=functools.partial(_run_remote, self.device_type),

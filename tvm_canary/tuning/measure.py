@@ -9,7 +9,9 @@
   the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
   the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
   plans, a clean canary; ``case_for``), checks the candidate's outputs against the torch reference
-  byte for byte (a mismatch is a failed measurement, so it can never win) and then times it.
+  byte for byte (a mismatch is a failed measurement, so it can never win) and then times it: on a GPU
+  as the benchmarks do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` launches,
+  each value the median of ``number`` replays, ``repeat`` values), on a CPU with ``time_evaluator``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from .. import timing
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from ..runtime.targets import default_geometry
@@ -34,6 +37,7 @@ from . import workloads
 # Per wave of builds (a round of n candidates on w workers is ceil(n / w) waves): a build that hangs fails
 # its round instead of the run. A build takes seconds; the first wave also starts the workers.
 BUILD_TIMEOUT_S = 120
+GRAPH_LAUNCHES = 4  # launches per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4)
 
 
 def _job(mod, target) -> tuple:
@@ -147,6 +151,12 @@ def case_for(kernel: str, bucket: tuple, device_type: str):
     return _held_case[key]
 
 
+def evaluator_config() -> ms.runner.EvaluatorConfig:
+    """How ``run_case`` times a candidate, for every runner: 3 values (``repeat``), each of 10 runs
+    (``number``: graph replays on a GPU, calls on a CPU)."""
+    return ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0)
+
+
 def run_case(rt_mod, device, config, repeated_args):
     """Check the candidate ``rt_mod`` on its workload's case against the reference, then time it."""
     (bucket,) = repeated_args[0]
@@ -159,5 +169,12 @@ def run_case(rt_mod, device, config, repeated_args):
         torch.cuda.synchronize()
     if not case.matches():
         raise RuntimeError(f"candidate output of {name} differs from the torch reference")
+    if case.args[0].is_cuda:
+        # As the benchmarks time (``timing``): replays of a CUDA graph of GRAPH_LAUNCHES launches. Timed
+        # one launch at a time instead, a kernel of a few µs measures the host's launch cost as much as
+        # itself, and a geometry that won there lost in the benchmark (docs/TUNING.md).
+        function, args = rt_mod[name], case.args
+        graph = timing.capture([lambda: function(*args)] * GRAPH_LAUNCHES)
+        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, config.number) for _ in range(config.repeat)]
     timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
     return list(timer(*case.args).results)

@@ -44,14 +44,21 @@ PRESETS = {
     "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
     "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)] + [(256, 1, m) for m in (1, 2)],
             "plan": [(64, 512)], "scatter": [(64, 512)]},
+    # One bucket per size class the benchmarks time (verify 1K-16M entries: 1K/4K, 64K, 1M/4M, 16M;
+    # write 4096 x 1, 64 x 512, 1 x 32768): a geometry tuned at 4K entries alone ran 64K 1.14x slower
+    # than the default on the H200 (docs/PERFORMANCE.md, the eighth session).
     "gpu": {
-        "verify": [(n,) for n in (4096, 1 << 20, 1 << 24)] + [(n, m) for m in (1, 2) for n in (4096, 1 << 20, 1 << 24)],
-        "write": [(4096, 1), (1, 32768)] + [(r, n, m) for m in (1, 2) for r, n in ((4096, 1), (1, 32768))],
+        "verify": [(n, *m) for m in ((), (1,), (2,)) for n in (4096, 1 << 16, 1 << 20, 1 << 24)],
+        "write": [(r, n, *m) for m in ((), (1,), (2,)) for r, n in ((4096, 1), (64, 512), (1, 32768))],
         "plan": [(4096, 2048)],
         "scatter": [(4096, 1024)],
     },
 }
 KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of the folded (real-KV mode) verify and write buckets
+# On a GPU a case's slots are scattered over at least this many pool slots, as in a serving engine's
+# pool and in the benchmarks' (1 GB of canary): slots packed into a small pool would sit in L2, and a
+# geometry would be tuned for a memory the launches do not see.
+GPU_POOL_SLOTS = 1 << 25
 # Where a bucket holds its RealKvHashMode (after its sizes); kernels not named here have none.
 MODE_AT = {"verify": 1, "write": 2}
 
@@ -210,20 +217,34 @@ def _with_sources(ctx: tc.VerifyOrWriteContext, mode: int, device) -> tc.VerifyO
     return dataclasses.replace(ctx, real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode(mode))
 
 
+def _pool_slots(scattered: int, device, gen, consecutive: int = 0) -> tuple[torch.Tensor, int]:
+    """(slots, the pool size S): ``scattered`` distinct random slots among the first U (U is twice
+    ``scattered``, and at least ``GPU_POOL_SLOTS`` on a GPU), then ``consecutive`` slots in a row after
+    them (U + 1, U + 2, ...)."""
+    universe = max(2 * scattered, GPU_POOL_SLOTS if device.type == "cuda" else 0)
+    run = torch.arange(universe + 1, universe + 1 + consecutive)
+    return torch.cat([torch.randperm(universe, generator=gen)[:scattered] + 1, run]).to(device), universe + consecutive + 1
+
+
 def make_case(kernel: str, bucket: tuple, device) -> Case:
     gen = torch.Generator().manual_seed(0)
     return Case(kernel, _BUILDERS[kernel](bucket, device, gen))
 
 
 def _verify_kwargs(bucket, device, gen):
-    """A clean canary of chains over random slots (real-KV fields folded from random K/V pools in
-    the bucket's mode); entries in random order, chain-checked."""
+    """A clean canary of chains of 64 tokens (real-KV fields folded from random K/V pools in the
+    bucket's mode), chain-checked. The first half of the entries checks chains on random slots in
+    random order, the second half chains on consecutive slots in chain order (as a prefill's tokens
+    land in fresh pages): the two orders the benchmarks time, which one geometry serves. Tuned on
+    random order alone, the ALL bucket of 1M entries chose a geometry 1.07x slower than the default
+    in chain order on the H200 (docs/TUNING.md)."""
     n, mode = bucket[0], mode_of("verify", bucket)
     length = 64
     chains = -(-n // length)
-    slots = (torch.randperm(2 * chains * length, generator=gen)[: chains * length] + 1).view(chains, length).to(device)
+    shuffled = n // 2
+    slots, num_slots = _pool_slots(shuffled, device, gen, consecutive=chains * length - shuffled)
+    slots = slots.view(chains, length)
     toks = torch.randint(0, 150000, (chains, length), generator=gen).to(device)
-    num_slots = 2 * chains * length + 1
     words = torch.zeros(num_slots, 4, dtype=torch.int64, device=device)
     h = torch.full((chains,), to_signed_int64(ANCHOR_HASH), dtype=torch.int64, device=device)
     for p in range(length):
@@ -234,11 +255,12 @@ def _verify_kwargs(bucket, device, gen):
     ctx = _with_sources(_context(num_slots, device), mode, device)
     if mode:
         sources = ctx.real_kv_sources
-        for first in range(0, num_slots, 1 << 20):  # chunks: the reference's gather is 2 KB of indices per slot
-            chunk = torch.arange(first, min(first + (1 << 20), num_slots), device=device)
+        for chunk in slots.flatten().split(1 << 20):  # chunks: the reference's gather is 2 KB of indices per slot
             words[chunk, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), chunk)
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
-    pick = torch.randperm(chains * length, generator=gen)[:n].to(device)
+    pick = torch.arange(n)
+    pick[:shuffled] = pick[torch.randperm(shuffled, generator=gen)]
+    pick = pick.to(device)
     r, p = pick // length, pick % length
     plan = tc.VerifyPlan.allocate(verify_capacity=n, device=device)
     plan.verify_slot_indices.copy_(slots[r, p])
@@ -254,7 +276,8 @@ def _write_kwargs(bucket, device, gen):
     the slots' folds come from two random K/V pools."""
     reqs, length = bucket[:2]
     n = reqs * length
-    ctx = _with_sources(_context(2 * n + 1, device), mode_of("write", bucket), device)
+    out_cache_loc, num_slots = _pool_slots(n, device, gen)
+    ctx = _with_sources(_context(num_slots, device), mode_of("write", bucket), device)
     plan = tc.WritePlan.allocate(write_req_capacity=reqs, device=device)
     plan.write_offsets.copy_(torch.arange(reqs + 1) * length)
     plan.write_seed_slot_indices.fill_(-1)
@@ -262,7 +285,7 @@ def _write_kwargs(bucket, device, gen):
     return dict(
         context=ctx, plan=plan, input_ids=torch.randint(0, 150000, (n,), generator=gen).to(device),
         positions=torch.arange(length).repeat(reqs).to(device),
-        out_cache_loc=(torch.randperm(2 * n, generator=gen)[:n] + 1).to(device),
+        out_cache_loc=out_cache_loc,
         enable_write_input_assert=False, expected_input_tokens=None, expected_input_positions=None,
     )
 

@@ -1,0 +1,69 @@
+"""GPU timing: the one method behind every kernel time tvm_canary reports on a CUDA GPU.
+
+The tuner (``tuning/measure.run_case``) and the benchmarks (``benchmarks/``) time the same way, so a
+geometry the tuner finds faster is faster in the benchmark's terms too: the launches are captured in
+a CUDA graph (no host launch cost between them, as in a serving engine's graph) and the graph is
+replayed; a time is the median over replays of CUDA-event time per replay, divided by the launches
+it holds. ``ab_time_us`` interleaves two graphs in rounds (A, B, A, B, ...) in one process, so that
+run-to-run noise cannot pass for a difference between them.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+AB_ROUNDS = 4  # rounds of (A, B) in an interleaved comparison
+
+
+def median_us(fn, iters: int) -> float:
+    """Median CUDA-event µs of ``fn()`` (on the current stream) over ``iters`` calls."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def capture(calls) -> torch.cuda.CUDAGraph:
+    """A CUDA graph replaying ``calls`` (zero-argument launches on torch's current stream) once each,
+    after an eager warm-up, replayed three times before it is returned."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for call in calls:
+            call()
+    for _ in range(3):
+        graph.replay()
+    return graph
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, launches: int, iters: int) -> float:
+    """Median µs per launch over ``iters`` replays of a graph holding ``launches`` launches."""
+    return median_us(graph.replay, iters) / launches
+
+
+def graph_time_us(calls, iters: int = 15) -> float:
+    """µs per launch of ``calls`` captured in one graph (``replay_us``)."""
+    return replay_us(capture(calls), len(calls), iters)
+
+
+def ab_time_us(calls_a, calls_b, iters: int = 7, rounds: int = AB_ROUNDS):
+    """Interleaved A/B: both graphs captured, then ``rounds`` rounds of (A, B), each ``iters`` replays.
+    Returns (median of A's rounds, median of B's rounds, A's rounds, B's rounds), µs per launch."""
+    graph_a, graph_b = capture(calls_a), capture(calls_b)
+    times_a, times_b = [], []
+    for _ in range(rounds):
+        times_a.append(replay_us(graph_a, len(calls_a), iters))
+        times_b.append(replay_us(graph_b, len(calls_b), iters))
+    return statistics.median(times_a), statistics.median(times_b), times_a, times_b
