@@ -125,16 +125,22 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         return record
 
     @T.macro
+    def load_fields(regs, u, i, launch):
+        """regs[u] := entry i's token and position (and with input checks its expected ones); the
+        caller loads the slot."""
+        regs.tok[u] = launch.ids[i]
+        regs.pos[u] = launch.pos_in[i]
+        if input_assert:
+            regs.et[u] = launch.etoks[i]
+            regs.ep[u] = launch.epos[i]
+
+    @T.macro
     def load_group(group, s0, s1, first, launch):
         """group := entries [s0 + first, s0 + first + U) of the request (slot -1 past s1)."""
         for u in T.unroll(U):
             i = T.min(s0 + first + u, s1 - 1)
             group.slot[u] = T.Select(s0 + first + u < s1, launch.ocl[i], T.int64(-1))
-            group.tok[u] = launch.ids[i]
-            group.pos[u] = launch.pos_in[i]
-            if input_assert:
-                group.et[u] = launch.etoks[i]
-                group.ep[u] = launch.epos[i]
+            load_fields(group, u, i, launch)
 
     def stamp_group_macro(guarded):
         @T.macro
@@ -232,11 +238,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     def load_entry(entry, i, launch):
         """entry := entry i of the token vectors (one register each)."""
         entry.slot[0] = launch.ocl[i]
-        entry.tok[0] = launch.ids[i]
-        entry.pos[0] = launch.pos_in[i]
-        if input_assert:
-            entry.et[0] = launch.etoks[i]
-            entry.ep[0] = launch.epos[i]
+        load_fields(entry, 0, i, launch)
 
     def lane_value(value, src):
         """``value`` as held by lane ``src`` of the warp (a shuffle on CUDA; on CPU the thread is its own
