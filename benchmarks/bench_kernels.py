@@ -215,6 +215,14 @@ def fold_words(mode: str) -> int:
     return {"NONE": 0, "PARTIAL": 2, "ALL": KV_BYTES // 8}[mode]
 
 
+def fold_orders(mode: str) -> dict:
+    """{floor name infix: fold_together} of the hashing floors of ``mode``: both source orders with two
+    sources (``floors.FOLD_ORDERS``), one order without sources."""
+    import floors
+
+    return floors.FOLD_ORDERS if mode != "NONE" else {"": True}
+
+
 def floor_makers() -> dict:
     """{floor name: make(geom) -> TIR function}: gather per real-KV mode (verify, two sources), store per
     mode (write), each with its ``hash`` and ``ticket`` variants (``bounds`` below), copy (plan, scatter)."""
@@ -224,15 +232,16 @@ def floor_makers() -> dict:
     for mode in MODES:
         sources = 2 if mode != "NONE" else 0
         out[f"gather-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(g, fold_words(mode), False, sources)
-        out[f"gather-hash-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(
-            g, fold_words(mode), False, sources, hashing=True)
-        out[f"gather-ticket-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(
-            g, fold_words(mode), False, sources, hashing=True, ticket=True)
         out[f"store-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(g, fold_words(mode), sources)
-        out[f"store-hash-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(
-            g, fold_words(mode), sources, hashing=True)
-        out[f"store-ticket-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(
-            g, fold_words(mode), sources, hashing=True, ticket=True)
+        for infix, together in fold_orders(mode).items():
+            out[f"gather-hash-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.gather(
+                g, fold_words(mode), False, sources, hashing=True, fold_together=together)
+            out[f"gather-ticket-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.gather(
+                g, fold_words(mode), False, sources, hashing=True, ticket=True, fold_together=together)
+            out[f"store-hash-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.store(
+                g, fold_words(mode), sources, hashing=True, fold_together=together)
+            out[f"store-ticket-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.store(
+                g, fold_words(mode), sources, hashing=True, ticket=True, fold_together=together)
     out["copy"] = floors.copy
     return out
 
@@ -507,10 +516,15 @@ class Bench:
         ``ordered_floor_us``, the least a kernel that appends its rows in order pays on top: the
         faster of that floor with the single launch's clean protocol (a block barrier, a ticket per
         block, the last block counting the launch) and that floor plus one more launch (``empty_us``),
-        the cost of emitting in a second kernel. Each is the fastest of the floor grids."""
-        row["hash_floor_us"], grid = self.floor(f"{family}-hash-{mode}", calls_of)
+        the cost of emitting in a second kernel. Each is the fastest of the floor grids and, with two
+        sources, of both fold orders (``fold_orders``)."""
+        def fastest_order(variant):
+            (us, grid), infix = min((self.floor(f"{family}-{variant}-{infix}{mode}", calls_of), infix) for infix in fold_orders(mode))
+            return us, grid + (" sources in turn" if infix else "")
+
+        row["hash_floor_us"], grid = fastest_order("hash")
         row["hash_floor"] = f"hash {grid}"
-        ticket_us, ticket_grid = self.floor(f"{family}-ticket-{mode}", calls_of)
+        ticket_us, ticket_grid = fastest_order("ticket")
         row["ordered_floor_us"], row["ordered_floor"] = min(
             (ticket_us, f"hash + ticket {ticket_grid}"), (row["hash_floor_us"] + empty_us, f"hash {grid} + launch"))
 

@@ -45,6 +45,8 @@ from tvm_canary.kernels.common import (
 # kernel in that grid beat the best of the others in ALL mode at 1M-16M random entries (H200: 16M
 # 6726 us against a 7134 us floor).
 FLOOR_GRIDS = ((2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512))
+# The hashing floors' fold orders with two sources (``fold_hash``): both are timed, the faster counts.
+FOLD_ORDERS = {"": True, "seq-": False}  # name infix -> fold_together
 
 
 def floor_geometries():
@@ -69,12 +71,14 @@ def ticket_protocol(geom: Geometry):
 
 
 @T.macro
-def fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources):
+def fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, together):
     """h[0] := the slot's real-KV fold as the hashing floors compute it: one ``splitmix64`` per folded word
     of each source (the first ``fold_words`` words of the slot's row in each of ``num_sources`` halves
-    of ``src``) and one per source. The two sources' chains advance together in one loop (SPEC 1.4
-    folds one source after the other; together, the dependent steps are half as many, so the floor
-    stays below any order a kernel may choose)."""
+    of ``src``) and one per source. ``together``: the two sources' chains advance in one loop (half as
+    many dependent steps, more live registers); otherwise one after the other, in SPEC 1.4's order.
+    Neither is faster everywhere (on the H200 the kernel, which folds in SPEC's order, beat the bound
+    of the one-loop order by 5% at 64K ALL entries), so the benchmarks time both (``FOLD_ORDERS``) and
+    keep the faster."""
     h[0] = T.uint64(0)
     part[0] = T.uint64(0)
     part2[0] = T.uint64(0)
@@ -82,26 +86,31 @@ def fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources):
         if num_sources > 0:
             part[0] = part[0] ^ T.reinterpret("uint64", src[slot, q])
             splitmix64(part)
-        if num_sources > 1:
+        if num_sources > 1 and together:
             part2[0] = part2[0] ^ T.reinterpret("uint64", src[slot + rows // 2, q])
             splitmix64(part2)
     if num_sources > 0:
         h[0] = h[0] ^ part[0]
         splitmix64(h)
+    if num_sources > 1 and not together:
+        for q in T.serial(fold_words):
+            part2[0] = part2[0] ^ T.reinterpret("uint64", src[slot + rows // 2, q])
+            splitmix64(part2)
     if num_sources > 1:
         h[0] = h[0] ^ part2[0]
         splitmix64(h)
 
 
 def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int, hashing: bool = False,
-           ticket: bool = False):
+           ticket: bool = False, fold_together: bool = True):
     """The ``gather`` floor: verify's bytes with verify's indices, XOR-ed (sources: the first
     ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
 
     ``hashing``: the bytes are hashed as SPEC 1 requires of every verify instead of XOR-ed: the
     predecessor's chain link (``mix3`` of its fields) and the real-KV fold (``fold_hash``), so in ALL
-    mode (32 dependent steps per source) it also bounds the arithmetic. ``ticket``: also the least a
-    single launch that appends rows in entry order does in a clean launch (``ticket_protocol``).
+    mode (32 dependent steps per source) it also bounds the arithmetic; ``fold_together``: the fold's
+    source order (``fold_hash``). ``ticket``: also the least a single launch that appends rows in entry
+    order does in a clean launch (``ticket_protocol``).
     """
     assert num_sources <= 2
     TH = geom.threads
@@ -147,7 +156,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                         else:
                             acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
                     if hashing:
-                        fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources)
+                        fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_together)
                         acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                     else:
                         for s in T.serial(num_sources):
@@ -162,14 +171,15 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     return gather_floor
 
 
-def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = False, ticket: bool = False):
+def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = False, ticket: bool = False,
+          fold_together: bool = True):
     """The ``store`` floor: write's bytes through the write plan's indirections, XOR-ed (sources: the first
     ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
 
     ``hashing``: the bytes are hashed as SPEC 1 requires of every write instead of XOR-ed: the seed
     slot's chain link (``mix3`` of its fields), each lane's chain steps over its own tokens only (one
     ``mix3`` before each of its tokens but the first: fewer and shorter chains than any write runs)
-    and the real-KV fold as the gather floor hashes it (``fold_hash``). With a seed slot, a lane hashes
+    and the real-KV fold as the gather floor hashes it (``fold_hash``, in ``fold_together``'s order). With a seed slot, a lane hashes
     the seed's link and then its first token's fold, one after the other, which a write may overlap
     (its folds run in other blocks): the benchmark's rows use anchor seeds (no link to hash), where
     this does not arise. ``ticket``: also the least a single launch that appends rows in request order
@@ -222,7 +232,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                         while k[0] < offsets[r[0] + 1]:
                             slot = ocl[k[0]]
                             if hashing:
-                                fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources)
+                                fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_together)
                                 acc[0] = T.reinterpret("int64", h[0])
                                 buf[slot, 2] = link[0]
                                 if k[0] + width < offsets[r[0] + 1]:  # the step the lane's next token needs
