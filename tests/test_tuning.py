@@ -105,6 +105,19 @@ def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, ca
         apply._records.cache_clear()
 
 
+def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
+    """A GPU case draws its slots from ``GPU_POOL_SLOTS`` slots, or from as many as fit in half the free
+    memory (a smaller GPU), and never from fewer than twice its own slots; a CPU case from twice its slots."""
+    gpu = torch.device("cuda", 0)
+    free = 10 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 24 * 2**30))
+    real_kv_slot = workloads.CASE_COPIES * (32 + workloads.KV_SOURCES * workloads.KV_BYTES)
+    assert workloads.pool_universe(4096, gpu, 0) == workloads.GPU_POOL_SLOTS  # 3 x 32 B per slot fits
+    assert workloads.pool_universe(4096, gpu, 2) == free // 2 // real_kv_slot < workloads.GPU_POOL_SLOTS
+    assert workloads.pool_universe(1 << 24, gpu, 2) == 1 << 25  # twice its slots, fitting or not
+    assert workloads.pool_universe(4096, torch.device("cpu"), 2) == 8192
+
+
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))

@@ -55,10 +55,12 @@ PRESETS = {
     },
 }
 KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of the folded (real-KV mode) verify and write buckets
-# On a GPU a case's slots are scattered over at least this many pool slots, as in a serving engine's
-# pool and in the benchmarks' (1 GB of canary): slots packed into a small pool would sit in L2, and a
-# geometry would be tuned for a memory the launches do not see.
+# On a GPU a case's slots are scattered over a pool of this many slots, as in a serving engine's pool
+# and in the benchmarks' (1 GB of canary): slots packed into a small pool would sit in L2, and a
+# geometry would be tuned for a memory the launches do not see. A GPU with less free memory than such
+# a case needs gets the largest pool that fits in half of it (``pool_universe``).
 GPU_POOL_SLOTS = 1 << 25
+CASE_COPIES = 3  # a case's tensors are held three times: the inputs, their snapshot, the reference's copy
 # Where a bucket holds its RealKvHashMode (after its sizes); kernels not named here have none.
 MODE_AT = {"verify": 1, "write": 2}
 
@@ -217,11 +219,21 @@ def _with_sources(ctx: tc.VerifyOrWriteContext, mode: int, device) -> tc.VerifyO
     return dataclasses.replace(ctx, real_kv_sources=sources, real_kv_hash_mode=RealKvHashMode(mode))
 
 
-def _pool_slots(scattered: int, device, gen, consecutive: int = 0) -> tuple[torch.Tensor, int]:
-    """(slots, the pool size S): ``scattered`` distinct random slots among the first U (U is twice
-    ``scattered``, and at least ``GPU_POOL_SLOTS`` on a GPU), then ``consecutive`` slots in a row after
-    them (U + 1, U + 2, ...)."""
-    universe = max(2 * scattered, GPU_POOL_SLOTS if device.type == "cuda" else 0)
+def pool_universe(scattered: int, device, mode: int) -> int:
+    """How many slots ``scattered`` random slots are drawn from: twice as many, and on a GPU at least
+    ``GPU_POOL_SLOTS``, or as many as fit in half its free memory (a slot's canary row, and in a
+    real-KV mode its K/V rows, ``CASE_COPIES`` times)."""
+    if device.type != "cuda":
+        return 2 * scattered
+    slot_bytes = CASE_COPIES * (32 + (KV_SOURCES * KV_BYTES if mode else 0))
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return max(2 * scattered, min(GPU_POOL_SLOTS, free_bytes // 2 // slot_bytes))
+
+
+def _pool_slots(scattered: int, device, gen, mode: int, consecutive: int = 0) -> tuple[torch.Tensor, int]:
+    """(slots, the pool size S): ``scattered`` distinct random slots among the first U
+    (``pool_universe``), then ``consecutive`` slots in a row after them (U + 1, U + 2, ...)."""
+    universe = pool_universe(scattered, device, mode)
     run = torch.arange(universe + 1, universe + 1 + consecutive)
     return torch.cat([torch.randperm(universe, generator=gen)[:scattered] + 1, run]).to(device), universe + consecutive + 1
 
@@ -242,7 +254,7 @@ def _verify_kwargs(bucket, device, gen):
     length = 64
     chains = -(-n // length)
     shuffled = n // 2
-    slots, num_slots = _pool_slots(shuffled, device, gen, consecutive=chains * length - shuffled)
+    slots, num_slots = _pool_slots(shuffled, device, gen, mode, consecutive=chains * length - shuffled)
     slots = slots.view(chains, length)
     toks = torch.randint(0, 150000, (chains, length), generator=gen).to(device)
     words = torch.zeros(num_slots, 4, dtype=torch.int64, device=device)
@@ -276,7 +288,7 @@ def _write_kwargs(bucket, device, gen):
     the slots' folds come from two random K/V pools."""
     reqs, length = bucket[:2]
     n = reqs * length
-    out_cache_loc, num_slots = _pool_slots(n, device, gen)
+    out_cache_loc, num_slots = _pool_slots(n, device, gen, mode_of("write", bucket))
     ctx = _with_sources(_context(num_slots, device), mode_of("write", bucket), device)
     plan = tc.WritePlan.allocate(write_req_capacity=reqs, device=device)
     plan.write_offsets.copy_(torch.arange(reqs + 1) * length)
