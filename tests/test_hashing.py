@@ -14,6 +14,7 @@ from tvm_canary import _consts
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.context import RealKvSource
 from tvm_canary.kernels import common
+from tvm_canary.reference import hashing
 from tvm_canary.reference.hashing import (
     chain_hash_t,
     le_bytes,
@@ -141,6 +142,18 @@ def test_fold_matches_definition(mode, num_sources):
     sources = four_sources(10 + num_sources)[:num_sources]
     slots = list(range(16))
     assert real_kv_fold_t(sources, mode, i64(slots)).tolist() == [py_fold(sources, mode, s) for s in slots]
+
+
+@pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
+def test_fold_in_chunks_matches_definition(mode, monkeypatch):
+    """Plans larger than FOLD_CHUNK are folded a chunk at a time (bounded temporaries): chunk edges
+    inside and at the end of the slots, and an empty slot list, give the definition's values."""
+    monkeypatch.setattr(hashing, "FOLD_CHUNK", 3)
+    sources = four_sources(21)[:2]
+    slots = [15, 0, 7, 7, 3, 12, 1]
+    assert real_kv_fold_t(sources, mode, i64(slots)).tolist() == [py_fold(sources, mode, s) for s in slots]
+    assert real_kv_fold_t(sources, mode, i64(slots[:6])).tolist() == [py_fold(sources, mode, s) for s in slots[:6]]
+    assert real_kv_fold_t(sources, mode, i64([])).tolist() == []
 
 
 def test_fold_none_mode_and_no_sources_give_zero():

@@ -267,8 +267,8 @@ def _verify_kwargs(bucket, device, gen):
     ctx = _with_sources(_context(num_slots, device), mode, device)
     if mode:
         sources = ctx.real_kv_sources
-        for chunk in slots.flatten().split(1 << 20):  # chunks: the reference's gather is 2 KB of indices per slot
-            words[chunk, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), chunk)
+        flat = slots.flatten()
+        words[flat, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), flat)
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
     pick = torch.arange(n)
     pick[:shuffled] = pick[torch.randperm(shuffled, generator=gen)]
