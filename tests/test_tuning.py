@@ -376,3 +376,64 @@ def test_a_dead_build_worker_fails_only_its_round():
         for r in built:
             if r.artifact_path:
                 ms.utils.remove_build_dir(r.artifact_path)
+
+
+OOM_TRACEBACK = """LocalRunner: An exception occurred
+Traceback (most recent call last):
+  File "/tmp/tvm-site/tvm/exec/popen_worker.py", line 106, in main
+    result = fn(*args, **kwargs)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 139.80 GiB
+"""
+
+
+def test_error_summary_names_the_exception():
+    from tvm_canary.tuning.driver import error_summary
+
+    assert error_summary(OOM_TRACEBACK) == ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 GiB. "
+                                            "GPU 0 has a total capacity of 139.80 GiB")
+    assert error_summary("build failed\n  in codegen\n") == "in codegen"
+    assert error_summary("") == "(no message)"
+    assert error_summary("ValueError: " + "x" * 500, width=40) == "ValueError: " + "x" * 25 + "..."
+
+
+class _FailingBuilder:
+    """A builder whose every build fails with ``OOM_TRACEBACK`` (no artifact to run)."""
+
+    def build(self, inputs):
+        import types
+
+        return [types.SimpleNamespace(error_msg=OOM_TRACEBACK, artifact_path=None) for _ in inputs]
+
+    def shutdown(self):
+        pass
+
+
+def test_a_workload_that_measures_nothing_says_why(tmp_path):
+    """When the default fails too, the result names the error and the log folder, and has no candidates."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.tuning.driver import tune_workload
+
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    result = tune_workload("scatter", (8, 16), "llvm", db, 4, tmp_path / "ms", _FailingBuilder(), runner=None)
+    assert result.candidates == 0
+    assert "every candidate failed (the default's: torch.OutOfMemoryError: CUDA out of memory." in result.geometry
+    assert str(tmp_path / "ms" / "logs") in result.geometry
+
+
+def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, capsys):
+    """The database is written, but a run that left a workload unmeasured is not a success."""
+    import types
+
+    from tvm_canary.tuning import driver, measure
+
+    monkeypatch.setattr(measure, "CandidateBuilder", _FailingBuilder)
+    idle_runner = types.SimpleNamespace(pool=types.SimpleNamespace(shutdown=lambda: None))
+    monkeypatch.setattr(driver, "local_runner", lambda: idle_runner)
+    rc = main(["tune", "--target", "llvm", "--kernels", "scatter", "--workloads", "ci", "--out", str(tmp_path),
+               "--log-dir", str(tmp_path / "ms")])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "every candidate failed (the default's: torch.OutOfMemoryError" in out
+    assert "tvm-canary tune: error: nothing measured for 1 workload: scatter (8, 16)" in err
+    assert (tmp_path / keys.device_key(torch.device("cpu"))).is_dir()

@@ -8,7 +8,9 @@ or the user's folder for an installed package); workloads already in it with at 
 candidates are skipped (resume). With ``--rpc-tracker``, candidates are built here and measured on
 the RPC servers of ``--rpc-key`` (``tuning/fleet.py``; docs/FLEET-TUNING.md), and the database is
 that of their device. Ends with a table: kernel, workload, candidates, candidates measured
-in this run, default time, tuned time, speedup.
+in this run, default time, tuned time, speedup. A workload that measured nothing (every candidate and
+the default failed) shows its error there and makes the command exit 1 (the database is still
+written; that workload runs the default).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import datetime
 import math
 import pathlib
+import sys
 
 import torch
 from tqdm import tqdm
@@ -99,4 +102,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on {where} ({key}); rows with fewer new than candidates also show the "
               f"database's earlier measurements. Wrote {work_dir}")
+    failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
+    if failed:
+        # The database is written and usable (those workloads run the default), but the run is not whole.
+        print(f"tvm-canary tune: error: nothing measured for {len(failed)} workload{'s' if len(failed) != 1 else ''}: "
+              f"{', '.join(failed)} (reasons in the table above)", file=sys.stderr)
+        return 1
     return 0

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import pathlib
+import re
 import sys
 import types
 
@@ -105,18 +106,21 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
                 ms_logger.addHandler(handler)
     rows = measured_records(db).get((kernel, bucket), [])
     measured_default = default_row(kernel, bucket, rows, cuda)
+    default_error = ""
     if measured_default is not None:
         default_us = 1e6 * measured_default[0]
     else:
         # The default competes too: a bucket's best record is then never slower than the default.
-        seconds = measure_default(builder, runner, mod, target)
+        seconds, default_error = measure_default(builder, runner, mod, target)
         default_us = 1e6 * seconds
         if knob_values_of(knobs, default) and math.isfinite(seconds):
             commit_measurement(db, mod, knobs, default, seconds, target)
             rows = measured_records(db).get((kernel, bucket), [])
     measured = len(rows) - before
     if not rows:
-        return Result(kernel, bucket, 0, measured, default_us, float("nan"), "every candidate failed: the default applies")
+        why = f" (the default's: {default_error})" if default_error else ""
+        return Result(kernel, bucket, 0, measured, default_us, float("nan"),
+                      f"every candidate failed{why}: the default applies; MetaSchedule logs: {log_dir / 'logs'}")
     cost, geom = chosen(kernel, bucket, rows, cuda)
     return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * cost, geom.key())
 
@@ -133,15 +137,15 @@ def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> No
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
 
 
-def measure_default(builder, runner, mod, target) -> float:
-    """Mean seconds of the workload ``mod`` in the kernel's default geometry (the stand-in without knob
-    annotations, which the builder builds with the defaults), measured and checked against the reference
-    by ``runner`` like a candidate; NaN when that failed."""
+def measure_default(builder, runner, mod, target) -> tuple[float, str]:
+    """(mean seconds, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without
+    knob annotations, which the builder builds with the defaults), measured and checked against the
+    reference by ``runner`` like a candidate; (NaN, the error's ``error_summary``) when that failed."""
     from tvm.s_tir import meta_schedule as ms
 
     (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
     if built.error_msg:
-        return math.nan
+        return math.nan, error_summary(built.error_msg)
     artifact = built.artifact_path
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     device_type = "cuda" if target.kind.name == "cuda" else "cpu"  # a device name, as MetaSchedule's runners take
@@ -151,6 +155,16 @@ def measure_default(builder, runner, mod, target) -> float:
     finally:
         ms.utils.remove_build_dir(artifact)  # MetaSchedule removes its candidates' artifacts; this one is ours
     if result.error_msg or not result.run_secs:
-        return math.nan
+        return math.nan, error_summary(result.error_msg or "no times returned")
     secs = [float(s) for s in result.run_secs]
-    return sum(secs) / len(secs)
+    return sum(secs) / len(secs), ""
+
+
+def error_summary(message: str, width: int = 240) -> str:
+    """The line of a build or run error (a worker's traceback) that says what failed: its last line that
+    starts with an exception's name (``torch.OutOfMemoryError: CUDA out of memory. ...``), else its
+    last non-empty line, cut to ``width`` characters."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    line = (named or lines or ["(no message)"])[-1]
+    return line if len(line) <= width else line[: width - 3] + "..."
