@@ -228,20 +228,19 @@ def floor_makers() -> dict:
     mode (write), each with its ``hash`` and ``ticket`` variants (``bounds`` below), copy (plan, scatter)."""
     import floors
 
+    # The memory floor of each family (verify: gather, its args in verify's order; write: store) and its
+    # hashing variants (``hash``, and ``ticket`` = hash + the ordered append's clean path) per fold order.
+    families = {"gather": lambda g, fw, sources, **kw: floors.gather(g, fw, False, sources, **kw), "store": floors.store}
     out = {}
     for mode in MODES:
         sources = 2 if mode != "NONE" else 0
-        out[f"gather-{mode}"] = lambda g, mode=mode, sources=sources: floors.gather(g, fold_words(mode), False, sources)
-        out[f"store-{mode}"] = lambda g, mode=mode, sources=sources: floors.store(g, fold_words(mode), sources)
-        for infix, together in fold_orders(mode).items():
-            out[f"gather-hash-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.gather(
-                g, fold_words(mode), False, sources, hashing=True, fold_together=together)
-            out[f"gather-ticket-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.gather(
-                g, fold_words(mode), False, sources, hashing=True, ticket=True, fold_together=together)
-            out[f"store-hash-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.store(
-                g, fold_words(mode), sources, hashing=True, fold_together=together)
-            out[f"store-ticket-{infix}{mode}"] = lambda g, mode=mode, sources=sources, together=together: floors.store(
-                g, fold_words(mode), sources, hashing=True, ticket=True, fold_together=together)
+        for family, make in families.items():
+            out[f"{family}-{mode}"] = lambda g, make=make, mode=mode, sources=sources: make(g, fold_words(mode), sources)
+            for infix, together in fold_orders(mode).items():
+                for variant, ticket in (("hash", False), ("ticket", True)):
+                    out[f"{family}-{variant}-{infix}{mode}"] = (
+                        lambda g, make=make, mode=mode, sources=sources, ticket=ticket, together=together: make(
+                            g, fold_words(mode), sources, hashing=True, ticket=ticket, fold_together=together))
     out["copy"] = floors.copy
     return out
 

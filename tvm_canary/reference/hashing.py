@@ -118,9 +118,9 @@ def real_kv_fold_t(sources: tuple[RealKvSource, ...], mode: RealKvHashMode, slot
     # In chunks of FOLD_CHUNK slots: the byte gather's indices take 8 bytes per folded byte (4 GB for
     # 2M slots of 256 bytes), so a whole 16M-entry plan at once would need 32 GB beside the sources.
     folded = []
-    for chunk in slots.split(FOLD_CHUNK):
+    for chunk in slots.split(FOLD_CHUNK):  # at least one chunk, empty for no slots
         acc = torch.zeros_like(chunk)
         for src in sources:
             acc = splitmix64_t(acc ^ _fold_one(src, mode, chunk))
         folded.append(acc)
-    return torch.cat(folded) if folded else torch.zeros_like(slots)
+    return torch.cat(folded)

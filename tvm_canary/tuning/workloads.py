@@ -266,9 +266,8 @@ def _verify_kwargs(bucket, device, gen):
         h = mix3_t(h, toks[:, p], torch.full_like(h, p))
     ctx = _with_sources(_context(num_slots, device), mode, device)
     if mode:
-        sources = ctx.real_kv_sources
         flat = slots.flatten()
-        words[flat, 3] = real_kv_fold_t(sources, RealKvHashMode(mode), flat)
+        words[flat, 3] = real_kv_fold_t(ctx.real_kv_sources, RealKvHashMode(mode), flat)
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
     pick = torch.arange(n)
     pick[:shuffled] = pick[torch.randperm(shuffled, generator=gen)]
@@ -287,9 +286,9 @@ def _write_kwargs(bucket, device, gen):
     """Requests of ``length`` tokens stamped on random slots, each from the anchor; in a real-KV mode
     the slots' folds come from two random K/V pools."""
     reqs, length = bucket[:2]
-    n = reqs * length
-    out_cache_loc, num_slots = _pool_slots(n, device, gen, mode_of("write", bucket))
-    ctx = _with_sources(_context(num_slots, device), mode_of("write", bucket), device)
+    n, mode = reqs * length, mode_of("write", bucket)
+    out_cache_loc, num_slots = _pool_slots(n, device, gen, mode)
+    ctx = _with_sources(_context(num_slots, device), mode, device)
     plan = tc.WritePlan.allocate(write_req_capacity=reqs, device=device)
     plan.write_offsets.copy_(torch.arange(reqs + 1) * length)
     plan.write_seed_slot_indices.fill_(-1)
