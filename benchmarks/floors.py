@@ -40,11 +40,12 @@ from tvm_canary.kernels.common import (
     splitmix64,
 )
 
-# (blocks, threads) of the memory floors: small blocks spread few entries over many SMs, large ones
-# give every SM a full complement of threads. 1056 x 512 (two full blocks per SM) is here because the
+# (blocks, threads) of the memory floors: small blocks spread few entries over many SMs (32 lanes: as
+# a thin geometry spreads a small plan, ``kernels.common.work_grid``), large ones give every SM a full
+# complement of threads. 1056 x 512 (two full blocks per SM) is here because the
 # kernel in that grid beat the best of the others in ALL mode at 1M-16M random entries (H200: 16M
 # 6726 us against a 7134 us floor).
-FLOOR_GRIDS = ((2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512))
+FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512))
 # The hashing floors' fold orders with two sources (``fold_hash``): both are timed, the faster counts.
 FOLD_ORDERS = {"": True, "seq-": False}  # name infix -> fold_together
 

@@ -15,15 +15,18 @@ import subprocess
 
 import pytest
 
+from tvm_canary.geometry import Geometry
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
-from tvm_canary.runtime.specializations import KERNELS, all_specs, spec_id
+from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_modes, spec_id
 
 
 @functools.cache  # each (kernel, spec, arch) is built once per run: the nvcc test reuses the lowering test's
 def cuda_build(kernel, spec, arch):
+    """The specialization in the default geometry of its last launch mode (ALL when it folds sources,
+    whose verify and write defaults are thin, else NONE)."""
     tag = f"cuda-{arch}"
-    return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag))
+    return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag, launch_modes(kernel, spec)[-1]))
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -79,6 +82,26 @@ class TestPlan(KernelCodegen):
 
 class TestScatter(KernelCodegen):
     kernel = "scatter"
+
+
+@pytest.mark.parametrize(
+    ("units", "thin", "grid"),
+    [(0, 1, (1, 32)), (1, 1, (1, 32)), (1024, 1, (32, 32)), (16896, 1, (528, 32)), (16897, 1, (265, 64)),
+     (65536, 1, (512, 128)), (1 << 24, 1, (528, 128)), (1024, 0, (8, 128)), (1 << 24, 0, (528, 128))],
+)
+def test_work_grid(units, thin, grid):
+    """``(blocks, width)`` of ``kernels.common.work_grid`` for 528 x 128: thin, the fewest warps per block
+    that let 528 blocks hold every unit; else (and for large counts either way) full blocks."""
+    import tvm
+    import tvm.sym
+
+    from tvm_canary.kernels.common import work_grid
+
+    nb, width = work_grid(Geometry(gpu=True, blocks=528, threads=128, thin=thin), tvm.tirx.const(units, "int64"))
+    analyzer = tvm.sym.Analyzer()
+    assert (int(analyzer.simplify(nb)), int(analyzer.simplify(width))) == grid
+    cpu = work_grid(Geometry(gpu=False, thin=thin), tvm.tirx.const(units, "int64"))
+    assert [int(analyzer.simplify(x)) for x in cpu] == [1, 1]
 
 
 def test_every_kernel_has_codegen_tests():

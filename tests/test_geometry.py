@@ -19,8 +19,9 @@ def test_geometry_imports_only_the_standard_library():
 
 
 def test_fields_and_key():
-    fields = ["gpu", "blocks", "threads", "tile", "unroll", "min_blocks"]
+    fields = ["gpu", "blocks", "threads", "tile", "unroll", "min_blocks", "thin"]
     assert [f.name for f in dataclasses.fields(Geometry)] == fields
     assert [name for name in vars(Geometry) if callable(vars(Geometry)[name]) and not name.startswith("_")] == ["key"]
     assert Geometry(gpu=True, blocks=528, threads=128, tile=256, unroll=8).key() == "cuda-b528-t128-k256-u8-m1"
     assert Geometry(gpu=False, unroll=4).key() == "cpu-b1-t1-k1-u4-m1"
+    assert Geometry(gpu=True, blocks=528, threads=128, min_blocks=2, thin=1).key() == "cuda-b528-t128-k1-u1-m2-w1"

@@ -31,6 +31,10 @@ class Geometry:
     min_blocks: blocks of ``threads`` that must fit on one SM at once: CUDA
         ``__launch_bounds__(threads, min_blocks)``, which caps registers per thread (with 1, ptxas may
         use up to 128 at 512 threads). Verify only.
+    thin: 1 spreads a small launch thin (CUDA; verify and write): each block takes a warp of work
+        items, or the fewest warps that let ``blocks`` blocks hold them all, so a few thousand items
+        run on many SMs instead of crowding a few in full blocks (``kernels.common.work_grid``); 0
+        gives each block ``threads`` items. A large launch is the same either way.
     """
 
     gpu: bool
@@ -39,9 +43,12 @@ class Geometry:
     tile: int = 1
     unroll: int = 1
     min_blocks: int = 1
+    thin: int = 0
 
     def key(self) -> str:
-        """Names the geometry in module cache keys and tuning records (its format is part of both)."""
+        """Names the geometry in module cache keys and tuning records (its format is part of both; a thin
+        geometry adds ``-w1``, so every key of a geometry without it is as before)."""
         kind = "cuda" if self.gpu else "cpu"
-        return f"{kind}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}"
+        thin = "-w1" if self.thin else ""
+        return f"{kind}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}{thin}"
 

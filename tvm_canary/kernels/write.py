@@ -10,14 +10,16 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 ``[NF - 1]`` the last-block ticket counter);
 ``kind``; four sources with their ``(page_size, token_words, fold_words)``.
 
-ONE launch of ``stamp_blocks = max(1, min(blocks, ceil(max(N, cap) / threads)))`` blocks of ``threads``
-lanes, twice that on CUDA in real-KV modes (``N`` and ``cap`` are shapes, so the grid needs no host sync
-and a small plan gets a small grid):
+ONE launch of ``stamp_blocks`` blocks of ``threads`` lanes, ``block_lanes`` of which take work
+(``common.work_grid`` of ``max(N, cap)``: up to ``blocks`` blocks of ``threads`` lanes, or a warp of
+work per block for a small plan when the geometry is ``thin``), twice that on CUDA in real-KV modes
+(``N`` and ``cap`` are shapes, so the grid needs no host sync):
 0. *fold* (real-KV modes only; on CUDA in the second ``stamp_blocks`` blocks, concurrently with phase 1;
-   on CPU every lane before its phase 1): ``width = max(1, lanes // active)`` lanes per request stride
-   the request's entries: field 3 of every slot the request stamps := the slot's real-KV fold. The fold
-   depends on the slot alone, so it runs in parallel, off the serial chain, and phase 1 need not wait
-   for it (it writes fields 0-2 and reads only seed slots).
+   on CPU every lane before its phase 1): ``width = max(1, lanes // active)`` of the phase's
+   ``stamp_blocks * block_lanes`` working lanes per request stride the request's entries: field 3 of
+   every slot the request stamps := the slot's real-KV fold. The fold depends on the slot alone, so
+   it runs in parallel, off the serial chain, and phase 1 need not wait for it (it writes fields 0-2
+   and reads only seed slots).
 1. *stamp* (the first ``stamp_blocks`` blocks): each request gets a warp of its own when there are
    fewer requests than warps (warp w of block b takes requests w * stamp_blocks + b + k * warps), else
    a lane of its own (consecutive lanes); it walks the chain, writes fields 0-2 (and 3 := 0 in NONE
@@ -60,7 +62,6 @@ from .common import (
     SEED_SAVE_WORDS,
     Geometry,
     block_sync,
-    blocks_for,
     check_slot,
     counter_add,
     emit_scratch,
@@ -72,6 +73,7 @@ from .common import (
     single_launch,
     slot_hash,
     source_buffers,
+    work_grid,
 )
 
 TOKEN = int(consts.FailReason.WRITE_TOKEN_MISMATCH)
@@ -614,12 +616,12 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, flags, kind, srcs,
                                     params))
 
-        # One launch. The stamp blocks (at most `blocks`) give a lane to each plan entry or request,
-        # whichever is more (N and cap are shapes, so a small plan gets a small grid and the host never
-        # syncs). On CUDA in real-KV modes as many blocks again fold, concurrently with the stamping;
-        # on CPU (serial) every lane folds, then stamps. meta_vars (the expressions themselves): a
-        # bound variable would not reach the host's launch code.
-        stamp_blocks = T.meta_var(blocks_for(geom, T.max(N, cap)))
+        # One launch. The stamp blocks (at most `blocks`, `block_lanes` working lanes each) give a lane
+        # to each plan entry or request, whichever is more (N and cap are shapes, so a small plan gets a
+        # small grid and the host never syncs). On CUDA in real-KV modes as many blocks again fold,
+        # concurrently with the stamping; on CPU (serial) every lane folds, then stamps. meta_vars (the
+        # expressions themselves): a bound variable would not reach the host's launch code.
+        stamp_blocks, block_lanes = T.meta_var(work_grid(geom, T.max(N, cap)))
         nb = T.meta_var(stamp_blocks * (1 + FOLD_BLOCKS))
         for b in grid(geom, nb):
             sflag, scount, slast, last, base, marked, lane_marked, block_marked = T.meta_var(
@@ -632,13 +634,15 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             saved = T.alloc_buffer((1,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             for t in lanes(geom, TH):
-                total = T.Cast("int32", stamp_blocks * TH)  # lanes of each phase
+                total = T.Cast("int32", stamp_blocks * block_lanes)  # working lanes of each phase
+                works = T.meta_var(T.Cast("int64", t) < block_lanes)
                 # Phase 0 (real-KV modes): `width` lanes per request (as many as the grid affords, so a
                 # few long requests fold in parallel) write field 3 of every slot it stamps. Fields 3
                 # and 0-2 are disjoint and the chain reads only seed slots, so phase 1 need not wait.
                 if num_sources > 0:
-                    if b >= stamp_blocks * FOLD_BLOCKS:
-                        lane = T.Cast("int32", (b - stamp_blocks * FOLD_BLOCKS) * TH + t)
+                    if b >= stamp_blocks * FOLD_BLOCKS and works:
+                        lane = T.Cast("int32", (T.Cast("int64", b) - stamp_blocks * FOLD_BLOCKS) * block_lanes
+                                      + T.Cast("int64", t))
                         width = T.max(T.truncdiv(total, T.max(T.Cast("int32", active), 1)), 1)
                         stride = T.truncdiv(total, width)
                         if lane < stride * width:
@@ -655,7 +659,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 # so consecutive requests sit in different blocks whatever the block size (with a
                 # warp index within the block, a 256-lane block would put 8 chains on one SM, two per
                 # scheduler); otherwise consecutive requests take consecutive lanes.
-                lane = T.Cast("int32", b * TH + t)
+                lane = T.Cast("int32", T.Cast("int64", b) * block_lanes + T.Cast("int64", t))
                 spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
                 written[0] = T.int64(0)
                 lane_marked[0] = 0
@@ -663,7 +667,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 # spread request, whose lanes then stamp its full batches in lockstep; on CPU by the
                 # thread), so that all-valid requests take stamp_lockstep.
                 warp_lane = T.meta_var(T.Cast("int64", T.truncmod(lane, WARP)))
-                if b < stamp_blocks:
+                if b < stamp_blocks and works:
                     r[0] = T.Select(spread, T.Cast("int64", T.shift_right(t, 5)) * stamp_blocks + T.Cast("int64", b),
                                     T.Cast("int64", lane))
                     while r[0] < active:

@@ -38,8 +38,15 @@ CUDA_MODE_DEFAULTS = {
     # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
     # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
     # was within a few % of the best candidate in every ALL row of the H200 sweep (random and chain,
-    # 1K..16M entries), docs/PERFORMANCE.md ("Default geometries").
-    ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2},
+    # 1K..16M entries), docs/PERFORMANCE.md ("Default geometries"). Thin: at 1K-4K entries a warp of
+    # entries per block runs 0.82-0.91x of full blocks' time, 64K-16M 0.96-1.02x (eleventh session's
+    # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x).
+    ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1},
+    # write in real-KV modes: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL and
+    # ALL), the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (the same grid); NONE 4096 x 1 1.02x
+    # (eleventh session's GPU call 1).
+    ("write", 1): {"thin": 1},
+    ("write", 2): {"thin": 1},
 }
 
 CPU_DEFAULTS = {kernel: {"unroll": 4} for kernel in CUDA_DEFAULTS}

@@ -1,5 +1,6 @@
 """Verify design space: the grid cap (blocks; the launch uses min(blocks, ceil(cap / threads)), at least
-one), threads per block, and how many such blocks must fit on one SM (``min_blocks``: a register cap
+one), threads per block, whether a small plan is spread thin (a warp of entries per block, ``thin``)
+and how many such blocks must fit on one SM (``min_blocks``: a register cap
 that trades spills for occupancy). Verify is one launch whose last block also runs the ordered emit
 phase with the same ``threads`` lanes, so ``tile`` is not a verify knob. On CPU the kernel runs
 serially: no knobs."""
@@ -8,5 +9,6 @@ serially: no knobs."""
 # beside the candidates (``tuning.apply`` keeps a default unless a candidate beat it clearly). Where
 # threads x min_blocks exceeds an SM's 2048 threads the cap cannot hold: such a point fails to build or
 # measures slow, and never wins.
-CUDA_KNOBS = {"blocks": [264, 528, 1056, 2112], "threads": [128, 256, 512, 1024], "min_blocks": [1, 2, 4, 8, 16]}
+CUDA_KNOBS = {"blocks": [264, 528, 1056, 2112], "threads": [128, 256, 512, 1024], "min_blocks": [1, 2, 4, 8, 16],
+              "thin": [0, 1]}
 CPU_KNOBS: dict[str, list[int]] = {}

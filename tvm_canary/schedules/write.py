@@ -1,5 +1,6 @@
-"""Write design space: how requests map to threads (blocks x threads, one request per thread) and
-how many chain entries a thread keeps in flight (unroll)."""
+"""Write design space: how requests map to threads (blocks x threads, one request per thread; thin:
+a small plan a warp of requests per block), and how many chain entries a thread keeps in flight
+(unroll)."""
 
-CUDA_KNOBS = {"blocks": [132, 264, 528], "threads": [32, 64, 128, 256], "unroll": [4, 8, 16]}
+CUDA_KNOBS = {"blocks": [132, 264, 528], "threads": [32, 64, 128, 256], "unroll": [4, 8, 16], "thin": [0, 1]}
 CPU_KNOBS = {"unroll": [1, 2, 4, 8]}
