@@ -46,20 +46,21 @@ def blocks_for(geom: Geometry, units):
 
 
 def work_grid(geom: Geometry, units):
-    """``(nb, width)`` of a grid-stride loop over ``units`` one-thread work items (an int64 TIR
-    expression, e.g. a capacity): ``nb = max(1, min(blocks, ceil(units / width)))`` blocks, of which
-    lanes ``t < width`` take items ``b * width + t`` (stride ``nb * width``). ``width`` is ``threads``
-    (``blocks_for``'s grid), or with ``geom.thin`` the fewest warps that let ``blocks`` blocks hold
-    every item (at most ``threads``): a few thousand items then run a warp per block on as many SMs
-    as there are blocks, where full blocks would crowd them on a few (verify ALL at 1K entries on the
-    H200: 9.8, 12.9, 21.6 and 39 us with 128-, 256-, 512- and 1024-item blocks; 8.7 us thin). With
-    many items both are the same grid. On CPU (one lane) ``width`` is 1."""
+    """``(nb, block_lanes)`` of a grid-stride loop over ``units`` one-thread work items (an int64 TIR
+    expression, e.g. a capacity): ``nb = max(1, min(blocks, ceil(units / block_lanes)))`` blocks, of
+    which lanes ``t < block_lanes`` take items ``b * block_lanes + t`` (stride ``nb * block_lanes``).
+    ``block_lanes`` is ``threads`` (``blocks_for``'s grid), or with ``geom.thin`` the fewest warps
+    that let ``blocks`` blocks hold every item (at most ``threads``): a few thousand items then run a
+    warp per block on as many SMs as there are blocks, where full blocks would crowd them on a few
+    (verify ALL at 1K entries on the H200: 9.8, 12.9, 21.6 and 39 us with 128-, 256-, 512- and
+    1024-item blocks; 8.7 us thin). With many items both are the same grid. On CPU (one lane)
+    ``block_lanes`` is 1."""
     if not (geom.gpu and geom.thin):
         return blocks_for(geom, units), T.int64(geom.threads)
     warp = 32
     per_block = (units + geom.blocks * warp - 1) // (geom.blocks * warp) * warp
-    width = T.min(T.max(per_block, T.int64(warp)), T.int64(geom.threads))
-    return T.max(T.min((units + width - 1) // width, T.int64(geom.blocks)), T.int64(1)), width
+    block_lanes = T.min(T.max(per_block, T.int64(warp)), T.int64(geom.threads))
+    return T.max(T.min((units + block_lanes - 1) // block_lanes, T.int64(geom.blocks)), T.int64(1)), block_lanes
 
 
 @T.macro

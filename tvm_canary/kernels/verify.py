@@ -8,11 +8,11 @@ entry and on exit: ``[0]`` any mark, ``[1 + c]`` the mark of chunk ``c`` (CHUNK 
 ``[NF - 1]`` the last-block ticket counter); ``kind`` (int); four source views ``int64[rows, row_words]``
 and their ``(page_size, token_words, fold_words)`` scalars.
 
-ONE launch of ``nb`` blocks of ``threads`` lanes, ``width`` of which check entries
+ONE launch of ``nb`` blocks of ``threads`` lanes, ``block_lanes`` of which check entries
 (``common.work_grid`` of ``cap``: up to ``blocks`` blocks of ``threads`` entries, or a warp of entries per
 block for a small plan when the geometry is ``thin``; ``cap`` is a shape, so the grid needs no host sync):
-1. *check* (every block, grid-stride: entry ``b * width + t`` for lanes ``t < width``, stride
-   ``nb * width``): computes each entry's fail bits and marks the CHUNK-sized chunk of every failing
+1. *check* (every block, grid-stride: entry ``b * block_lanes + t`` for lanes ``t < block_lanes``,
+   stride ``nb * block_lanes``): computes each entry's fail bits and marks the CHUNK-sized chunk of every failing
    entry in ``flags``. Nothing else is written.
 2. *ticket* (``common.single_launch``): at a barrier each block learns whether it marked; thread 0 draws
    a ticket on ``flags[NF - 1]`` (fencing first if the block marked). The block drawing ``nb - 1``
@@ -170,7 +170,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         launch = T.meta_var(Launch(buf, slots, etoks, epos, prevs, kind, srcs, params))
         # Blocks, and the lanes of each that check entries (shape expressions: no host sync). meta_vars
         # (the expressions themselves): a bound variable would not reach the host's launch code.
-        nb, width = T.meta_var(work_grid(geom, cap))
+        nb, block_lanes = T.meta_var(work_grid(geom, cap))
 
         # One launch: nb blocks check the entries (grid-stride), then the block that finishes last
         # appends the rows of the marked chunks in entry order. Every lane keeps the ring base in a
@@ -193,15 +193,15 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
                 for t in lanes(geom, TH):
                     lane_marked[0] = 0
-                    if on and T.Cast("int64", t) < width:
-                        k[0] = T.Cast("int64", b) * width + T.Cast("int64", t)
+                    if on and T.Cast("int64", t) < block_lanes:
+                        k[0] = T.Cast("int64", b) * block_lanes + T.Cast("int64", t)
                         while k[0] < active:
                             entry(k[0], bits, row, launch, h, acc, part, ok)
                             if bits[0] != 0:
                                 lane_marked[0] = 1
                                 flags[0] = 1
                                 flags[1 + k[0] // CHUNK] = 1
-                            k[0] = k[0] + nb * width
+                            k[0] = k[0] + nb * block_lanes
                 # Phase 2: the ticket; the last block learns whether any block marked.
                 for t in lanes(geom, TH):
                     draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
