@@ -187,9 +187,10 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
 
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
-    """Verify in PARTIAL and ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``); every verify
-    default is a point of the design space (so ``tune`` measures it beside the candidates), and
-    ahead-of-time builds cover the defaults of a specialization's modes; the CPU has one default."""
+    """Verify in PARTIAL and ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``), and write's
+    real-KV modes are thin; every verify and write default is a point of the design space (so ``tune``
+    measures it beside the candidates), and ahead-of-time builds cover the defaults of a
+    specialization's modes; the CPU has one default."""
     from tvm_canary import schedules
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import aot, specializations, targets
@@ -199,6 +200,10 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     assert none == targets.default_geometry("verify", "cuda-sm_90") and len({none, partial, full}) == 3
     assert full == targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL))
     assert all(knob_values_of(schedules.knobs("verify", True), g) for g in (none, partial, full))
+    assert (none.thin, partial.thin, full.thin) == (0, 0, 1)  # thin where it measured faster (defaults.py)
+    writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
+    assert [g.thin for g in writes] == [0, 1, 1]
+    assert all(knob_values_of(schedules.knobs("write", True), g) for g in writes)
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
     sources = specializations.spec("verify", num_sources=2, check_token=False)

@@ -34,7 +34,8 @@ class Geometry:
     thin: 1 spreads a small launch thin (CUDA; verify and write): each block takes a warp of work
         items, or the fewest warps that let ``blocks`` blocks hold them all, so a few thousand items
         run on many SMs instead of crowding a few in full blocks (``kernels.common.work_grid``); 0
-        gives each block ``threads`` items. A large launch is the same either way.
+        gives each block ``threads`` items. A launch of at least ``blocks * threads`` items is the same
+        either way.
     """
 
     gpu: bool

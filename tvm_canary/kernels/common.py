@@ -53,8 +53,8 @@ def work_grid(geom: Geometry, units):
     that let ``blocks`` blocks hold every item (at most ``threads``): a few thousand items then run a
     warp per block on as many SMs as there are blocks, where full blocks would crowd them on a few
     (verify ALL at 1K entries on the H200: 9.8, 12.9, 21.6 and 39 us with 128-, 256-, 512- and
-    1024-item blocks; 8.7 us thin). With many items both are the same grid. On CPU (one lane)
-    ``block_lanes`` is 1."""
+    1024-item blocks; 8.7 us thin). With at least ``blocks * threads`` items both are the same grid.
+    On CPU (one lane) ``block_lanes`` is 1."""
     if not (geom.gpu and geom.thin):
         return blocks_for(geom, units), T.int64(geom.threads)
     warp = 32

@@ -43,8 +43,8 @@ CUDA_MODE_DEFAULTS = {
     # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x).
     ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1},
     # write in real-KV modes: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL and
-    # ALL), the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (the same grid); NONE 4096 x 1 1.02x
-    # (eleventh session's GPU call 1).
+    # ALL), the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
+    # of 128); NONE 4096 x 1 1.02x (eleventh session's GPU call 1).
     ("write", 1): {"thin": 1},
     ("write", 2): {"thin": 1},
 }
