@@ -118,6 +118,31 @@ def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
     assert workloads.pool_universe(4096, torch.device("cpu"), 2) == 8192
 
 
+def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
+    """The tuner's verify case is two launches on one context, as the benchmarks time the two orders:
+    random slots in random order, then consecutive slots in chain order; the reference check covers
+    both (a candidate that skipped the second launch would not match)."""
+    from tvm_canary.runtime.targets import default_geometry
+
+    case = workloads.make_case("verify", (256,), torch.device("cpu"))
+    random_args, chain_args = case.launches
+    assert random_args[0].data_ptr() == chain_args[0].data_ptr()  # one canary buffer
+    assert [ptr for ptr, _ in case.initial].count(random_args[0].data_ptr()) == 1  # and one snapshot of it
+    slots = [args[1][:128] for args in case.launches]
+    assert not bool((slots[0][1:] > slots[0][:-1]).all())  # random order
+    steps = slots[1][1:] - slots[1][:-1]
+    assert int((steps == 1).sum()) >= 128 - 128 // 64 - 1  # consecutive slots, a new chain every 64
+    built = C.build("verify", workloads.tuned_spec("verify", (256,)), "llvm", default_geometry("verify", "llvm"))
+    verify = built.mod["canary_verify"]
+    case.reset()
+    for args in case.launches:
+        verify(*args)
+    assert case.matches()
+    case.reset()
+    verify(*case.launches[0])
+    assert not case.matches()
+
+
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))

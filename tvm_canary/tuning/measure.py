@@ -9,9 +9,10 @@
   the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
   the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
   plans, a clean canary; ``case_for``), checks the candidate's outputs against the torch reference
-  byte for byte (a mismatch is a failed measurement, so it can never win) and then times it: on a GPU
-  as the benchmarks do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` launches,
-  each value the median of ``number`` replays, ``repeat`` values), on a CPU with ``time_evaluator``.
+  byte for byte (a mismatch is a failed measurement, so it can never win) and then times one pass over
+  the case's launches (verify's: a random-order and a chain-order launch): on a GPU as the benchmarks
+  do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` passes, each value the
+  median of ``number`` replays, ``repeat`` values), on a CPU with ``time_evaluator`` per launch.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from . import workloads
 # Per wave of builds (a round of n candidates on w workers is ceil(n / w) waves): a build that hangs fails
 # its round instead of the run. A build takes seconds; the first wave also starts the workers.
 BUILD_TIMEOUT_S = 120
-GRAPH_LAUNCHES = 4  # launches per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4)
+GRAPH_LAUNCHES = 4  # passes over a case's launches per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4 launches)
 
 
 def _job(mod, target) -> tuple:
@@ -163,18 +164,22 @@ def run_case(rt_mod, device, config, repeated_args):
     kernel = kernel_of(rt_mod)
     case = case_for(kernel, bucket, "cuda" if device.dlpack_device_type() == 2 else "cpu")
     name = f"canary_{kernel}"
+    function = rt_mod[name]
     case.reset()
-    rt_mod[name](*case.args)
-    if case.args[0].is_cuda:
+    for args in case.launches:
+        function(*args)
+    cuda = case.launches[0][0].is_cuda
+    if cuda:
         torch.cuda.synchronize()
     if not case.matches():
         raise RuntimeError(f"candidate output of {name} differs from the torch reference")
-    if case.args[0].is_cuda:
-        # As the benchmarks time (``timing``): replays of a CUDA graph of GRAPH_LAUNCHES launches. Timed
-        # one launch at a time instead, a kernel of a few µs measures the host's launch cost as much as
-        # itself, and a geometry that won there lost in the benchmark (docs/TUNING.md).
-        function, args = rt_mod[name], case.args
-        graph = timing.capture([lambda: function(*args)] * GRAPH_LAUNCHES)
+    if cuda:
+        # As the benchmarks time (``timing``): replays of a CUDA graph of GRAPH_LAUNCHES passes over the
+        # case's launches; a value is the time of one pass. Timed one launch at a time instead, a kernel
+        # of a few µs measures the host's launch cost as much as itself, and a geometry that won there
+        # lost in the benchmark (docs/TUNING.md).
+        graph = timing.capture([lambda args=args: function(*args) for args in case.launches] * GRAPH_LAUNCHES)
         return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, config.number) for _ in range(config.repeat)]
     timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
-    return list(timer(*case.args).results)
+    per_launch = [timer(*args).results for args in case.launches]
+    return [sum(values) for values in zip(*per_launch)]

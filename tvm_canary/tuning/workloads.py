@@ -164,43 +164,54 @@ def workload_kernel_hash(func) -> str | None:
 
 
 class Case:
-    """Valid inputs of one launch, a snapshot to reset them, and the reference's outputs."""
+    """Valid inputs of the launches a candidate is timed on (one, or verify's two, which share their
+    context and run in order), a snapshot to reset them, and the reference's outputs after them all."""
 
-    def __init__(self, kernel: str, call_kwargs: dict):
+    def __init__(self, kernel: str, launch_kwargs: list[dict]):
         self.kernel = kernel
-        self.kwargs = call_kwargs
-        call = getattr(packing, f"{kernel}_call")(**call_kwargs)
-        self.args = call.args
-        # (argument position, tensor) of every result tensor: scratch is not part of the result
-        self.tensors = [(i, a) for i, a in enumerate(call.args) if isinstance(a, torch.Tensor) and i not in call.scratch]
-        self.initial = [a.clone() if isinstance(a, torch.Tensor) else a for a in call.args]
-        ref_kwargs = _copy(call_kwargs)  # the reference runs on the same device, on copies
-        getattr(reference, _REFERENCE[kernel])(**ref_kwargs)
-        self.expected = getattr(packing, f"{kernel}_call")(**ref_kwargs).args
+        calls = [getattr(packing, f"{kernel}_call")(**kwargs) for kwargs in launch_kwargs]
+        self.launches = [call.args for call in calls]
+        # (launch, argument position, tensor) of every result tensor: scratch is not part of the result
+        self.tensors = [(n, i, a) for n, call in enumerate(calls) for i, a in enumerate(call.args)
+                        if isinstance(a, torch.Tensor) and i not in call.scratch]
+        # One snapshot per region of memory: the launches' views of their shared context are new tensor
+        # objects over the same bytes (at 16M ALL entries, 16 GB of K/V sources).
+        self.initial = {(a.data_ptr(), a.numel() * a.element_size()): (a, a.clone())
+                        for args in self.launches for a in args if isinstance(a, torch.Tensor)}
+        ref_launches = _copy(launch_kwargs, {})  # the reference runs on the same device, on copies
+        for kwargs in ref_launches:
+            getattr(reference, _REFERENCE[kernel])(**kwargs)
+        self.expected = [getattr(packing, f"{kernel}_call")(**kwargs).args for kwargs in ref_launches]
 
     def reset(self) -> None:
-        for a, a0 in zip(self.args, self.initial):
-            if isinstance(a, torch.Tensor):
-                a.copy_(a0)
+        for a, a0 in self.initial.values():
+            a.copy_(a0)
 
     def matches(self) -> bool:
         """Every result tensor equals the reference's byte for byte (scratch excluded)."""
-        return all(torch.equal(t, self.expected[i].to(t.device)) for i, t in self.tensors)
+        return all(torch.equal(t, self.expected[n][i].to(t.device)) for n, i, t in self.tensors)
 
 
 _REFERENCE = {"verify": "canary_verify_ref", "write": "canary_write_ref", "plan": "canary_plan_ref", "scatter": "scatter_req_token_ids_ref"}
 
 
-def _copy(obj):
+def _copy(obj, memo: dict):
+    """A copy of ``obj`` with every tensor cloned; an object reached twice is copied once (``memo``, by
+    ``id``), so launches that share a context share its copy."""
+    if id(obj) in memo:
+        return memo[id(obj)]
     if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _copy(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
-    if isinstance(obj, dict):
-        return {k: _copy(v) for k, v in obj.items()}
-    if isinstance(obj, tuple):
-        return tuple(_copy(v) for v in obj)
-    return obj
+        out = obj.clone()
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = dataclasses.replace(obj, **{f.name: _copy(getattr(obj, f.name), memo) for f in dataclasses.fields(obj)})
+    elif isinstance(obj, dict):
+        out = {k: _copy(v, memo) for k, v in obj.items()}
+    elif isinstance(obj, (tuple, list)):
+        out = type(obj)(_copy(v, memo) for v in obj)
+    else:
+        return obj
+    memo[id(obj)] = out
+    return out
 
 
 def _context(num_slots: int, device) -> tc.VerifyOrWriteContext:
@@ -245,11 +256,14 @@ def make_case(kernel: str, bucket: tuple, device) -> Case:
 
 def _verify_kwargs(bucket, device, gen):
     """A clean canary of chains of 64 tokens (real-KV fields folded from random K/V pools in the
-    bucket's mode), chain-checked. The first half of the entries checks chains on random slots in
-    random order, the second half chains on consecutive slots in chain order (as a prefill's tokens
-    land in fresh pages): the two orders the benchmarks time, which one geometry serves. Tuned on
-    random order alone, the ALL bucket of 1M entries chose a geometry 1.07x slower than the default
-    in chain order on the H200 (docs/TUNING.md)."""
+    bucket's mode), chain-checked by two launches of half the entries each: chains on random slots in
+    random order, then chains on consecutive slots in chain order (as a prefill's tokens land in fresh
+    pages): the two orders the benchmarks time, in launches of their own as the benchmarks time them,
+    which one geometry serves. Tuned on random order alone, the ALL bucket of 1M entries chose a
+    geometry 1.07x slower than the default in chain order on the H200 (docs/TUNING.md); tuned on one
+    launch holding both halves (the ninth and tenth sessions), the eleventh session's tune picked three
+    geometries that its case ran 4-13% faster and the benchmark's rows, one of the two orders, 4-9%
+    slower (e.g. ALL 16M: 5304 against 5812 us, random order 1.093x in the A/B)."""
     n, mode = bucket[0], mode_of("verify", bucket)
     length = 64
     chains = -(-n // length)
@@ -271,14 +285,19 @@ def _verify_kwargs(bucket, device, gen):
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
     pick = torch.arange(n)
     pick[:shuffled] = pick[torch.randperm(shuffled, generator=gen)]
-    pick = pick.to(device)
+    return [_verify_launch(ctx, slots, toks, half.to(device)) for half in (pick[:shuffled], pick[shuffled:])]
+
+
+def _verify_launch(ctx, slots, toks, pick):
+    """Keyword arguments of a verify launch of the entries ``pick`` (indices into the flattened chains)."""
+    length = slots.shape[1]
     r, p = pick // length, pick % length
-    plan = tc.VerifyPlan.allocate(verify_capacity=n, device=device)
+    plan = tc.VerifyPlan.allocate(verify_capacity=len(pick), device=pick.device)
     plan.verify_slot_indices.copy_(slots[r, p])
     plan.verify_prev_slot_indices.copy_(torch.where(p > 0, slots[r, (p - 1).clamp(min=0)], -1))
     plan.verify_expected_positions.copy_(p)
     plan.verify_expected_tokens.copy_(toks[r, p])
-    plan.verify_num_valid.fill_(n)
+    plan.verify_num_valid.fill_(len(pick))
     return dict(context=ctx, plan=plan, check_verify_expected_token=False)
 
 
@@ -293,18 +312,18 @@ def _write_kwargs(bucket, device, gen):
     plan.write_offsets.copy_(torch.arange(reqs + 1) * length)
     plan.write_seed_slot_indices.fill_(-1)
     plan.write_num_valid_reqs.fill_(reqs)
-    return dict(
+    return [dict(
         context=ctx, plan=plan, input_ids=torch.randint(0, 150000, (n,), generator=gen).to(device),
         positions=torch.arange(length).repeat(reqs).to(device),
         out_cache_loc=out_cache_loc,
         enable_write_input_assert=False, expected_input_tokens=None, expected_input_positions=None,
-    )
+    )]
 
 
 def _plan_kwargs(bucket, device, gen):
     bs, prefix = bucket
     total = bs * prefix
-    return dict(
+    return [dict(
         verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=device),
         write_plan_out=tc.WritePlan.allocate(write_req_capacity=bs, device=device),
         req_pool_indices=torch.arange(1, bs + 1, device=device), prefix_lens=torch.full((bs,), prefix, device=device),
@@ -312,17 +331,18 @@ def _plan_kwargs(bucket, device, gen):
         req_to_token=torch.randint(1, 1 << 24, (bs + 1, prefix + 1), generator=gen, dtype=torch.int32).to(device),
         swa_window_size=0, full_to_swa_index_mapping=None, verify_capacity=total, req_to_verify_expected_tokens=None,
         req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
-    )
+    )]
 
 
 def _scatter_kwargs(bucket, device, gen):
     bs, length = bucket
-    return dict(
+    return [dict(
         flat_in=torch.randint(0, 150000, (bs * length,), generator=gen).to(device),
         offsets=(torch.arange(bs + 1) * length).to(device),
         req_pool_indices=(torch.randperm(bs, generator=gen) + 1).to(device),
         pool_out=torch.zeros(bs + 1, length, dtype=torch.int32, device=device),
-    )
+    )]
 
 
+# Each returns the keyword arguments of the case's launches, a list.
 _BUILDERS = {"verify": _verify_kwargs, "write": _write_kwargs, "plan": _plan_kwargs, "scatter": _scatter_kwargs}
