@@ -171,13 +171,16 @@ class Case:
         self.kernel = kernel
         calls = [getattr(packing, f"{kernel}_call")(**kwargs) for kwargs in launch_kwargs]
         self.launches = [call.args for call in calls]
+        # Each region of memory once: the launches' views of their shared context are new tensor objects
+        # over the same bytes (at 16M ALL entries, 16 GB of K/V sources), snapshot and compared once.
+        regions = {}
+        for n, call in enumerate(calls):
+            for i, a in enumerate(call.args):
+                if isinstance(a, torch.Tensor):
+                    regions.setdefault((a.data_ptr(), a.numel() * a.element_size()), (n, i, a, i in call.scratch))
         # (launch, argument position, tensor) of every result tensor: scratch is not part of the result
-        self.tensors = [(n, i, a) for n, call in enumerate(calls) for i, a in enumerate(call.args)
-                        if isinstance(a, torch.Tensor) and i not in call.scratch]
-        # One snapshot per region of memory: the launches' views of their shared context are new tensor
-        # objects over the same bytes (at 16M ALL entries, 16 GB of K/V sources).
-        self.initial = {(a.data_ptr(), a.numel() * a.element_size()): (a, a.clone())
-                        for args in self.launches for a in args if isinstance(a, torch.Tensor)}
+        self.tensors = [(n, i, a) for n, i, a, scratch in regions.values() if not scratch]
+        self.initial = {key: (a, a.clone()) for key, (_, _, a, _) in regions.items()}
         ref_launches = _copy(launch_kwargs, {})  # the reference runs on the same device, on copies
         for kwargs in ref_launches:
             getattr(reference, _REFERENCE[kernel])(**kwargs)
