@@ -126,6 +126,41 @@ def test_tune_merge_keeps_the_best_valid_record_per_workload(tmp_path, capsys):
     assert "wrote 2 workloads" in capsys.readouterr().out
 
 
+def test_tune_merge_writes_the_workload_table_compact(tmp_path):
+    """MetaSchedule indents each workload's module JSON; the merged table holds it without whitespace,
+    at about half the bytes, and loads as the same modules and records."""
+    import base64
+    import json
+    import struct
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6,
+                                               ("verify", (4096,), default_geometry("verify", "llvm")): 2e-6})
+    out = tmp_path / "merged" / key
+    assert main(["tune-merge", str(source), "--out", str(out)]) == 0
+    written = (out / "database_workload.json").read_text()
+    assert len(written) < 0.7 * len((source / "database_workload.json").read_text())
+    for line in written.splitlines():
+        raw = base64.b64decode(json.loads(line)[1])
+        (length,) = struct.unpack("<Q", raw[:8])
+        assert length == len(raw) - 8 and not any(c in raw[8:] for c in b" \n")
+
+    def modules(folder):
+        records = ms.database.JSONDatabase(work_dir=str(folder)).get_all_tuning_records()
+        named = [(str(r.workload.mod["main"].attrs["canary.kernel"]), r.workload.mod) for r in records]
+        return sorted(named, key=lambda m: m[0])
+
+    merged, original = modules(out), modules(source)
+    assert [name for name, _ in merged] == [name for name, _ in original] == ["verify", "write"]
+    for (_, a), (_, b) in zip(merged, original):
+        tvm.ir.assert_structural_equal(a, b)
+
+
 def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):
     from tvm_canary.runtime.targets import default_geometry
 

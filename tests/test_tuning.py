@@ -16,7 +16,7 @@ from tvm_canary.cli import main
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
-from tvm_canary.tuning import apply, keys, workloads
+from tvm_canary.tuning import apply, keys, merge, workloads
 
 from helpers import four_sources
 
@@ -322,14 +322,21 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
 
 @pytest.mark.parametrize("key", sorted(p.parent.name
                                       for p in keys.committed_tune_logs().glob("*/database_workload.json")))
-def test_committed_databases_match_the_current_kernels(key):
+def test_committed_databases_match_the_current_kernels(key, tmp_path):
     """Every committed record was tuned for the kernels of this tree (a kernel change that alters its
-    TensorIR needs a re-tune; one that provably keeps the generated code needs tuning/restamp.py)."""
+    TensorIR needs a re-tune; one that provably keeps the generated code needs tuning/restamp.py), and
+    its workload table is compact, as `tune-merge` and `restamp` write it."""
+    import shutil
+
     from tvm.s_tir import meta_schedule as ms
 
-    db = ms.database.JSONDatabase(work_dir=str(keys.committed_tune_logs() / key), allow_missing=False)
+    folder = keys.committed_tune_logs() / key
+    db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
     stale: set = set()
     assert apply.measured_records(db, stale) and not stale
+    copy = shutil.copytree(folder, tmp_path / key)
+    assert merge.compact_workload_table(copy)
+    assert (copy / "database_workload.json").read_text() == (folder / "database_workload.json").read_text()
 
 
 def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):

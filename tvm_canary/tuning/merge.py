@@ -17,10 +17,13 @@ the fastest default record of the other inputs kept instead.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import pathlib
 import re
 import shutil
+import struct
 import tempfile
 
 from .apply import default_row, measured_records
@@ -102,7 +105,27 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
         out.mkdir(exist_ok=True)
         for name in DATABASE_FILES:
             shutil.copyfile(pathlib.Path(tmp) / name, out / name)
+    compact_workload_table(out)
     return Merged(len(best), read)
+
+
+def compact_workload_table(folder: pathlib.Path) -> int:
+    """Rewrite ``folder``'s workload table with each workload's module JSON free of whitespace; returns
+    the entries. MetaSchedule writes an entry as ``[structural hash, base64(uint64 length + the
+    module's JSON, indented)]``, about half of it indentation; the compact entry loads as the same
+    module (``tvm.ir.load_json`` ignores whitespace), keeps the hash, and halves the committed
+    databases (the tracked tree's budget). Entries stay in order: records refer to them by position."""
+    table = folder / DATABASE_FILES[0]
+    entries = []
+    for line in table.read_text().splitlines():
+        shash, encoded = json.loads(line)
+        raw = base64.b64decode(encoded)
+        (length,) = struct.unpack("<Q", raw[:8])
+        module_json = json.dumps(json.loads(raw[8 : 8 + length]), separators=(",", ":")).encode()
+        compact = base64.b64encode(struct.pack("<Q", len(module_json)) + module_json).decode()
+        entries.append(json.dumps([shash, compact], separators=(",", ":")))
+    table.write_text("".join(e + "\n" for e in entries))
+    return len(entries)
 
 
 def add_parser(subparsers) -> None:

@@ -7,7 +7,8 @@ every specialization compared byte for byte before and after) but changes the ke
 (``workloads.kernel_hash``); any other change needs a re-tune, which ignoring the old records forces.
 Each workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (so it
 carries the current hash), in the same order, so ``database_tuning_record.json``, whose records refer
-to workloads by position, stays byte-identical. The target kind comes from the records.
+to workloads by position, stays byte-identical; the table is written compact
+(``merge.compact_workload_table``). The target kind comes from the records.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+
+from .merge import compact_workload_table
 
 
 def restamp(work_dir: pathlib.Path) -> int:
@@ -37,7 +40,7 @@ def restamp(work_dir: pathlib.Path) -> int:
         shash, encoded = ms.database.Workload(mod).as_json()
         entries.append(json.dumps([str(shash), str(encoded)], separators=(",", ":")))
     table.write_text("".join(e + "\n" for e in entries))
-    return len(entries)
+    return compact_workload_table(work_dir)
 
 
 def main(argv: list[str]) -> int:
