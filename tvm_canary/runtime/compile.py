@@ -74,9 +74,9 @@ def export(ex, path: pathlib.Path) -> None:
     os.replace(tmp_path, path)
 
 
-def get_kernel(name: str, spec: tuple, device: torch.device, size: int = 0, mode: int = 0):
+def get_kernel(name: str, spec: tuple, device: torch.device, size: int | tuple = 0, mode: int = 0):
     """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached), with the
-    tuned geometry of the bucket nearest to ``size`` (a capacity) among those of ``mode`` (verify's or
+    tuned geometry of the bucket nearest to ``size`` (``packing.KernelCall.size``) among those of ``mode`` (verify's or
     write's real-KV hash mode) when the device has one. After the first launch of a key: one dict lookup."""
     fn = _by_launch.get((name, spec, device, size, mode))
     if fn is None:
@@ -95,7 +95,7 @@ def _first_launch(name: str, spec: tuple, device: torch.device, size: int, mode:
     return fn
 
 
-def geometry(name: str, device: torch.device, size: int, mode: int = 0):
+def geometry(name: str, device: torch.device, size: int | tuple, mode: int = 0):
     """Tuned geometry for the device (see ``tuning.apply``) when enabled and found, else the default.
     Reading tuning databases needs the TVM compiler; runtime-only hosts use the default."""
     if tuning_enabled():

@@ -37,7 +37,8 @@ class KernelCall:
 
     kernel: "write", "verify", "plan" or "scatter".
     spec: its specialization (``specializations.spec``).
-    size, mode: the workload point its geometry is chosen for: a capacity, and verify's or write's
+    size, mode: the workload point its geometry is chosen for (``tuning.apply.nearest``): a capacity
+        (write: its request capacity and tokens per request, from the shapes), and verify's or write's
         real-KV hash mode when it folds sources (0 elsewhere; ``tuning.workloads.mode_of``).
     args: the positional arguments of the compiled function.
     scratch: positions in ``args`` of scratch tensors, whose contents after the launch are not part of
@@ -47,7 +48,7 @@ class KernelCall:
 
     kernel: str
     spec: tuple
-    size: int
+    size: int | tuple
     mode: int
     args: tuple
     scratch: frozenset = frozenset()
@@ -162,7 +163,8 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
         context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("write", num_sources=folded_sources(context), input_assert=assert_on)
-    return KernelCall("write", kernel_spec, cap, launch_mode(context), args, scratch=_positions(args, marks))
+    point = (cap, max(1, input_ids.shape[0] // max(cap, 1)))  # requests, tokens per request (shapes: no sync)
+    return KernelCall("write", kernel_spec, point, launch_mode(context), args, scratch=_positions(args, marks))
 
 
 def verify_call(*, context, plan, check_verify_expected_token):

@@ -125,13 +125,22 @@ def selected_geometries(kernel: str, key: str, cuda: bool, modes: tuple[int, ...
 _noticed: set = set()
 
 
-def nearest(buckets: list[tuple], size: int) -> tuple:
-    """The bucket whose leading size (entries, requests or bs) is nearest to ``size`` in log scale."""
-    return min(buckets, key=lambda b: abs(math.log2(max(b[0], 1)) - math.log2(max(size, 1))))
+def nearest(buckets: list[tuple], point: int | tuple) -> tuple:
+    """The bucket nearest to a launch's workload ``point`` in log scale (``packing.KernelCall.size``):
+    the leading size (entries, requests or bs), or a tuple of leading sizes (write: requests and tokens
+    per request) compared with as many leading sizes of each bucket, their log distances summed. So a
+    decode step's write (one token per request) takes the one-token bucket whatever its batch, not the
+    bucket of a long chain that has as many requests. Of equally near buckets the first wins."""
+    sizes = point if isinstance(point, tuple) else (point,)
+
+    def distance(bucket: tuple) -> float:
+        return sum(abs(math.log2(max(b, 1)) - math.log2(max(s, 1))) for b, s in zip(bucket, sizes))
+
+    return min(buckets, key=distance)
 
 
-def tuned_geometry(kernel: str, device: torch.device, size: int, mode: int = 0) -> Geometry | None:
-    """The geometry ``chosen`` selects in the bucket nearest to ``size`` among the kernel's buckets of
+def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: int = 0) -> Geometry | None:
+    """The geometry ``chosen`` selects in the bucket ``nearest`` to ``size`` among the kernel's buckets of
     ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's), or None (no
     record: the default applies)."""
     from .workloads import mode_of
