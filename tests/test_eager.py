@@ -119,3 +119,26 @@ def test_flags_that_are_not_bools_are_not_memoised():
     before = len(eager._memo)
     tc.launch_canary_verify_kernel(**args)
     assert len(eager._memo) == before
+
+
+def test_a_memoised_write_takes_the_geometry_of_each_launchs_token_count(monkeypatch):
+    """Write's geometry is chosen by its plan's request capacity and the launch's tokens per request
+    (``packing.write_point``); a replay of a memoised plan with another token count looks its kernel
+    up for that count, as an unmemoised launch does."""
+    from tvm_canary.cases import write_case
+    from tvm_canary.runtime import packing
+
+    looked_up = []
+    original = eager.get_kernel
+    monkeypatch.setattr(eager, "get_kernel", lambda *a: looked_up.append(a[3]) or original(*a))
+    args = write_case(torch.Generator().manual_seed(6), "cpu")  # input assert on
+    cap, tokens = args["plan"].write_seed_slot_indices.shape[0], args["input_ids"].shape[0]
+    assert packing.write_point(cap, tokens) != packing.write_point(cap, 2 * tokens)
+    tc.launch_canary_write_kernel(**args)
+    assert ("write", id(args["context"]), id(args["plan"]), args["enable_write_input_assert"]) in eager._memo
+    longer = {k: torch.cat([args[k], args[k]]) if k in ("input_ids", "positions", "out_cache_loc") else v
+              for k, v in args.items()}
+    if longer["enable_write_input_assert"]:
+        longer["expected_input_tokens"], longer["expected_input_positions"] = longer["input_ids"], longer["positions"]
+    tc.launch_canary_write_kernel(**longer)
+    assert looked_up == [packing.write_point(cap, tokens), packing.write_point(cap, 2 * tokens)]

@@ -23,7 +23,8 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor with a null data
   pointer (no elements: its device would not follow from it).
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
-  launch key for the life of the process).
+  launch key for the life of the process); write's at each launch, one dict lookup, since its
+  geometry follows the launch's token count (``packing.write_point``).
 
 Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are
 not part of an entry: each launch checks them (``checks.check_write_inputs``, in ``check_write``'s
@@ -53,8 +54,9 @@ class _Packed:
 
     tensors: every tensor the checks and the packing read, in a fixed order.
     metadata: ``_metadata(tensors)`` when packed.
-    fn, head, tail: the compiled function and its arguments; write's per-step tensors go between
-        ``head`` and ``tail`` (verify: ``tail`` is empty).
+    fn, head, tail: the compiled function (write: a function of the launch's token count returning
+        it, ``_write_kernel``) and its arguments; write's per-step tensors go between ``head`` and
+        ``tail`` (verify: ``tail`` is empty).
     lifelines: weak references to the context and the plan, whose callbacks forget the entry.
     """
 
@@ -106,7 +108,7 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
         if packed is not None and packed.metadata == _metadata(packed.tensors):
             checks.check_write_inputs(context, *inputs)
             if not use_reference():
-                packed.fn(*packed.head, *packing.write_inputs(*inputs), *packed.tail)
+                packed.fn(input_ids.shape[0])(*packed.head, *packing.write_inputs(*inputs), *packed.tail)
                 return
     kwargs = dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                   enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
@@ -118,9 +120,16 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
     call = packing.write_call(**kwargs)
     fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
     end = packing.WRITE_INPUTS + 5
-    _remember(key, context, plan, _write_plan_tensors(plan) + (context.enable_chain_position_assert,), fn,
+    kernel = functools.partial(_write_kernel, call.spec, call.device, call.size[0], call.mode)
+    _remember(key, context, plan, _write_plan_tensors(plan) + (context.enable_chain_position_assert,), kernel,
               call.args[: packing.WRITE_INPUTS], call.args[end:])
     fn(*call.args)
+
+
+def _write_kernel(spec: tuple, device: torch.device, request_capacity: int, mode: int, tokens: int):
+    """The compiled write of a memoised launch for ``tokens`` tokens: its geometry follows the launch's
+    token count as well as the plan (``packing.write_point``), as an unmemoised launch's does."""
+    return get_kernel("write", spec, device, packing.write_point(request_capacity, tokens), mode)
 
 
 def _verify_plan_tensors(plan: VerifyPlan) -> tuple:

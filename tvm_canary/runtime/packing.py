@@ -163,8 +163,14 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
         context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("write", num_sources=folded_sources(context), input_assert=assert_on)
-    point = (cap, max(1, input_ids.shape[0] // max(cap, 1)))  # requests, tokens per request (shapes: no sync)
+    point = write_point(cap, input_ids.shape[0])
     return KernelCall("write", kernel_spec, point, launch_mode(context), args, scratch=_positions(args, marks))
+
+
+def write_point(request_capacity: int, tokens: int) -> tuple:
+    """Write's workload point (``KernelCall.size``, ``tuning.apply.nearest``): its request capacity and
+    tokens per request, both from shapes (no host sync)."""
+    return request_capacity, max(1, tokens // max(request_capacity, 1))
 
 
 def verify_call(*, context, plan, check_verify_expected_token):
