@@ -124,13 +124,14 @@ def test_flags_that_are_not_bools_are_not_memoised():
 def test_a_memoised_write_takes_the_geometry_of_each_launchs_token_count(monkeypatch):
     """Write's geometry is chosen by its plan's request capacity and the launch's tokens per request
     (``packing.write_point``); a replay of a memoised plan with another token count looks its kernel
-    up for that count, as an unmemoised launch does."""
+    up for that count, as an unmemoised launch does, and keeps it for the next launch of that count."""
     from tvm_canary.cases import write_case
     from tvm_canary.runtime import packing
 
-    looked_up = []
-    original = eager.get_kernel
+    looked_up, checked = [], []
+    original, check = eager.get_kernel, checks.check_write
     monkeypatch.setattr(eager, "get_kernel", lambda *a: looked_up.append(a[3]) or original(*a))
+    monkeypatch.setattr(checks, "check_write", lambda **kw: checked.append(1) or check(**kw))
     args = write_case(torch.Generator().manual_seed(6), "cpu")  # input assert on
     cap, tokens = args["plan"].write_seed_slot_indices.shape[0], args["input_ids"].shape[0]
     assert packing.write_point(cap, tokens) != packing.write_point(cap, 2 * tokens)
@@ -141,4 +142,6 @@ def test_a_memoised_write_takes_the_geometry_of_each_launchs_token_count(monkeyp
     if longer["enable_write_input_assert"]:
         longer["expected_input_tokens"], longer["expected_input_positions"] = longer["input_ids"], longer["positions"]
     tc.launch_canary_write_kernel(**longer)
+    tc.launch_canary_write_kernel(**longer)  # the same count again: the kept function, no lookup
     assert looked_up == [packing.write_point(cap, tokens), packing.write_point(cap, 2 * tokens)]
+    assert len(checked) == 1  # the later launches were replays of the memoised one

@@ -148,7 +148,7 @@ def test_tune_merge_writes_the_workload_table_compact(tmp_path):
     for line in written.splitlines():
         raw = base64.b64decode(json.loads(line)[1])
         (length,) = struct.unpack("<Q", raw[:8])
-        assert length == len(raw) - 8 and not any(c in raw[8:] for c in b" \n")
+        assert length == len(raw) - 8 and raw[8:] == json.dumps(json.loads(raw[8:]), separators=(",", ":")).encode()
 
     def modules(folder):
         records = ms.database.JSONDatabase(work_dir=str(folder)).get_all_tuning_records()

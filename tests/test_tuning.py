@@ -156,10 +156,9 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
     apply._records.cache_clear()
 
 
-def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
-    """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` (a stand-in of
-    three buffers, the ALL specialization's kernel hash) each choose for their own mode's launches; a
-    mode without a bucket (PARTIAL here) runs the default."""
+def _write_database(root, picks: dict) -> None:
+    """A CPU database under ``root`` whose write buckets each measured the default at 1 ms and their pick
+    at 0.5 ms (so the pick applies)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -167,23 +166,59 @@ def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
     from tvm_canary.runtime import targets
     from tvm_canary.tuning.driver import commit_measurement
 
-    folder = tmp_path / keys.device_key(torch.device("cpu"))
+    folder = root / keys.device_key(torch.device("cpu"))
     folder.mkdir()
     db = ms.database.JSONDatabase(work_dir=str(folder))
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
     default = targets.default_geometry("write", "llvm")
-    picks = {(8, 16): dataclasses.replace(default, unroll=1), (8, 16, 2): dataclasses.replace(default, unroll=2)}
     for bucket, pick in picks.items():
         mod = tvm.IRModule({"main": workloads.descriptor("write", bucket, "llvm")})
         commit_measurement(db, mod, knobs, default, 1e-3, target)
         commit_measurement(db, mod, knobs, pick, 0.5e-3, target)
-    del db
+
+
+def _unrolled(unroll: int):
+    from tvm_canary.runtime import targets
+
+    return dataclasses.replace(targets.default_geometry("write", "llvm"), unroll=unroll)
+
+
+def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
+    """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` (a stand-in of
+    three buffers, the ALL specialization's kernel hash) each choose for their own mode's launches; a
+    mode without a bucket (PARTIAL here) runs the default."""
+    picks = {(8, 16): _unrolled(1), (8, 16, 2): _unrolled(2)}
+    _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     apply._records.cache_clear()
     try:
         for bucket, pick in picks.items():
             assert apply.tuned_geometry("write", torch.device("cpu"), 8, workloads.mode_of("write", bucket)) == pick
         assert apply.tuned_geometry("write", torch.device("cpu"), 8, int(RealKvHashMode.PARTIAL)) is None
+    finally:
+        apply._records.cache_clear()
+
+
+def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_path, monkeypatch):
+    """A write's geometry follows each launch's token count, so its first launch in a mode loads the
+    geometry of every bucket of that mode: a later launch at another count loads nothing (in a CUDA graph
+    being captured, a module load must not happen). Other kernels load the one they launch."""
+    picks = {(8, 16): _unrolled(1), (1, 512): _unrolled(2), (8, 16, 2): _unrolled(8)}
+    _write_database(tmp_path, picks)
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(C, "_memory", {})
+    monkeypatch.setattr(C, "_by_launch", {})
+    monkeypatch.setattr(C, "_load_or_build", lambda name, spec, device, geom: (name, geom))  # no compiling here
+    apply._records.cache_clear()
+    cpu = torch.device("cpu")
+    try:
+        assert C.get_kernel("write", (0, False), cpu, (8, 1), 0) == ("write", _unrolled(1))
+        assert {k[4] for k in C._memory} == {_unrolled(1), _unrolled(2)}  # NONE's buckets, not ALL's
+        loaded = dict(C._memory)
+        assert C.get_kernel("write", (0, False), cpu, (1, 2048), 0) == ("write", _unrolled(2))
+        assert C._memory == loaded  # nothing more to load
+        C.get_kernel("verify", (0, False), cpu, 1024, 0)
+        assert len(C._memory) == len(loaded) + 1
     finally:
         apply._records.cache_clear()
 

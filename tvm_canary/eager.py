@@ -54,8 +54,8 @@ class _Packed:
 
     tensors: every tensor the checks and the packing read, in a fixed order.
     metadata: ``_metadata(tensors)`` when packed.
-    fn, head, tail: the compiled function (write: a function of the launch's token count returning
-        it, ``_write_kernel``) and its arguments; write's per-step tensors go between ``head`` and
+    fn, head, tail: the compiled function (write: a ``_WriteKernel``, which gives it for the launch's
+        token count) and its arguments; write's per-step tensors go between ``head`` and
         ``tail`` (verify: ``tail`` is empty).
     lifelines: weak references to the context and the plan, whose callbacks forget the entry.
     """
@@ -120,16 +120,28 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
     call = packing.write_call(**kwargs)
     fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
     end = packing.WRITE_INPUTS + 5
-    kernel = functools.partial(_write_kernel, call.spec, call.device, call.size[0], call.mode)
+    kernel = _WriteKernel(call.spec, call.device, call.size[0], call.mode, input_ids.shape[0], fn)
     _remember(key, context, plan, _write_plan_tensors(plan) + (context.enable_chain_position_assert,), kernel,
               call.args[: packing.WRITE_INPUTS], call.args[end:])
     fn(*call.args)
 
 
-def _write_kernel(spec: tuple, device: torch.device, request_capacity: int, mode: int, tokens: int):
-    """The compiled write of a memoised launch for ``tokens`` tokens: its geometry follows the launch's
-    token count as well as the plan (``packing.write_point``), as an unmemoised launch's does."""
-    return get_kernel("write", spec, device, packing.write_point(request_capacity, tokens), mode)
+class _WriteKernel:
+    """A memoised write's compiled function for a launch of ``tokens`` tokens (``kernel(tokens)``): its
+    geometry follows the launch's token count as well as the plan (``packing.write_point``), as an
+    unmemoised launch's does. The last count's function is kept, so a steady shape costs a comparison."""
+
+    __slots__ = ("spec", "device", "request_capacity", "mode", "tokens", "fn")
+
+    def __init__(self, spec: tuple, device: torch.device, request_capacity: int, mode: int, tokens: int, fn):
+        self.spec, self.device, self.request_capacity, self.mode, self.tokens, self.fn = (
+            spec, device, request_capacity, mode, tokens, fn)
+
+    def __call__(self, tokens: int):
+        if tokens != self.tokens:
+            point = packing.write_point(self.request_capacity, tokens)
+            self.tokens, self.fn = tokens, get_kernel("write", self.spec, self.device, point, self.mode)
+        return self.fn
 
 
 def _verify_plan_tensors(plan: VerifyPlan) -> tuple:

@@ -84,15 +84,28 @@ def get_kernel(name: str, spec: tuple, device: torch.device, size: int | tuple =
     return fn
 
 
-def _first_launch(name: str, spec: tuple, device: torch.device, size: int, mode: int):
-    """``get_kernel`` of a launch key not seen yet: choose the geometry, find or build the module."""
+def _first_launch(name: str, spec: tuple, device: torch.device, size: int | tuple, mode: int):
+    """``get_kernel`` of a launch key not seen yet: choose the geometry, find or build the module. A
+    write's geometry follows each launch's token count (``packing.write_point``), so the first write of
+    a specialization and mode also loads every geometry the device's database selects in that mode:
+    a later write at another token count then loads and compiles nothing (a CUDA graph being captured,
+    a serving loop past its warm-up)."""
     with _lock:
-        geom = geometry(name, device, size, mode)
-        key = (name, spec, device.type, device.index, geom)
-        if key not in _memory:
-            _memory[key] = _load_or_build(name, spec, device, geom)
-        _by_launch[name, spec, device, size, mode] = fn = _memory[key]
+        _by_launch[name, spec, device, size, mode] = fn = _module(name, spec, device, geometry(name, device, size, mode))
+        if name == "write" and tuning_enabled():
+            from ..tuning import apply, keys
+
+            for geom in apply.selected_geometries(name, keys.device_key(device), device.type == "cuda", (mode,)):
+                _module(name, spec, device, geom)
     return fn
+
+
+def _module(name: str, spec: tuple, device: torch.device, geom):
+    """The compiled function of one build, kept in memory (call with ``_lock`` held)."""
+    key = (name, spec, device.type, device.index, geom)
+    if key not in _memory:
+        _memory[key] = _load_or_build(name, spec, device, geom)
+    return _memory[key]
 
 
 def geometry(name: str, device: torch.device, size: int | tuple, mode: int = 0):

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from . import fleet
     from .driver import local_runner, tune_workload
     from .measure import CandidateBuilder
+    from .merge import compact_workload_table
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         builder.shutdown()
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
+        del db
+        compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""

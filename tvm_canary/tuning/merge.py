@@ -12,7 +12,8 @@ measured, not failed, tuned for the current kernel code) and the default geometr
 input, which ``apply.chosen`` weighs it against: a tuned record replaces the default only when one
 tuning run measured it clearly faster (a default measured in another run, on another host or at
 another time, can differ by more than the margin). Only when that input has no valid default record is
-the fastest default record of the other inputs kept instead.
+the fastest default record of the other inputs kept instead. The output's workload table is compact
+(``compact_workload_table``), as databases are committed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -102,10 +104,10 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
             merged.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target,
                                                                  record.args_info))
         del merged
+        compact_workload_table(pathlib.Path(tmp))
         out.mkdir(exist_ok=True)
         for name in DATABASE_FILES:
             shutil.copyfile(pathlib.Path(tmp) / name, out / name)
-    compact_workload_table(out)
     return Merged(len(best), read)
 
 
@@ -114,17 +116,22 @@ def compact_workload_table(folder: pathlib.Path) -> int:
     the entries. MetaSchedule writes an entry as ``[structural hash, base64(uint64 length + the
     module's JSON, indented)]``, about half of it indentation; the compact entry loads as the same
     module (``tvm.ir.load_json`` ignores whitespace), keeps the hash, and halves the committed
-    databases (the tracked tree's budget). Entries stay in order: records refer to them by position."""
+    databases (the tracked tree's budget). Entries stay in order: records refer to them by position.
+    The table is replaced as a whole (a temporary file renamed over it)."""
     table = folder / DATABASE_FILES[0]
     entries = []
     for line in table.read_text().splitlines():
+        if not line.strip():
+            continue
         shash, encoded = json.loads(line)
         raw = base64.b64decode(encoded)
         (length,) = struct.unpack("<Q", raw[:8])
         module_json = json.dumps(json.loads(raw[8 : 8 + length]), separators=(",", ":")).encode()
         compact = base64.b64encode(struct.pack("<Q", len(module_json)) + module_json).decode()
         entries.append(json.dumps([shash, compact], separators=(",", ":")))
-    table.write_text("".join(e + "\n" for e in entries))
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as tmp:
+        tmp.write("".join(e + "\n" for e in entries))
+    os.replace(tmp.name, table)
     return len(entries)
 
 
