@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         builder.shutdown()
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
-        del db
-        compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
+    del db
+    compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
