@@ -23,8 +23,8 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor with a null data
   pointer (no elements: its device would not follow from it).
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
-  launch key for the life of the process); write's at each launch, one dict lookup, since its
-  geometry follows the launch's token count (``packing.write_point``).
+  launch key for the life of the process); write's again when a launch's token count differs from
+  the last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
 
 Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are
 not part of an entry: each launch checks them (``checks.check_write_inputs``, in ``check_write``'s

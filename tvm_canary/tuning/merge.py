@@ -111,28 +111,32 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     return Merged(len(best), read)
 
 
-def compact_workload_table(folder: pathlib.Path) -> int:
-    """Rewrite ``folder``'s workload table with each workload's module JSON free of whitespace; returns
-    the entries. MetaSchedule writes an entry as ``[structural hash, base64(uint64 length + the
-    module's JSON, indented)]``, about half of it indentation; the compact entry loads as the same
-    module (``tvm.ir.load_json`` ignores whitespace), keeps the hash, and halves the committed
-    databases (the tracked tree's budget). Entries stay in order: records refer to them by position.
-    The table is replaced as a whole (a temporary file renamed over it)."""
-    table = folder / DATABASE_FILES[0]
-    entries = []
-    for line in table.read_text().splitlines():
-        if not line.strip():
-            continue
-        shash, encoded = json.loads(line)
-        raw = base64.b64decode(encoded)
-        (length,) = struct.unpack("<Q", raw[:8])
-        module_json = json.dumps(json.loads(raw[8 : 8 + length]), separators=(",", ":")).encode()
-        compact = base64.b64encode(struct.pack("<Q", len(module_json)) + module_json).decode()
-        entries.append(json.dumps([shash, compact], separators=(",", ":")))
+def compact_entry(shash: str, encoded: str) -> str:
+    """One workload table line with its module JSON free of whitespace. MetaSchedule writes an entry as
+    ``[structural hash, base64(uint64 length + the module's JSON, indented)]``, about half of it
+    indentation; the compact entry loads as the same module (``tvm.ir.load_json`` ignores whitespace)
+    and keeps the hash, which halves the committed databases (the tracked tree's budget)."""
+    raw = base64.b64decode(encoded)
+    (length,) = struct.unpack("<Q", raw[:8])
+    module_json = json.dumps(json.loads(raw[8 : 8 + length]), separators=(",", ":")).encode()
+    compact = base64.b64encode(struct.pack("<Q", len(module_json)) + module_json).decode()
+    return json.dumps([shash, compact], separators=(",", ":"))
+
+
+def write_workload_table(folder: pathlib.Path, lines: list[str]) -> int:
+    """Replace ``folder``'s workload table with ``lines`` as a whole (a temporary file renamed over it);
+    returns their number. Order matters: records refer to workloads by position."""
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as tmp:
-        tmp.write("".join(e + "\n" for e in entries))
-    os.replace(tmp.name, table)
-    return len(entries)
+        tmp.write("".join(line + "\n" for line in lines))
+    os.replace(tmp.name, folder / DATABASE_FILES[0])
+    return len(lines)
+
+
+def compact_workload_table(folder: pathlib.Path) -> int:
+    """Rewrite ``folder``'s workload table with every entry compact (``compact_entry``), in order;
+    returns the entries."""
+    lines = (folder / DATABASE_FILES[0]).read_text().splitlines()
+    return write_workload_table(folder, [compact_entry(*json.loads(line)) for line in lines if line.strip()])
 
 
 def add_parser(subparsers) -> None:

@@ -8,7 +8,7 @@ every specialization compared byte for byte before and after) but changes the ke
 Each workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (so it
 carries the current hash), in the same order, so ``database_tuning_record.json``, whose records refer
 to workloads by position, stays byte-identical; the table is written compact
-(``merge.compact_workload_table``). The target kind comes from the records.
+(``merge.compact_entry``). The target kind comes from the records.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import pathlib
 import sys
 
-from .merge import compact_workload_table
+from .merge import compact_entry, write_workload_table
 
 
 def restamp(work_dir: pathlib.Path) -> int:
@@ -38,9 +38,8 @@ def restamp(work_dir: pathlib.Path) -> int:
         func = ms.database.Workload.from_json(json.loads(line)).mod["main"]
         mod = tvm.IRModule({"main": descriptor(str(func.attrs["canary.kernel"]), bucket_of(func), kind)})
         shash, encoded = ms.database.Workload(mod).as_json()
-        entries.append(json.dumps([str(shash), str(encoded)], separators=(",", ":")))
-    table.write_text("".join(e + "\n" for e in entries))
-    return compact_workload_table(work_dir)
+        entries.append(compact_entry(str(shash), str(encoded)))
+    return write_workload_table(work_dir, entries)
 
 
 def main(argv: list[str]) -> int:
