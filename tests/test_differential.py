@@ -11,8 +11,9 @@ import torch
 
 from tvm_canary.cases import CASES, LAUNCH, REFERENCE
 from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH
+from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS, Geometry
 from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
-from tvm_canary.runtime import packing, use_backend
+from tvm_canary.runtime import packing, targets, use_backend
 
 from tree import assert_same_bytes, devices, require, tensors
 
@@ -69,6 +70,25 @@ def test_differential_wide_tokens(kernel, device):
             run_differential(kernel, device, seed, prepare, token_units=16)
         except AssertionError as e:
             raise AssertionError(f"{kernel} on {device}, wide tokens, seed {seed}: {e}") from e
+
+
+@pytest.mark.parametrize("pairs_capped", [False, True])
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_differential_sources_folded_one_after_another(kernel, pairs_capped, monkeypatch):
+    """The CPU default folds sources in pairs (``Geometry.fold_pairs``); without ``pairs``, or with a
+    register cap below the pairs' threshold (a tuned CUDA geometry of many threads per SM), they fold
+    one after another: the same bytes, on the wide-token cases (folds of up to 64 words, up to four
+    sources of unequal lengths)."""
+    geom = {"unroll": 4, "pairs": 1, "min_blocks": FOLD_PAIRS_MAX_THREADS + 1} if pairs_capped else {"unroll": 4}
+    monkeypatch.setitem(targets.CPU_DEFAULTS, kernel, geom)
+    assert not targets.default_geometry(kernel, "llvm").fold_pairs()
+    assert Geometry(gpu=False, pairs=1).fold_pairs()
+    prepare = stamp_true_folds if kernel == "verify" else None
+    for seed in range(ITERATIONS["cpu"] // 4):
+        try:
+            run_differential(kernel, "cpu", seed, prepare, token_units=16)
+        except AssertionError as e:
+            raise AssertionError(f"{kernel} folding one source at a time, seed {seed}: {e}") from e
 
 
 @pytest.mark.parametrize("device", devices())

@@ -19,9 +19,21 @@ def test_geometry_imports_only_the_standard_library():
 
 
 def test_fields_and_key():
-    fields = ["gpu", "blocks", "threads", "tile", "unroll", "min_blocks", "thin"]
+    fields = ["gpu", "blocks", "threads", "tile", "unroll", "min_blocks", "thin", "pairs"]
     assert [f.name for f in dataclasses.fields(Geometry)] == fields
-    assert [name for name in vars(Geometry) if callable(vars(Geometry)[name]) and not name.startswith("_")] == ["key"]
+    methods = [name for name in vars(Geometry) if callable(vars(Geometry)[name]) and not name.startswith("_")]
+    assert methods == ["fold_pairs", "key"]
     assert Geometry(gpu=True, blocks=528, threads=128, tile=256, unroll=8).key() == "cuda-b528-t128-k256-u8-m1"
     assert Geometry(gpu=False, unroll=4).key() == "cpu-b1-t1-k1-u4-m1"
     assert Geometry(gpu=True, blocks=528, threads=128, min_blocks=2, thin=1).key() == "cuda-b528-t128-k1-u1-m2-w1"
+    paired = Geometry(gpu=True, blocks=528, threads=128, min_blocks=2, thin=1, pairs=1)
+    assert paired.key() == "cuda-b528-t128-k1-u1-m2-w1-p1"
+
+
+def test_folds_run_in_pairs_where_the_register_cap_allows():
+    """``pairs`` asks for paired folds; they run where the cap leaves 128 registers per thread."""
+    assert Geometry(gpu=True, threads=128, min_blocks=4, pairs=1).fold_pairs()
+    assert not Geometry(gpu=True, threads=128, min_blocks=8, pairs=1).fold_pairs()
+    assert not Geometry(gpu=True, threads=512, min_blocks=16, pairs=1).fold_pairs()
+    assert not Geometry(gpu=True, threads=128, min_blocks=2).fold_pairs()
+    assert Geometry(gpu=False, pairs=1).fold_pairs()

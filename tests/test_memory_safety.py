@@ -101,3 +101,27 @@ def test_rehome_keeps_layout_and_detects_stray_writes():
     flat = g.backing.view(torch.uint8)
     flat[GUARD_BYTES + g.nbytes] ^= 0xFF
     assert not torch.equal(g.backing[GUARD_BYTES + g.nbytes :], g.tail)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_a_wrapped_write_index_stores_no_row_before_the_ring(kernel, device):
+    """A write index past 2**31 - 1 wraps negative (int32; SPEC 2 counts every violation): the rows
+    of a launch that starts there rank before the ring and are dropped, as rows past its capacity are,
+    and the index still advances by the rows counted. Garbage cases (many violations), re-homed
+    between guard bands; the ring must be byte-unchanged."""
+    require(device)
+    for seed in range(GARBAGE_SEED_BASE, GARBAGE_SEED_BASE + ITERATIONS[device] // 4):
+        kw, guarded, inputs = guarded_case(kernel, device, seed)
+        ctx = kw["context"]
+        start = -(2**31) + seed % 3
+        ctx.violation_write_index.fill_(start)
+        ring = ctx.violation_ring.clone()
+        with use_backend("tvm"):
+            LAUNCH[kernel](**kw)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        bad = guard_violations(guarded, inputs)
+        assert not bad, f"{kernel} on {device}, seed {seed}: " + "; ".join(bad)
+        assert torch.equal(ctx.violation_ring, ring), f"{kernel} on {device}, seed {seed}: ring written"
+        assert int(ctx.violation_write_index[0]) >= start, f"{kernel} on {device}, seed {seed}"

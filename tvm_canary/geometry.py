@@ -17,6 +17,9 @@ FLAG_CHUNK = 1024
 # and position as two words each): the rows of a request that writes its own seed slot are counted
 # and appended from the seed as it stood before the launch (SPEC D7).
 SEED_SAVE_WORDS = 5
+# Threads per SM (``threads * min_blocks``) up to which a geometry's real-KV folds run in pairs
+# (``Geometry.fold_pairs``): 65536 registers / 512 = 128 per thread.
+FOLD_PAIRS_MAX_THREADS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,8 @@ class Geometry:
         run on many SMs instead of crowding a few in full blocks (``kernels.common.work_grid``); 0
         gives each block ``threads`` items. A launch of at least ``blocks * threads`` items is the same
         either way.
+    pairs: 1 lets real-KV folds (verify, write) advance two sources' chains in lockstep where the
+        register cap allows it (``fold_pairs``); 0 folds the sources one after another.
     """
 
     gpu: bool
@@ -45,11 +50,22 @@ class Geometry:
     unroll: int = 1
     min_blocks: int = 1
     thin: int = 0
+    pairs: int = 0
+
+    def fold_pairs(self) -> bool:
+        """Whether real-KV folds advance two sources' chains in lockstep (``kernels.common.fold_sources``):
+        with ``pairs`` 1 and a register cap of at least 128 per thread (CUDA's 64K registers per SM over
+        ``threads * min_blocks`` threads; with one lane per block on CPU, always). The paired fold
+        needs about 158 registers on sm_90 (ptxas, two sources); under a tighter cap (a tuned geometry
+        of many threads per SM) it would spill, so there the sources fold one after another."""
+        return bool(self.pairs) and self.threads * self.min_blocks <= FOLD_PAIRS_MAX_THREADS
 
     def key(self) -> str:
         """Names the geometry in module cache keys and tuning records (its format is part of both; a thin
-        geometry adds ``-w1``, so every key of a geometry without it is as before)."""
+        geometry adds ``-w1`` and a paired one ``-p1``, so every key of a geometry without them is as
+        before)."""
         kind = "cuda" if self.gpu else "cpu"
         thin = "-w1" if self.thin else ""
-        return f"{kind}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}{thin}"
+        pairs = "-p1" if self.pairs else ""
+        return f"{kind}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}{thin}{pairs}"
 

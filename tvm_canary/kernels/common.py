@@ -21,12 +21,24 @@ C2 = tvm.tirx.const(SPLITMIX64_MUL2, "uint64")
 ANCHOR_HASH_I64 = tvm.tirx.const(to_signed_int64(ANCHOR_HASH), "int64")
 INVALID_INDEX = int(FailReason.INVALID_INDEX)
 
-# Words at the start of a slot's strip that every fold reads (PARTIAL reads exactly these), loaded
-# ahead into a local ``heads`` scratch: HEAD_WORDS per source, HEADS_PER_SLOT for all the sources.
+# Words at the start of a slot's strip that every fold reads (PARTIAL reads exactly these).
 HEAD_WORDS = PARTIAL_READ_BYTES // 8
-# Strip words a fold keeps loaded ahead of its splitmix chain (``fold_source``).
+# Strip words a fold keeps loaded ahead of its splitmix chain (``fold_rest``: one source's chain).
 FOLD_PREFETCH = 8
-HEADS_PER_SLOT = MAX_REAL_KV_SOURCES * HEAD_WORDS
+# The same for each of two sources' chains advancing in lockstep (``fold_pair``). Half as many (4)
+# needs fewer registers (158 against 215 on sm_90, ptxas) but ran verify ALL at 1K-4K entries 8-10%
+# slower on the H200 (thirteenth session's GPU calls 5 and 6): each batch's steps no longer cover the
+# next batch's loads.
+PAIR_PREFETCH = FOLD_PREFETCH
+# A fold's local scratch for one source, its *front*: the strip's row and first word (``strip_start``),
+# its HEAD_WORDS head words (``load_head``), then, for a paired fold, the first PAIR_PREFETCH words after
+# them (``load_batch``); FRONTS_PER_SLOT for all the sources of one slot. A kernel fills the fronts as
+# soon as it knows the slot, so that these loads are in flight while it does other work (on a GPU a
+# warp issues in order: a load placed after code that waits on another load costs a second round trip).
+FRONT_ROW, FRONT_COL, FRONT_HEAD = 0, 1, 2
+FRONT_BATCH = FRONT_HEAD + HEAD_WORDS
+FRONT_WORDS = FRONT_BATCH + PAIR_PREFETCH
+FRONTS_PER_SLOT = MAX_REAL_KV_SOURCES * FRONT_WORDS
 
 
 def grid(geom: Geometry, n):
@@ -116,89 +128,185 @@ def strip_start(rc, slot, page_size, token_words):
 
 
 @T.macro
-def load_head(heads, at, src, page_size, token_words, slot):
-    """heads[at : at + HEAD_WORDS] := the first HEAD_WORDS (two) words of the slot's strip in src.
+def load_head(front, at, src, page_size, token_words, slot):
+    """The front at ``front[at:]`` (FRONT_WORDS) := the slot's strip start in src and its HEAD_WORDS
+    (two) head words, which every fold reads (PARTIAL reads exactly these).
 
     src is an int64 view ``[rows, row_words]``; the strip starts at word
     ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
-    Every fold reads at least these two words (PARTIAL reads exactly them), so they are loaded ahead.
     """
     rc = T.alloc_buffer((2,), "int64", scope="local")
     strip_start(rc, slot, page_size, token_words)
-    heads[at] = src[rc[0], rc[1]]
-    heads[at + 1] = src[rc[0], rc[1] + 1]
+    front[at + FRONT_ROW] = rc[0]
+    front[at + FRONT_COL] = rc[1]
+    front[at + FRONT_HEAD] = src[rc[0], rc[1]]
+    front[at + FRONT_HEAD + 1] = src[rc[0], rc[1] + 1]
 
 
 @T.macro
-def fold_source(acc, part, heads, at, src, page_size, token_words, fold_words, slot):
-    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4), given the strip's first words
-    at ``heads[at:]`` (``load_head``)."""
-    part[0] = T.reinterpret("uint64", heads[at])
-    splitmix64(part)
-    part[0] = part[0] ^ T.reinterpret("uint64", heads[at + 1])
-    splitmix64(part)
+def load_batch(front, at, src, fold_words):
+    """The front's first batch := the PAIR_PREFETCH strip words after the head (indices clamped to the
+    fold's last word; nothing when the fold reads only the head), given its strip start (``load_head``)."""
     if fold_words > T.int64(HEAD_WORDS):
-        # The words after the head, FOLD_PREFETCH at a time: the next batch's loads are issued before
-        # the current batch's splitmix steps, so the serial chain does not wait on each load.
-        rc = T.alloc_buffer((2,), "int64", scope="local")
+        last = fold_words - HEAD_WORDS - 1
+        row = front[at + FRONT_ROW]
+        col = front[at + FRONT_COL] + HEAD_WORDS
+        for u in T.unroll(PAIR_PREFETCH):
+            front[at + FRONT_BATCH + u] = src[row, col + T.min(T.int64(u), last)]
+
+
+@T.macro
+def fold_step(part, word):
+    """One step of a source's fold chain (SPEC 1.4): part[0] := splitmix64(part[0] ^ word)."""
+    part[0] = part[0] ^ T.reinterpret("uint64", word)
+    splitmix64(part)
+
+
+@T.macro
+def fold_rest(part, src, front, at, start, rest):
+    """part[0] := the source's fold chain continued over the words ``[start, rest)`` after the head,
+    loaded here FOLD_PREFETCH at a time (the next batch's loads issued before the current batch's steps,
+    so the serial chain does not wait on each load); nothing when ``start >= rest``."""
+    if start < rest:
         words = T.alloc_buffer((2 * FOLD_PREFETCH,), "int64", scope="local")
-        strip_start(rc, slot, page_size, token_words)
-        rest = fold_words - HEAD_WORDS
+        row = front[at + FRONT_ROW]
+        col = front[at + FRONT_COL] + HEAD_WORDS
         for u in T.unroll(FOLD_PREFETCH):
-            words[u] = src[rc[0], rc[1] + HEAD_WORDS + T.min(T.int64(u), rest - 1)]
-        for c in T.serial(rest // FOLD_PREFETCH):
+            words[u] = src[row, col + T.min(start + u, rest - 1)]
+        for c in T.serial((rest - start) // FOLD_PREFETCH):
             for u in T.unroll(FOLD_PREFETCH):
-                words[FOLD_PREFETCH + u] = src[rc[0], rc[1] + HEAD_WORDS + T.min((c + 1) * FOLD_PREFETCH + u, rest - 1)]
+                words[FOLD_PREFETCH + u] = src[row, col + T.min(start + (c + 1) * FOLD_PREFETCH + u, rest - 1)]
             for u in T.unroll(FOLD_PREFETCH):
-                part[0] = part[0] ^ T.reinterpret("uint64", words[u])
-                splitmix64(part)
+                fold_step(part, words[u])
             for u in T.unroll(FOLD_PREFETCH):
                 words[u] = words[FOLD_PREFETCH + u]
         for u in T.unroll(FOLD_PREFETCH):
-            if rest // FOLD_PREFETCH * FOLD_PREFETCH + u < rest:
-                part[0] = part[0] ^ T.reinterpret("uint64", words[u])
-                splitmix64(part)
+            if start + (rest - start) // FOLD_PREFETCH * FOLD_PREFETCH + u < rest:
+                fold_step(part, words[u])
+
+
+@T.macro
+def fold_one(acc, part, front, at, src, fold_words):
+    """acc[0] := splitmix64(acc[0] ^ fold_one(src, slot)) (SPEC 1.4), given the source's front at
+    ``front[at:]`` with its head (``load_head``); the words after the head are loaded here."""
+    part[0] = T.reinterpret("uint64", front[at + FRONT_HEAD])
+    splitmix64(part)
+    fold_step(part, front[at + FRONT_HEAD + 1])
+    fold_rest(part, src, front, at, T.int64(0), fold_words - HEAD_WORDS)
     acc[0] = acc[0] ^ part[0]
     splitmix64(acc)
 
 
 @T.macro
-def load_heads(heads, base, srcs, params, num_sources, slot):
-    """heads[base + HEAD_WORDS * j:][:HEAD_WORDS] := first strip words of source j, j < num_sources."""
-    if num_sources > 0:
-        load_head(heads, base, srcs[0], params[0][0], params[0][1], slot)
-    if num_sources > 1:
-        load_head(heads, base + HEAD_WORDS, srcs[1], params[1][0], params[1][1], slot)
-    if num_sources > 2:
-        load_head(heads, base + 2 * HEAD_WORDS, srcs[2], params[2][0], params[2][1], slot)
-    if num_sources > 3:
-        load_head(heads, base + 3 * HEAD_WORDS, srcs[3], params[3][0], params[3][1], slot)
+def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
+    """acc[0] := splitmix64(acc[0] ^ fold_one(src_a, slot)), then the same with src_b (SPEC 1.4, in
+    that order), given both sources' fronts at ``front[at:]`` and ``front[at + FRONT_WORDS:]``, heads
+    and first batches (``load_head``, ``load_batch``).
+
+    The two fold chains are independent until they are combined into acc, so they advance in
+    lockstep, one step of each per word: a dependent chain half as long, which is what a launch of a
+    few thousand entries waits on (one warp per SM). Over the words both sources fold (the shorter
+    fold's length) the batches after the first are loaded PAIR_PREFETCH at a time ahead of their
+    steps; the longer fold then finishes alone (``fold_rest``)."""
+    part_b = T.alloc_buffer((1,), "uint64", scope="local")
+    next_a = T.alloc_buffer((PAIR_PREFETCH,), "int64", scope="local")
+    next_b = T.alloc_buffer((PAIR_PREFETCH,), "int64", scope="local")
+    at_b = at + FRONT_WORDS
+    part[0] = T.reinterpret("uint64", front[at + FRONT_HEAD])
+    part_b[0] = T.reinterpret("uint64", front[at_b + FRONT_HEAD])
+    splitmix64(part)
+    splitmix64(part_b)
+    fold_step(part, front[at + FRONT_HEAD + 1])
+    fold_step(part_b, front[at_b + FRONT_HEAD + 1])
+    rest_a = fold_words_a - HEAD_WORDS
+    rest_b = fold_words_b - HEAD_WORDS
+    both = T.max(T.min(rest_a, rest_b), T.int64(0))
+    row_a = front[at + FRONT_ROW]
+    col_a = front[at + FRONT_COL] + HEAD_WORDS
+    row_b = front[at_b + FRONT_ROW]
+    col_b = front[at_b + FRONT_COL] + HEAD_WORDS
+    for c in T.serial(both // PAIR_PREFETCH):
+        for u in T.unroll(PAIR_PREFETCH):
+            next_a[u] = src_a[row_a, col_a + T.min((c + 1) * PAIR_PREFETCH + u, rest_a - 1)]
+            next_b[u] = src_b[row_b, col_b + T.min((c + 1) * PAIR_PREFETCH + u, rest_b - 1)]
+        for u in T.unroll(PAIR_PREFETCH):
+            fold_step(part, front[at + FRONT_BATCH + u])
+            fold_step(part_b, front[at_b + FRONT_BATCH + u])
+        for u in T.unroll(PAIR_PREFETCH):
+            front[at + FRONT_BATCH + u] = next_a[u]
+            front[at_b + FRONT_BATCH + u] = next_b[u]
+    for u in T.unroll(PAIR_PREFETCH):
+        if both // PAIR_PREFETCH * PAIR_PREFETCH + u < both:
+            fold_step(part, front[at + FRONT_BATCH + u])
+            fold_step(part_b, front[at_b + FRONT_BATCH + u])
+    fold_rest(part, src_a, front, at, both, rest_a)
+    fold_rest(part_b, src_b, front, at_b, both, rest_b)
+    acc[0] = acc[0] ^ part[0]
+    splitmix64(acc)
+    acc[0] = acc[0] ^ part_b[0]
+    splitmix64(acc)
 
 
 @T.macro
-def fold_loaded(acc, part, heads, base, srcs, params, num_sources, slot):
-    """acc[0] := real_kv_fold_sources(slot) over the first num_sources (a Python int) sources, whose
-    first words ``load_heads`` put at ``heads[base:]``.
+def load_heads(front, base, srcs, params, num_sources, slot):
+    """Fronts ``front[base + FRONT_WORDS * j:]`` of sources j < num_sources: strip starts and head words."""
+    if num_sources > 0:
+        load_head(front, base, srcs[0], params[0][0], params[0][1], slot)
+    if num_sources > 1:
+        load_head(front, base + FRONT_WORDS, srcs[1], params[1][0], params[1][1], slot)
+    if num_sources > 2:
+        load_head(front, base + 2 * FRONT_WORDS, srcs[2], params[2][0], params[2][1], slot)
+    if num_sources > 3:
+        load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot)
 
-    srcs: Python list of 4 source buffers; params: Python list of 4 (page_size, token_words,
-    fold_words) scalar triples.
+
+@T.macro
+def load_batches(front, base, srcs, params, num_sources):
+    """The first batches of the fronts ``load_heads`` filled at ``front[base:]``, for the sources that
+    fold in pairs (``fold_sources``): all of the first num_sources but an odd last one."""
+    if num_sources > 1:
+        load_batch(front, base, srcs[0], params[0][2])
+        load_batch(front, base + FRONT_WORDS, srcs[1], params[1][2])
+    if num_sources > 3:
+        load_batch(front, base + 2 * FRONT_WORDS, srcs[2], params[2][2])
+        load_batch(front, base + 3 * FRONT_WORDS, srcs[3], params[3][2])
+
+
+def fold_sources(geom: Geometry):
+    """Macro ``fold(acc, part, front, base, srcs, params, num_sources)``: acc[0] :=
+    real_kv_fold_sources(slot) over the first num_sources (a Python int) sources, whose fronts start at
+    ``front[base:]`` and hold their heads (``load_heads``); srcs: Python list of 4 source buffers;
+    params: Python list of 4 (page_size, token_words, fold_words) scalar triples.
+
+    With ``geom.fold_pairs()`` sources 0 and 1, then 2 and 3, fold in pairs (``fold_pair``), whose
+    fronts must also hold their first batches (``load_batches``); a last source without a partner folds
+    alone. Otherwise every source folds alone, one after another (``fold_one``: fewer live registers).
     """
-    acc[0] = T.uint64(0)
-    if num_sources > 0:
-        fold_source(acc, part, heads, base, srcs[0], params[0][0], params[0][1], params[0][2], slot)
-    if num_sources > 1:
-        fold_source(acc, part, heads, base + HEAD_WORDS, srcs[1], params[1][0], params[1][1], params[1][2], slot)
-    if num_sources > 2:
-        fold_source(acc, part, heads, base + 2 * HEAD_WORDS, srcs[2], params[2][0], params[2][1], params[2][2], slot)
-    if num_sources > 3:
-        fold_source(acc, part, heads, base + 3 * HEAD_WORDS, srcs[3], params[3][0], params[3][1], params[3][2], slot)
+    pairs = geom.fold_pairs()
 
+    @T.macro
+    def fold(acc, part, front, base, srcs, params, num_sources):
+        acc[0] = T.uint64(0)
+        if pairs:
+            if num_sources > 1:
+                fold_pair(acc, part, front, base, srcs[0], params[0][2], srcs[1], params[1][2])
+            elif num_sources > 0:
+                fold_one(acc, part, front, base, srcs[0], params[0][2])
+            if num_sources > 3:
+                fold_pair(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2], srcs[3], params[3][2])
+            elif num_sources > 2:
+                fold_one(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2])
+        else:
+            if num_sources > 0:
+                fold_one(acc, part, front, base, srcs[0], params[0][2])
+            if num_sources > 1:
+                fold_one(acc, part, front, base + FRONT_WORDS, srcs[1], params[1][2])
+            if num_sources > 2:
+                fold_one(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2])
+            if num_sources > 3:
+                fold_one(acc, part, front, base + 3 * FRONT_WORDS, srcs[3], params[3][2])
 
-@T.macro
-def fold_sources(acc, part, heads, srcs, params, num_sources, slot):
-    """acc[0] := real_kv_fold_sources(slot); heads is an int64 local scratch of HEADS_PER_SLOT elements."""
-    load_heads(heads, 0, srcs, params, num_sources, slot)
-    fold_loaded(acc, part, heads, 0, srcs, params, num_sources, slot)
+    return fold
 
 
 def source_buffers(handles):

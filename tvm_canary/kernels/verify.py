@@ -37,7 +37,7 @@ from tvm.script import tirx as T
 from .. import consts
 from .common import FLAG_CHUNK as CHUNK
 from .common import (
-    HEADS_PER_SLOT,
+    FRONTS_PER_SLOT,
     INVALID_INDEX,
     LAST_MARKED,
     NOT_LAST,
@@ -49,6 +49,8 @@ from .common import (
     fold_sources,
     grid,
     lanes,
+    load_batches,
+    load_heads,
     single_launch,
     slot_hash,
     source_buffers,
@@ -74,15 +76,27 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     TH = geom.threads
     sync = block_sync(geom)
     add = counter_add(geom)
+    fold = fold_sources(geom)
+    pairs = geom.fold_pairs()
 
     @T.macro
     def entry(k, bits, row, launch, h, acc, part, ok):
-        """bits[0], row := verdict and violation row (VIOLATION_FIELDS words) of entry k (bits 0: no row)."""
-        heads = T.alloc_buffer((HEADS_PER_SLOT,), "int64", scope="local")
+        """bits[0], row := verdict and violation row (VIOLATION_FIELDS words) of entry k (bits 0: no row).
+
+        Loads are placed as early as their addresses are known (a warp issues in order, so a load
+        placed after code that waits on another load costs one more round trip): the entry's plan words
+        first; when the sources fold in pairs (``Geometry.fold_pairs``), as soon as the slot is checked,
+        its sources' fronts (each strip's head words and first batch: ``common.load_heads`` /
+        ``load_batches``), then its canary row, before the chain hash waits on the predecessor's row.
+        Otherwise the heads are loaded when the fold starts, as few registers as possible staying live
+        across the chain hash (PARTIAL's default caps them at 64)."""
+        front = T.alloc_buffer((FRONTS_PER_SLOT,), "int64", scope="local")
         slot = launch.slots[k]
+        prev = launch.prevs[k]
+        ep = launch.epos[k]
+        et = launch.etoks[k] if check_token else T.int64(-1)
         bits[0] = 0
         if slot != T.int64(0):
-            et = launch.etoks[k] if check_token else T.int64(-1)
             check_slot(ok, slot, launch.buf.shape[0], launch.srcs, launch.params, num_sources)
             row[consts.VIOLATION_FIELD_KERNEL_KIND] = launch.kind
             row[consts.VIOLATION_FIELD_SLOT_IDX] = slot
@@ -94,11 +108,13 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 row[consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = T.int64(0)
                 row[consts.VIOLATION_FIELD_EXPECTED_AUX] = T.int64(0)
             else:
+                if pairs:
+                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
+                    load_batches(front, 0, launch.srcs, launch.params, num_sources)
                 st = launch.buf[slot, consts.CANARY_FIELD_TOKEN]
                 sp = launch.buf[slot, consts.CANARY_FIELD_POSITION]
                 sh = launch.buf[slot, consts.CANARY_FIELD_PREV_HASH]
                 sr = launch.buf[slot, consts.CANARY_FIELD_REAL_KV_HASH]
-                prev = launch.prevs[k]
                 row[consts.VIOLATION_FIELD_POSITION] = sp
                 row[consts.VIOLATION_FIELD_STORED_TOKEN] = st
                 row[consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = sh
@@ -114,9 +130,11 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 if check_token:
                     if et != T.int64(-1) and st != et:
                         bits[0] = bits[0] | TOKEN
-                if sp != launch.epos[k]:
+                if sp != ep:
                     bits[0] = bits[0] | POSITION
-                fold_sources(acc, part, heads, launch.srcs, launch.params, num_sources, slot)
+                if not pairs:
+                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
+                fold(acc, part, front, 0, launch.srcs, launch.params, num_sources)
                 if sr != T.reinterpret("int64", acc[0]):
                     bits[0] = bits[0] | REAL_KV
         row[consts.VIOLATION_FIELD_FAIL_REASON_BITS] = T.Cast("int64", bits[0])
@@ -131,8 +149,9 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
 
     @T.macro
     def emit_entry(unit, rank, active, st):
-        """Emit phase B: the lane's row, if it has one, at ``rank`` (rows past the ring are dropped)."""
-        if st.bits[0] != 0 and rank < st.ring.shape[0]:
+        """Emit phase B: the lane's row, if it has one, at ``rank`` (rows outside the ring are dropped: past
+        its capacity, or before it when the write index has wrapped past 2**31 - 1)."""
+        if st.bits[0] != 0 and T.int64(0) <= rank and rank < st.ring.shape[0]:
             for f in T.serial(consts.VIOLATION_FIELDS):
                 st.ring[rank, f] = st.row[f]
 

@@ -55,7 +55,7 @@ from tvm.script import tirx as T
 from .. import consts
 from .common import FLAG_CHUNK as CHUNK
 from .common import (
-    HEADS_PER_SLOT,
+    FRONTS_PER_SLOT,
     INVALID_INDEX,
     LAST_MARKED,
     NOT_LAST,
@@ -65,9 +65,10 @@ from .common import (
     check_slot,
     counter_add,
     emit_scratch,
-    fold_loaded,
+    fold_sources,
     grid,
     lanes,
+    load_batches,
     load_heads,
     mix3,
     single_launch,
@@ -104,16 +105,19 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     assert WARP % STEP_UNROLL == 0, f"write: unroll {U} must divide the warp's {WARP} lanes"
     sync = block_sync(geom)
     add = counter_add(geom)
+    fold = fold_sources(geom)
+    pairs = geom.fold_pairs()
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
     FOLD_BLOCKS = 1 if geom.gpu and num_sources > 0 else 0
 
     def record_macro(mode):
         @T.macro
         def record(launch, nrows, base, slot, position, stored_token, expected_token, chain_hash, aux, bits):
-            """Account one violation row; in EMIT mode store it at ring[base + nrows] if it fits."""
+            """Account one violation row; in EMIT mode store it at ring[base + nrows] if that row exists
+            (not past the capacity, nor before the ring when the write index has wrapped past 2**31 - 1)."""
             if mode == EMIT:
                 d = base + nrows[0]
-                if d < launch.ring.shape[0]:
+                if T.int64(0) <= d and d < launch.ring.shape[0]:
                     launch.ring[d, consts.VIOLATION_FIELD_KERNEL_KIND] = launch.kind
                     launch.ring[d, consts.VIOLATION_FIELD_SLOT_IDX] = slot
                     launch.ring[d, consts.VIOLATION_FIELD_POSITION] = position
@@ -492,7 +496,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         slot_u = T.alloc_buffer((U,), "int64", scope="local")
         ok_u = T.alloc_buffer((U,), "int32", scope="local")
         ok = T.alloc_buffer((1,), "int32", scope="local")
-        heads = T.alloc_buffer((U * HEADS_PER_SLOT,), "int64", scope="local")
+        front = T.alloc_buffer((U * FRONTS_PER_SLOT,), "int64", scope="local")
         acc = T.alloc_buffer((1,), "uint64", scope="local")
         part = T.alloc_buffer((1,), "uint64", scope="local")
         n = launch.ocl.shape[0]
@@ -507,11 +511,12 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                     check_slot(ok, slot_u[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                     ok_u[u] = ok[0]
                     if ok[0] != 0:
-                        load_heads(heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
+                        load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
                 for u in T.unroll(U):
                     if ok_u[u] != 0:
-                        fold_loaded(acc, part, heads, u * HEADS_PER_SLOT, launch.srcs, launch.params, num_sources,
-                                    slot_u[u])
+                        if pairs:
+                            load_batches(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
+                        fold(acc, part, front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
                         launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)

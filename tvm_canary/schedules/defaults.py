@@ -41,12 +41,18 @@ CUDA_MODE_DEFAULTS = {
     # 1K..16M entries), docs/PERFORMANCE.md ("Default geometries"). Thin: at 1K-4K entries a warp of
     # entries per block runs 0.82-0.91x of full blocks' time, 64K-16M 0.96-1.02x (eleventh session's
     # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x).
-    ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1},
+    # Pairs: the two sources' fold chains advance in lockstep, their first words loaded as soon as the
+    # slot is known (``Geometry.pairs``): 1K-4K entries 0.80-0.86x the single-chain kernel's time
+    # (thirteenth session's GPU calls, docs/PERFORMANCE.md).
+    ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
     # write in real-KV modes: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL and
     # ALL), the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
     # of 128); NONE 4096 x 1 1.02x (eleventh session's GPU call 1).
     ("write", 1): {"thin": 1},
-    ("write", 2): {"thin": 1},
+    # ALL: the sources' fold chains in lockstep (``Geometry.pairs``; thirteenth session's GPU calls).
+    ("write", 2): {"thin": 1, "pairs": 1},
 }
 
-CPU_DEFAULTS = {kernel: {"unroll": 4} for kernel in CUDA_DEFAULTS}
+# The CPU runs the paired folds (the CUDA ALL-mode path); tests/test_differential.py also checks the
+# single-chain folds on the CPU.
+CPU_DEFAULTS = {kernel: {"unroll": 4, **({"pairs": 1} if kernel in ("verify", "write") else {})} for kernel in CUDA_DEFAULTS}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-KNOB_FIELDS = ("blocks", "threads", "tile", "unroll", "min_blocks", "thin")
+KNOB_FIELDS = ("blocks", "threads", "tile", "unroll", "min_blocks", "thin", "pairs")
 
 
 def make_space(knobs: dict[str, list[int]], fixed=None):

@@ -1,7 +1,9 @@
 """Verify design space: the grid cap (blocks; the launch uses min(blocks, ceil(cap / threads)), at least
-one), threads per block, whether a small plan is spread thin (a warp of entries per block, ``thin``)
-and how many such blocks must fit on one SM (``min_blocks``: a register cap
-that trades spills for occupancy). Verify is one launch whose last block also runs the ordered emit
+one), threads per block, whether a small plan is spread thin (a warp of entries per block, ``thin``),
+how many such blocks must fit on one SM (``min_blocks``: a register cap
+that trades spills for occupancy) and whether two sources' folds advance in lockstep (``pairs``: a
+shorter dependent chain for more registers; on the H200 1K-4K ALL entries gain 14-20% by default and
+1M entries in chain order lose 5%). Verify is one launch whose last block also runs the ordered emit
 phase with the same ``threads`` lanes, so ``tile`` is not a verify knob. On CPU the kernel runs
 serially: no knobs."""
 
@@ -10,5 +12,5 @@ serially: no knobs."""
 # threads x min_blocks exceeds an SM's 2048 threads the cap cannot hold: such a point fails to build or
 # measures slow, and never wins.
 CUDA_KNOBS = {"blocks": [264, 528, 1056, 2112], "threads": [128, 256, 512, 1024], "min_blocks": [1, 2, 4, 8, 16],
-              "thin": [0, 1]}
+              "thin": [0, 1], "pairs": [0, 1]}
 CPU_KNOBS: dict[str, list[int]] = {}
