@@ -42,14 +42,16 @@ CUDA_MODE_DEFAULTS = {
     # entries per block runs 0.82-0.91x of full blocks' time, 64K-16M 0.96-1.02x (eleventh session's
     # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x).
     # Pairs: the two sources' fold chains advance in lockstep, their first words loaded as soon as the
-    # slot is known (``Geometry.pairs``): 1K-4K entries 0.80-0.86x the single-chain kernel's time
-    # (thirteenth session's GPU calls, docs/PERFORMANCE.md).
+    # slot is known (``Geometry.pairs``; 215 registers, so 2 blocks per SM): 1K-4K entries 0.81-0.86x the
+    # previous single-chain kernel's time, chain order 64K-16M 1.03-1.09x (thirteenth session's GPU
+    # calls 5 and 7; min_blocks 3 or 4 spill and were slower: docs/PERFORMANCE.md).
     ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
     # write in real-KV modes: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL and
     # ALL), the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
     # of 128); NONE 4096 x 1 1.02x (eleventh session's GPU call 1).
     ("write", 1): {"thin": 1},
-    # ALL: the sources' fold chains in lockstep (``Geometry.pairs``; thirteenth session's GPU calls).
+    # ALL: the sources' fold chains in lockstep (``Geometry.pairs``): 4096 x 1 0.92x, 64 x 512 0.98x,
+    # 1 x 32768 0.99x (thirteenth session's GPU call 5); paired PARTIAL writes were 1.165x at 4096 x 1.
     ("write", 2): {"thin": 1, "pairs": 1},
 }
 
