@@ -178,3 +178,23 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     ticket = (tmp_path / "gather-ticket-ALL.cu").read_text()
     assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_kernel_ab_without_gpu_fails_in_one_line():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_kernels.py"), "--base", "HEAD"], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.startswith("kv-canary: ab_kernels.py needs a CUDA GPU")
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_kernel_ab_variants():
+    import ab_kernels
+
+    assert ab_kernels.parse_variant("m4:verify:ALL:min_blocks=4,pairs=0") == ("m4", ("verify", "ALL"), {"min_blocks": 4, "pairs": 0})
+    for bad in ("m4:verify:ALL", "m4:plan:ALL:min_blocks=4", "m4:verify:FULL:min_blocks=4", "head:verify:ALL:pairs=0",
+                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x"):
+        with pytest.raises(ValueError, match="--variant"):
+            ab_kernels.parse_variant(bad)
+    assert ab_kernels.main(["--base", "HEAD", "--variant", "m4:verify:ALL"]) == 2

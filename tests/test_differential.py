@@ -11,8 +11,9 @@ import torch
 
 from tvm_canary.cases import CASES, LAUNCH, REFERENCE
 from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH
-from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS, Geometry
+from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS
 from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
+from tvm_canary.runtime import compile as compile_
 from tvm_canary.runtime import packing, targets, use_backend
 
 from tree import assert_same_bytes, devices, require, tensors
@@ -61,8 +62,8 @@ def stamp_true_folds(case: dict) -> None:
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_wide_tokens(kernel, device):
     """Sources of up to 512 bytes per token: ALL-mode folds of up to 64 words, so the fold's prefetched
-    batches (``kernels.common.FOLD_PREFETCH``) run full and partial, past the head words; verify runs
-    on canaries whose field 3 holds the true folds."""
+    batches (``kernels.common.PAIR_PREFETCH`` and ``FOLD_PREFETCH``) run full and partial, past the head
+    words; verify runs on canaries whose field 3 holds the true folds."""
     require(device)
     prepare = stamp_true_folds if kernel == "verify" else None
     for seed in range(ITERATIONS[device] // 4):
@@ -77,18 +78,24 @@ def test_differential_wide_tokens(kernel, device):
 def test_differential_sources_folded_one_after_another(kernel, pairs_capped, monkeypatch):
     """The CPU default folds sources in pairs (``Geometry.fold_pairs``); without ``pairs``, or with a
     register cap below the pairs' threshold (a tuned CUDA geometry of many threads per SM), they fold
-    one after another: the same bytes, on the wide-token cases (folds of up to 64 words, up to four
-    sources of unequal lengths)."""
+    one after another (CUDA's PARTIAL default does): the same bytes, on the wide-token cases (folds of
+    up to 64 words, up to four sources of unequal lengths). Launches take the patched default: no
+    tuning database, and the launch and geometry caches start empty (and are restored after)."""
     geom = {"unroll": 4, "pairs": 1, "min_blocks": FOLD_PAIRS_MAX_THREADS + 1} if pairs_capped else {"unroll": 4}
     monkeypatch.setitem(targets.CPU_DEFAULTS, kernel, geom)
-    assert not targets.default_geometry(kernel, "llvm").fold_pairs()
-    assert Geometry(gpu=False, pairs=1).fold_pairs()
+    monkeypatch.setenv("TVM_CANARY_TUNED", "0")
+    monkeypatch.setattr(compile_, "_by_launch", {})
+    single = targets.default_geometry(kernel, "llvm")
+    assert not single.fold_pairs()
     prepare = stamp_true_folds if kernel == "verify" else None
     for seed in range(ITERATIONS["cpu"] // 4):
         try:
             run_differential(kernel, "cpu", seed, prepare, token_units=16)
         except AssertionError as e:
             raise AssertionError(f"{kernel} folding one source at a time, seed {seed}: {e}") from e
+    launched = {fn for key, fn in compile_._by_launch.items() if key[0] == kernel}
+    built = {fn for key, fn in compile_._memory.items() if key[0] == kernel and key[4] == single}
+    assert launched and launched <= built
 
 
 @pytest.mark.parametrize("device", devices())

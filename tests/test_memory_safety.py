@@ -105,23 +105,27 @@ def test_rehome_keeps_layout_and_detects_stray_writes():
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kernel", ["verify", "write"])
-def test_a_wrapped_write_index_stores_no_row_before_the_ring(kernel, device):
-    """A write index past 2**31 - 1 wraps negative (int32; SPEC 2 counts every violation): the rows
-    of a launch that starts there rank before the ring and are dropped, as rows past its capacity are,
-    and the index still advances by the rows counted. Garbage cases (many violations), re-homed
-    between guard bands; the ring must be byte-unchanged."""
+def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
+    """A write index past 2**31 - 1 wraps negative (int32; SPEC 2 counts every violation): rows ranked
+    before the ring are dropped, as rows past its capacity are, and the index still advances by the
+    rows counted; the reference does the same (SPEC D4). Garbage cases (many violations), re-homed
+    between guard bands (a row 1-3 ranks before the ring would land in the band), starting 3 rows
+    before the ring, at -2**31 and 2 rows before the wrap: every byte as the reference's."""
     require(device)
     for seed in range(GARBAGE_SEED_BASE, GARBAGE_SEED_BASE + ITERATIONS[device] // 4):
-        kw, guarded, inputs = guarded_case(kernel, device, seed)
-        ctx = kw["context"]
-        start = -(2**31) + seed % 3
-        ctx.violation_write_index.fill_(start)
-        ring = ctx.violation_ring.clone()
-        with use_backend("tvm"):
-            LAUNCH[kernel](**kw)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        bad = guard_violations(guarded, inputs)
-        assert not bad, f"{kernel} on {device}, seed {seed}: " + "; ".join(bad)
-        assert torch.equal(ctx.violation_ring, ring), f"{kernel} on {device}, seed {seed}: ring written"
-        assert int(ctx.violation_write_index[0]) >= start, f"{kernel} on {device}, seed {seed}"
+        for start in (-3, -(2**31), 2**31 - 2):
+            want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", valid=False)
+            got, guarded, inputs = guarded_case(kernel, device, seed)
+            for case in (want, got):
+                case["context"].violation_write_index.fill_(start)
+            REFERENCE[kernel](**want)
+            with use_backend("tvm"):
+                LAUNCH[kernel](**got)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            bad = guard_violations(guarded, inputs)
+            try:
+                assert not bad, "; ".join(bad)
+                assert_same_bytes(tensors(got), tensors(want))
+            except AssertionError as e:
+                raise AssertionError(f"{kernel} on {device}, seed {seed}, write index {start}: {e}") from e

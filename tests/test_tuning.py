@@ -279,11 +279,14 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     none, partial, full = (targets.default_geometry("verify", "cuda", int(m)) for m in RealKvHashMode)
     assert none == targets.default_geometry("verify", "cuda-sm_90") and len({none, partial, full}) == 3
     assert full == targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL))
-    assert all(knob_values_of(schedules.knobs("verify", True), g) for g in (none, partial, full))
+    verifies = (none, partial, full)
+    assert all(knob_values_of(schedules.knobs("verify", True, int(m)), g) for m, g in zip(RealKvHashMode, verifies))
+    assert "pairs" not in schedules.knobs("verify", True) and "pairs" in schedules.knobs("verify", True, 2)
     assert (none.thin, partial.thin, full.thin) == (0, 0, 1)  # thin where it measured faster (defaults.py)
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
     assert [g.thin for g in writes] == [0, 1, 1]
-    assert all(knob_values_of(schedules.knobs("write", True), g) for g in writes)
+    assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
+    assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 0, 0)  # paired where measured faster
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
     sources = specializations.spec("verify", num_sources=2, check_token=False)

@@ -33,7 +33,9 @@ class Geometry:
     unroll: entries a thread keeps in flight per step (write chain pipeline).
     min_blocks: blocks of ``threads`` that must fit on one SM at once: CUDA
         ``__launch_bounds__(threads, min_blocks)``, which caps registers per thread (with 1, ptxas may
-        use up to 128 at 512 threads). Verify only.
+        use up to 128 at 512 threads); verify only. With ``threads`` it also decides whether folds may
+        run in pairs (``fold_pairs``); write, whose launch bound has no minimum of blocks, keeps 1, so
+        there ``threads`` alone decides (CUDA's per-block register cap).
     thin: 1 spreads a small launch thin (CUDA; verify and write): each block takes a warp of work
         items, or the fewest warps that let ``blocks`` blocks hold them all, so a few thousand items
         run on many SMs instead of crowding a few in full blocks (``kernels.common.work_grid``); 0
@@ -56,8 +58,10 @@ class Geometry:
         """Whether real-KV folds advance two sources' chains in lockstep (``kernels.common.fold_sources``):
         with ``pairs`` 1 and a register cap of at least 128 per thread (CUDA's 64K registers per SM over
         ``threads * min_blocks`` threads; with one lane per block on CPU, always). The paired fold
-        needs about 158 registers on sm_90 (ptxas, two sources); under a tighter cap (a tuned geometry
-        of many threads per SM) it would spill, so there the sources fold one after another."""
+        takes 215 registers on sm_90 uncapped (ptxas, two sources, verify); at a cap of 128 it spills 252
+        bytes (on the H200 ALL verifies then ran 0.93-1.09x the uncapped build's time, thirteenth
+        session); under a lower cap (a tuned geometry of many threads per SM) it would spill more, so
+        there the sources fold one after another."""
         return bool(self.pairs) and self.threads * self.min_blocks <= FOLD_PAIRS_MAX_THREADS
 
     def key(self) -> str:

@@ -58,12 +58,20 @@ def graph_time_us(calls, iters: int = 15) -> float:
     return replay_us(capture(calls), len(calls), iters)
 
 
-def ab_time_us(calls_a, calls_b, iters: int = 7, rounds: int = AB_ROUNDS):
-    """Interleaved A/B: both graphs captured, then ``rounds`` rounds of (A, B), each ``iters`` replays.
-    Returns (median of A's rounds, median of B's rounds, A's rounds, B's rounds), µs per launch."""
-    graph_a, graph_b = capture(calls_a), capture(calls_b)
-    times_a, times_b = [], []
+def interleaved_us(arms: dict, iters: int = 7, rounds: int = AB_ROUNDS) -> dict:
+    """Interleaved arms: every arm's calls captured in a graph, then ``rounds`` rounds replaying each
+    arm ``iters`` times in turn (A, B, C, A, B, C, ...), so drift during the run reaches every arm
+    alike. Returns {arm: its rounds' times}, µs per launch."""
+    graphs = {name: (capture(calls), len(calls)) for name, calls in arms.items()}
+    times: dict = {name: [] for name in arms}
     for _ in range(rounds):
-        times_a.append(replay_us(graph_a, len(calls_a), iters))
-        times_b.append(replay_us(graph_b, len(calls_b), iters))
-    return statistics.median(times_a), statistics.median(times_b), times_a, times_b
+        for name, (graph, launches) in graphs.items():
+            times[name].append(replay_us(graph, launches, iters))
+    return times
+
+
+def ab_time_us(calls_a, calls_b, iters: int = 7, rounds: int = AB_ROUNDS):
+    """Interleaved A/B (``interleaved_us``). Returns (median of A's rounds, median of B's rounds, A's
+    rounds, B's rounds), µs per launch."""
+    times = interleaved_us({"a": calls_a, "b": calls_b}, iters, rounds)
+    return statistics.median(times["a"]), statistics.median(times["b"]), times["a"], times["b"]

@@ -26,15 +26,16 @@ HEAD_WORDS = PARTIAL_READ_BYTES // 8
 # Strip words a fold keeps loaded ahead of its splitmix chain (``fold_rest``: one source's chain).
 FOLD_PREFETCH = 8
 # The same for each of two sources' chains advancing in lockstep (``fold_pair``). Half as many (4)
-# needs fewer registers (158 against 215 on sm_90, ptxas) but ran verify ALL at 1K-4K entries 8-10%
-# slower on the H200 (thirteenth session's GPU calls 5 and 6): each batch's steps no longer cover the
+# needs fewer registers (158 against 215 on sm_90, ptxas) but ran verify ALL at 1K-4K entries 10-15%
+# slower on the H200 (thirteenth session's GPU calls 6 and 7): each batch's steps no longer cover the
 # next batch's loads.
 PAIR_PREFETCH = FOLD_PREFETCH
 # A fold's local scratch for one source, its *front*: the strip's row and first word (``strip_start``),
 # its HEAD_WORDS head words (``load_head``), then, for a paired fold, the first PAIR_PREFETCH words after
-# them (``load_batch``); FRONTS_PER_SLOT for all the sources of one slot. A kernel fills the fronts as
-# soon as it knows the slot, so that these loads are in flight while it does other work (on a GPU a
-# warp issues in order: a load placed after code that waits on another load costs a second round trip).
+# them (``load_batch``); FRONTS_PER_SLOT for all the sources of one slot. Filled ahead of the fold, so
+# that these loads are in flight while the kernel does other work (on a GPU a warp issues in order: a
+# load placed after code that waits on another load costs a second round trip): verify loads a paired
+# fold's fronts as soon as the slot is checked, write the heads of all its unrolled slots first.
 FRONT_ROW, FRONT_COL, FRONT_HEAD = 0, 1, 2
 FRONT_BATCH = FRONT_HEAD + HEAD_WORDS
 FRONT_WORDS = FRONT_BATCH + PAIR_PREFETCH

@@ -21,7 +21,8 @@ block for a small plan when the geometry is ``thin``; ``cap`` is a shape, so the
 3. *emit* (the last block, its ``threads`` lanes, only if some block marked): walks the marked chunks
    in order, recomputes their entries ``threads`` at a time, and each lane stores its own row from
    registers at its rank (prefix count of the failing lanes before it), so rows land in entry order
-   (SPEC D3); rows past the ring capacity are dropped but counted in ``write_index``. It then clears
+   (SPEC D3); rows outside the ring (past its capacity, or before it when the write index has
+   wrapped) are dropped but counted in ``write_index``. It then clears
    the marks and publishes the write index. The last block then adds to the counters (atomic adds).
 A clean launch therefore reads every entry once, writes only the counters and reads nothing after
 the ticket. The geometry's ``tile``

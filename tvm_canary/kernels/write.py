@@ -492,7 +492,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
     @T.macro
     def fold_request(r, lane, width, launch):
         """Fields 3 of the slots request r stamps := their real-KV folds; lane `lane` of `width` takes
-        entries s0 + lane, s0 + lane + width, ..., U at a time with all their first words loaded first."""
+        entries s0 + lane, s0 + lane + width, ..., U at a time: the head words of all U slots loaded
+        first, then per slot its first batches (paired folds only: ``common.fold_sources``) and fold."""
         slot_u = T.alloc_buffer((U,), "int64", scope="local")
         ok_u = T.alloc_buffer((U,), "int32", scope="local")
         ok = T.alloc_buffer((1,), "int32", scope="local")

@@ -11,10 +11,13 @@ import importlib
 from .defaults import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS
 
 
-def knobs(kernel: str, cuda: bool) -> dict[str, list[int]]:
-    """``{field: choices}`` of the kernel's design space on CUDA or on the CPU."""
+def knobs(kernel: str, cuda: bool, mode: int = 0) -> dict[str, list[int]]:
+    """``{field: choices}`` of the kernel's design space on CUDA or on the CPU for a launch ``mode``
+    (``targets.default_geometry``'s): ``pairs`` only where real-KV sources are folded (mode > 0); in
+    mode 0 its choices would build the same kernel twice."""
     module = importlib.import_module(f"{__name__}.{kernel}")
-    return module.CUDA_KNOBS if cuda else module.CPU_KNOBS
+    space = module.CUDA_KNOBS if cuda else module.CPU_KNOBS
+    return space if mode else {name: choices for name, choices in space.items() if name != "pairs"}
 
 
 __all__ = ["CPU_DEFAULTS", "CUDA_DEFAULTS", "CUDA_MODE_DEFAULTS", "knobs"]

@@ -43,7 +43,7 @@ CUDA_MODE_DEFAULTS = {
     # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x).
     # Pairs: the two sources' fold chains advance in lockstep, their first words loaded as soon as the
     # slot is known (``Geometry.pairs``; 215 registers, so 2 blocks per SM): 1K-4K entries 0.81-0.86x the
-    # previous single-chain kernel's time, chain order 64K-16M 1.03-1.09x (thirteenth session's GPU
+    # previous single-chain kernel's time, chain order 64K-16M 1.03-1.10x (thirteenth session's GPU
     # calls 5 and 7; min_blocks 3 or 4 spill and were slower: docs/PERFORMANCE.md).
     ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
     # write in real-KV modes: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL and

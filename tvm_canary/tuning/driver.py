@@ -70,7 +70,7 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
     kind = "cuda" if cuda else "llvm"
     target = targets.target_from_tag(tag)
     mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, kind)})
-    knobs = design_knobs(kernel, cuda)
+    knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
     space_size = 1
     for choices in knobs.values():
         space_size *= len(choices)

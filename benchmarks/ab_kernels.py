@@ -1,0 +1,228 @@
+"""Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
+
+    python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE]...]...
+        [--kernels verify write] [--quick] [--json OUT.json]
+
+Arms: ``base``, the package at git revision REV (``git archive``); ``head``, the working tree's; and
+each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
+``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL). Every arm uses default geometries
+(``runtime.targets.default_geometry``; no tuning database), so the comparison is of the kernel code.
+TVMScript reads a kernel's macros from its package's files, so two versions cannot be built in one
+process: each arm is built in a child process from a copy of its package and exported; this process
+loads the modules and times them interleaved (``timing.interleaved_us``: 6 rounds, verify 15 replays
+of 4 plans, write 7; medians) in CUDA graphs, on ``bench_kernels.py``'s inputs (a 2^25-slot pool, or
+2^22 with ``--quick``, chains stamped by head's write), verify beside two floors of one grid
+(2112 x 32, ``floors.gather``: ``fl-gather``, and ``fl-ordered``, which hashes as SPEC 1 requires and
+appends in order). The benchmark's floors are the fastest of several grids, so a ratio to these is at
+most the benchmark's. Checked before a row is reported: no verify launch of any arm flagged a
+violation, and every write arm stamped the bytes base stamped (a row that fails says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODE_NUMBERS = {"NONE": 0, "PARTIAL": 1, "ALL": 2}  # RealKvHashMode: a launch's tuning mode
+# What each kernel launch of the benchmark compiles: (kernel, spec, mode) for NONE, PARTIAL, ALL.
+BUILDS = {kernel: {mode: (kernel, (0 if mode == "NONE" else 2, False), number) for mode, number in MODE_NUMBERS.items()}
+          for kernel in ("verify", "write")}
+FLOOR_GRID = (2112, 32)
+ROUNDS = 6
+
+# Run in a child process whose working directory holds the arm's package copy: builds the arm's
+# kernels (JSON: {file stem: [kernel, spec, mode, geometry overrides]}) and exports each.
+CHILD = """
+import dataclasses, json, pathlib, sys
+import tvm_canary
+assert tvm_canary.__file__.startswith(sys.argv[2]), tvm_canary.__file__
+from tvm_canary.runtime import compile as C, specializations, targets
+for stem, (kernel, spec, mode, overrides) in json.loads(sys.argv[3]).items():
+    geom = dataclasses.replace(targets.default_geometry(kernel, sys.argv[1], mode), **overrides)
+    spec = tuple(type(allowed[0])(v) for (_, allowed), v in zip(specializations.AXES[kernel], spec))
+    C.export(C.build(kernel, spec, sys.argv[1], geom), pathlib.Path(sys.argv[2]) / (stem + ".so"))
+    print(stem, geom.key(), flush=True)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """A version of the kernels: its package folder and per (kernel, mode) geometry overrides."""
+
+    name: str
+    package: pathlib.Path
+    overrides: dict
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
+    """``NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...]`` -> (name, (kernel, mode), {field: int})."""
+    from tvm_canary.geometry import Geometry
+
+    try:
+        name, kernel, mode, fields = text.split(":")
+        values = {f: int(v) for f, v in (item.split("=") for item in fields.split(","))}
+    except ValueError:
+        raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...]") from None
+    if kernel not in BUILDS or mode not in MODE_NUMBERS or name in ("base", "head"):
+        raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name other than base, head")
+    unknown = set(values) - {f.name for f in dataclasses.fields(Geometry)} - {"gpu"}
+    if unknown:
+        raise ValueError(f"--variant {text!r}: {sorted(unknown)} are not Geometry fields")
+    return name, (kernel, mode), values
+
+
+def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
+    """{(arm, kernel, mode): the exported function}, every arm built in its own child process at once."""
+    import tvm
+
+    children = {}
+    for arm in arms:
+        folder = work / arm.name
+        shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
+        wanted = {(k, m) for k in kernels for m in MODE_NUMBERS if arm.name in ("base", "head") or (k, m) in arm.overrides}
+        builds = {f"{k}-{m}": [*BUILDS[k][m], arm.overrides.get((k, m), {})] for k, m in sorted(wanted)}
+        env = dict(os.environ, PYTHONPATH=str(folder), TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
+        children[arm.name] = (builds, subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(builds)],
+                                                       cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    functions = {}
+    for name, (builds, child) in children.items():
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"building arm {name} failed:\n{out[-3000:]}")
+        for stem in builds:
+            kernel, mode = stem.split("-")
+            functions[(name, kernel, mode)] = tvm.runtime.load_module(str(work / name / (stem + ".so")))[f"canary_{kernel}"]
+        print(out.strip(), flush=True)
+    return functions
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", required=True, help="git revision of the base arm (e.g. HEAD, a commit)")
+    ap.add_argument("--variant", action="append", default=[], help="NAME:KERNEL:MODE:FIELD=VALUE[,...], e.g. m4:verify:ALL:min_blocks=4")
+    ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
+    ap.add_argument("--quick", action="store_true", help="a smaller pool and sizes (smoke run)")
+    ap.add_argument("--json", help="write the rows and the run's environment here")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    from bench_kernels import fail
+
+    try:
+        variants = [parse_variant(v) for v in args.variant]
+    except ValueError as e:
+        return fail(str(e))
+    if not torch.cuda.is_available():
+        return fail("ab_kernels.py needs a CUDA GPU and torch sees none; run it on a GPU host")
+    import bench_kernels as B
+    import floors
+
+    from tvm_canary.kernels.common import Geometry
+    from tvm_canary.timing import interleaved_us
+
+    with tempfile.TemporaryDirectory(prefix="ab-kernels-") as tmp:
+        work = pathlib.Path(tmp)
+        base = work / "base-src"
+        base.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.base, "tvm_canary"], capture_output=True, check=False)
+        if archive.returncode != 0:
+            return fail(f"git archive {args.base} tvm_canary failed: {archive.stderr.decode().strip()}")
+        subprocess.run(["tar", "x", "-C", str(base)], input=archive.stdout, check=True)
+        named: dict = {}
+        for name, key, values in variants:
+            named.setdefault(name, {})[key] = values
+        arms = [Arm("base", base / "tvm_canary", {}), Arm("head", ROOT / "tvm_canary", {})]
+        arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
+        launchers = B.Launchers()
+        functions = build_arms(arms, args.kernels, launchers.tag, work)
+
+        arch = launchers.tag.split("-", 1)[1]
+        grid = Geometry(gpu=True, blocks=FLOOR_GRID[0], threads=FLOOR_GRID[1])
+        floor_fns = {mode: {"fl-gather": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n), arch),
+                            "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n, hashing=True,
+                                                                            ticket=True, fold_together=False), arch)}
+                     for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2))} if "verify" in args.kernels else {}
+        pool = B.Pool(B.POOL_SLOTS["quick" if args.quick else "full"])
+        words = pool.canary.view(torch.int64)
+
+        class Stamper:  # bench_kernels.stamp_chains' bench: head's write, default geometry
+            warn = staticmethod(print)
+
+            @staticmethod
+            def ours(kernel, choice):
+                return launchers.launch(kernel, choice)
+
+        rows = []
+
+        def time_row(kernel, mode, case, calls, extra_arms, check):
+            arms_calls = {arm.name: [lambda c=c, f=functions[(arm.name, kernel, mode)]: f(*c.args) for c in calls]
+                          for arm in arms if (arm.name, kernel, mode) in functions}
+            arms_calls.update(extra_arms)
+            times = interleaved_us(arms_calls, iters=15 if kernel == "verify" else 7, rounds=ROUNDS)
+            row = {"kernel": kernel, "case": case, "us": {k: statistics.median(v) for k, v in times.items()},
+                   "rounds": times, "problem": check()}
+            rows.append(row)
+            print(case, {k: round(v, 2) for k, v in row["us"].items()}, row["problem"] or "", flush=True)
+
+        def flagged():
+            count = pool.flagged()
+            return f"{count} violation rows recorded (the launches must be clean)" if count else None
+
+        sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
+        for mode in B.MODES if "verify" in args.kernels else ():
+            for order in ("random", "chain"):
+                slots_2d, ids = B.stamp_chains(Stamper, pool, mode, order)
+                context = pool.context(mode)
+                for n in sizes:
+                    plans = B.verify_plans(slots_2d, ids, n, order, 4)
+                    calls = [launchers.call("verify", {"context": context, "plan": p, "check_verify_expected_token": False})
+                             for p in plans]
+                    extra = {name: [lambda c=c, f=f: f(words, *c.args[1:6], pool.kv, pool.counters, pool.floor_flags,
+                                                       pool.floor_counter) for c in calls]
+                             for name, f in floor_fns[mode].items()}
+                    time_row("verify", mode, f"verify {mode} {order} {n}", calls, extra, flagged)
+        for reqs, length in B.WRITE_SHAPES if "write" in args.kernels else ():
+            for mode in B.MODES:
+                sets = [B.write_args(pool, mode, (torch.randperm(pool.slots - 1, device=B.DEV)[: reqs * length] + 1).view(reqs, length),
+                                     torch.randint(0, 150000, (reqs, length), device=B.DEV)) for _ in range(4)]
+                calls = [launchers.call("write", a) for a in sets]
+                slots = torch.cat([a["out_cache_loc"] for a in sets])
+
+                def stamped_differently(calls=calls, slots=slots, mode=mode):
+                    stamped = {}
+                    for arm in arms:
+                        if (arm.name, "write", mode) in functions:
+                            pool.canary[slots] = 0
+                            for c in calls:
+                                functions[(arm.name, "write", mode)](*c.args)
+                            stamped[arm.name] = pool.canary[slots].clone()
+                    differ = [name for name, t in stamped.items() if not torch.equal(t, stamped["base"])]
+                    return f"stamped bytes differ from base: {differ}" if differ else None
+
+                problem = stamped_differently()
+                time_row("write", mode, f"write {mode} {reqs}x{length}", calls, {}, lambda problem=problem: problem)
+
+    names = [arm.name for arm in arms] + (["fl-gather", "fl-ordered"] if floor_fns else [])
+    print(f"\n{'case':28}" + "".join(f"{n[:10]:>11}" for n in names) + f"{'head/base':>10}")
+    for r in rows:
+        print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):11.2f}" for n in names)
+              + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant,
+                                                       "floor_grid": FLOOR_GRID, "rounds": ROUNDS, "rows": rows}, indent=1))
+    return 1 if any(r["problem"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
