@@ -3,7 +3,9 @@
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE]...]...
         [--kernels verify write] [--quick] [--json OUT.json]
 
-Arms: ``base``, the package at git revision REV (``git archive``); ``head``, the working tree's; and
+Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
+holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
+tvm_canary | tar x -C FOLDER`` where the history is); ``head``, the working tree's; and
 each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
 ``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL). Every arm uses default geometries
 (``runtime.targets.default_geometry``; no tuning database), so the comparison is of the kernel code.
@@ -12,9 +14,10 @@ process: each arm is built in a child process from a copy of its package and exp
 loads the modules and times them interleaved (``timing.interleaved_us``: 6 rounds, verify 15 replays
 of 4 plans, write 7; medians) in CUDA graphs, on ``bench_kernels.py``'s inputs (a 2^25-slot pool, or
 2^22 with ``--quick``, chains stamped by head's write), verify beside two floors of one grid
-(2112 x 32, ``floors.gather``: ``fl-gather``, and ``fl-ordered``, which hashes as SPEC 1 requires and
-appends in order). The benchmark's floors are the fastest of several grids, so a ratio to these is at
-most the benchmark's. Checked before a row is reported: no verify launch of any arm flagged a
+(2112 x 32, ``floors.gather``: ``fl-gather``, and ``fl-ordered``, which hashes as SPEC 1 requires,
+folding the sources one after another, and appends in order; the benchmark also times the order
+that folds them together). The benchmark's floors are the fastest of several grids and orders, so a
+ratio to these is at most the benchmark's. Checked before a row is reported: no verify launch of any arm flagged a
 violation, and every write arm stamped the bytes base stamped (a row that fails says so).
 """
 
@@ -25,6 +28,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -75,12 +79,25 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
         values = {f: int(v) for f, v in (item.split("=") for item in fields.split(","))}
     except ValueError:
         raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...]") from None
-    if kernel not in BUILDS or mode not in MODE_NUMBERS or name in ("base", "head"):
-        raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name other than base, head")
+    if kernel not in BUILDS or mode not in MODE_NUMBERS or not re.fullmatch(r"[A-Za-z0-9_]+", name) or name in ("base", "head"):
+        raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name of letters, "
+                         "digits and _ other than base, head")
     unknown = set(values) - {f.name for f in dataclasses.fields(Geometry)} - {"gpu"}
     if unknown:
         raise ValueError(f"--variant {text!r}: {sorted(unknown)} are not Geometry fields")
     return name, (kernel, mode), values
+
+
+def resolve_base(text: str) -> pathlib.Path | str:
+    """``--base``: a folder holding a ``tvm_canary`` package (its path), else a git revision of this
+    repository (the revision, checked)."""
+    if (pathlib.Path(text) / "tvm_canary" / "__init__.py").is_file():
+        return pathlib.Path(text)
+    check = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{text}^{{commit}}"],
+                           capture_output=True, check=False)
+    if check.returncode != 0:
+        raise ValueError(f"--base {text!r}: neither a folder holding a tvm_canary package nor a git revision of {ROOT}")
+    return text
 
 
 def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
@@ -93,13 +110,17 @@ def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
         wanted = {(k, m) for k in kernels for m in MODE_NUMBERS if arm.name in ("base", "head") or (k, m) in arm.overrides}
         builds = {f"{k}-{m}": [*BUILDS[k][m], arm.overrides.get((k, m), {})] for k, m in sorted(wanted)}
-        env = dict(os.environ, PYTHONPATH=str(folder), TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
+        # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
+        path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PYTHONPATH=path, TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
         children[arm.name] = (builds, subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(builds)],
                                                        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     functions = {}
     for name, (builds, child) in children.items():
         out, _ = child.communicate()
         if child.returncode != 0:
+            for _, other in children.values():
+                other.kill()
             raise RuntimeError(f"building arm {name} failed:\n{out[-3000:]}")
         for stem in builds:
             kernel, mode = stem.split("-")
@@ -110,7 +131,7 @@ def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", required=True, help="git revision of the base arm (e.g. HEAD, a commit)")
+    ap.add_argument("--base", required=True, help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
     ap.add_argument("--variant", action="append", default=[], help="NAME:KERNEL:MODE:FIELD=VALUE[,...], e.g. m4:verify:ALL:min_blocks=4")
     ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
     ap.add_argument("--quick", action="store_true", help="a smaller pool and sizes (smoke run)")
@@ -121,6 +142,7 @@ def main(argv=None) -> int:
 
     try:
         variants = [parse_variant(v) for v in args.variant]
+        base = resolve_base(args.base)
     except ValueError as e:
         return fail(str(e))
     if not torch.cuda.is_available():
@@ -128,24 +150,26 @@ def main(argv=None) -> int:
     import bench_kernels as B
     import floors
 
-    from tvm_canary.kernels.common import Geometry
+    from tvm_canary.geometry import Geometry
     from tvm_canary.timing import interleaved_us
 
     with tempfile.TemporaryDirectory(prefix="ab-kernels-") as tmp:
         work = pathlib.Path(tmp)
-        base = work / "base-src"
-        base.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.base, "tvm_canary"], capture_output=True, check=False)
-        if archive.returncode != 0:
-            return fail(f"git archive {args.base} tvm_canary failed: {archive.stderr.decode().strip()}")
-        subprocess.run(["tar", "x", "-C", str(base)], input=archive.stdout, check=True)
+        if isinstance(base, str):  # a revision: its package, extracted
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", base, "tvm_canary"], capture_output=True, check=True)
+            base = work / "base-src"
+            base.mkdir()
+            subprocess.run(["tar", "x", "-C", str(base)], input=archive.stdout, check=True)
         named: dict = {}
         for name, key, values in variants:
             named.setdefault(name, {})[key] = values
         arms = [Arm("base", base / "tvm_canary", {}), Arm("head", ROOT / "tvm_canary", {})]
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
-        functions = build_arms(arms, args.kernels, launchers.tag, work)
+        try:
+            functions = build_arms(arms, args.kernels, launchers.tag, work)
+        except RuntimeError as e:
+            return fail(str(e))
 
         arch = launchers.tag.split("-", 1)[1]
         grid = Geometry(gpu=True, blocks=FLOOR_GRID[0], threads=FLOOR_GRID[1])

@@ -94,21 +94,24 @@ def once_us(fn) -> float:
 
 
 def parse_geometry(text: str, tile: int = 1):
-    """``BLOCKSxTHREADS[kTILE][mMIN_BLOCKS][w]`` (e.g. ``1056x512m1``, ``528x512k1024``, ``528x128m2w``;
-    ``w``: thin) -> a CUDA Geometry (``tile`` when the text names none)."""
+    """``BLOCKSxTHREADS[kTILE][mMIN_BLOCKS][w][p]`` (e.g. ``1056x512m1``, ``528x512k1024``, ``528x128m2wp``;
+    ``w``: thin, ``p``: paired folds) -> a CUDA Geometry (``tile`` when the text names none)."""
     from tvm_canary.geometry import Geometry
 
+    pairs = text.endswith("p")
+    text = text.removesuffix("p")
     thin = text.endswith("w")
     blocks, rest = text.removesuffix("w").split("x")
     rest, _, min_blocks = rest.partition("m")
     threads, _, tile_text = rest.partition("k")
     return Geometry(gpu=True, blocks=int(blocks), threads=int(threads), tile=int(tile_text or tile),
-                    min_blocks=int(min_blocks or 1), thin=int(thin))
+                    min_blocks=int(min_blocks or 1), thin=int(thin), pairs=int(pairs))
 
 
 def geometry_label(geom) -> str:
     """``parse_geometry``'s text of a geometry, without its tile."""
-    return f"{geom.blocks}x{geom.threads}" + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin
+    return (f"{geom.blocks}x{geom.threads}" + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin
+            + "p" * geom.pairs)
 
 
 def default_labels(kernel: str, tag: str) -> str:
@@ -755,7 +758,7 @@ def main(argv=None) -> int:
                     "(with TVM_CANARY_TUNED=0 the tuned geometry is the default: an A/A run)")
     ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=["verify", "write", "plan", "scatter"])
     ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"), default=["original", "triton", "torch"])
-    ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2w (w: thin)")
+    ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2wp (w: thin, p: paired folds)")
     ap.add_argument("--plan-candidates", nargs="*", default=[],
                     help="extra plan geometries to time, BLOCKSxTHREADS[kTILE] (tile: the default's), e.g. 528x512 2112x512k1024")
     ap.add_argument("--json", help="write the rows and the run's environment here")
@@ -772,7 +775,7 @@ def main(argv=None) -> int:
         try:
             parse_geometry(c)
         except ValueError:
-            return fail(f"--candidates {c!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS][w], e.g. 1056x512m1")
+            return fail(f"--candidates {c!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS][w][p], e.g. 1056x512m1")
     for c in args.plan_candidates:
         try:
             parse_geometry(c)

@@ -194,7 +194,20 @@ def test_kernel_ab_variants():
 
     assert ab_kernels.parse_variant("m4:verify:ALL:min_blocks=4,pairs=0") == ("m4", ("verify", "ALL"), {"min_blocks": 4, "pairs": 0})
     for bad in ("m4:verify:ALL", "m4:plan:ALL:min_blocks=4", "m4:verify:FULL:min_blocks=4", "head:verify:ALL:pairs=0",
-                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x"):
+                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x", "fl-gather:verify:ALL:pairs=0", "a/b:verify:ALL:pairs=0"):
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     assert ab_kernels.main(["--base", "HEAD", "--variant", "m4:verify:ALL"]) == 2
+    assert ab_kernels.resolve_base("HEAD") == "HEAD"
+    assert ab_kernels.resolve_base(str(ROOT)) == ROOT  # a folder holding tvm_canary
+    with pytest.raises(ValueError, match="--base"):
+        ab_kernels.resolve_base("no-such-revision-or-folder")
+
+
+def test_geometry_labels_round_trip():
+    import bench_kernels
+
+    for text, label in (("1056x512m1", "1056x512"), ("528x128m2w", "528x128m2w"), ("528x128m2wp", "528x128m2wp"),
+                        ("2112x512m16", "2112x512m16"), ("528x128p", "528x128p")):
+        assert bench_kernels.geometry_label(bench_kernels.parse_geometry(text)) == label
+    assert bench_kernels.parse_geometry("528x128m2wp").pairs == 1

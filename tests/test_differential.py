@@ -80,7 +80,8 @@ def test_differential_sources_folded_one_after_another(kernel, pairs_capped, mon
     register cap below the pairs' threshold (a tuned CUDA geometry of many threads per SM), they fold
     one after another (CUDA's PARTIAL default does): the same bytes, on the wide-token cases (folds of
     up to 64 words, up to four sources of unequal lengths). Launches take the patched default: no
-    tuning database, and the launch and geometry caches start empty (and are restored after)."""
+    tuning database, and the launch cache starts empty (and is restored after); every launch's
+    function must be the one built for the patched geometry."""
     geom = {"unroll": 4, "pairs": 1, "min_blocks": FOLD_PAIRS_MAX_THREADS + 1} if pairs_capped else {"unroll": 4}
     monkeypatch.setitem(targets.CPU_DEFAULTS, kernel, geom)
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")

@@ -4,8 +4,8 @@ The tuner (``tuning/measure.run_case``) and the benchmarks (``benchmarks/``) tim
 geometry the tuner finds faster is faster in the benchmark's terms too: the launches are captured in
 a CUDA graph (no host launch cost between them, as in a serving engine's graph) and the graph is
 replayed; a time is the median over replays of CUDA-event time per replay, divided by the launches
-it holds. ``ab_time_us`` interleaves two graphs in rounds (A, B, A, B, ...) in one process, so that
-run-to-run noise cannot pass for a difference between them.
+it holds. ``interleaved_us`` replays several graphs in rounds (A, B, C, A, B, C, ...) in one process,
+``ab_time_us`` two of them, so that run-to-run noise cannot pass for a difference between them.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import pathlib
@@ -82,12 +83,16 @@ def tuned_spec(kernel: str, bucket: tuple) -> tuple:
     }[kernel]()
 
 
-# The geometry the kernel hash is taken in: fixed here (not the defaults, whose values are tuned by
-# hand) so that only a change of the kernel's TensorIR changes the hash.
-_HASH_GEOMETRY = {
-    "cuda": Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1),
-    "llvm": Geometry(gpu=False, unroll=4),
+# The geometries the kernel hash is taken in: fixed here (not the defaults, whose values are tuned by
+# hand) so that only a change of the kernel's TensorIR changes the hash; with and without paired folds
+# (``Geometry.pairs``), whose code differs (verify and write with sources).
+_HASH_GEOMETRIES = {
+    "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, pairs=p) for p in (0, 1)),
+    "llvm": tuple(Geometry(gpu=False, unroll=4, pairs=p) for p in (0, 1)),
 }
+# Names the way hashes are computed in the remembered tables' file names (``kernel_hash``): a table
+# of an earlier way is not read. 2: both fold forms (thirteenth session).
+_HASH_METHOD = 2
 _IGNORED_ATTRS = ("tirx.is_scheduled",)  # says how the function may be scheduled further; no effect on its code
 
 
@@ -95,12 +100,13 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     """Hash of the code a workload tunes: the structural hash (16 hex digits) of the TensorIR of
     ``kernels.<kernel>.make(*tuned_spec(kernel, bucket), geometry)`` for the target kind (``cuda`` or
     ``llvm``) in a fixed reference geometry, without the attributes that do not shape the generated
-    code (``tirx.is_scheduled``). Renaming Python helpers, taking numbers from named constants or
+    code (``tirx.is_scheduled``); where the geometry's paired and single-chain folds give different
+    TensorIR, the SHA-256 (16 hex digits) of both structural hashes. Renaming Python helpers, taking numbers from named constants or
     reformatting the kernel source leaves it unchanged; a change of the TensorIR (and so possibly of
     the generated code) changes it. Computing it parses the kernel (about a second), so hashes are
     remembered per ``compile.source_hash()`` in the kernel cache folder."""
     kernel_spec = tuned_spec(kernel, bucket)
-    path = C.cache_dir() / "kernel-hashes" / f"structural-{C.source_hash()}.json"
+    path = C.cache_dir() / "kernel-hashes" / f"structural{_HASH_METHOD}-{C.source_hash()}.json"
     table = _hash_table(path)
     name = f"{kernel}/{spec_id(kernel_spec)}/{target_kind}"
     if name not in table:
@@ -119,12 +125,17 @@ def _hash_table(path: pathlib.Path) -> dict:
 
 
 def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
-    func = kernel_ir(kernel, kernel_spec, _HASH_GEOMETRY[target_kind])
-    for attr in _IGNORED_ATTRS:
-        func = func.without_attr(attr)
-    # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
-    # Python versions (3.11 prints TypeVar lines that 3.12 does not), the IR's structure does not.
-    return f"{tvm_ffi.structural_hash(func):016x}"
+    hashes = []
+    for geom in _HASH_GEOMETRIES[target_kind]:
+        func = kernel_ir(kernel, kernel_spec, geom)
+        for attr in _IGNORED_ATTRS:
+            func = func.without_attr(attr)
+        # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
+        # Python versions (3.11 prints TypeVar lines that 3.12 does not), the IR's structure does not.
+        hashes.append(f"{tvm_ffi.structural_hash(func):016x}")
+    if len(set(hashes)) == 1:
+        return hashes[0]
+    return hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16]
 
 
 def descriptor(kernel: str, bucket: tuple, target_kind: str):
