@@ -39,7 +39,7 @@ from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
 from tvm_canary.runtime.parse import kernel_ir
-from tvm_canary.runtime.specializations import spec, spec_id
+from tvm_canary.runtime.specializations import launch_modes, spec, spec_id
 
 PRESETS = {
     "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
@@ -84,8 +84,8 @@ def tuned_spec(kernel: str, bucket: tuple) -> tuple:
 
 
 # The geometries the kernel hash is taken in: fixed here (not the defaults, whose values are tuned by
-# hand) so that only a change of the kernel's TensorIR changes the hash; with and without paired folds
-# (``Geometry.pairs``), whose code differs (verify and write with sources).
+# hand) so that only a change of the kernel's TensorIR changes the hash; without and with paired folds
+# (``Geometry.pairs``), whose code differs where sources are folded (``specializations.launch_modes``).
 _HASH_GEOMETRIES = {
     "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, pairs=p) for p in (0, 1)),
     "llvm": tuple(Geometry(gpu=False, unroll=4, pairs=p) for p in (0, 1)),
@@ -100,10 +100,10 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     """Hash of the code a workload tunes: the structural hash (16 hex digits) of the TensorIR of
     ``kernels.<kernel>.make(*tuned_spec(kernel, bucket), geometry)`` for the target kind (``cuda`` or
     ``llvm``) in a fixed reference geometry, without the attributes that do not shape the generated
-    code (``tirx.is_scheduled``); where the geometry's paired and single-chain folds give different
-    TensorIR, the SHA-256 (16 hex digits) of both structural hashes. Renaming Python helpers, taking numbers from named constants or
-    reformatting the kernel source leaves it unchanged; a change of the TensorIR (and so possibly of
-    the generated code) changes it. Computing it parses the kernel (about a second), so hashes are
+    code (``tirx.is_scheduled``); for a specialization that folds sources, whose paired and
+    single-chain folds give different TensorIR, the SHA-256 (16 hex digits) of both structural hashes.
+    Renaming Python helpers, taking numbers from named constants or reformatting the kernel source
+    leaves it unchanged; a change of the TensorIR (and so possibly of the generated code) changes it. Computing it parses the kernel (about a second), so hashes are
     remembered per ``compile.source_hash()`` in the kernel cache folder."""
     kernel_spec = tuned_spec(kernel, bucket)
     path = C.cache_dir() / "kernel-hashes" / f"structural{_HASH_METHOD}-{C.source_hash()}.json"
@@ -125,15 +125,17 @@ def _hash_table(path: pathlib.Path) -> dict:
 
 
 def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
+    unpaired, paired = _HASH_GEOMETRIES[target_kind]
+    folds = launch_modes(kernel, kernel_spec) != (0,)
     hashes = []
-    for geom in _HASH_GEOMETRIES[target_kind]:
+    for geom in (unpaired, paired) if folds else (unpaired,):
         func = kernel_ir(kernel, kernel_spec, geom)
         for attr in _IGNORED_ATTRS:
             func = func.without_attr(attr)
         # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
         # Python versions (3.11 prints TypeVar lines that 3.12 does not), the IR's structure does not.
         hashes.append(f"{tvm_ffi.structural_hash(func):016x}")
-    if len(set(hashes)) == 1:
+    if len(set(hashes)) == 1:  # no sources folded, or both forms build the same TensorIR
         return hashes[0]
     return hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16]
 
