@@ -5,7 +5,10 @@ summary."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import re
 
 import pytest
 import torch
@@ -25,14 +28,36 @@ TUNE_CI = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials
 
 @pytest.fixture(scope="module")
 def tuned_logs(tmp_path_factory):
+    """The database folder of a tiny tune; its printed summary is kept beside it in ``tune-stdout.txt``."""
     out = tmp_path_factory.mktemp("tune_logs")
-    assert main([*TUNE_CI, "--out", str(out), "--log-dir", str(out.parent / "ms-logs")]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*TUNE_CI, "--out", str(out), "--log-dir", str(out.parent / "ms-logs")]) == 0
+    (out.parent / "tune-stdout.txt").write_text(printed.getvalue())
     return out
 
 
 @pytest.mark.slow  # the tuned_logs fixture
 def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
     assert any((tuned_logs.parent / "ms-logs" / "logs").glob("*.log"))
+
+
+@pytest.mark.slow  # the tuned_logs fixture
+def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
+    """Each row gives the workload's wall seconds and the part spent waiting on builds; the last line
+    their sums, so a tune's cost per workload is read off its own output."""
+    printed = (tuned_logs.parent / "tune-stdout.txt").read_text()
+    header, *rest = printed[printed.index("kernel "):].splitlines()
+    assert header.split()[8:12] == ["speedup", "seconds", "builds", "s"]
+    rows = [line for line in rest if line.startswith(("write ", "verify "))]
+    assert len(rows) == sum(len(workloads.PRESETS["ci"][k]) for k in ("write", "verify"))
+    # speedup, seconds, builds s, then the tuned geometry's key
+    seconds = [tuple(map(float, re.search(r" [\d.]+ +([\d.]+) +([\d.]+)  cpu-", row).groups())) for row in rows]
+    assert all(0 < built <= wall for wall, built in seconds)
+    total = re.search(r"(\d+) workloads in ([\d.]+) s \(waiting on builds ([\d.]+) s;", printed)
+    assert total and int(total[1]) == len(rows)
+    assert float(total[2]) == pytest.approx(sum(w for w, _ in seconds), abs=0.1 * len(rows))
+    assert float(total[3]) == pytest.approx(sum(b for _, b in seconds), abs=0.1 * len(rows))
 
 
 @pytest.mark.slow  # the tuned_logs fixture
@@ -493,6 +518,8 @@ def test_error_summary_names_the_exception():
 
 class _FailingBuilder:
     """A builder whose every build fails with ``OOM_TRACEBACK`` (no artifact to run)."""
+
+    build_seconds = 0.0
 
     def build(self, inputs):
         import types

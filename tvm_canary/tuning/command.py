@@ -8,7 +8,8 @@ or the user's folder for an installed package); workloads already in it with at 
 candidates are skipped (resume). With ``--rpc-tracker``, candidates are built here and measured on
 the RPC servers of ``--rpc-key`` (``tuning/fleet.py``; docs/FLEET-TUNING.md), and the database is
 that of their device. Ends with a table: kernel, workload, candidates, candidates measured
-in this run, default time, tuned time, speedup. A workload that measured nothing (every candidate and
+in this run, default time, tuned time, speedup, the workload's wall seconds and the part of them spent
+waiting on builds; then the run's totals. A workload that measured nothing (every candidate and
 the default failed) shows its error there and makes the command exit 1 (the database is still
 written; that workload runs the default).
 """
@@ -90,14 +91,17 @@ def run(args: argparse.Namespace) -> int:
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     del db
     compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
-    print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8}  tuned geometry")
+    print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8} "
+          f"{'seconds':>8} {'builds s':>8}  tuned geometry")
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
         if r.candidates and math.isnan(r.default_us):
             note = "  (the default's measurement failed: the best record applies without the 3% rule)"
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
-              f"{speedup:8.2f}  {r.geometry}{note}")
+              f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")
+    print(f"\n{len(results)} workload{'s' if len(results) != 1 else ''} in {sum(r.seconds for r in results):.1f} s "
+          f"(waiting on builds {sum(r.build_seconds for r in results):.1f} s; the rest measures on {where} and searches)")
     new = sum(r.measured for r in results)
     if new == 0:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "

@@ -17,6 +17,7 @@ import math
 import pathlib
 import re
 import sys
+import time
 import types
 
 from ..runtime import targets
@@ -30,7 +31,8 @@ from .apply import chosen, default_row, measured_records
 @dataclasses.dataclass
 class Result:
     """One workload's outcome. ``measured``: candidates measured in this run (0 when the database
-    already held enough); times in microseconds (NaN when every candidate failed)."""
+    already held enough); times in microseconds (NaN when every candidate failed); ``seconds``: the
+    workload's wall time in this run, ``build_seconds`` the part of it spent waiting on the builder."""
 
     kernel: str
     bucket: tuple
@@ -39,6 +41,8 @@ class Result:
     default_us: float
     tuned_us: float
     geometry: str
+    seconds: float = 0.0
+    build_seconds: float = 0.0
 
 
 def local_runner():
@@ -63,6 +67,14 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
     for RPC servers, which measure on that device) serve every workload of a tuning run; the caller
     shuts them down. The default geometry is built and measured by the same two (checked against the
     reference like every candidate)."""
+    start, built_before = time.monotonic(), builder.build_seconds
+    result = _tune(kernel, bucket, tag, db, trials, log_dir, builder, runner, verbose)
+    return dataclasses.replace(result, seconds=time.monotonic() - start, build_seconds=builder.build_seconds - built_before)
+
+
+def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path, builder, runner,
+          verbose: bool) -> Result:
+    """``tune_workload`` without its timing."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 

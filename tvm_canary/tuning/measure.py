@@ -21,6 +21,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import tempfile
+import time
 import uuid
 from concurrent.futures.process import BrokenProcessPool
 
@@ -67,17 +68,20 @@ def _build_exported(job: tuple) -> str:
 @derived_object
 class CandidateBuilder(ms.builder.PyBuilder):
     """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
-    per CPU) spawned processes that live until ``shutdown()``."""
+    per CPU) spawned processes that live until ``shutdown()``. ``build_seconds``: the wall time its
+    callers have spent waiting in ``build`` (rounds of builds, pool start-ups included)."""
 
     def __init__(self, max_workers: int | None = None) -> None:
         super().__init__()
         self.max_workers = max_workers or os.cpu_count()
         self._pool = None
+        self.build_seconds = 0.0
 
     def build(self, build_inputs):
         """One round: every candidate built (or failed: timed out, raised, or lost with a dead worker).
         A round that leaves a build hanging or the pool broken kills the pool, so the next round starts
         a fresh one."""
+        start = time.monotonic()
         if self._pool is None:
             # spawn: the tuning process may hold a CUDA context, which a forked worker could not use
             self._pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"))
@@ -88,6 +92,7 @@ class CandidateBuilder(ms.builder.PyBuilder):
         broken = any(f.done() and isinstance(f.exception(), BrokenProcessPool) for f in futures)
         if pending or broken:
             self.shutdown(kill=True)
+        self.build_seconds += time.monotonic() - start
         return results
 
     def _submit(self, job) -> concurrent.futures.Future:
