@@ -60,6 +60,20 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     assert float(total[3]) == pytest.approx(sum(b for _, b in seconds), abs=0.1 * len(rows))
 
 
+def test_long_graphs_take_fewer_replays_per_value():
+    """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: the big buckets'
+    candidates (tens of ms a replay) are not replayed ten times a value."""
+    from tvm_canary.tuning import measure
+
+    most = measure.evaluator_config().number
+    assert measure.replays_per_value(23_000.0, most) == 1  # verify ALL 16M on the H200
+    assert measure.replays_per_value(15_000.0, most) == 2  # write 1 x 32768
+    assert measure.replays_per_value(measure.VALUE_MIN_US, most) == 1
+    assert measure.replays_per_value(measure.VALUE_MIN_US - 1, most) == 2
+    assert measure.replays_per_value(8.0, most) == most  # a few-µs launch keeps every replay
+    assert measure.replays_per_value(0.0, most) == most
+
+
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tune_again_says_it_measured_nothing(tuned_logs, capsys):
     assert main([*TUNE_CI, "--out", str(tuned_logs), "--log-dir", str(tuned_logs.parent / "ms-logs-2")]) == 0

@@ -12,12 +12,14 @@
   byte for byte (a mismatch is a failed measurement, so it can never win) and then times one pass over
   the case's launches (verify's: a random-order and a chain-order launch): on a GPU as the benchmarks
   do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` passes, each value the
-  median of ``number`` replays, ``repeat`` values), on a CPU with ``time_evaluator`` per launch.
+  median of up to ``number`` replays, as many as make it span ``VALUE_MIN_US`` (``replays_per_value``,
+  after one timed replay), ``repeat`` values), on a CPU with ``time_evaluator`` per launch.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import multiprocessing
 import os
 import tempfile
@@ -40,6 +42,9 @@ from . import workloads
 # its round instead of the run. A build takes seconds; the first wave also starts the workers.
 BUILD_TIMEOUT_S = 120
 GRAPH_LAUNCHES = 4  # passes over a case's launches per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4 launches)
+# A value spans at least this much GPU time (``replays_per_value``): a long graph needs fewer replays
+# than the evaluator's ``number`` to be as steady.
+VALUE_MIN_US = 20_000.0
 
 
 def _job(mod, target) -> tuple:
@@ -159,8 +164,17 @@ def case_for(kernel: str, bucket: tuple, device_type: str):
 
 def evaluator_config() -> ms.runner.EvaluatorConfig:
     """How ``run_case`` times a candidate, for every runner: 3 values (``repeat``), each of 10 runs
-    (``number``: graph replays on a GPU, calls on a CPU)."""
+    (``number``: graph replays on a GPU, at most: ``replays_per_value``; calls on a CPU)."""
     return ms.runner.EvaluatorConfig(number=10, repeat=3, min_repeat_ms=0)
+
+
+def replays_per_value(replay_us: float, most: int) -> int:
+    """Graph replays per timed value for a graph whose one replay took ``replay_us``: enough that the
+    value spans ``VALUE_MIN_US``, at most ``most`` (the evaluator's ``number``), at least 1. On the H200
+    the verify ALL 16M bucket (5.8 ms a pass, 23 ms a replay of GRAPH_LAUNCHES passes) then takes 1
+    replay a value instead of 10, a write 1 x 32768 bucket (15 ms a replay) 2, and launches of a few
+    µs keep all 10."""
+    return max(1, min(most, math.ceil(VALUE_MIN_US / max(replay_us, 1e-3))))
 
 
 def run_case(rt_mod, device, config, repeated_args):
@@ -184,7 +198,8 @@ def run_case(rt_mod, device, config, repeated_args):
         # of a few µs measures the host's launch cost as much as itself, and a geometry that won there
         # lost in the benchmark (docs/TUNING.md).
         graph = timing.capture([lambda args=args: function(*args) for args in case.launches] * GRAPH_LAUNCHES)
-        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, config.number) for _ in range(config.repeat)]
+        replays = replays_per_value(timing.median_us(graph.replay, 1), config.number)
+        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, replays) for _ in range(config.repeat)]
     timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
     per_launch = [timer(*args).results for args in case.launches]
     return [sum(values) for values in zip(*per_launch)]
