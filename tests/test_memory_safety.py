@@ -33,13 +33,17 @@ from tree import assert_same_bytes, devices, require, tensors
 ITERATIONS = {"cpu": 40, "cuda": 200}
 
 
-def run_guarded(kernel: str, device: str, seed: int) -> None:
-    kw, guarded, inputs = guarded_case(kernel, device, seed)
+def launch_guarded(kernel: str, device: str, kw: dict, guarded, inputs) -> list[str]:
+    """Launch ``kernel`` (tvm backend) on a ``guarded_case``; returns its guard-band violations."""
     with use_backend("tvm"):
         LAUNCH[kernel](**kw)
     if device == "cuda":
         torch.cuda.synchronize()
-    bad = guard_violations(guarded, inputs)
+    return guard_violations(guarded, inputs)
+
+
+def run_guarded(kernel: str, device: str, seed: int) -> None:
+    bad = launch_guarded(kernel, device, *guarded_case(kernel, device, seed))
     assert not bad, "; ".join(bad)
 
 
@@ -119,11 +123,7 @@ def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
             for case in (want, got):
                 case["context"].violation_write_index.fill_(start)
             REFERENCE[kernel](**want)
-            with use_backend("tvm"):
-                LAUNCH[kernel](**got)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            bad = guard_violations(guarded, inputs)
+            bad = launch_guarded(kernel, device, got, guarded, inputs)
             try:
                 assert not bad, "; ".join(bad)
                 assert_same_bytes(tensors(got), tensors(want))

@@ -42,6 +42,13 @@ FRONT_WORDS = FRONT_BATCH + PAIR_PREFETCH
 FRONTS_PER_SLOT = MAX_REAL_KV_SOURCES * FRONT_WORDS
 
 
+def in_ring(ring, row):
+    """Whether violation row ``row`` (an int64 rank: the write index plus the rows before it) lands in
+    ``ring``: not past its capacity, nor before it, where an int32 write index that wrapped past
+    2**31 - 1 ranks rows. Rows outside are dropped but counted (SPEC D4)."""
+    return tvm.tirx.all(T.int64(0) <= row, row < ring.shape[0])
+
+
 def grid(geom: Geometry, n):
     """Loop over ``n`` blocks: ``blockIdx.x`` on CUDA, a serial loop on CPU."""
     return T.thread_binding(n, thread="blockIdx.x") if geom.gpu else T.serial(n)

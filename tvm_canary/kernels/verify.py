@@ -49,6 +49,7 @@ from .common import (
     emit_scratch,
     fold_sources,
     grid,
+    in_ring,
     lanes,
     load_batches,
     load_heads,
@@ -152,7 +153,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     def emit_entry(unit, rank, active, st):
         """Emit phase B: the lane's row, if it has one, at ``rank`` (rows outside the ring are dropped: past
         its capacity, or before it when the write index has wrapped past 2**31 - 1)."""
-        if st.bits[0] != 0 and T.int64(0) <= rank and rank < st.ring.shape[0]:
+        if st.bits[0] != 0 and in_ring(st.ring, rank):
             for f in T.serial(consts.VIOLATION_FIELDS):
                 st.ring[rank, f] = st.row[f]
 

@@ -67,6 +67,7 @@ from .common import (
     emit_scratch,
     fold_sources,
     grid,
+    in_ring,
     lanes,
     load_batches,
     load_heads,
@@ -117,7 +118,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             (not past the capacity, nor before the ring when the write index has wrapped past 2**31 - 1)."""
             if mode == EMIT:
                 d = base + nrows[0]
-                if T.int64(0) <= d and d < launch.ring.shape[0]:
+                if in_ring(launch.ring, d):
                     launch.ring[d, consts.VIOLATION_FIELD_KERNEL_KIND] = launch.kind
                     launch.ring[d, consts.VIOLATION_FIELD_SLOT_IDX] = slot
                     launch.ring[d, consts.VIOLATION_FIELD_POSITION] = position

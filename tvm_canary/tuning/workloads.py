@@ -103,8 +103,9 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     code (``tirx.is_scheduled``); for a specialization that folds sources, whose paired and
     single-chain folds give different TensorIR, the SHA-256 (16 hex digits) of both structural hashes.
     Renaming Python helpers, taking numbers from named constants or reformatting the kernel source
-    leaves it unchanged; a change of the TensorIR (and so possibly of the generated code) changes it. Computing it parses the kernel (about a second), so hashes are
-    remembered per ``compile.source_hash()`` in the kernel cache folder."""
+    leaves it unchanged; a change of the TensorIR (and so possibly of the generated code) changes it.
+    Computing it parses the kernel (about a second), so hashes are remembered per
+    ``compile.source_hash()`` in the kernel cache folder."""
     kernel_spec = tuned_spec(kernel, bucket)
     path = C.cache_dir() / "kernel-hashes" / f"structural{_HASH_METHOD}-{C.source_hash()}.json"
     table = _hash_table(path)
