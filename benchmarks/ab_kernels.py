@@ -7,8 +7,10 @@ Arms: ``base``, the package at git revision REV (``git archive``), or in the fol
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
 tvm_canary | tar x -C FOLDER`` where the history is); ``head``, the working tree's; and
 each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
-``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL). Every arm uses default geometries
-(``runtime.targets.default_geometry``; no tuning database), so the comparison is of the kernel code.
+``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL; every size class of the mode). Every arm
+uses default geometries (``runtime.targets.default_geometry``, of each row's mode and size: one build
+per size class of head's ``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is
+of the kernel code and defaults.
 TVMScript reads a kernel's macros from its package's files, so two versions cannot be built in one
 process: each arm is built in a child process from a copy of its package and exported; this process
 loads the modules and times them interleaved (``timing.interleaved_us``: 6 rounds, verify 15 replays
@@ -47,14 +49,18 @@ FLOOR_GRID = (2112, 32)
 ROUNDS = 6
 
 # Run in a child process whose working directory holds the arm's package copy: builds the arm's
-# kernels (JSON: {file stem: [kernel, spec, mode, geometry overrides]}) and exports each.
+# kernels (JSON: {file stem: [kernel, spec, mode, size, geometry overrides]}) and exports each; the
+# default is of the size (the launch's workload point; null: below any size class) where the arm's
+# default_geometry takes one (packages before size classes do not).
 CHILD = """
-import dataclasses, json, pathlib, sys
+import dataclasses, inspect, json, pathlib, sys
 import tvm_canary
 assert tvm_canary.__file__.startswith(sys.argv[2]), tvm_canary.__file__
 from tvm_canary.runtime import compile as C, specializations, targets
-for stem, (kernel, spec, mode, overrides) in json.loads(sys.argv[3]).items():
-    geom = dataclasses.replace(targets.default_geometry(kernel, sys.argv[1], mode), **overrides)
+sized = "size" in inspect.signature(targets.default_geometry).parameters
+for stem, (kernel, spec, mode, size, overrides) in json.loads(sys.argv[3]).items():
+    geom = targets.default_geometry(kernel, sys.argv[1], mode, *([size] if sized else []))
+    geom = dataclasses.replace(geom, **overrides)
     spec = tuple(type(allowed[0])(v) for (_, allowed), v in zip(specializations.AXES[kernel], spec))
     C.export(C.build(kernel, spec, sys.argv[1], geom), pathlib.Path(sys.argv[2]) / (stem + ".so"))
     print(stem, geom.key(), flush=True)
@@ -88,6 +94,21 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
     return name, (kernel, mode), values
 
 
+def size_classes(kernel: str, mode: str) -> list:
+    """The workload points from which head's defaults of ``kernel`` in ``mode`` change
+    (``schedules.CUDA_SIZE_DEFAULTS``), after None (below any): each arm builds one kernel per class."""
+    from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
+
+    size_class = CUDA_SIZE_DEFAULTS.get((kernel, MODE_NUMBERS[mode]))
+    return [None] if size_class is None else [None, size_class[0]]
+
+
+def class_of(kernel: str, mode: str, point) -> int:
+    """The index in ``size_classes`` of the class a launch's workload point (``KernelCall.size``) is in."""
+    leading = point[0] if isinstance(point, tuple) else point
+    return max(i for i, at_least in enumerate(size_classes(kernel, mode)) if at_least is None or leading >= at_least)
+
+
 def resolve_base(text: str) -> pathlib.Path | str:
     """``--base``: a folder holding a ``tvm_canary`` package (its path), else a git revision of this
     repository (the revision, checked)."""
@@ -101,7 +122,8 @@ def resolve_base(text: str) -> pathlib.Path | str:
 
 
 def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
-    """{(arm, kernel, mode): the exported function}, every arm built in its own child process at once."""
+    """{(arm, kernel, mode, size class): the exported function} (``size_classes``), every arm built in its
+    own child process at once."""
     import tvm
 
     children = {}
@@ -109,7 +131,8 @@ def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
         folder = work / arm.name
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
         wanted = {(k, m) for k in kernels for m in MODE_NUMBERS if arm.name in ("base", "head") or (k, m) in arm.overrides}
-        builds = {f"{k}-{m}": [*BUILDS[k][m], arm.overrides.get((k, m), {})] for k, m in sorted(wanted)}
+        builds = {f"{k}-{m}-{i}": [*BUILDS[k][m], size, arm.overrides.get((k, m), {})]
+                  for k, m in sorted(wanted) for i, size in enumerate(size_classes(k, m))}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
         path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path, TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
@@ -123,8 +146,8 @@ def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
                 other.kill()
             raise RuntimeError(f"building arm {name} failed:\n{out[-3000:]}")
         for stem in builds:
-            kernel, mode = stem.split("-")
-            functions[(name, kernel, mode)] = tvm.runtime.load_module(str(work / name / (stem + ".so")))[f"canary_{kernel}"]
+            kernel, mode, index = stem.split("-")
+            functions[(name, kernel, mode, int(index))] = tvm.runtime.load_module(str(work / name / (stem + ".so")))[f"canary_{kernel}"]
         print(out.strip(), flush=True)
     return functions
 
@@ -190,8 +213,9 @@ def main(argv=None) -> int:
         rows = []
 
         def time_row(kernel, mode, case, calls, extra_arms, check):
-            arms_calls = {arm.name: [lambda c=c, f=functions[(arm.name, kernel, mode)]: f(*c.args) for c in calls]
-                          for arm in arms if (arm.name, kernel, mode) in functions}
+            key = (kernel, mode, class_of(kernel, mode, calls[0].size))
+            arms_calls = {arm.name: [lambda c=c, f=functions[(arm.name, *key)]: f(*c.args) for c in calls]
+                          for arm in arms if (arm.name, *key) in functions}
             arms_calls.update(extra_arms)
             times = interleaved_us(arms_calls, iters=15 if kernel == "verify" else 7, rounds=ROUNDS)
             row = {"kernel": kernel, "case": case, "us": {k: statistics.median(v) for k, v in times.items()},
@@ -225,11 +249,12 @@ def main(argv=None) -> int:
 
                 def stamped_differently(calls=calls, slots=slots, mode=mode):
                     stamped = {}
+                    key = ("write", mode, class_of("write", mode, calls[0].size))
                     for arm in arms:
-                        if (arm.name, "write", mode) in functions:
+                        if (arm.name, *key) in functions:
                             pool.canary[slots] = 0
                             for c in calls:
-                                functions[(arm.name, "write", mode)](*c.args)
+                                functions[(arm.name, *key)](*c.args)
                             stamped[arm.name] = pool.canary[slots].clone()
                     differ = [name for name, t in stamped.items() if not torch.equal(t, stamped["base"])]
                     return f"stamped bytes differ from base: {differ}" if differ else None

@@ -115,15 +115,21 @@ def geometry_label(geom) -> str:
 
 
 def default_labels(kernel: str, tag: str) -> str:
-    """The kernel's default geometry, then the real-KV modes whose default differs (``1056x128m8,
-    ALL 528x128m2``)."""
+    """The kernel's default geometry, then the real-KV modes whose default differs and the size classes
+    (``2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16384 528x128m2w``)."""
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import targets
+    from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
 
     base = targets.default_geometry(kernel, tag)
-    others = [f"{m.name} {geometry_label(g)}" for m in RealKvHashMode
-              if (g := targets.default_geometry(kernel, tag, int(m))) != base]
-    return ", ".join([geometry_label(base), *others])
+    labels = [geometry_label(base)]
+    for m in RealKvHashMode:
+        if (g := targets.default_geometry(kernel, tag, int(m))) != base:
+            labels.append(f"{m.name} {geometry_label(g)}")
+        size_class = CUDA_SIZE_DEFAULTS.get((kernel, int(m))) if tag.startswith("cuda") else None
+        if size_class is not None:
+            labels.append(f"{m.name} >= {size_class[0]} {geometry_label(targets.default_geometry(kernel, tag, int(m), size_class[0]))}")
+    return ", ".join(labels)
 
 
 class Launchers:
@@ -142,7 +148,7 @@ class Launchers:
 
     def geometry(self, kernel, choice, size, mode):
         if choice == "default":
-            return self.targets.default_geometry(kernel, self.tag, mode)
+            return self.targets.default_geometry(kernel, self.tag, mode, size)
         if choice == "tuned":
             return self.C.geometry(kernel, DEV, size, mode)
         return choice
@@ -170,9 +176,9 @@ class Launchers:
         return self.geometry(kernel, "tuned", call.size, call.mode)
 
     def same(self, kernel, kw) -> bool:
-        """Whether the tuned geometry of this launch is the default one (of its launch mode)."""
+        """Whether the tuned geometry of this launch is the default one (of its launch mode and size)."""
         call = self.call(kernel, kw)
-        return self.geometry(kernel, "tuned", call.size, call.mode) == self.geometry(kernel, "default", 0, call.mode)
+        return self.geometry(kernel, "tuned", call.size, call.mode) == self.geometry(kernel, "default", call.size, call.mode)
 
 
 # ------------------------------------------------------------------------------------------------

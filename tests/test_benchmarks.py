@@ -211,3 +211,12 @@ def test_geometry_labels_round_trip():
                         ("2112x512m16", "2112x512m16"), ("528x128p", "528x128p")):
         assert bench_kernels.geometry_label(bench_kernels.parse_geometry(text)) == label
     assert bench_kernels.parse_geometry("528x128m2wp").pairs == 1
+
+
+def test_default_labels_name_modes_and_size_classes():
+    """A run's ``default_geometries`` say which default each mode and size class launched."""
+    import bench_kernels
+
+    assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
+        "2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16384 528x128m2w")
+    assert bench_kernels.default_labels("write", "cuda-sm_90") == "528x128, PARTIAL 528x128w, ALL 528x128wp"

@@ -329,9 +329,39 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
     sources = specializations.spec("verify", num_sources=2, check_token=False)
-    assert aot.geometries("verify", sources, "cuda-sm_90") == [partial, full]
+    full_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL), 1 << 20)
+    assert aot.geometries("verify", sources, "cuda-sm_90") == [partial, full, full_large]  # every size class
     no_sources = specializations.spec("verify", num_sources=0, check_token=False)
     assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none]
+
+
+def test_the_default_geometry_follows_the_launch_size_class():
+    """From ``CUDA_SIZE_DEFAULTS``' size on (verify ALL: 16K entries) a launch's default folds the sources
+    one after another; below it, and with no size, the mode's default (paired). The size is the
+    launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
+    the tuner's default record and ahead-of-time builds agree. Other modes, kernels and the CPU have no
+    size class."""
+    from tvm_canary.runtime import targets
+    from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
+
+    at_least, overrides = CUDA_SIZE_DEFAULTS[("verify", 2)]
+    assert (at_least, overrides) == (1 << 14, {"pairs": 0})
+    paired = targets.default_geometry("verify", "cuda-sm_90", 2)
+    single = dataclasses.replace(paired, pairs=0)
+    assert paired.pairs == 1 and paired.fold_pairs()
+    for size, expected in ((None, paired), (1, paired), (at_least - 1, paired), (at_least, single), (1 << 24, single)):
+        assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
+    assert targets.default_geometries("verify", "cuda", 2) == [paired, single]
+    for kernel, mode, size in (("verify", 0, 1 << 24), ("verify", 1, 1 << 24), ("write", 2, (1, 32768)), ("plan", 0, 4096)):
+        assert targets.default_geometry(kernel, "cuda", mode, size) == targets.default_geometry(kernel, "cuda", mode)
+        assert targets.default_geometries(kernel, "cuda", mode) == [targets.default_geometry(kernel, "cuda", mode)]
+    assert targets.default_geometry("verify", "llvm", 2, 1 << 24) == targets.default_geometry("verify", "llvm", 2)
+    assert targets.default_geometries("verify", "llvm", 2) == [targets.default_geometry("verify", "llvm", 2)]
+    # A tuning bucket's default is that of a launch of its size and mode.
+    assert workloads.point_of("verify", (1 << 16, 2)) == 1 << 16 and workloads.point_of("write", (64, 512, 2)) == (64, 512)
+    assert workloads.default_of("verify", (4096, 2), "cuda") == paired
+    assert workloads.default_of("verify", (1 << 16, 2), "cuda") == workloads.default_of("verify", (1 << 24, 2), "cuda") == single
+    assert workloads.default_of("write", (64, 512, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):

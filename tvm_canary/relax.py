@@ -46,22 +46,24 @@ _UNUSED_SOURCE = {"ps": 1, "tw": 0, "fw": 0}  # parameters of an unused real-KV 
 
 
 def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm",
-               mode: int = 0) -> relax.GlobalVar:
+               mode: int = 0, size: int | tuple | None = None) -> relax.GlobalVar:
     """Add kernel ``kernel`` specialised by ``spec`` (``runtime.specializations``) with the default
-    geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...) and launch ``mode`` (verify folding
-    sources: the ``RealKvHashMode`` its calls run in, which only picks the geometry; else 0) to
-    ``bb``'s module, named ``canary_<kernel>[_<spec>]``; returns its GlobalVar."""
+    geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...), launch ``mode`` (verify folding
+    sources: the ``RealKvHashMode`` its calls run in, which only picks the geometry; else 0) and
+    workload point ``size`` (``runtime.packing.KernelCall.size``, e.g. verify's plan capacity; None: the
+    default below any size class, ``targets.default_geometry``) to ``bb``'s module, named
+    ``canary_<kernel>[_<spec>]``; returns its GlobalVar."""
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
     attrs = {"global_symbol": name, "tirx.is_scheduled": True, _KERNEL_ATTR: kernel}
-    func = kernel_ir(kernel, spec, tag, mode).with_attr(attrs)
+    func = kernel_ir(kernel, spec, tag, mode, size).with_attr(attrs)
     return bb.add_func(func, name)
 
 
-def kernel_ir(kernel: str, spec: tuple, tag: str, mode: int = 0) -> tvm.tirx.PrimFunc:
-    """The kernel's TensorIR with the default geometry of the tag and launch mode. Parsing the
+def kernel_ir(kernel: str, spec: tuple, tag: str, mode: int = 0, size: int | tuple | None = None) -> tvm.tirx.PrimFunc:
+    """The kernel's TensorIR with the default geometry of the tag, launch mode and size. Parsing the
     TVMScript takes seconds, so the IR is kept as JSON beside the compiled modules in the disk cache
     (same key, so a changed kernel source is never reused)."""
-    geom = targets.default_geometry(kernel, tag, mode)
+    geom = targets.default_geometry(kernel, tag, mode, size)
     path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
     if path.exists():
         return tvm.ir.load_json(path.read_text())

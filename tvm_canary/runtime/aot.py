@@ -26,11 +26,11 @@ from .specializations import KERNELS, all_specs, launch_modes
 
 
 def geometries(kernel: str, spec: tuple, tag: str, tuning_keys: tuple[str, ...] = ()) -> list:
-    """The geometries a launch of ``spec`` on ``tag`` can use: the default of each of the
-    specialization's launch modes, then those the databases of ``tuning_keys`` select for those modes
-    (no duplicates)."""
+    """The geometries a launch of ``spec`` on ``tag`` can use: the defaults of each of the
+    specialization's launch modes (``targets.default_geometries``: every size class), then those the
+    databases of ``tuning_keys`` select for those modes (no duplicates)."""
     modes = launch_modes(kernel, spec)
-    out = [targets.default_geometry(kernel, tag, mode) for mode in modes]
+    out = [geom for mode in modes for geom in targets.default_geometries(kernel, tag, mode)]
     if tuning_keys:
         from ..tuning.apply import selected_geometries
 

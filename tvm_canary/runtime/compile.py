@@ -109,7 +109,8 @@ def _module(name: str, spec: tuple, device: torch.device, geom):
 
 
 def geometry(name: str, device: torch.device, size: int | tuple, mode: int = 0):
-    """Tuned geometry for the device (see ``tuning.apply``) when enabled and found, else the default.
+    """Tuned geometry for the device (see ``tuning.apply``) when enabled and found, else the default
+    of the launch's mode and size (``targets.default_geometry``).
     Reading tuning databases needs the TVM compiler; runtime-only hosts use the default."""
     if tuning_enabled():
         from ..tuning.apply import tuned_geometry
@@ -117,7 +118,7 @@ def geometry(name: str, device: torch.device, size: int | tuple, mode: int = 0):
         tuned = tuned_geometry(name, device, size, mode)
         if tuned is not None:
             return tuned
-    return targets.default_geometry(name, targets.tag_for(device), mode)
+    return targets.default_geometry(name, targets.tag_for(device), mode, size)
 
 
 def tuning_enabled() -> bool:

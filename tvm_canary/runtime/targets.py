@@ -11,7 +11,7 @@ import functools
 import torch
 
 from ..geometry import Geometry
-from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS
+from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS, CUDA_SIZE_DEFAULTS
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,12 +42,30 @@ def target_from_tag(tag: str):
     return tvm.target.Target({"kind": kind, "arch": arch}, host="llvm")
 
 
-def default_geometry(kernel: str, target: str, mode: int = 0) -> Geometry:
+def default_geometry(kernel: str, target: str, mode: int = 0, size: int | tuple | None = None) -> Geometry:
     """The untuned geometry of ``kernel`` (``tvm_canary/schedules/defaults.py``) for a target tag
-    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``) and launch ``mode`` (verify's or
+    (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``), launch ``mode`` (verify's or
     write's real-KV hash mode when it folds sources, else 0: ``runtime.packing``'s ``KernelCall.mode``, the
-    tuning bucket's ``workloads.mode_of``). Every default in the package (at launch, in tuning and in
-    ahead-of-time builds) comes from here."""
+    tuning bucket's ``workloads.mode_of``) and workload point ``size`` (``KernelCall.size``, the tuning
+    bucket's ``workloads.point_of``; its leading size is compared with the mode's size class,
+    ``CUDA_SIZE_DEFAULTS``; None: the default below any size class). Every default in the package (at
+    launch, in tuning and in ahead-of-time builds) comes from here."""
     if not target.startswith("cuda"):
         return Geometry(gpu=False, **CPU_DEFAULTS[kernel])
-    return Geometry(gpu=True, **{**CUDA_DEFAULTS[kernel], **CUDA_MODE_DEFAULTS.get((kernel, mode), {})})
+    fields = {**CUDA_DEFAULTS[kernel], **CUDA_MODE_DEFAULTS.get((kernel, mode), {})}
+    size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode))
+    if size_class is not None and size is not None:
+        at_least, overrides = size_class
+        if (size[0] if isinstance(size, tuple) else size) >= at_least:
+            fields.update(overrides)
+    return Geometry(gpu=True, **fields)
+
+
+def default_geometries(kernel: str, target: str, mode: int = 0) -> list[Geometry]:
+    """Every default ``default_geometry`` gives ``kernel`` in launch ``mode`` on ``target``, whatever the
+    launch's size: the mode's default, then its size class's (what ahead-of-time builds must cover)."""
+    out = [default_geometry(kernel, target, mode)]
+    size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode)) if target.startswith("cuda") else None
+    if size_class is not None:
+        out.append(default_geometry(kernel, target, mode, size_class[0]))
+    return list(dict.fromkeys(out))

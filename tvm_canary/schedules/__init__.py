@@ -8,7 +8,7 @@ This package imports nothing from the rest of ``tvm_canary``: geometries are pla
 
 import importlib
 
-from .defaults import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS
+from .defaults import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS, CUDA_SIZE_DEFAULTS
 
 
 def knobs(kernel: str, cuda: bool, mode: int = 0) -> dict[str, list[int]]:
@@ -20,4 +20,4 @@ def knobs(kernel: str, cuda: bool, mode: int = 0) -> dict[str, list[int]]:
     return space if mode else {name: choices for name, choices in space.items() if name != "pairs"}
 
 
-__all__ = ["CPU_DEFAULTS", "CUDA_DEFAULTS", "CUDA_MODE_DEFAULTS", "knobs"]
+__all__ = ["CPU_DEFAULTS", "CUDA_DEFAULTS", "CUDA_MODE_DEFAULTS", "CUDA_SIZE_DEFAULTS", "knobs"]

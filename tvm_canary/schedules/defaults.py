@@ -1,7 +1,7 @@
 """Default (untuned) geometries as ``{kernel: {Geometry field: value}}``; unnamed fields keep the
 ``Geometry`` defaults (1). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
 (verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other
-launch is mode 0).
+launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default for launches from a size on.
 ``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
 
 CUDA grids are grid-stride, so one size serves every GPU; the numbers suit a 132-SM Hopper (8 blocks
@@ -53,6 +53,22 @@ CUDA_MODE_DEFAULTS = {
     # ALL: the sources' fold chains in lockstep (``Geometry.pairs``): 4096 x 1 0.92x, 64 x 512 0.98x,
     # 1 x 32768 0.99x (thirteenth session's GPU call 5); paired PARTIAL writes were 1.165x at 4096 x 1.
     ("write", 2): {"thin": 1, "pairs": 1},
+}
+
+# Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point
+# (``runtime.packing.KernelCall.size``; verify's is its plan capacity) is at least ``at_least`` overrides
+# these fields of its mode's default. The CPU has none.
+CUDA_SIZE_DEFAULTS = {
+    # verify ALL from 16K entries (the log-scale midpoint of the 4K and 64K tuning buckets): the sources
+    # fold one after another (pairs 0). The paired kernel holds 215 registers, so 2 of its 128-lane
+    # blocks fit an SM; from 64K entries chain order pays for that. Against the gather floor of one grid
+    # timed in the same call (thirteenth session; the single-chain form of the shipped code: call 6's
+    # variant ``new-nopair``; the paired kernel as shipped: call 7): chain 64K / 1M / 16M 1.16 / 1.08 /
+    # 1.04x single-chain, 1.27 / 1.14 / 1.08x paired; random 64K / 1M / 16M 1.11 / 1.04 / 1.04x
+    # single-chain, 1.16 / 1.02 / 1.01x paired. Single-chain meets every target from 64K up (chain 1M:
+    # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
+    # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
+    ("verify", 2): (1 << 14, {"pairs": 0}),
 }
 
 # The CPU runs the paired folds (the CUDA ALL-mode path); tests/test_differential.py also checks the

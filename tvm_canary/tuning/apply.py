@@ -20,7 +20,6 @@ import math
 import torch
 
 from ..geometry import Geometry
-from ..runtime.targets import default_geometry
 from . import keys
 
 log = logging.getLogger("tvm_canary")
@@ -63,32 +62,31 @@ def measured_records(db, stale: set | None = None) -> dict:
 
 def record_geometry(record, cuda: bool) -> Geometry:
     """Replay a record's trace on its workload and read the geometry it selects (knobs the trace
-    does not decide keep the default of the record's bucket mode)."""
+    does not decide keep the default of the record's bucket: its mode and size)."""
     import tvm
 
     from ..schedules.space import geometry_from
-    from .workloads import bucket_of, mode_of
+    from .workloads import bucket_of, default_of
 
     func = record.workload.mod["main"]
     kernel = str(func.attrs["canary.kernel"])
     sch = tvm.s_tir.Schedule(record.workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    default = default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket_of(func)))
-    return geometry_from(sch.mod, default)
+    return geometry_from(sch.mod, default_of(kernel, bucket_of(func), "cuda" if cuda else "llvm"))
 
 
 def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     """The fastest of a bucket's measured ``rows`` (``measured_records``, fastest first) whose record is
-    the default geometry of the bucket's mode, or None when the default was not measured."""
-    from .workloads import mode_of
+    the default geometry of the bucket's mode and size, or None when the default was not measured."""
+    from .workloads import default_of
 
-    default = default_geometry(kernel, "cuda" if cuda else "llvm", mode_of(kernel, bucket))
+    default = default_of(kernel, bucket, "cuda" if cuda else "llvm")
     return next((row for row in rows if record_geometry(row[1], cuda) == default), None)
 
 
 def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
     """(mean seconds, geometry) that a bucket's measured ``rows`` (``measured_records``, fastest first)
-    select: the fastest record's, unless the default geometry (of the bucket's mode) was measured too
+    select: the fastest record's, unless the default geometry (of the bucket's mode and size) was measured too
     and the fastest is not at least ``TUNED_MARGIN`` faster than it; then the default's. A bucket whose
     default has no valid record (its measurement failed on that device: ``tune`` says so) takes the
     fastest record."""

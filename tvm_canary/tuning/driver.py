@@ -21,7 +21,6 @@ import time
 import types
 
 from ..runtime import targets
-from ..runtime.targets import default_geometry
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
@@ -88,7 +87,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         space_size *= len(choices)
     trials = min(trials, space_size)
     before = len(measured_records(db).get((kernel, bucket), []))
-    default = default_geometry(kernel, kind, workloads.mode_of(kernel, bucket))
+    default = workloads.default_of(kernel, bucket, kind)
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
     only_default = space_size == 1 and knob_values_of(knobs, default)

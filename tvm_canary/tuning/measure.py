@@ -34,7 +34,6 @@ from tvm.s_tir import meta_schedule as ms
 from .. import timing
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
-from ..runtime.targets import default_geometry
 from ..schedules.space import geometry_from
 from . import workloads
 
@@ -49,12 +48,12 @@ VALUE_MIN_US = 20_000.0
 
 def _job(mod, target) -> tuple:
     """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry), the
-    geometry being the one the stand-in workload ``mod``'s annotations select (the default's fields where
-    it has none)."""
+    geometry being the one the stand-in workload ``mod``'s annotations select (the fields of the bucket's
+    default, ``workloads.default_of``, where it has none)."""
     kernel = str(mod["main"].attrs["canary.kernel"])
     bucket = workloads.bucket_of(mod["main"])
     tag = f"cuda-{target.attrs['arch']}" if target.kind.name == "cuda" else "llvm"
-    return kernel, bucket, tag, geometry_from(mod, default_geometry(kernel, tag, workloads.mode_of(kernel, bucket)))
+    return kernel, bucket, tag, geometry_from(mod, workloads.default_of(kernel, bucket, tag))
 
 
 def _build_exported(job: tuple) -> str:

@@ -40,6 +40,7 @@ from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
 from tvm_canary.runtime.parse import kernel_ir
 from tvm_canary.runtime.specializations import launch_modes, spec, spec_id
+from tvm_canary.runtime.targets import default_geometry
 
 PRESETS = {
     "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
@@ -70,6 +71,17 @@ def mode_of(kernel: str, bucket: tuple) -> int:
     """The bucket's RealKvHashMode (verify and write; 0 = NONE, and for every other kernel)."""
     at = MODE_AT.get(kernel)
     return bucket[at] if at is not None and len(bucket) > at else 0
+
+
+def point_of(kernel: str, bucket: tuple):
+    """The workload point (``packing.KernelCall.size``) of a launch of the bucket's size: write's request
+    capacity and tokens per request (``packing.write_point``), every other kernel's leading size."""
+    return tuple(bucket[:2]) if kernel == "write" else bucket[0]
+
+
+def default_of(kernel: str, bucket: tuple, target_kind: str) -> Geometry:
+    """The default geometry (``targets.default_geometry``) of a launch in the bucket: its mode and size."""
+    return default_geometry(kernel, target_kind, mode_of(kernel, bucket), point_of(kernel, bucket))
 
 
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
