@@ -352,15 +352,18 @@ def test_the_default_geometry_follows_the_launch_size_class():
     for size, expected in ((None, paired), (1, paired), (at_least - 1, paired), (at_least, single), (1 << 24, single)):
         assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 2) == [paired, single]
-    for kernel, mode, size in (("verify", 0, 1 << 24), ("verify", 1, 1 << 24), ("write", 2, (1, 32768)), ("plan", 0, 4096)):
+    unclassed = (("verify", 0, 1 << 24), ("verify", 1, 1 << 24), ("write", 2, (1, 32768)), ("plan", 0, 4096))
+    for kernel, mode, size in unclassed:
         assert targets.default_geometry(kernel, "cuda", mode, size) == targets.default_geometry(kernel, "cuda", mode)
         assert targets.default_geometries(kernel, "cuda", mode) == [targets.default_geometry(kernel, "cuda", mode)]
     assert targets.default_geometry("verify", "llvm", 2, 1 << 24) == targets.default_geometry("verify", "llvm", 2)
     assert targets.default_geometries("verify", "llvm", 2) == [targets.default_geometry("verify", "llvm", 2)]
     # A tuning bucket's default is that of a launch of its size and mode.
-    assert workloads.point_of("verify", (1 << 16, 2)) == 1 << 16 and workloads.point_of("write", (64, 512, 2)) == (64, 512)
+    assert workloads.point_of("verify", (1 << 16, 2)) == 1 << 16
+    assert workloads.point_of("write", (64, 512, 2)) == (64, 512)
     assert workloads.default_of("verify", (4096, 2), "cuda") == paired
-    assert workloads.default_of("verify", (1 << 16, 2), "cuda") == workloads.default_of("verify", (1 << 24, 2), "cuda") == single
+    assert workloads.default_of("verify", (1 << 16, 2), "cuda") == single
+    assert workloads.default_of("verify", (1 << 24, 2), "cuda") == single
     assert workloads.default_of("write", (64, 512, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
 
 
