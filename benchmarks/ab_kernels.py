@@ -49,21 +49,29 @@ FLOOR_GRID = (2112, 32)
 ROUNDS = 6
 
 # Run in a child process whose working directory holds the arm's package copy: builds the arm's
-# kernels (JSON: {file stem: [kernel, spec, mode, size, geometry overrides]}) and exports each; the
-# default is of the size (the launch's workload point; null: below any size class) where the arm's
-# default_geometry takes one (packages before size classes do not).
+# kernels (JSON: {stem: [kernel, spec, mode, workload points, geometry overrides]}): for each point the
+# arm's default of that mode and size (packages before size classes: of the mode), overridden; each
+# distinct geometry built once and exported as <stem>-<geometry key>.so. Its last line is the JSON
+# {stem: {point (JSON): geometry key}}.
 CHILD = """
 import dataclasses, inspect, json, pathlib, sys
 import tvm_canary
 assert tvm_canary.__file__.startswith(sys.argv[2]), tvm_canary.__file__
 from tvm_canary.runtime import compile as C, specializations, targets
 sized = "size" in inspect.signature(targets.default_geometry).parameters
-for stem, (kernel, spec, mode, size, overrides) in json.loads(sys.argv[3]).items():
-    geom = targets.default_geometry(kernel, sys.argv[1], mode, *([size] if sized else []))
-    geom = dataclasses.replace(geom, **overrides)
+chosen = {}
+for stem, (kernel, spec, mode, points, overrides) in json.loads(sys.argv[3]).items():
     spec = tuple(type(allowed[0])(v) for (_, allowed), v in zip(specializations.AXES[kernel], spec))
-    C.export(C.build(kernel, spec, sys.argv[1], geom), pathlib.Path(sys.argv[2]) / (stem + ".so"))
-    print(stem, geom.key(), flush=True)
+    chosen[stem] = {}
+    for point in points:
+        size = tuple(point) if isinstance(point, list) else point
+        geom = dataclasses.replace(targets.default_geometry(kernel, sys.argv[1], mode, *([size] if sized else [])), **overrides)
+        path = pathlib.Path(sys.argv[2]) / f"{stem}-{geom.key()}.so"
+        if not path.exists():
+            C.export(C.build(kernel, spec, sys.argv[1], geom), path)
+            print(stem, geom.key(), flush=True)
+        chosen[stem][json.dumps(point)] = geom.key()
+print(json.dumps(chosen))
 """
 
 
@@ -94,19 +102,9 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
     return name, (kernel, mode), values
 
 
-def size_classes(kernel: str, mode: str) -> list:
-    """The workload points from which head's defaults of ``kernel`` in ``mode`` change
-    (``schedules.CUDA_SIZE_DEFAULTS``), after None (below any): each arm builds one kernel per class."""
-    from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
-
-    size_class = CUDA_SIZE_DEFAULTS.get((kernel, MODE_NUMBERS[mode]))
-    return [None] if size_class is None else [None, size_class[0]]
-
-
-def class_of(kernel: str, mode: str, point) -> int:
-    """The index in ``size_classes`` of the class a launch's workload point (``KernelCall.size``) is in."""
-    leading = point[0] if isinstance(point, tuple) else point
-    return max(i for i, at_least in enumerate(size_classes(kernel, mode)) if at_least is None or leading >= at_least)
+def point_key(point) -> str:
+    """A launch's workload point (``KernelCall.size``: an int, or write's tuple) as the child's JSON key."""
+    return json.dumps(list(point) if isinstance(point, tuple) else point)
 
 
 def resolve_base(text: str) -> pathlib.Path | str:
@@ -121,9 +119,10 @@ def resolve_base(text: str) -> pathlib.Path | str:
     return text
 
 
-def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
-    """{(arm, kernel, mode, size class): the exported function} (``size_classes``), every arm built in its
-    own child process at once."""
+def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path, points: dict) -> tuple[dict, dict]:
+    """({(arm, kernel, mode, point key): the exported function}, {(arm, kernel, mode, point key): its
+    geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``), each arm's
+    default geometry of a row's mode and size; every arm built in its own child process at once."""
     import tvm
 
     children = {}
@@ -131,25 +130,29 @@ def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path) -> dict:
         folder = work / arm.name
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
         wanted = {(k, m) for k in kernels for m in MODE_NUMBERS if arm.name in ("base", "head") or (k, m) in arm.overrides}
-        builds = {f"{k}-{m}-{i}": [*BUILDS[k][m], size, arm.overrides.get((k, m), {})]
-                  for k, m in sorted(wanted) for i, size in enumerate(size_classes(k, m))}
+        builds = {f"{k}-{m}": [*BUILDS[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
+                                arm.overrides.get((k, m), {})] for k, m in sorted(wanted)}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
         path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path, TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
-        children[arm.name] = (builds, subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(builds)],
-                                                       cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    functions = {}
-    for name, (builds, child) in children.items():
+        children[arm.name] = subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(builds)],
+                                              cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    functions, geometries = {}, {}
+    for name, child in children.items():
         out, _ = child.communicate()
         if child.returncode != 0:
-            for _, other in children.values():
+            for other in children.values():
                 other.kill()
             raise RuntimeError(f"building arm {name} failed:\n{out[-3000:]}")
-        for stem in builds:
-            kernel, mode, index = stem.split("-")
-            functions[(name, kernel, mode, int(index))] = tvm.runtime.load_module(str(work / name / (stem + ".so")))[f"canary_{kernel}"]
-        print(out.strip(), flush=True)
-    return functions
+        *log, chosen = out.strip().splitlines()
+        for stem, by_point in json.loads(chosen).items():
+            kernel, mode = stem.split("-")
+            for point, key in by_point.items():
+                path = work / name / f"{stem}-{key}.so"
+                functions[(name, kernel, mode, point)] = tvm.runtime.load_module(str(path))[f"canary_{kernel}"]
+                geometries[(name, kernel, mode, point)] = key
+        print("\n".join(log), flush=True)
+    return functions, geometries
 
 
 def main(argv=None) -> int:
@@ -189,8 +192,10 @@ def main(argv=None) -> int:
         arms = [Arm("base", base / "tvm_canary", {}), Arm("head", ROOT / "tvm_canary", {})]
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
+        sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
+        points = {"verify": list(sizes), "write": [tuple(shape) for shape in B.WRITE_SHAPES]}  # KernelCall.size of the rows
         try:
-            functions = build_arms(arms, args.kernels, launchers.tag, work)
+            functions, geometries = build_arms(arms, args.kernels, launchers.tag, work, points)
         except RuntimeError as e:
             return fail(str(e))
 
@@ -213,13 +218,14 @@ def main(argv=None) -> int:
         rows = []
 
         def time_row(kernel, mode, case, calls, extra_arms, check):
-            key = (kernel, mode, class_of(kernel, mode, calls[0].size))
+            key = (kernel, mode, point_key(calls[0].size))
             arms_calls = {arm.name: [lambda c=c, f=functions[(arm.name, *key)]: f(*c.args) for c in calls]
                           for arm in arms if (arm.name, *key) in functions}
             arms_calls.update(extra_arms)
             times = interleaved_us(arms_calls, iters=15 if kernel == "verify" else 7, rounds=ROUNDS)
             row = {"kernel": kernel, "case": case, "us": {k: statistics.median(v) for k, v in times.items()},
-                   "rounds": times, "problem": check()}
+                   "rounds": times, "problem": check(),
+                   "geometries": {arm.name: geometries[(arm.name, *key)] for arm in arms if (arm.name, *key) in geometries}}
             rows.append(row)
             print(case, {k: round(v, 2) for k, v in row["us"].items()}, row["problem"] or "", flush=True)
 
@@ -227,7 +233,6 @@ def main(argv=None) -> int:
             count = pool.flagged()
             return f"{count} violation rows recorded (the launches must be clean)" if count else None
 
-        sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
         for mode in B.MODES if "verify" in args.kernels else ():
             for order in ("random", "chain"):
                 slots_2d, ids = B.stamp_chains(Stamper, pool, mode, order)
@@ -249,7 +254,7 @@ def main(argv=None) -> int:
 
                 def stamped_differently(calls=calls, slots=slots, mode=mode):
                     stamped = {}
-                    key = ("write", mode, class_of("write", mode, calls[0].size))
+                    key = ("write", mode, point_key(calls[0].size))
                     for arm in arms:
                         if (arm.name, *key) in functions:
                             pool.canary[slots] = 0

@@ -116,19 +116,18 @@ def geometry_label(geom) -> str:
 
 def default_labels(kernel: str, tag: str) -> str:
     """The kernel's default geometry, then the real-KV modes whose default differs and the size classes
-    (``2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16384 528x128m2w``)."""
+    (``2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w``)."""
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import targets
-    from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
 
     base = targets.default_geometry(kernel, tag)
     labels = [geometry_label(base)]
     for m in RealKvHashMode:
-        if (g := targets.default_geometry(kernel, tag, int(m))) != base:
-            labels.append(f"{m.name} {geometry_label(g)}")
-        size_class = CUDA_SIZE_DEFAULTS.get((kernel, int(m))) if tag.startswith("cuda") else None
-        if size_class is not None:
-            labels.append(f"{m.name} >= {size_class[0]} {geometry_label(targets.default_geometry(kernel, tag, int(m), size_class[0]))}")
+        for at_least, g in targets.size_classes(kernel, tag, int(m)):
+            if at_least is not None:
+                labels.append(f"{m.name} >= {at_least} {geometry_label(g)}")
+            elif g != base:
+                labels.append(f"{m.name} {geometry_label(g)}")
     return ", ".join(labels)
 
 

@@ -8,11 +8,12 @@ after it and comparing::
     python scripts/cuda_digest.py /tmp/after --against /tmp/before
 
 Each specialization (``runtime.specializations.all_specs``) is built with each default geometry of its
-target (``runtime.targets.default_geometry`` for each of its launch modes; a mode whose default differs
-from the first mode's is dumped as ``<kernel>-<spec>-mode<m>``), as ``tvm-canary build`` builds it; no
-GPU is needed. ``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the
-metadata lines (``!N = ...``), which hold source line numbers and per-process pointer names, so it
-covers the instructions only.
+target (``runtime.targets.size_classes`` for each of its launch modes; a mode whose default differs
+from the first mode's is dumped as ``<kernel>-<spec>-mode<m>``, a size class's as
+``<kernel>-<spec>-mode<m>-from<size>``), as ``tvm-canary build`` builds it; no GPU is needed.
+``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the metadata lines
+(``!N = ...``), which hold source line numbers and per-process pointer names, so it covers the
+instructions only.
 
 The folder gets one source file per specialization and ``digests.json`` (name -> sha256); with
 ``--against`` the exit status is 1 when any digest differs or a specialization is missing from either
@@ -58,10 +59,12 @@ def default_builds(kernel: str, spec: tuple, tag: str) -> list:
     modes = launch_modes(kernel, spec)
     first = targets.default_geometry(kernel, tag, modes[0])
     builds = [(f"{kernel}-{spec_id(spec)}", first)]
-    for mode in modes[1:]:
-        geom = targets.default_geometry(kernel, tag, mode)
-        if geom != first:
-            builds.append((f"{kernel}-{spec_id(spec)}-mode{mode}", geom))
+    for mode in modes:
+        for at_least, geom in targets.size_classes(kernel, tag, mode):
+            if at_least is not None:
+                builds.append((f"{kernel}-{spec_id(spec)}-mode{mode}-from{at_least}", geom))
+            elif geom != first:
+                builds.append((f"{kernel}-{spec_id(spec)}-mode{mode}", geom))
     return builds
 
 

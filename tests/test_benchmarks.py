@@ -213,10 +213,17 @@ def test_geometry_labels_round_trip():
     assert bench_kernels.parse_geometry("528x128m2wp").pairs == 1
 
 
+def test_ab_kernels_keys_rows_by_their_workload_point():
+    """A row's functions are found by its launch's ``KernelCall.size``, as the child keyed them."""
+    import ab_kernels
+
+    assert ab_kernels.point_key(1 << 20) == "1048576" and ab_kernels.point_key((64, 512)) == "[64, 512]"
+
+
 def test_default_labels_name_modes_and_size_classes():
     """A run's ``default_geometries`` say which default each mode and size class launched."""
     import bench_kernels
 
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
-        "2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16384 528x128m2w")
+        "2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == "528x128, PARTIAL 528x128w, ALL 528x128wp"

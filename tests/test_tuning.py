@@ -341,11 +341,13 @@ def test_the_default_geometry_follows_the_launch_size_class():
     launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
     the tuner's default record and ahead-of-time builds agree. Other modes, kernels and the CPU have no
     size class."""
+    from tvm_canary import schedules
     from tvm_canary.runtime import targets
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
+    from tvm_canary.schedules.space import knob_values_of
 
     at_least, overrides = CUDA_SIZE_DEFAULTS[("verify", 2)]
-    assert (at_least, overrides) == (1 << 14, {"pairs": 0})
+    assert (at_least, overrides) == ((1 << 14) + 1, {"pairs": 0})
     paired = targets.default_geometry("verify", "cuda-sm_90", 2)
     single = dataclasses.replace(paired, pairs=0)
     assert paired.pairs == 1 and paired.fold_pairs()
@@ -365,6 +367,26 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert workloads.default_of("verify", (1 << 16, 2), "cuda") == single
     assert workloads.default_of("verify", (1 << 24, 2), "cuda") == single
     assert workloads.default_of("write", (64, 512, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
+    # The class boundary is where the tuning buckets split: a launch of exactly 16K takes the 4K bucket
+    # (ties go to the smaller), whose default is paired, as the launch's own default is.
+    buckets = [(4096, 2), (1 << 16, 2)]
+    for size in (at_least - 1, at_least):
+        launch_default = targets.default_geometry("verify", "cuda", 2, size)
+        assert workloads.default_of("verify", apply.nearest(buckets, size), "cuda") == launch_default, size
+    assert knob_values_of(schedules.knobs("verify", True, 2), single)  # a point of the design space: tune measures it
+
+
+def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
+    """``compile.geometry`` (what every launch's function is looked up with) passes the launch's size
+    to the default when no database applies."""
+    from tvm_canary.runtime import targets
+
+    monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
+    monkeypatch.setenv("TVM_CANARY_TUNED", "0")
+    device = torch.device("cuda", 0)
+    assert C.geometry("verify", device, 1024, 2).pairs == 1
+    assert C.geometry("verify", device, 1 << 20, 2) == targets.default_geometry("verify", "cuda-sm_90", 2, 1 << 20)
+    assert C.geometry("verify", device, 1 << 20, 2).pairs == 0
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):

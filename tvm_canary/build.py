@@ -3,8 +3,8 @@
     tvm-canary build --target cuda --arch sm_90 [--arch sm_80 ...] -o DIR
     tvm-canary build --target llvm -o DIR
 
-Each specialization is built in its default geometry and in every geometry the tuning databases of the
-target select (by default: for cuda, every database whose device key ends in the arch, such as
+Each specialization is built in its default geometries (each launch mode's, each size class's) and in
+every geometry the tuning databases of the target select (by default: for cuda, every database whose device key ends in the arch, such as
 ``nvidia-h200-sm_90``; for llvm, this CPU's), so a host loading with those databases compiles nothing.
 A host with only torch, apache-tvm-ffi and the TVM runtime loads them when ``TVM_CANARY_MODULES=DIR``.
 CUDA device code is compiled for each arch at build time when TVM's CUDA runtime loads on the

@@ -61,11 +61,17 @@ def default_geometry(kernel: str, target: str, mode: int = 0, size: int | tuple 
     return Geometry(gpu=True, **fields)
 
 
-def default_geometries(kernel: str, target: str, mode: int = 0) -> list[Geometry]:
-    """Every default ``default_geometry`` gives ``kernel`` in launch ``mode`` on ``target``, whatever the
-    launch's size: the mode's default, then its size class's (what ahead-of-time builds must cover)."""
-    out = [default_geometry(kernel, target, mode)]
+def size_classes(kernel: str, target: str, mode: int = 0) -> list[tuple[int | None, Geometry]]:
+    """``(at_least, default)`` of each size class of ``kernel`` in launch ``mode`` on ``target``: the mode's
+    default first (``at_least`` None: below any class), then its size class's (``CUDA_SIZE_DEFAULTS``)."""
+    out = [(None, default_geometry(kernel, target, mode))]
     size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode)) if target.startswith("cuda") else None
     if size_class is not None:
-        out.append(default_geometry(kernel, target, mode, size_class[0]))
-    return list(dict.fromkeys(out))
+        out.append((size_class[0], default_geometry(kernel, target, mode, size_class[0])))
+    return out
+
+
+def default_geometries(kernel: str, target: str, mode: int = 0) -> list[Geometry]:
+    """Every default ``default_geometry`` gives ``kernel`` in launch ``mode`` on ``target``, whatever the
+    launch's size (``size_classes``; what ahead-of-time builds must cover)."""
+    return list(dict.fromkeys(geom for _, geom in size_classes(kernel, target, mode)))

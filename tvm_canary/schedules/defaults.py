@@ -55,12 +55,15 @@ CUDA_MODE_DEFAULTS = {
     ("write", 2): {"thin": 1, "pairs": 1},
 }
 
-# Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point
-# (``runtime.packing.KernelCall.size``; verify's is its plan capacity) is at least ``at_least`` overrides
-# these fields of its mode's default. The CPU has none.
+# Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point's
+# leading size (``runtime.packing.KernelCall.size``; verify's is its plan capacity) is at least
+# ``at_least`` overrides these fields of its mode's default (one class per kernel and mode). The CPU has
+# none.
 CUDA_SIZE_DEFAULTS = {
-    # verify ALL from 16K entries (the log-scale midpoint of the 4K and 64K tuning buckets): the sources
-    # fold one after another (pairs 0). The paired kernel holds 215 registers, so 2 of its 128-lane
+    # verify ALL above 16K entries: the sources fold one after another (pairs 0). 16K is the log-scale
+    # midpoint of the 4K and 64K tuning buckets, and a launch of exactly 16K takes the 4K bucket
+    # (``tuning.apply.nearest``: ties go to the smaller), so a bucket's default is the default of every
+    # launch the bucket serves. The paired kernel holds 215 registers, so 2 of its 128-lane
     # blocks fit an SM; from 64K entries chain order pays for that. Against the gather floor of one grid
     # timed in the same call (thirteenth session; the single-chain form of the shipped code: call 6's
     # variant ``new-nopair``; the paired kernel as shipped: call 7): chain 64K / 1M / 16M 1.16 / 1.08 /
@@ -68,7 +71,7 @@ CUDA_SIZE_DEFAULTS = {
     # single-chain, 1.16 / 1.02 / 1.01x paired. Single-chain meets every target from 64K up (chain 1M:
     # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
     # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
-    ("verify", 2): (1 << 14, {"pairs": 0}),
+    ("verify", 2): ((1 << 14) + 1, {"pairs": 0}),
 }
 
 # The CPU runs the paired folds (the CUDA ALL-mode path); tests/test_differential.py also checks the

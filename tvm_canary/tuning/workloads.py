@@ -74,14 +74,16 @@ def mode_of(kernel: str, bucket: tuple) -> int:
 
 
 def point_of(kernel: str, bucket: tuple):
-    """The workload point (``packing.KernelCall.size``) of a launch of the bucket's size: write's request
-    capacity and tokens per request (``packing.write_point``), every other kernel's leading size."""
+    """The workload point (``packing.KernelCall.size``) of a launch of the bucket's size, as the benchmark
+    launches it: write's request capacity and tokens per request (``packing.write_point``), every other
+    kernel's leading size (the tuner's own case may split it: verify's launches two plans of half)."""
     return tuple(bucket[:2]) if kernel == "write" else bucket[0]
 
 
-def default_of(kernel: str, bucket: tuple, target_kind: str) -> Geometry:
-    """The default geometry (``targets.default_geometry``) of a launch in the bucket: its mode and size."""
-    return default_geometry(kernel, target_kind, mode_of(kernel, bucket), point_of(kernel, bucket))
+def default_of(kernel: str, bucket: tuple, target: str) -> Geometry:
+    """The default geometry (``targets.default_geometry``; ``target`` a tag or kind) of a launch in the
+    bucket: its mode and size."""
+    return default_geometry(kernel, target, mode_of(kernel, bucket), point_of(kernel, bucket))
 
 
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
