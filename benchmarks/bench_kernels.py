@@ -44,6 +44,7 @@ import sys
 import time
 
 import torch
+import verdicts  # benchmarks/, the script's folder
 
 from tvm_canary.timing import AB_ROUNDS, ab_time_us, graph_time_us
 
@@ -57,8 +58,6 @@ WRITE_SHAPES = ((4096, 1), (64, 512), (1, 32768))  # (requests, tokens per reque
 PLAN_SHAPES = ((64, 2048), (1024, 2048), (4096, 2048))  # (bs, prefix)
 SCATTER_SHAPES = ((256, 1024), (4096, 1024))  # (bs, tokens per request)
 COPY_FLOOR_LAUNCHES = 8  # copies per graph of the plan/scatter copy floor (the kernels' graphs hold 2)
-# A time below this fraction of its floor is past the noise: the floor is not a lower bound (a floor bug).
-BELOW_FLOOR_RATIO = 0.95
 # Verify rows up to this size are small (latency-bound): their target is 1.25x the floor, and they also get
 # the hash and ordered floors (Bench.bounds).
 SMALL_VERIFY_ENTRIES = 1 << 16
@@ -720,8 +719,8 @@ def finish(rows):
     for r in rows:
         r["gbps"] = r["bytes"] / r["us"] / 1e3
         r["ratio"] = r["us"] / r["floor_us"]
-        r["lowest_floor_ratio"] = min(r["us"] / r[k] for k in ("floor_us", "hash_floor_us", "ordered_floor_us") if k in r)
-        r["below_floor"] = r["lowest_floor_ratio"] < BELOW_FLOOR_RATIO  # a floor that is not a lower bound
+        r["floor_ratios"] = verdicts.floor_ratios(r)  # per arm: time / its lowest floor
+        r["below_floor"] = bool(verdicts.below_floor(r))  # a floor that is not a lower bound
         r["speedup"] = {name: t / r["us"] for name, t in r.get("baselines", {}).items()}
         r["targets"] = targets_for(r, rows)
         r["status"] = ("PASS" if all(t["ratio"] <= t["limit"] for t in r["targets"]) else "FAIL") if r["targets"] else ""
@@ -746,11 +745,11 @@ def print_table(meta, rows, baselines):
         if "ordered_floor_us" in r:
             line += f"  ordered floor {r['ordered_floor_us']:.1f} ({r['us'] / r['ordered_floor_us']:.2f})"
         if r["below_floor"]:
-            line += "  BELOW FLOOR"
+            line += f"  BELOW FLOOR: {verdicts.below_floor_label(r)}"
         print(line)
     failed = [f"{r['kernel']} {r['case']}" for r in rows if r["status"] == "FAIL"]
     print(f"targets: {sum(r['status'] == 'PASS' for r in rows)} PASS, {len(failed)} FAIL")
-    slower = [f"{r['kernel']} {r['case']} ({r['tuned_us'] / r['us']:.3f})" for r in rows if r.get("tuned_us", 0) > 1.03 * r["us"]]
+    slower = verdicts.tuned_slower_labels(rows)
     if any("tuned_us" in r for r in rows):
         print(f"tuned more than 3% slower than default (interleaved A/B): {', '.join(slower) if slower else 'none'}")
     print("agreement with the reference: " + "; ".join(f"{k}: {v}" for k, v in meta["agreement"].items()))

@@ -44,8 +44,11 @@ from tvm_canary.kernels.common import (
 # a thin geometry spreads a small plan, ``kernels.common.work_grid``), large ones give every SM a full
 # complement of threads. 1056 x 512 (two full blocks per SM) is here because the
 # kernel in that grid beat the best of the others in ALL mode at 1M-16M random entries (H200: 16M
-# 6726 us against a 7134 us floor).
-FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512))
+# 6726 us against a 7134 us floor); 1056 x 1024 because the tuned verify PARTIAL 16M geometry, 1056 x
+# 1024, ran chain order at 0.933x the best of the others (H200, fifteenth session: 853.5 against 914.9
+# us). At 1024 lanes ptxas builds the ALL gather and store floors with hashing and ticket in 32 and 41
+# registers, no spills (sm_90).
+FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512), (1056, 1024))
 # The hashing floors' fold orders with two sources (``fold_hash``): both are timed, the faster counts.
 FOLD_ORDERS = {"": True, "seq-": False}  # name infix -> fold_together
 

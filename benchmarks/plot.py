@@ -22,6 +22,8 @@ import math
 import pathlib
 import sys
 
+import verdicts  # benchmarks/, the script's folder
+
 BASELINES = ("original", "triton", "torch")
 STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
 DEFAULT_DPI = 110  # plot.py --dpi: the PNGs' resolution (docs/ keeps them small at 60-80)
@@ -201,7 +203,7 @@ def markdown(run) -> str:
         for r in rows:
             target = ", ".join(f"{t['what']} {t['ratio']:.2f} <= {t['limit']:.2f}" for t in r.get("targets", []))
             cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _fmt(r["us"] / r["floor_us"], 2), target,
-                     r.get("status", "") + (" BELOW FLOOR" if r.get("below_floor") else "")]
+                     r.get("status", "") + (" BELOW FLOOR" if verdicts.below_floor(r) else "")]
             for b in baselines:
                 t = r.get("baselines", {}).get(b)
                 cells.append(f"{_fmt(t)} ({_fmt(t / r['us'] if t else None, 2)})")
@@ -238,10 +240,10 @@ def markdown(run) -> str:
     failed = [f"{r['kernel']} {r['case']}" for r in run["rows"] if r.get("status") == "FAIL"]
     lines.append(f"Targets: {passed} PASS, {len(failed)} FAIL" + (f" ({', '.join(failed)})" if failed else "") + ".")
     if tuned:
-        slower = [f"{r['kernel']} {r['case']} ({r['tuned_us'] / r['us']:.3f})" for r in run["rows"] if r.get("tuned_us", 0) > 1.03 * r["us"]]
+        slower = verdicts.tuned_slower_labels(run["rows"])
         lines.append(f"Tuned more than 3% slower than default (A/B interleaved): {', '.join(slower) if slower else 'none'}.")
-    below = [f"{r['kernel']} {r['case']}" for r in run["rows"] if r.get("below_floor")]
-    lines.append(f"Rows faster than their floor by more than 5%: {', '.join(below) if below else 'none'}.")
+    below = [label for r in run["rows"] if (label := verdicts.below_floor_label(r))]
+    lines.append(f"Rows faster than their floor by more than 5% (default or tuned arm): {', '.join(below) if below else 'none'}.")
     if run.get("agreement"):
         lines += ["", "Agreement with the reference before timing: " + "; ".join(f"{k}: {v}" for k, v in run["agreement"].items()) + "."]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,53 @@
+"""The two checks of a benchmark row that are not its targets, in one place for the benchmark's own
+table (``bench_kernels.py``), the markdown tables (``plot.py``) and the summary (``report.py``).
+
+* **Floors are lower bounds.** A row whose time, in either arm of the A/B (the default geometry, and
+  the tuned one where the run has it), is below one of its floors by more than the noise
+  (``BELOW_FLOOR_RATIO``) says the floor is not a lower bound: a bug in the floor, not a win. The
+  fifteenth session's run found one only in the tuned arm (verify PARTIAL chain 16M in a 1024-lane
+  grid, 0.933x a gather floor whose grids stopped at 512 lanes), which a check of the default alone
+  had missed.
+* **Tuning never costs.** A row whose tuned time is more than ``TUNED_SLOWER`` times its default's.
+
+Both are computed from a row's times, so a run recorded before a check existed is judged by it too.
+Needs neither a GPU nor torch.
+"""
+
+from __future__ import annotations
+
+BELOW_FLOOR_RATIO = 0.95  # time / floor under this: the floor is not a lower bound
+TUNED_SLOWER = 1.03  # tuned / default above this fails the tuning check
+FLOOR_KEYS = ("floor_us", "hash_floor_us", "ordered_floor_us")  # a row's floors (the latter two: small rows)
+
+
+def floor_ratios(row) -> dict:
+    """Per arm of the row (``default``, and ``tuned`` where timed), its time over the lowest of its
+    floors."""
+    arms = {"default": row["us"]}
+    if row.get("tuned_us"):
+        arms["tuned"] = row["tuned_us"]
+    floors = [row[k] for k in FLOOR_KEYS if row.get(k)]
+    return {arm: min(us / f for f in floors) for arm, us in arms.items()} if floors else {}
+
+
+def below_floor(row) -> dict:
+    """The arms of ``row`` faster than a floor by more than the noise: arm -> ratio (empty: none)."""
+    return {arm: ratio for arm, ratio in floor_ratios(row).items() if ratio < BELOW_FLOOR_RATIO}
+
+
+def below_floor_label(row) -> str:
+    """``below_floor`` as text for a list of rows: ``verify ALL chain 1024 (default 0.91, tuned 0.93)``;
+    empty when no arm is below."""
+    below = below_floor(row)
+    return f"{row['kernel']} {row['case']} ({', '.join(f'{arm} {ratio:.3f}' for arm, ratio in below.items())})" if below else ""
+
+
+def tuned_slower(row) -> float | None:
+    """tuned / default of ``row`` when the tuned arm is more than ``TUNED_SLOWER`` times slower, else None."""
+    ratio = row["tuned_us"] / row["us"] if row.get("tuned_us") else 0.0
+    return ratio if ratio > TUNED_SLOWER else None
+
+
+def tuned_slower_labels(rows) -> list[str]:
+    """``kernel case (tuned/default)`` of every row that fails the tuning check."""
+    return [f"{r['kernel']} {r['case']} ({ratio:.3f})" for r in rows if (ratio := tuned_slower(r)) is not None]
