@@ -7,7 +7,8 @@ Per row (same inputs, same timing method for everything in the row):
 * its **floor** (``floors.py``): the fastest of several grids of a kernel that moves the same bytes
   with the same pattern (verify: gather; write: the larger of the register-only chain and the
   gather-and-store of its tokens; plan, scatter: a dense copy); a kernel faster than its floor by more
-  than noise is reported as a floor bug (``BELOW FLOOR``); verify rows of at most 64K entries, which
+  than noise, in either arm of the A/B, is reported as a floor bug (``BELOW FLOOR``,
+  ``verdicts.py``); verify rows of at most 64K entries, which
   are latency-bound, also get the floors that bound them beyond their bytes (``Bench.bounds``: the
   gather that hashes as SPEC 1 requires, and that plus the least cost of appending rows in entry
   order), reported beside the target, which stays against the gather floor;
