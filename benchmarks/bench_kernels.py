@@ -746,7 +746,7 @@ def print_table(meta, rows, baselines):
         if "ordered_floor_us" in r:
             line += f"  ordered floor {r['ordered_floor_us']:.1f} ({r['us'] / r['ordered_floor_us']:.2f})"
         if r["below_floor"]:
-            line += f"  BELOW FLOOR: {verdicts.below_floor_label(r)}"
+            line += "  BELOW FLOOR: " + ", ".join(f"{arm} {ratio:.3f}" for arm, ratio in verdicts.below_floor(r).items())
         print(line)
     failed = [f"{r['kernel']} {r['case']}" for r in rows if r["status"] == "FAIL"]
     print(f"targets: {sum(r['status'] == 'PASS' for r in rows)} PASS, {len(failed)} FAIL")

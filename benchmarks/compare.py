@@ -3,13 +3,16 @@
     python benchmarks/compare.py DEFAULT.json TUNED.json
 
 Prints, per case, both times, tuned/default, and each run's ratio to its own floor; ends with the
-cases where the second run is more than 3% slower (run-to-run noise on an H200 is about 1-2%).
+cases where the second run is more than 3% slower (``verdicts.TUNED_SLOWER``; run-to-run noise on an
+H200 is about 1-2%) and the rows of either run faster than one of their floors by more than the noise
+(``verdicts.below_floor``).
 """
 
 from __future__ import annotations
 
 import sys
 
+import verdicts
 from plot import read_run
 
 
@@ -27,9 +30,12 @@ def main(argv=None) -> int:
         rel = rb["us"] / ra["us"]
         print(f"{ra['kernel']:8} {ra['case']:24} {ra['us']:11.1f} {rb['us']:10.1f} {rel:9.3f} "
               f"{ra['us'] / ra['floor_us']:9.2f} {rb['us'] / rb['floor_us']:11.2f}")
-        if rel > 1.03:
+        if rel > verdicts.TUNED_SLOWER:
             slower.append(f"{ra['kernel']} {ra['case']} ({rel:.3f}x)")
     print(f"tuned more than 3% slower than default: {', '.join(slower) if slower else 'none'}")
+    below = [f"{path}: {label}" for path, run in ((a_path, a), (b_path, b)) for r in run["rows"]
+             if (label := verdicts.below_floor_label(r))]
+    print(f"rows faster than a floor by more than 5%: {'; '.join(below) if below else 'none'}")
     return 0
 
 

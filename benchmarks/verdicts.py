@@ -1,5 +1,7 @@
 """The two checks of a benchmark row that are not its targets, in one place for the benchmark's own
-table (``bench_kernels.py``), the markdown tables (``plot.py``) and the summary (``report.py``).
+table (``bench_kernels.py``), the markdown tables (``plot.py``), the summary (``report.py``) and the
+comparison of two runs (``compare.py``); ``bench_embedding.py``'s rows, of another layout, take
+``BELOW_FLOOR_RATIO`` from here.
 
 * **Floors are lower bounds.** A row whose time, in either arm of the A/B (the default geometry, and
   the tuned one where the run has it), is below one of its floors by more than the noise
@@ -36,10 +38,12 @@ def below_floor(row) -> dict:
 
 
 def below_floor_label(row) -> str:
-    """``below_floor`` as text for a list of rows: ``verify ALL chain 1024 (default 0.91, tuned 0.93)``;
+    """``below_floor`` as text for a list of rows: ``verify ALL chain 1024 (default 0.910, tuned 0.930)``;
     empty when no arm is below."""
     below = below_floor(row)
-    return f"{row['kernel']} {row['case']} ({', '.join(f'{arm} {ratio:.3f}' for arm, ratio in below.items())})" if below else ""
+    if not below:
+        return ""
+    return f"{row['kernel']} {row['case']} ({', '.join(f'{arm} {ratio:.3f}' for arm, ratio in below.items())})"
 
 
 def tuned_slower(row) -> float | None:
