@@ -44,8 +44,8 @@ def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
 
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
-    """Each row gives the workload's wall seconds and the part spent waiting on builds; the last line
-    their sums, so a tune's cost per workload is read off its own output."""
+    """Each row gives the workload's wall seconds and the part spent waiting on builds; the last lines
+    their sums and a build's cost to a worker, so a tune's cost per workload is read off its own output."""
     printed = (tuned_logs.parent / "tune-stdout.txt").read_text()
     header, *rest = printed[printed.index("kernel "):].splitlines()
     assert header.split()[8:12] == ["speedup", "seconds", "builds", "s"]
@@ -58,6 +58,11 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     assert total and int(total[1]) == len(rows)
     assert float(total[2]) == pytest.approx(sum(w for w, _ in seconds), abs=0.1 * len(rows))
     assert float(total[3]) == pytest.approx(sum(b for _, b in seconds), abs=0.1 * len(rows))
+    # and what a build costs a worker, which tells a slow build from a pool that builds few at once
+    builds = re.search(r"builds: (\d+) candidates in (\d+) worker processes, ([\d.]+) s of a worker's time", printed)
+    new = sum(int(re.search(r"\)\s+\d+\s+(\d+)", row)[1]) for row in rows)  # each measured record was built
+    assert builds and int(builds[1]) >= max(new, 1) and int(builds[2]) >= 1
+    assert 0 < float(builds[3]) * int(builds[1]) <= float(total[3]) * int(builds[2])
 
 
 def test_long_graphs_take_fewer_replays_per_value():
@@ -527,9 +532,11 @@ def test_candidate_artifacts_have_file_names_of_their_own():
     from tvm_canary.tuning import measure
 
     geom = targets.default_geometry("write", "llvm")
-    paths = [pathlib.Path(measure._build_exported(("write", (8, 16), "llvm", geom))) for _ in range(2)]
+    built = [measure._build_exported(("write", (8, 16), "llvm", geom)) for _ in range(2)]
+    paths = [pathlib.Path(path) for path, _ in built]
     try:
         assert paths[0].name != paths[1].name and all(p.stat().st_size > 0 for p in paths)
+        assert all(seconds > 0 for _, seconds in built)  # the worker's own time, for tune's summary
     finally:
         for path in paths:
             ms.utils.remove_build_dir(str(path))
@@ -588,7 +595,8 @@ def test_error_summary_names_the_exception():
 class _FailingBuilder:
     """A builder whose every build fails with ``OOM_TRACEBACK`` (no artifact to run)."""
 
-    build_seconds = 0.0
+    build_seconds = worker_seconds = 0.0
+    built = max_workers = 0
 
     def build(self, inputs):
         import types

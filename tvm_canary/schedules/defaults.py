@@ -74,6 +74,7 @@ CUDA_SIZE_DEFAULTS = {
     ("verify", 2): ((1 << 14) + 1, {"pairs": 0}),
 }
 
-# The CPU runs the paired folds (the CUDA ALL-mode path); tests/test_differential.py also checks the
-# single-chain folds on the CPU.
+# The CPU runs the paired folds at every size (as CUDA's write ALL and its verify ALL launches of up to
+# 16K entries do; the CPU has no size classes); tests/test_differential.py also checks the single-chain
+# folds on the CPU.
 CPU_DEFAULTS = {kernel: {"unroll": 4, **({"pairs": 1} if kernel in ("verify", "write") else {})} for kernel in CUDA_DEFAULTS}

@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
               f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")
     print(f"\n{len(results)} workload{'s' if len(results) != 1 else ''} in {sum(r.seconds for r in results):.1f} s "
           f"(waiting on builds {sum(r.build_seconds for r in results):.1f} s; the rest measures on {where} and searches)")
+    if builder.built:
+        print(f"builds: {builder.built} candidates in {builder.max_workers} worker processes, "
+              f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
     new = sum(r.measured for r in results)
     if new == 0:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "

@@ -56,30 +56,36 @@ def _job(mod, target) -> tuple:
     return kernel, bucket, tag, geometry_from(mod, workloads.default_of(kernel, bucket, tag))
 
 
-def _build_exported(job: tuple) -> str:
+def _build_exported(job: tuple) -> tuple[str, float]:
     """Worker side of ``CandidateBuilder``: build one candidate and export it as a tar archive with a
-    file name of its own; returns the artifact's path. The name matters on an RPC server: a session
-    that measures many candidates loads each from the artifact's file name, and a library loaded again
-    under a name still open would be the earlier candidate's code (``dlopen`` returns the open one)."""
+    file name of its own; returns the artifact's path and the seconds the worker spent on it. The name
+    matters on an RPC server: a session that measures many candidates loads each from the artifact's
+    file name, and a library loaded again under a name still open would be the earlier candidate's code
+    (``dlopen`` returns the open one)."""
     from tvm.support.tar import tar
 
+    start = time.monotonic()
     kernel, bucket, tag, geom = job
     path = os.path.join(tempfile.mkdtemp(), f"candidate-{uuid.uuid4().hex}.{tar.output_format}")
     C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod.export_library(path, fcompile=tar)
-    return path
+    return path, time.monotonic() - start
 
 
 @derived_object
 class CandidateBuilder(ms.builder.PyBuilder):
     """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
     per CPU) spawned processes that live until ``shutdown()``. ``build_seconds``: the wall time its
-    callers have spent waiting in ``build`` (rounds of builds, pool start-ups included)."""
+    callers have spent waiting in ``build`` (rounds of builds, pool start-ups included); ``built`` and
+    ``worker_seconds``: the candidates built and the seconds the workers spent building them, which
+    tell a slow build from a pool that builds fewer at once than it has workers."""
 
     def __init__(self, max_workers: int | None = None) -> None:
         super().__init__()
         self.max_workers = max_workers or os.cpu_count()
         self._pool = None
         self.build_seconds = 0.0
+        self.built = 0
+        self.worker_seconds = 0.0
 
     def build(self, build_inputs):
         """One round: every candidate built (or failed: timed out, raised, or lost with a dead worker).
@@ -92,7 +98,7 @@ class CandidateBuilder(ms.builder.PyBuilder):
         futures = [self._submit(_job(i.mod, i.target)) for i in build_inputs]
         waves = -(-len(futures) // self.max_workers)
         _, pending = concurrent.futures.wait(futures, timeout=BUILD_TIMEOUT_S * max(waves, 1))
-        results = [_build_result(f) for f in futures]
+        results = [self._result(f) for f in futures]
         broken = any(f.done() and isinstance(f.exception(), BrokenProcessPool) for f in futures)
         if pending or broken:
             self.shutdown(kill=True)
@@ -117,14 +123,17 @@ class CandidateBuilder(ms.builder.PyBuilder):
         self._pool.shutdown(wait=not kill, cancel_futures=True)
         self._pool = None
 
-
-def _build_result(future):
-    if not future.done():
-        return ms.builder.BuilderResult(None, "kv-canary: candidate build timed out")
-    error = future.exception()
-    if error is not None:
-        return ms.builder.BuilderResult(None, f"kv-canary: candidate build failed: {error!r}")
-    return ms.builder.BuilderResult(future.result(), None)
+    def _result(self, future) -> ms.builder.BuilderResult:
+        """MetaSchedule's result of one build; a finished one counts in ``built`` and ``worker_seconds``."""
+        if not future.done():
+            return ms.builder.BuilderResult(None, "kv-canary: candidate build timed out")
+        error = future.exception()
+        if error is not None:
+            return ms.builder.BuilderResult(None, f"kv-canary: candidate build failed: {error!r}")
+        path, seconds = future.result()
+        self.built += 1
+        self.worker_seconds += seconds
+        return ms.builder.BuilderResult(path, None)
 
 
 # -- runner hooks (run in the runner's worker processes, or in an RPC server's session) ----------------
