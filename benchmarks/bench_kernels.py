@@ -120,14 +120,10 @@ def default_labels(kernel: str, tag: str) -> str:
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import targets
 
-    base = targets.default_geometry(kernel, tag)
-    labels = [geometry_label(base)]
-    for m in RealKvHashMode:
-        for at_least, g in targets.size_classes(kernel, tag, int(m)):
-            if at_least is not None:
-                labels.append(f"{m.name} >= {at_least} {geometry_label(g)}")
-            elif g != base:
-                labels.append(f"{m.name} {geometry_label(g)}")
+    labels = []
+    for mode, at_least, geom in targets.distinct_defaults(kernel, tag, [int(m) for m in RealKvHashMode]):
+        name = "" if not labels else f"{RealKvHashMode(mode).name} " + ("" if at_least is None else f">= {at_least} ")
+        labels.append(name + geometry_label(geom))
     return ", ".join(labels)
 
 
@@ -746,7 +742,7 @@ def print_table(meta, rows, baselines):
         if "ordered_floor_us" in r:
             line += f"  ordered floor {r['ordered_floor_us']:.1f} ({r['us'] / r['ordered_floor_us']:.2f})"
         if r["below_floor"]:
-            line += "  BELOW FLOOR: " + ", ".join(f"{arm} {ratio:.3f}" for arm, ratio in verdicts.below_floor(r).items())
+            line += f"  BELOW FLOOR: {verdicts.below_floor_arms(r)}"
         print(line)
     failed = [f"{r['kernel']} {r['case']}" for r in rows if r["status"] == "FAIL"]
     print(f"targets: {sum(r['status'] == 'PASS' for r in rows)} PASS, {len(failed)} FAIL")

@@ -37,13 +37,16 @@ def below_floor(row) -> dict:
     return {arm: ratio for arm, ratio in floor_ratios(row).items() if ratio < BELOW_FLOOR_RATIO}
 
 
+def below_floor_arms(row) -> str:
+    """``below_floor`` as text: ``default 0.910, tuned 0.930``; empty when no arm is below."""
+    return ", ".join(f"{arm} {ratio:.3f}" for arm, ratio in below_floor(row).items())
+
+
 def below_floor_label(row) -> str:
     """``below_floor`` as text for a list of rows: ``verify ALL chain 1024 (default 0.910, tuned 0.930)``;
     empty when no arm is below."""
-    below = below_floor(row)
-    if not below:
-        return ""
-    return f"{row['kernel']} {row['case']} ({', '.join(f'{arm} {ratio:.3f}' for arm, ratio in below.items())})"
+    arms = below_floor_arms(row)
+    return f"{row['kernel']} {row['case']} ({arms})" if arms else ""
 
 
 def tuned_slower(row) -> float | None:

@@ -8,7 +8,7 @@ after it and comparing::
     python scripts/cuda_digest.py /tmp/after --against /tmp/before
 
 Each specialization (``runtime.specializations.all_specs``) is built with each default geometry of its
-target (``runtime.targets.size_classes`` for each of its launch modes; a mode whose default differs
+target (``runtime.targets.distinct_defaults`` over its launch modes; a mode whose default differs
 from the first mode's is dumped as ``<kernel>-<spec>-mode<m>``, a size class's as
 ``<kernel>-<spec>-mode<m>-from<size>``), as ``tvm-canary build`` builds it; no GPU is needed.
 ``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the metadata lines
@@ -56,15 +56,10 @@ def dump(out: pathlib.Path, tag: str, kernels: list[str]) -> dict[str, str]:
 
 def default_builds(kernel: str, spec: tuple, tag: str) -> list:
     """(name, geometry) of each distinct default geometry a launch of ``spec`` on ``tag`` can use."""
-    modes = launch_modes(kernel, spec)
-    first = targets.default_geometry(kernel, tag, modes[0])
-    builds = [(f"{kernel}-{spec_id(spec)}", first)]
-    for mode in modes:
-        for at_least, geom in targets.size_classes(kernel, tag, mode):
-            if at_least is not None:
-                builds.append((f"{kernel}-{spec_id(spec)}-mode{mode}-from{at_least}", geom))
-            elif geom != first:
-                builds.append((f"{kernel}-{spec_id(spec)}-mode{mode}", geom))
+    builds = []
+    for mode, at_least, geom in targets.distinct_defaults(kernel, tag, launch_modes(kernel, spec)):
+        suffix = "" if not builds else f"-mode{mode}" + ("" if at_least is None else f"-from{at_least}")
+        builds.append((f"{kernel}-{spec_id(spec)}{suffix}", geom))
     return builds
 
 

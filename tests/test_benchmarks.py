@@ -17,11 +17,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
-def test_bench_without_gpu_fails_in_one_line():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py")], capture_output=True, text=True,
+@pytest.mark.parametrize("script, args", [("bench_kernels.py", []), ("ab_kernels.py", ["--base", "HEAD"])])
+def test_gpu_benchmarks_without_gpu_fail_in_one_line(script, args):
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                          check=False, timeout=120)
     assert res.returncode == 2
-    assert res.stderr.startswith("kv-canary: bench_kernels.py needs a CUDA GPU")
+    assert res.stderr.startswith(f"kv-canary: {script} needs a CUDA GPU")
     assert len(res.stderr.strip().splitlines()) == 1
 
 
@@ -218,15 +219,6 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     ticket = (tmp_path / "gather-ticket-ALL.cu").read_text()
     assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
-def test_kernel_ab_without_gpu_fails_in_one_line():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_kernels.py"), "--base", "HEAD"], capture_output=True,
-                         text=True, check=False, timeout=120)
-    assert res.returncode == 2
-    assert res.stderr.startswith("kv-canary: ab_kernels.py needs a CUDA GPU")
-    assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_kernel_ab_variants():

@@ -71,6 +71,18 @@ def size_classes(kernel: str, target: str, mode: int = 0) -> list[tuple[int | No
     return out
 
 
+def distinct_defaults(kernel: str, target: str, modes) -> list[tuple[int, int | None, Geometry]]:
+    """``(mode, at_least, default)`` of the defaults a launch of ``kernel`` in any of ``modes`` can take:
+    the first mode's default (``at_least`` None), each other mode's default that differs from it, and
+    every size class (``size_classes``); what a listing of a kernel's defaults names."""
+    first = default_geometry(kernel, target, modes[0])
+    out = [(modes[0], None, first)]
+    for mode in modes:
+        out += [(mode, at_least, geom) for at_least, geom in size_classes(kernel, target, mode)
+                if at_least is not None or geom != first]
+    return out
+
+
 def default_geometries(kernel: str, target: str, mode: int = 0) -> list[Geometry]:
     """Every default ``default_geometry`` gives ``kernel`` in launch ``mode`` on ``target``, whatever the
     launch's size (``size_classes``; what ahead-of-time builds must cover)."""
