@@ -164,14 +164,18 @@ def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
 
 def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
     """The tuner's verify case is two launches on one context, as the benchmarks time the two orders:
-    random slots in random order, then consecutive slots in chain order; the reference check covers
-    both (a candidate that skipped the second launch would not match)."""
+    random slots in random order, then consecutive slots in chain order, each of the bucket's size (the
+    size of the launches the bucket serves and of the benchmark row it is judged on); the reference
+    check covers both (a candidate that skipped the second launch would not match)."""
     from tvm_canary.runtime.targets import default_geometry
 
     case = workloads.make_case("verify", (256,), torch.device("cpu"))
     random_args, chain_args = case.launches
     assert random_args[0].data_ptr() == chain_args[0].data_ptr()  # one canary buffer
     assert [ptr for ptr, _ in case.initial].count(random_args[0].data_ptr()) == 1  # and one snapshot of it
+    assert [args[1].numel() for args in case.launches] == [256, 256]  # plan capacity: the bucket's size each
+    assert len(set(random_args[1].tolist()) | set(chain_args[1].tolist())) == 512  # no slot in both
+    assert random_args[0].shape[0] == 2 * 256 + 1  # the run lies inside the pool of twice the random slots
     slots = [args[1][:128] for args in case.launches]
     assert not bool((slots[0][1:] > slots[0][:-1]).all())  # random order
     steps = slots[1][1:] - slots[1][:-1]

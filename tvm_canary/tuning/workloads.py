@@ -262,7 +262,8 @@ def _with_sources(ctx: tc.VerifyOrWriteContext, mode: int, device) -> tc.VerifyO
 
 
 def pool_universe(scattered: int, device, mode: int) -> int:
-    """How many slots ``scattered`` random slots are drawn from: twice as many, and on a GPU at least
+    """How many slots the pool of a case with ``scattered`` random slots holds (``_pool_slots``; a
+    verify case's consecutive run lies in it too): twice as many, and on a GPU at least
     ``GPU_POOL_SLOTS``, or as many as fit in half its free memory (a slot's canary row, and in a
     real-KV mode its K/V rows, ``CASE_COPIES`` times)."""
     if device.type != "cuda":
@@ -273,11 +274,13 @@ def pool_universe(scattered: int, device, mode: int) -> int:
 
 
 def _pool_slots(scattered: int, device, gen, mode: int, consecutive: int = 0) -> tuple[torch.Tensor, int]:
-    """(slots, the pool size S): ``scattered`` distinct random slots among the first U
-    (``pool_universe``), then ``consecutive`` slots in a row after them (U + 1, U + 2, ...)."""
+    """(slots, the pool size S = U + 1, U = ``pool_universe(scattered)``): ``scattered`` distinct random
+    slots among slots ``consecutive + 1 .. U``, then ``consecutive`` (at most ``scattered``) slots in a
+    row, ``1 .. consecutive``. The run lies inside the pool, so a case holds no more than U slots."""
     universe = pool_universe(scattered, device, mode)
-    run = torch.arange(universe + 1, universe + 1 + consecutive)
-    return torch.cat([torch.randperm(universe, generator=gen)[:scattered] + 1, run]).to(device), universe + consecutive + 1
+    assert consecutive <= scattered <= universe - consecutive, (scattered, consecutive, universe)
+    shuffled = torch.randperm(universe - consecutive, generator=gen)[:scattered] + consecutive + 1
+    return torch.cat([shuffled, torch.arange(1, consecutive + 1)]).to(device), universe + 1
 
 
 def make_case(kernel: str, bucket: tuple, device) -> Case:
@@ -287,23 +290,25 @@ def make_case(kernel: str, bucket: tuple, device) -> Case:
 
 def _verify_kwargs(bucket, device, gen):
     """A clean canary of chains of 64 tokens (real-KV fields folded from random K/V pools in the
-    bucket's mode), chain-checked by two launches of half the entries each: chains on random slots in
+    bucket's mode), chain-checked by two launches of the bucket's size each: chains on random slots in
     random order, then chains on consecutive slots in chain order (as a prefill's tokens land in fresh
-    pages): the two orders the benchmarks time, in launches of their own as the benchmarks time them,
-    which one geometry serves. Tuned on random order alone, the ALL bucket of 1M entries chose a
-    geometry 1.07x slower than the default in chain order on the H200 (docs/TUNING.md); tuned on one
-    launch holding both halves (the ninth and tenth sessions), the eleventh session's tune picked three
-    geometries that its case ran 4-13% faster and the benchmark's rows, one of the two orders, 4-9%
-    slower (e.g. ALL 16M: 5304 against 5812 us, random order 1.093x in the A/B)."""
+    pages): the two orders the benchmarks time, each in a launch of its own of the size the benchmark
+    row has and the bucket serves (``apply.nearest``), which one geometry serves. Tuned on random order
+    alone, the ALL bucket of 1M entries chose a geometry 1.07x slower than the default in chain order on
+    the H200 (docs/TUNING.md); tuned on one launch holding both halves (the ninth and tenth sessions),
+    the eleventh session's tune picked three geometries that its case ran 4-13% faster and the
+    benchmark's rows, one of the two orders, 4-9% slower; tuned on two launches of half the bucket's
+    size each (the eleventh to fifteenth sessions), the fifteenth session's tune picked a NONE 64K
+    geometry of 264 x 128 threads, one pass over its 32K-entry launches and two over the benchmark's 64K,
+    which ran the benchmark's rows 5-7% slower than the default."""
     n, mode = bucket[0], mode_of("verify", bucket)
     length = 64
-    chains = -(-n // length)
-    shuffled = n // 2
-    slots, num_slots = _pool_slots(shuffled, device, gen, mode, consecutive=chains * length - shuffled)
-    slots = slots.view(chains, length)
-    toks = torch.randint(0, 150000, (chains, length), generator=gen).to(device)
+    chains = -(-n // length)  # per order
+    slots, num_slots = _pool_slots(chains * length, device, gen, mode, consecutive=chains * length)
+    slots = slots.view(2 * chains, length)  # random-slot chains first, then the consecutive ones
+    toks = torch.randint(0, 150000, (2 * chains, length), generator=gen).to(device)
     words = torch.zeros(num_slots, 4, dtype=torch.int64, device=device)
-    h = torch.full((chains,), to_signed_int64(ANCHOR_HASH), dtype=torch.int64, device=device)
+    h = torch.full((2 * chains,), to_signed_int64(ANCHOR_HASH), dtype=torch.int64, device=device)
     for p in range(length):
         words[slots[:, p], 0] = toks[:, p]
         words[slots[:, p], 1] = p
@@ -314,9 +319,9 @@ def _verify_kwargs(bucket, device, gen):
         flat = slots.flatten()
         words[flat, 3] = real_kv_fold_t(ctx.real_kv_sources, RealKvHashMode(mode), flat)
     ctx.canary_buf.copy_(words.view(torch.uint8).view(-1, 32))
-    pick = torch.arange(n)
-    pick[:shuffled] = pick[torch.randperm(shuffled, generator=gen)]
-    return [_verify_launch(ctx, slots, toks, half.to(device)) for half in (pick[:shuffled], pick[shuffled:])]
+    in_random_order = torch.randperm(chains * length, generator=gen)[:n]
+    in_chain_order = torch.arange(chains * length, chains * length + n)
+    return [_verify_launch(ctx, slots, toks, pick.to(device)) for pick in (in_random_order, in_chain_order)]
 
 
 def _verify_launch(ctx, slots, toks, pick):
