@@ -191,6 +191,35 @@ def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
     assert not case.matches()
 
 
+def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
+    """A verify case of any size (64 divides it or not) has two plans of the bucket's size whose slots
+    never meet and never use slot 0; the random slots avoid the consecutive run also when the pool is
+    larger than twice them (a GPU's pool; here a CPU one made larger)."""
+    for universe in (None, 1000):
+        if universe is not None:
+            monkeypatch.setattr(workloads, "pool_universe", lambda scattered, device, mode, u=universe: u)
+        case = workloads.make_case("verify", (100,), torch.device("cpu"))
+        random_slots, chain_slots = (args[1].tolist() for args in case.launches)
+        pool = case.launches[0][0].shape[0]
+        assert len(random_slots) == len(chain_slots) == 100
+        assert chain_slots == list(range(1, 101))  # chain order on the run 1 .. 100 (two chains of 64, cut)
+        assert not set(random_slots) & set(range(1, 129)) and len(set(random_slots)) == 100
+        assert 0 < min(random_slots) and max(random_slots) < pool == (universe or 2 * 128) + 1
+
+
+def test_records_timed_on_another_case_are_stale(monkeypatch):
+    """A kernel whose tuning case changes (``workloads.CASE_VERSIONS``) has its earlier records treated
+    as stale, so a tune on top of a database never ranks records of two cases together."""
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(keys.committed_tune_logs() / "amd-epyc"), allow_missing=False)
+    stale: set = set()
+    assert any(kernel == "verify" for kernel, _ in apply.measured_records(db, stale)) and not stale
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "verify", workloads.CASE_VERSIONS["verify"] + 1)
+    rows = apply.measured_records(db, stale)
+    assert stale == {"verify"} and rows and not any(kernel == "verify" for kernel, _ in rows)
+
+
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))

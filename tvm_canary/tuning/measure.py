@@ -179,9 +179,10 @@ def evaluator_config() -> ms.runner.EvaluatorConfig:
 def replays_per_value(replay_us: float, most: int) -> int:
     """Graph replays per timed value for a graph whose one replay took ``replay_us``: enough that the
     value spans ``VALUE_MIN_US``, at most ``most`` (the evaluator's ``number``), at least 1. On the H200
-    the verify ALL 16M bucket (5.8 ms a pass, 23 ms a replay of GRAPH_LAUNCHES passes) then takes 1
-    replay a value instead of 10, a write 1 x 32768 bucket (15 ms a replay) 2, and launches of a few
-    µs keep all 10."""
+    the verify ALL 16M bucket (5.8 ms a pass of the case of half-size launches, 23 ms a replay of
+    GRAPH_LAUNCHES passes; about twice that with launches of the bucket's size) then takes 1 replay a
+    value instead of 10, a write 1 x 32768 bucket (15 ms a replay) 2, and launches of a few µs keep
+    all 10."""
     return max(1, min(most, math.ceil(VALUE_MIN_US / max(replay_us, 1e-3))))
 
 

@@ -75,8 +75,8 @@ def mode_of(kernel: str, bucket: tuple) -> int:
 
 def point_of(kernel: str, bucket: tuple):
     """The workload point (``packing.KernelCall.size``) of a launch of the bucket's size, as the benchmark
-    launches it: write's request capacity and tokens per request (``packing.write_point``), every other
-    kernel's leading size (the tuner's own case may split it: verify's launches two plans of half)."""
+    launches it and the tuner's case does: write's request capacity and tokens per request
+    (``packing.write_point``), every other kernel's leading size."""
     return tuple(bucket[:2]) if kernel == "write" else bucket[0]
 
 
@@ -107,19 +107,25 @@ _HASH_GEOMETRIES = {
 # Names the way hashes are computed in the remembered tables' file names (``kernel_hash``): a table
 # of an earlier way is not read. 2: both fold forms (thirteenth session).
 _HASH_METHOD = 2
+# The version of a kernel's tuning case (``make_case``) where it changed since its records were first
+# kept: records timed on another case are stale (``apply.measured_records``), so a tune on top of a
+# database never ranks records of two cases together. Verify 2: two launches of the bucket's size each
+# (before, of half of it each).
+CASE_VERSIONS = {"verify": 2}
 _IGNORED_ATTRS = ("tirx.is_scheduled",)  # says how the function may be scheduled further; no effect on its code
 
 
 def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
-    """Hash of the code a workload tunes: the structural hash (16 hex digits) of the TensorIR of
-    ``kernels.<kernel>.make(*tuned_spec(kernel, bucket), geometry)`` for the target kind (``cuda`` or
-    ``llvm``) in a fixed reference geometry, without the attributes that do not shape the generated
-    code (``tirx.is_scheduled``); for a specialization that folds sources, whose paired and
-    single-chain folds give different TensorIR, the SHA-256 (16 hex digits) of both structural hashes.
-    Renaming Python helpers, taking numbers from named constants or reformatting the kernel source
-    leaves it unchanged; a change of the TensorIR (and so possibly of the generated code) changes it.
-    Computing it parses the kernel (about a second), so hashes are remembered per
-    ``compile.source_hash()`` in the kernel cache folder."""
+    """Hash of what a workload's records were measured on: the code it tunes and, where the kernel's
+    case changed since records were first kept (``CASE_VERSIONS``), the case. The code's hash is the
+    structural hash (16 hex digits) of the TensorIR of ``kernels.<kernel>.make(*tuned_spec(kernel,
+    bucket), geometry)`` for the target kind (``cuda`` or ``llvm``) in a fixed reference geometry,
+    without the attributes that do not shape the generated code (``tirx.is_scheduled``); for a
+    specialization that folds sources, whose paired and single-chain folds give different TensorIR,
+    the SHA-256 (16 hex digits) of both structural hashes. Renaming Python helpers, taking numbers from
+    named constants or reformatting the kernel source leaves it unchanged; a change of the TensorIR (and
+    so possibly of the generated code) changes it. Computing it parses the kernel (about a second), so
+    code hashes are remembered per ``compile.source_hash()`` in the kernel cache folder."""
     kernel_spec = tuned_spec(kernel, bucket)
     path = C.cache_dir() / "kernel-hashes" / f"structural{_HASH_METHOD}-{C.source_hash()}.json"
     table = _hash_table(path)
@@ -130,7 +136,9 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
         tmp.replace(path)
-    return table[name]
+    if kernel not in CASE_VERSIONS:
+        return table[name]
+    return hashlib.sha256(f"{table[name]} case {CASE_VERSIONS[kernel]}".encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)
@@ -276,7 +284,10 @@ def pool_universe(scattered: int, device, mode: int) -> int:
 def _pool_slots(scattered: int, device, gen, mode: int, consecutive: int = 0) -> tuple[torch.Tensor, int]:
     """(slots, the pool size S = U + 1, U = ``pool_universe(scattered)``): ``scattered`` distinct random
     slots among slots ``consecutive + 1 .. U``, then ``consecutive`` (at most ``scattered``) slots in a
-    row, ``1 .. consecutive``. The run lies inside the pool, so a case holds no more than U slots."""
+    row, ``1 .. consecutive`` (slot 0 stays unused). The run lies inside the pool, so a case holds U + 1
+    slots whatever its run; where U is exactly twice the random slots (on a CPU, and an H200's 16M
+    buckets), the random slots are all of ``consecutive + 1 .. U`` in random order: a 16M launch
+    reads 512 MB of canary and more of K/V, far beyond L2, dense or not."""
     universe = pool_universe(scattered, device, mode)
     assert consecutive <= scattered <= universe - consecutive, (scattered, consecutive, universe)
     shuffled = torch.randperm(universe - consecutive, generator=gen)[:scattered] + consecutive + 1
