@@ -151,14 +151,18 @@ def load_head(front, at, src, page_size, token_words, slot):
     front[at + FRONT_HEAD + 1] = src[rc[0], rc[1] + 1]
 
 
+def after_head(front, at):
+    """(row, word) of src where the strip whose front is at ``front[at:]`` continues after its head."""
+    return front[at + FRONT_ROW], front[at + FRONT_COL] + HEAD_WORDS
+
+
 @T.macro
 def load_batch(front, at, src, fold_words):
     """The front's first batch := the PAIR_PREFETCH strip words after the head (indices clamped to the
     fold's last word; nothing when the fold reads only the head), given its strip start (``load_head``)."""
     if fold_words > T.int64(HEAD_WORDS):
         last = fold_words - HEAD_WORDS - 1
-        row = front[at + FRONT_ROW]
-        col = front[at + FRONT_COL] + HEAD_WORDS
+        row, col = after_head(front, at)
         for u in T.unroll(PAIR_PREFETCH):
             front[at + FRONT_BATCH + u] = src[row, col + T.min(T.int64(u), last)]
 
@@ -177,8 +181,7 @@ def fold_rest(part, src, front, at, start, rest):
     so the serial chain does not wait on each load); nothing when ``start >= rest``."""
     if start < rest:
         words = T.alloc_buffer((2 * FOLD_PREFETCH,), "int64", scope="local")
-        row = front[at + FRONT_ROW]
-        col = front[at + FRONT_COL] + HEAD_WORDS
+        row, col = after_head(front, at)
         for u in T.unroll(FOLD_PREFETCH):
             words[u] = src[row, col + T.min(start + u, rest - 1)]
         for c in T.serial((rest - start) // FOLD_PREFETCH):
@@ -229,10 +232,8 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
     rest_a = fold_words_a - HEAD_WORDS
     rest_b = fold_words_b - HEAD_WORDS
     both = T.max(T.min(rest_a, rest_b), T.int64(0))
-    row_a = front[at + FRONT_ROW]
-    col_a = front[at + FRONT_COL] + HEAD_WORDS
-    row_b = front[at_b + FRONT_ROW]
-    col_b = front[at_b + FRONT_COL] + HEAD_WORDS
+    row_a, col_a = after_head(front, at)
+    row_b, col_b = after_head(front, at_b)
     for c in T.serial(both // PAIR_PREFETCH):
         for u in T.unroll(PAIR_PREFETCH):
             next_a[u] = src_a[row_a, col_a + T.min((c + 1) * PAIR_PREFETCH + u, rest_a - 1)]
@@ -268,15 +269,23 @@ def load_heads(front, base, srcs, params, num_sources, slot):
         load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot)
 
 
+def paired(j: int, num_sources: int) -> bool:
+    """Whether source j of the first num_sources folds in a pair (``fold_sources`` with
+    ``Geometry.fold_pairs``): sources 0 and 1, then 2 and 3; an odd last source folds alone."""
+    return j < num_sources - num_sources % 2
+
+
 @T.macro
 def load_batches(front, base, srcs, params, num_sources):
     """The first batches of the fronts ``load_heads`` filled at ``front[base:]``, for the sources that
-    fold in pairs (``fold_sources``): all of the first num_sources but an odd last one."""
-    if num_sources > 1:
+    fold in pairs (``paired``)."""
+    if paired(0, num_sources):
         load_batch(front, base, srcs[0], params[0][2])
+    if paired(1, num_sources):
         load_batch(front, base + FRONT_WORDS, srcs[1], params[1][2])
-    if num_sources > 3:
+    if paired(2, num_sources):
         load_batch(front, base + 2 * FRONT_WORDS, srcs[2], params[2][2])
+    if paired(3, num_sources):
         load_batch(front, base + 3 * FRONT_WORDS, srcs[3], params[3][2])
 
 
@@ -286,7 +295,7 @@ def fold_sources(geom: Geometry):
     ``front[base:]`` and hold their heads (``load_heads``); srcs: Python list of 4 source buffers;
     params: Python list of 4 (page_size, token_words, fold_words) scalar triples.
 
-    With ``geom.fold_pairs()`` sources 0 and 1, then 2 and 3, fold in pairs (``fold_pair``), whose
+    With ``geom.fold_pairs()`` the sources that ``paired`` names fold in pairs (``fold_pair``), whose
     fronts must also hold their first batches (``load_batches``); a last source without a partner folds
     alone. Otherwise every source folds alone, one after another (``fold_one``: fewer live registers).
     """
@@ -296,11 +305,11 @@ def fold_sources(geom: Geometry):
     def fold(acc, part, front, base, srcs, params, num_sources):
         acc[0] = T.uint64(0)
         if pairs:
-            if num_sources > 1:
+            if paired(1, num_sources):
                 fold_pair(acc, part, front, base, srcs[0], params[0][2], srcs[1], params[1][2])
             elif num_sources > 0:
                 fold_one(acc, part, front, base, srcs[0], params[0][2])
-            if num_sources > 3:
+            if paired(3, num_sources):
                 fold_pair(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2], srcs[3], params[3][2])
             elif num_sources > 2:
                 fold_one(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2])
