@@ -53,16 +53,79 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     assert len(rows) == sum(len(workloads.PRESETS["ci"][k]) for k in ("write", "verify"))
     # speedup, seconds, builds s, then the tuned geometry's key
     seconds = [tuple(map(float, re.search(r" [\d.]+ +([\d.]+) +([\d.]+)  cpu-", row).groups())) for row in rows]
-    assert all(0 < built <= wall for wall, built in seconds)
-    total = re.search(r"(\d+) workloads in ([\d.]+) s \(waiting on builds ([\d.]+) s;", printed)
+    # a workload with no knobs on this target builds nothing of its own (its default was built up front)
+    assert all(0 <= built <= wall for wall, built in seconds) and any(built > 0 for _, built in seconds)
+    total = re.search(r"(\d+) workloads in ([\d.]+) s \(waiting on builds ([\d.]+) s, ([\d.]+) s of it on the "
+                      r"defaults built before the first workload;", printed)
     assert total and int(total[1]) == len(rows)
-    assert float(total[2]) == pytest.approx(sum(w for w, _ in seconds), abs=0.1 * len(rows))
-    assert float(total[3]) == pytest.approx(sum(b for _, b in seconds), abs=0.1 * len(rows))
+    defaults = float(total[4])
+    assert defaults > 0  # an empty database: every workload's default was built up front
+    assert float(total[2]) == pytest.approx(defaults + sum(w for w, _ in seconds), abs=0.1 * (len(rows) + 1))
+    assert float(total[3]) == pytest.approx(defaults + sum(b for _, b in seconds), abs=0.1 * (len(rows) + 1))
     # and what a build costs a worker, which tells a slow build from a pool that builds few at once
     builds = re.search(r"builds: (\d+) candidates in (\d+) worker processes, ([\d.]+) s of a worker's time", printed)
     new = sum(int(re.search(r"\)\s+\d+\s+(\d+)", row)[1]) for row in rows)  # each measured record was built
     assert builds and int(builds[1]) >= max(new, 1) and int(builds[2]) >= 1
     assert 0 < float(builds[3]) * int(builds[1]) <= float(total[3]) * int(builds[2])
+
+
+class _RecordingBuilder:
+    """A builder that records each round's workloads and builds nothing (no artifacts)."""
+
+    build_seconds = 0.0
+
+    def __init__(self):
+        self.rounds = []
+
+    def build(self, inputs):
+        import types
+
+        self.rounds.append([i.mod["main"] for i in inputs])
+        return [types.SimpleNamespace(error_msg=None, artifact_path=None) for _ in inputs]
+
+
+def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unmeasured(tmp_path):
+    """Built one per workload after its candidates, each default was a round of one build with the other
+    workers idle; ``build_defaults`` builds all that the database lacks in one round, and none it has."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.schedules import knobs as design_knobs
+    from tvm_canary.tuning import driver
+
+    jobs = [(k, b) for k in ("write", "verify", "scatter") for b in workloads.PRESETS["ci"][k]]
+    builder = _RecordingBuilder()
+    built = driver.build_defaults(jobs, "llvm", ms.database.JSONDatabase(work_dir=str(tmp_path)), builder)
+    assert list(built) == jobs and len(builder.rounds) == 1 and len(builder.rounds[0]) == len(jobs)
+    expected = [driver.workload_module(k, b, "llvm")["main"].script() for k, b in jobs]
+    assert [f.script() for f in builder.rounds[0]] == expected
+    (tmp_path / "measured").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "measured"))
+    mod = driver.workload_module(*jobs[0], "llvm")
+    knobs = design_knobs(jobs[0][0], False, workloads.mode_of(*jobs[0]))
+    driver.commit_measurement(db, mod, knobs, workloads.default_of(*jobs[0], "llvm"), 1e-3, tvm.target.Target("llvm"))
+    assert list(driver.build_defaults(jobs, "llvm", db, builder)) == jobs[1:]  # the measured default is not built
+    assert driver.build_defaults(jobs[:1], "llvm", db, builder) == {} and len(builder.rounds) == 2  # no empty round
+
+
+def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
+    """A workload that does not run its prebuilt default (here: the database already holds its candidates
+    and its default) removes the artifact."""
+    import types
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.tuning import driver
+
+    artifact = tmp_path / "build" / "default.tar"
+    artifact.parent.mkdir()
+    artifact.write_bytes(b"")
+    db = ms.database.JSONDatabase(work_dir=str(tuned_logs / keys.device_key(torch.device("cpu"))))
+    kernel, bucket = "write", workloads.PRESETS["ci"]["write"][0]
+    result = driver.tune_workload(kernel, bucket, "llvm", db, 4, tmp_path / "ms", _RecordingBuilder(), runner=None,
+                                  default_build=types.SimpleNamespace(error_msg=None, artifact_path=str(artifact)))
+    assert result.measured == 0 and result.candidates >= 1
+    assert not artifact.parent.exists()
 
 
 def test_long_graphs_take_fewer_replays_per_value():

@@ -2,7 +2,8 @@
 
 ``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``)
 with the builder and runner hooks of ``measure`` and commits the measurements to a JSON database;
-then the default geometry competes as one more record. One builder and one runner serve a whole
+then the default geometry competes as one more record, built with the other workloads' defaults in
+one round before the first workload (``build_defaults``). One builder and one runner serve a whole
 tuning run (starting their worker processes, which import TVM and torch, is most of a workload's
 time otherwise). Where candidates run is the runner (``local_runner``: this machine's device;
 ``fleet.Fleet.runner``: RPC servers), and the default is measured through the same one, so nothing
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import pathlib
 import re
 import sys
@@ -57,30 +59,70 @@ def local_runner():
     )
 
 
+def workload_module(kernel: str, bucket: tuple, kind: str):
+    """The IRModule MetaSchedule tunes for a workload: the kernel's stand-in of the bucket's shapes
+    (``workloads.descriptor``) on ``kind`` ("cuda" or "llvm")."""
+    import tvm
+
+    return tvm.IRModule({"main": workloads.descriptor(kernel, bucket, kind)})
+
+
+def build_defaults(jobs: list, tag: str, db, builder) -> dict:
+    """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each
+    workload of ``jobs`` whose default ``db`` has not measured, for target tag ``tag``, in ONE round of
+    ``builder``; ``tune_workload`` takes its workload's as ``default_build``. Built one at a time, after
+    each workload's candidates, every default was a round of one build with the other workers idle:
+    the sixteenth session's whole H200 tune had 16 such rounds (docs/TUNING.md). A default that the
+    search then draws among its candidates is built for nothing (a worker's few seconds)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    cuda = tag.startswith("cuda")
+    kind = "cuda" if cuda else "llvm"
+    target = targets.target_from_tag(tag)
+    measured = measured_records(db)
+    todo = [(k, b) for k, b in jobs if default_row(k, b, measured.get((k, b), []), cuda) is None]
+    if not todo:
+        return {}
+    built = builder.build([ms.builder.BuilderInput(workload_module(k, b, kind), target) for k, b in todo])
+    return dict(zip(todo, built))
+
+
+def discard_build(built) -> None:
+    """Remove the artifact of a build (``build_defaults``) unless it is gone (``measure_default``
+    removes what it ran) or there is none (None, a failed build)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if built is not None and built.artifact_path and os.path.exists(built.artifact_path):
+        ms.utils.remove_build_dir(built.artifact_path)
+
+
 def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path, builder, runner,
-                  verbose: bool = False) -> Result:
+                  verbose: bool = False, default_build=None) -> Result:
     """Tune one workload for the device of target tag ``tag`` (``targets.tag_for``) into the JSON
     database ``db`` until it holds ``trials`` measured candidates (at most the size of the design space);
     MetaSchedule's logs go to ``log_dir/logs`` (and its INFO lines to stdout too when ``verbose``).
     ``builder`` (``measure.CandidateBuilder``) and ``runner`` (``local_runner()``, or ``fleet.Fleet.runner()``
     for RPC servers, which measure on that device) serve every workload of a tuning run; the caller
     shuts them down. The default geometry is built and measured by the same two (checked against the
-    reference like every candidate)."""
+    reference like every candidate); ``default_build``: its build from ``build_defaults`` (None: built
+    here when needed), which is run or removed here."""
     start, built_before = time.monotonic(), builder.build_seconds
-    result = _tune(kernel, bucket, tag, db, trials, log_dir, builder, runner, verbose)
+    try:
+        result = _tune(kernel, bucket, tag, db, trials, log_dir, builder, runner, verbose, default_build)
+    finally:
+        discard_build(default_build)  # not run: the search drew the default, or the workload failed
     return dataclasses.replace(result, seconds=time.monotonic() - start, build_seconds=builder.build_seconds - built_before)
 
 
 def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path, builder, runner,
-          verbose: bool) -> Result:
+          verbose: bool, default_build) -> Result:
     """``tune_workload`` without its timing."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")
     kind = "cuda" if cuda else "llvm"
     target = targets.target_from_tag(tag)
-    mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, kind)})
+    mod = workload_module(kernel, bucket, kind)
     knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
     space_size = 1
     for choices in knobs.values():
@@ -122,7 +164,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         default_us = 1e6 * measured_default[0]
     else:
         # The default competes too: a bucket's best record is then never slower than the default.
-        seconds, default_error = measure_default(builder, runner, mod, target)
+        seconds, default_error = measure_default(builder, runner, mod, target, default_build)
         default_us = 1e6 * seconds
         if knob_values_of(knobs, default) and math.isfinite(seconds):
             commit_measurement(db, mod, knobs, default, seconds, target)
@@ -148,13 +190,15 @@ def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> No
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
 
 
-def measure_default(builder, runner, mod, target) -> tuple[float, str]:
+def measure_default(builder, runner, mod, target, built=None) -> tuple[float, str]:
     """(mean seconds, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without
-    knob annotations, which the builder builds with the defaults), measured and checked against the
-    reference by ``runner`` like a candidate; (NaN, the error's ``error_summary``) when that failed."""
+    knob annotations, which the builder builds with the defaults; ``built``: that build, made earlier
+    by ``build_defaults``), measured and checked against the reference by ``runner`` like a candidate;
+    (NaN, the error's ``error_summary``) when that failed. The build's artifact is removed."""
     from tvm.s_tir import meta_schedule as ms
 
-    (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
+    if built is None:
+        (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
     if built.error_msg:
         return math.nan, error_summary(built.error_msg)
     artifact = built.artifact_path
