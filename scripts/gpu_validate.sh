@@ -4,7 +4,7 @@
 # (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_DEFAULT: a default-geometry bench JSON)
 #   tune:  MetaSchedule tuning of all kernels at 20 trials in at most 420 s, on top of tune_logs/ (databases in
 #          OUTDIR/tune.tgz; the committed databases are compacted, so every bucket is measured again: a
-#          whole tune at 32 trials took 530.9 s on an H200 in the fifteenth session, docs/PERFORMANCE.md "Tuning")
+#          whole tune at 32 trials took 481.5 s on an H200 in the sixteenth session, docs/PERFORMANCE.md "Tuning")
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
 #   sanitize: a fuzz campaign under compute-sanitizer memcheck and racecheck (scripts/sanitize.sh; SANITIZE_SECONDS)

@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")
     print(f"\n{len(results)} workload{'s' if len(results) != 1 else ''} in {defaults_seconds + sum(r.seconds for r in results):.1f} s "
-          f"(waiting on builds {builder.build_seconds:.1f} s, {defaults_seconds:.1f} s of it on the defaults built before the "
-          f"first workload; the rest measures on {where} and searches)")
+          f"(the defaults built first: {defaults_seconds:.1f} s; waiting on builds {builder.build_seconds:.1f} s in all; "
+          f"the rest measures on {where} and searches)")
     if builder.built:
         print(f"builds: {builder.built} candidates in {builder.max_workers} worker processes, "
               f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
