@@ -63,7 +63,8 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
     apply._records.cache_clear()
     # One specialization keeps the test to two builds (default and tuned geometry).
     monkeypatch.setitem(specializations.AXES, "write", (("num_sources", (0,)), ("input_assert", (False,))))
-    assert main(["build", "--target", "llvm", "--kernels", "write", "-o", str(tmp_path / "modules")]) == 0
+    out = str(tmp_path / "modules")
+    assert main(["build", "--target", "llvm", "--kernels", "write", "--jobs", "1", "-o", out]) == 0
     assert f"tuning databases {keys.device_key(cpu)}" in capsys.readouterr().out
     assert len(list((tmp_path / "modules").glob("write-0-0-*.so"))) == 2
 
@@ -79,6 +80,26 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
     C.get_kernel("write", (0, False), cpu, 8)
     assert [k[4] for k in C._memory] == [tuned]
     apply._records.cache_clear()
+
+
+def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkeypatch):
+    """With --jobs N the modules the cache lacks compile in N processes (one by one, a whole CUDA target
+    took longer than a ten-minute GPU call): the building process compiles none, and the folder holds
+    what a one-by-one build writes."""
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache-1"))
+    assert main(["build", "--target", "llvm", "--kernels", "scatter", "plan", "--tuning", "none", "--jobs", "1",
+                 "-o", str(tmp_path / "one-by-one")]) == 0
+
+    def no_compiling(*args):
+        raise AssertionError(f"the building process compiled {args[:2]}")
+
+    monkeypatch.setattr(C, "build", no_compiling)  # the spawned workers import C afresh and compile
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache-2"))
+    assert main(["build", "--target", "llvm", "--kernels", "scatter", "plan", "--tuning", "none", "--jobs", "2",
+                 "-o", str(tmp_path / "workers")]) == 0
+    names = sorted(p.name for p in (tmp_path / "one-by-one").glob("*.so"))
+    assert len(names) >= 2 and names == sorted(p.name for p in (tmp_path / "workers").glob("*.so"))
+    assert sorted(p.name for p in (tmp_path / "cache-2").rglob("*.so")) == names
 
 
 def test_build_names_a_missing_tuning_database(tmp_path):

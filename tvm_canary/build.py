@@ -1,7 +1,7 @@
 """``tvm-canary build``: ahead-of-time artifacts of every kernel specialization.
 
-    tvm-canary build --target cuda --arch sm_90 [--arch sm_80 ...] -o DIR
-    tvm-canary build --target llvm -o DIR
+    tvm-canary build --target cuda --arch sm_90 [--arch sm_80 ...] -o DIR [--jobs N]
+    tvm-canary build --target llvm -o DIR [--jobs N]
 
 Each specialization is built in its default geometries (each launch mode's, each size class's) and in
 every geometry the tuning databases of the target select (by default: for cuda, every database whose device key ends in the arch, such as
@@ -15,6 +15,7 @@ NVRTC (cuda-bindings) when first loaded.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from tqdm import tqdm
@@ -34,7 +35,16 @@ def add_parser(subparsers) -> None:
                    help="also build the geometries of this device key's tuning database (repeatable); default: the "
                         "databases found for the target (see `tvm-canary info`); `--tuning none` builds defaults only")
     p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1,
+                   help="processes compiling modules side by side (default: one per CPU)")
     p.set_defaults(func=run)
+
+
+def _jobs(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def default_tuning_keys(tag: str) -> list[str]:
@@ -70,6 +80,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"tvm-canary build: error: no tuning database for {', '.join(missing)} (see `tvm-canary info`)")
     print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning else "geometries: defaults (no tuning database)")
     files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
-                      progress=lambda jobs: tqdm(jobs, desc="build"))
+                      progress=lambda builds, total: tqdm(builds, total=total, desc="build"), workers=args.jobs)
     print(f"wrote {len(files)} modules and manifest.json to {args.out}")
     return 0

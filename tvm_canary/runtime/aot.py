@@ -9,12 +9,15 @@ apache-tvm-ffi and the TVM runtime loads them through the normal public API when
 ``TVM_CANARY_MODULES`` names the directory (it uses the default geometries: reading a database needs
 the TVM compiler). CUDA device code is compiled for each arch at build time where TVM's CUDA runtime
 can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA source, compiled at load by
-NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled before are copied.
+NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled before are copied; the
+missing ones compile side by side in ``workers`` processes (the cache's lock compiles each once).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
 import pathlib
 import shutil
 
@@ -39,15 +42,18 @@ def geometries(kernel: str, spec: tuple, tag: str, tuning_keys: tuple[str, ...] 
     return list(dict.fromkeys(out))
 
 
-def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), progress=None) -> list[pathlib.Path]:
+def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), progress=None,
+              workers: int = 1) -> list[pathlib.Path]:
     """Compile and export every specialization of ``kernels`` for each tag in each of its geometries
-    (``geometries``); returns the files."""
+    (``geometries``); returns the files. ``progress(iterable, total)`` wraps the builds as they finish
+    (a progress bar); ``workers``: processes compiling the modules the disk cache lacks."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(tag, k, spec, geom) for tag in tags for k in kernels for spec in all_specs(k)
             for geom in geometries(k, spec, tag, tuple(tuning_keys))]
+    compile_missing(jobs, workers, progress or (lambda iterable, total: iterable))
     written = []
-    for tag, kernel, spec, geom in progress(jobs) if progress else jobs:
+    for tag, kernel, spec, geom in jobs:
         path = out / f"{C.module_key(kernel, spec, tag, geom)}.so"
         shutil.copyfile(C.cached_module(kernel, spec, tag, geom), path)
         written.append(path)
@@ -55,3 +61,26 @@ def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), pr
                 "tuning_databases": list(tuning_keys), "modules": [p.name for p in written]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return written
+
+
+def compile_missing(jobs: list, workers: int, progress) -> None:
+    """Compile into the disk cache the modules of ``jobs`` ((tag, kernel, spec, geometry)) that it lacks:
+    here one by one when ``workers`` is 1 or one is missing, else in up to ``workers`` spawned processes
+    side by side (a CUDA module's build compiles device code for its arch: seconds each, minutes for a
+    whole target one by one). ``progress(iterable, total)`` wraps the builds as they finish."""
+    missing = [job for job in jobs if not C.cache_path(job[1], job[2], job[0], job[3]).exists()]
+    if workers <= 1 or len(missing) <= 1:
+        for tag, kernel, spec, geom in progress(missing, len(missing)):
+            C.cached_module(kernel, spec, tag, geom)
+        return
+    spawn = multiprocessing.get_context("spawn")  # a forked worker could not use a CUDA context of this process
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(missing)), mp_context=spawn) as pool:
+        futures = [pool.submit(_compile, job) for job in missing]
+        for future in progress(concurrent.futures.as_completed(futures), len(futures)):
+            future.result()  # a failed build raises here
+
+
+def _compile(job: tuple) -> None:
+    """Worker side of ``compile_missing``: one module into the disk cache."""
+    tag, kernel, spec, geom = job
+    C.cached_module(kernel, spec, tag, geom)

@@ -139,10 +139,15 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     return tvm.runtime.load_module(str(cached_module(name, spec, tag, geom)))[f"canary_{name}"]
 
 
+def cache_path(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
+    """Where the disk cache keeps the module of a build (``cached_module``), present or not."""
+    return cache_dir() / f"{module_key(name, spec, tag, geom)}.so"
+
+
 def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
     """The module file of a build in the disk cache, compiled (``build``) and stored first if missing."""
-    filename = f"{module_key(name, spec, tag, geom)}.so"
-    path = cache_dir() / filename
+    path = cache_path(name, spec, tag, geom)
+    filename = path.name
     if path.exists():
         return path
     if not compiler_available():
