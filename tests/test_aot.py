@@ -4,6 +4,7 @@ API, and a folder built with the device's tuning database covers what loading wi
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import os
 import subprocess
 import sys
@@ -99,6 +100,7 @@ def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkey
                  "-o", str(tmp_path / "workers")]) == 0
     names = sorted(p.name for p in (tmp_path / "one-by-one").glob("*.so"))
     assert len(names) >= 2 and names == sorted(p.name for p in (tmp_path / "workers").glob("*.so"))
+    assert all(filecmp.cmp(tmp_path / "one-by-one" / n, tmp_path / "workers" / n, shallow=False) for n in names)
     assert sorted(p.name for p in (tmp_path / "cache-2").rglob("*.so")) == names
 
 

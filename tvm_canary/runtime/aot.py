@@ -65,7 +65,7 @@ def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), pr
 
 def compile_missing(jobs: list, workers: int, progress) -> None:
     """Compile into the disk cache the modules of ``jobs`` ((tag, kernel, spec, geometry)) that it lacks:
-    here one by one when ``workers`` is 1 or one is missing, else in up to ``workers`` spawned processes
+    here one by one when ``workers`` is 1 or at most one is missing, else in up to ``workers`` spawned processes
     side by side (a CUDA module's build compiles device code for its arch: seconds each, minutes for a
     whole target one by one). ``progress(iterable, total)`` wraps the builds as they finish."""
     missing = [job for job in jobs if not C.cache_path(job[1], job[2], job[0], job[3]).exists()]
@@ -76,8 +76,12 @@ def compile_missing(jobs: list, workers: int, progress) -> None:
     spawn = multiprocessing.get_context("spawn")  # a forked worker could not use a CUDA context of this process
     with concurrent.futures.ProcessPoolExecutor(min(workers, len(missing)), mp_context=spawn) as pool:
         futures = [pool.submit(_compile, job) for job in missing]
-        for future in progress(concurrent.futures.as_completed(futures), len(futures)):
-            future.result()  # a failed build raises here
+        try:
+            for future in progress(concurrent.futures.as_completed(futures), len(futures)):
+                future.result()  # a failed build raises here
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # report it now, not after every queued build
+            raise
 
 
 def _compile(job: tuple) -> None:

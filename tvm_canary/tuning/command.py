@@ -82,12 +82,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
-    jobs = [(k, b) for k in args.kernels for b in preset[k]]
+    jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
     builder, runner = CandidateBuilder(), make_runner()
     defaults = {}
     try:
         start = time.monotonic()
-        defaults = build_defaults(jobs, tag, db, builder)
+        defaults = build_defaults(jobs, tag, db, builder, args.trials)
         defaults_seconds = time.monotonic() - start
         results = [tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose,
                                  defaults.pop((kernel, bucket), None))

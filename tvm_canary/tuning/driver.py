@@ -2,8 +2,8 @@
 
 ``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``)
 with the builder and runner hooks of ``measure`` and commits the measurements to a JSON database;
-then the default geometry competes as one more record, built with the other workloads' defaults in
-one round before the first workload (``build_defaults``). One builder and one runner serve a whole
+then the default geometry competes as one more record (built with the other workloads' defaults in
+one round before the first workload when the caller uses ``build_defaults``). One builder and one runner serve a whole
 tuning run (starting their worker processes, which import TVM and torch, is most of a workload's
 time otherwise). Where candidates run is the runner (``local_runner``: this machine's device;
 ``fleet.Fleet.runner``: RPC servers), and the default is measured through the same one, so nothing
@@ -67,20 +67,33 @@ def workload_module(kernel: str, bucket: tuple, kind: str):
     return tvm.IRModule({"main": workloads.descriptor(kernel, bucket, kind)})
 
 
-def build_defaults(jobs: list, tag: str, db, builder) -> dict:
+def space_size(knobs: dict) -> int:
+    """The number of points of a design space: the product of its knobs' choices."""
+    return math.prod(len(choices) for choices in knobs.values())
+
+
+def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each
     workload of ``jobs`` whose default ``db`` has not measured, for target tag ``tag``, in ONE round of
     ``builder``; ``tune_workload`` takes its workload's as ``default_build``. Built one at a time, after
     each workload's candidates, every default was a round of one build with the other workers idle:
-    the sixteenth session's whole H200 tune had 16 such rounds (docs/TUNING.md). A default that the
-    search then draws among its candidates is built for nothing (a worker's few seconds)."""
+    the sixteenth session's whole H200 tune had 16 such rounds (docs/TUNING.md). Left out: workloads
+    whose search at ``trials`` measures their whole design space, the default among it (CUDA: plan and
+    scatter at 32 trials). A default that the search draws by chance is built for nothing (a worker's
+    few seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")
     kind = "cuda" if cuda else "llvm"
     target = targets.target_from_tag(tag)
     measured = measured_records(db)
-    todo = [(k, b) for k, b in jobs if default_row(k, b, measured.get((k, b), []), cuda) is None]
+
+    def searched_whole(kernel, bucket):
+        knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
+        return 1 < space_size(knobs) <= trials and knob_values_of(knobs, workloads.default_of(kernel, bucket, kind))
+
+    todo = [(k, b) for k, b in jobs
+            if default_row(k, b, measured.get((k, b), []), cuda) is None and not searched_whole(k, b)]
     if not todo:
         return {}
     built = builder.build([ms.builder.BuilderInput(workload_module(k, b, kind), target) for k, b in todo])
@@ -124,15 +137,13 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     target = targets.target_from_tag(tag)
     mod = workload_module(kernel, bucket, kind)
     knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
-    space_size = 1
-    for choices in knobs.values():
-        space_size *= len(choices)
-    trials = min(trials, space_size)
+    size = space_size(knobs)
+    trials = min(trials, size)
     before = len(measured_records(db).get((kernel, bucket), []))
     default = workloads.default_of(kernel, bucket, kind)
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
-    only_default = space_size == 1 and knob_values_of(knobs, default)
+    only_default = size == 1 and knob_values_of(knobs, default)
     if before < trials and not only_default:
         space = ms.space_generator.ScheduleFn(make_space(knobs), sch_rules=[], postprocs=[], mutator_probs={})
         # Our spaces never tensorize: skip the 20-30 s import of TVM's tensor intrinsics.
@@ -164,6 +175,8 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         default_us = 1e6 * measured_default[0]
     else:
         # The default competes too: a bucket's best record is then never slower than the default.
+        if default_build is not None and default_build.error_msg:
+            default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
         seconds, default_error = measure_default(builder, runner, mod, target, default_build)
         default_us = 1e6 * seconds
         if knob_values_of(knobs, default) and math.isfinite(seconds):
