@@ -15,7 +15,6 @@ NVRTC (cuda-bindings) when first loaded.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from tqdm import tqdm
@@ -35,8 +34,7 @@ def add_parser(subparsers) -> None:
                    help="also build the geometries of this device key's tuning database (repeatable); default: the "
                         "databases found for the target (see `tvm-canary info`); `--tuning none` builds defaults only")
     p.add_argument("-o", "--out", required=True, help="output directory")
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    p.add_argument("--jobs", type=_jobs, default=usable,
+    p.add_argument("--jobs", type=_jobs, default=C.usable_cpus(),
                    help="processes compiling modules side by side (default: one per CPU this process may use)")
     p.set_defaults(func=run)
 

@@ -179,6 +179,13 @@ def _build_lock(path: pathlib.Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container or ``taskset`` narrows;
+    ``os.cpu_count()`` where the platform has no mask): the default number of processes that compile
+    side by side (``tvm-canary build --jobs``, the tuner's candidate builder)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def prebuilt_dirs() -> list[pathlib.Path]:
     return [pathlib.Path(p) for p in os.environ.get("TVM_CANARY_MODULES", "").split(os.pathsep) if p]
 

@@ -74,14 +74,14 @@ def _build_exported(job: tuple) -> tuple[str, float]:
 @derived_object
 class CandidateBuilder(ms.builder.PyBuilder):
     """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
-    per CPU) spawned processes that live until ``shutdown()``. ``build_seconds``: the wall time its
+    per CPU this process may use, ``compile.usable_cpus``) spawned processes that live until ``shutdown()``. ``build_seconds``: the wall time its
     callers have spent waiting in ``build`` (rounds of builds, pool start-ups included); ``built`` and
     ``worker_seconds``: the candidates built and the seconds the workers spent building them, which
     tell a slow build from a pool that builds fewer at once than it has workers."""
 
     def __init__(self, max_workers: int | None = None) -> None:
         super().__init__()
-        self.max_workers = max_workers or os.cpu_count()
+        self.max_workers = max_workers or C.usable_cpus()
         self._pool = None
         self.build_seconds = 0.0
         self.built = 0
