@@ -19,6 +19,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
+from .cliargs import int_at_least
 from .runtime import compile as C
 from .runtime.aot import build_all
 from .runtime.specializations import KERNELS
@@ -34,16 +35,11 @@ def add_parser(subparsers) -> None:
                    help="also build the geometries of this device key's tuning database (repeatable); default: the "
                         "databases found for the target (see `tvm-canary info`); `--tuning none` builds defaults only")
     p.add_argument("-o", "--out", required=True, help="output directory")
-    p.add_argument("--jobs", type=_jobs, default=C.usable_cpus(),
+    p.add_argument("--jobs", type=int_at_least(1), default=C.usable_cpus(),
                    help="processes compiling modules side by side (default: one per CPU this process may use)")
     p.set_defaults(func=run)
 
 
-def _jobs(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def default_tuning_keys(tag: str) -> list[str]:

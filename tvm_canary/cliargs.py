@@ -3,7 +3,8 @@
 ``Parser`` is the class of the top-level parser and, through ``add_subparsers``, of every subcommand's:
 usage errors are one line (no usage block), and option help shows each default that the help text
 does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
-GPU visible to torch is a usage error, not a traceback from inside torch.
+GPU visible to torch is a usage error, not a traceback from inside torch; ``int_at_least(low)`` that of
+counts (steps, trials, workers).
 """
 
 from __future__ import annotations
@@ -54,3 +55,18 @@ def torch_device(value: str) -> str:
             "cuda: torch sees no CUDA device on this machine (torch.cuda.is_available() is False); use --device cpu"
         )
     return value
+
+
+def int_at_least(low: int):
+    """An argparse ``type`` accepting integers ``>= low`` (argparse reports the rest as usage errors)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse

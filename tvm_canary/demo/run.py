@@ -16,7 +16,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import default_device, torch_device
+from ..cliargs import default_device, int_at_least, torch_device
 from ..consts import RealKvHashMode
 from ..runtime.backend import current_backend
 from ..session import CanaryGroup, CanarySession
@@ -28,19 +28,6 @@ HEALTH_WARMUP_STEPS = 10
 HEALTH_CHECK_INTERVAL = 20
 
 
-def int_at_least(low: int):
-    """An argparse ``type`` accepting integers ``>= low`` (argparse reports the rest as usage errors)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def add_parser(subparsers) -> None:

@@ -26,6 +26,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from ..cliargs import int_at_least
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import keys, workloads
@@ -35,7 +36,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule", description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU 0; llvm: this CPU")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to tune")
-    p.add_argument("--trials", type=_trials, default=32, help="measured candidates per workload (at most the design space's size)")
+    p.add_argument("--trials", type=int_at_least(1), default=32, help="measured candidates per workload (at most the design space's size)")
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
                    help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
     p.add_argument("--out", type=pathlib.Path, default=keys.default_out_dir(), help="database root (one folder per device key)")
@@ -45,15 +46,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
                    help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), not here")
     p.add_argument("--rpc-key", default=None, help="the RPC key of those servers (one key per device model)")
-    p.add_argument("--rpc-workers", type=_trials, default=None, help="servers measuring at once; default: every server of the key")
+    p.add_argument("--rpc-workers", type=int_at_least(1), default=None, help="servers measuring at once; default: every server of the key")
     p.set_defaults(func=run)
 
 
-def _trials(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

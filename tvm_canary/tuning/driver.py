@@ -22,6 +22,7 @@ import sys
 import time
 import types
 
+from ..geometry import Geometry
 from ..runtime import targets
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
@@ -67,9 +68,23 @@ def workload_module(kernel: str, bucket: tuple, kind: str):
     return tvm.IRModule({"main": workloads.descriptor(kernel, bucket, kind)})
 
 
-def space_size(knobs: dict) -> int:
-    """The number of points of a design space: the product of its knobs' choices."""
-    return math.prod(len(choices) for choices in knobs.values())
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """A workload's design space on a target kind: its ``knobs`` (``schedules.knobs``), the number of
+    points (``size``), the workload's ``default`` geometry (``workloads.default_of``) and whether that
+    default is one of the points (``has_default``: a record of it can be committed)."""
+
+    knobs: dict
+    size: int
+    default: Geometry
+    has_default: bool
+
+    @classmethod
+    def of(cls, kernel: str, bucket: tuple, cuda: bool) -> Space:
+        knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
+        default = workloads.default_of(kernel, bucket, "cuda" if cuda else "llvm")
+        size = math.prod(len(choices) for choices in knobs.values())
+        return cls(knobs, size, default, knob_values_of(knobs, default))
 
 
 def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
@@ -89,8 +104,8 @@ def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     measured = measured_records(db)
 
     def searched_whole(kernel, bucket):
-        knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
-        return 1 < space_size(knobs) <= trials and knob_values_of(knobs, workloads.default_of(kernel, bucket, kind))
+        space = Space.of(kernel, bucket, cuda)
+        return 1 < space.size <= trials and space.has_default
 
     todo = [(k, b) for k, b in jobs
             if default_row(k, b, measured.get((k, b), []), cuda) is None and not searched_whole(k, b)]
@@ -136,16 +151,14 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     kind = "cuda" if cuda else "llvm"
     target = targets.target_from_tag(tag)
     mod = workload_module(kernel, bucket, kind)
-    knobs = design_knobs(kernel, cuda, workloads.mode_of(kernel, bucket))
-    size = space_size(knobs)
-    trials = min(trials, size)
+    space = Space.of(kernel, bucket, cuda)
+    trials = min(trials, space.size)
     before = len(measured_records(db).get((kernel, bucket), []))
-    default = workloads.default_of(kernel, bucket, kind)
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
-    only_default = size == 1 and knob_values_of(knobs, default)
+    only_default = space.size == 1 and space.has_default
     if before < trials and not only_default:
-        space = ms.space_generator.ScheduleFn(make_space(knobs), sch_rules=[], postprocs=[], mutator_probs={})
+        generator = ms.space_generator.ScheduleFn(make_space(space.knobs), sch_rules=[], postprocs=[], mutator_probs={})
         # Our spaces never tensorize: skip the 20-30 s import of TVM's tensor intrinsics.
         sys.modules.setdefault("tvm.s_tir.tensor_intrin", types.ModuleType("tvm.s_tir.tensor_intrin"))
         # MetaSchedule's console handler takes this level; its log files always get everything.
@@ -160,7 +173,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         try:
             ms.tune_tir(
                 mod, target, str(log_dir), max_trials_global=trials, num_trials_per_iter=trials, builder=builder,
-                runner=runner, database=db, cost_model="random", space=space,
+                runner=runner, database=db, cost_model="random", space=generator,
                 # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
                 strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),
                 seed=0,
@@ -179,8 +192,8 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
             default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
         seconds, default_error = measure_default(builder, runner, mod, target, default_build)
         default_us = 1e6 * seconds
-        if knob_values_of(knobs, default) and math.isfinite(seconds):
-            commit_measurement(db, mod, knobs, default, seconds, target)
+        if space.has_default and math.isfinite(seconds):
+            commit_measurement(db, mod, space.knobs, space.default, seconds, target)
             rows = measured_records(db).get((kernel, bucket), [])
     measured = len(rows) - before
     if not rows:
