@@ -19,7 +19,11 @@ Per row (same inputs, same timing method for everything in the row):
 * the row's performance **target** (docs/PERFORMANCE.md) and PASS/FAIL.
 
 Times are medians of CUDA-graph replays (each replay launches on 2-4 rotating input sets, so small
-inputs do not sit in L2), divided by the launches per replay; the torch reference is one eager call.
+inputs do not sit in L2), divided by the launches per replay, each replay held behind a spin kernel so
+that it times the device alone (``tvm_canary.timing``); the torch reference is one eager call. A row's
+kernel arms and every grid of its floors are timed interleaved (``Bench.timed``: AB_ROUNDS rounds,
+each replaying every arm in turn; medians of the rounds), so a floor and the kernel it bounds see the
+same state of the GPU; the baselines are timed after them.
 
 Byte model, verify: 24 B of plan vectors + the slot's 32 B + the predecessor's 32 B + per source one
 32 B sector (PARTIAL) or ``read_bytes`` (ALL). Write: 16 B of offsets and seed per request, 24 B of token vectors + 32 B
@@ -40,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,7 +52,7 @@ import time
 import torch
 import verdicts  # benchmarks/, the script's folder
 
-from tvm_canary.timing import AB_ROUNDS, ab_time_us, graph_time_us
+from tvm_canary.timing import AB_ROUNDS, graph_time_us, interleaved_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = torch.device("cuda", 0)
@@ -71,6 +76,11 @@ def fail(message: str) -> int:
 
 # ------------------------------------------------------------------------------------------------
 # Timing
+
+
+def medians(times: dict) -> dict:
+    """{arm: median of its rounds} of ``timing.interleaved_us``'s {arm: rounds}."""
+    return {arm: statistics.median(rounds) for arm, rounds in times.items()}
 
 
 def once_us(fn) -> float:
@@ -486,45 +496,68 @@ class Bench:
                 for geom in floors.floor_geometries():
                     self.floor_kernel(name, geom)
 
-    def fastest_floor(self, name, calls_of):
-        """Fastest grid of floor kernel ``name``: (µs, its geometry); ``calls_of(fn)`` -> zero-arg calls."""
+    def floor_arms(self, names, calls_of) -> dict:
+        """The floor kernels ``names`` over every floor grid, as arms to time: {(name, grid label): calls};
+        ``calls_of(fn)`` -> zero-arg calls."""
         import floors
 
-        timed = [(graph_time_us(calls_of(self.floor_kernel(name, geom))), geom) for geom in floors.floor_geometries()]
-        return min(timed, key=lambda t: t[0])
+        return {(name, geometry_label(geom)): calls_of(self.floor_kernel(name, geom))
+                for name in names for geom in floors.floor_geometries()}
 
-    def floor(self, name, calls_of):
-        """``fastest_floor`` with the grid as its label: (µs, grid label)."""
-        us, geom = self.fastest_floor(name, calls_of)
-        return us, geometry_label(geom)
-
-    def copy_floor_us(self, nbytes: int):
-        """Dense device-to-device copy of ``nbytes`` (half read, half written): torch's copy and a TIR
-        copy kernel over several grids; the fastest. Each graph holds ``COPY_FLOOR_LAUNCHES`` copies
-        alternating between two buffer pairs (like the kernels' two input sets), so a graph replay's own
-        cost (several µs) weighs less per copy than per kernel launch: timed one copy per graph, the
-        floor of a 3 MB scatter read 15.1 µs, twice the kernel's 7.7 µs (H200; a 4.7 MB plan copy
-        read 10.1 µs)."""
-
+    def copy_arms(self, nbytes: int) -> dict:
+        """The arms of a dense device-to-device copy of ``nbytes`` (half read, half written): torch's copy
+        and a TIR copy kernel over the floor grids ({("copy", label): calls}). Each graph holds
+        ``COPY_FLOOR_LAUNCHES`` copies alternating between two buffer pairs (like the kernels' two input
+        sets): the graph's start weighs less per copy than per kernel launch, which can only lower
+        the floor."""
         words = max(nbytes // 16, 2)
         pairs = [(torch.empty(words, dtype=torch.int64, device=DEV), torch.empty(words, dtype=torch.int64, device=DEV))
                  for _ in range(2)]
         rounds = COPY_FLOOR_LAUNCHES // len(pairs)
-        t_torch = graph_time_us([lambda s=s, d=d: d.copy_(s) for s, d in pairs] * rounds)
-        t_tir, grid = self.floor("copy", lambda fn: [lambda s=s, d=d: fn(s, d) for s, d in pairs] * rounds)
-        return (t_torch, "torch copy") if t_torch <= t_tir else (t_tir, f"copy {grid}")
+        arms = {("copy", "torch copy"): [lambda s=s, d=d: d.copy_(s) for s, d in pairs] * rounds}
+        arms.update(self.floor_arms(["copy"], lambda fn: [lambda s=s, d=d: fn(s, d) for s, d in pairs] * rounds))
+        return arms
 
-    def bounds(self, row, family, mode, calls_of, empty_us):
-        """What bounds a small (latency-bound) verify or a many-request write beyond its bytes, on the
-        row's own calls (``family``: "gather" for verify, "store" for write): ``hash_floor_us``, the
-        floor that also hashes as SPEC 1 requires (chain links, real-KV fold), and
-        ``ordered_floor_us``, the least a kernel that appends its rows in order pays on top: the
-        faster of that floor with the single launch's clean protocol (a block barrier, a ticket per
+    @staticmethod
+    def fastest(times, name):
+        """The fastest arm of floor ``name`` in ``times`` ({arm: µs}): (µs, its label)."""
+        return min((us, label) for (floor, label), us in ((arm, us) for arm, us in times.items() if isinstance(arm, tuple))
+                   if floor == name)
+
+    def fastest_floor(self, name, calls_of):
+        """Fastest grid of floor kernel ``name``, its grids timed interleaved: (µs, its geometry);
+        ``calls_of(fn)`` -> zero-arg calls."""
+        import floors
+
+        us, label = self.fastest(medians(interleaved_us(self.floor_arms([name], calls_of))), name)
+        return us, next(geom for geom in floors.floor_geometries() if geometry_label(geom) == label)
+
+    def fastest_copy(self, times):
+        """The fastest of ``copy_arms`` in ``times`` ({arm: µs}): (µs, which)."""
+        us, label = self.fastest(times, "copy")
+        return us, label if label == "torch copy" else f"copy {label}"
+
+    def copy_floor_us(self, nbytes: int):
+        """The fastest of ``copy_arms``, timed interleaved: (µs, which)."""
+        return self.fastest_copy(medians(interleaved_us(self.copy_arms(nbytes))))
+
+    @staticmethod
+    def bound_names(family, mode) -> list:
+        """The floors that bound a small row beyond its bytes (``bounds``): the ``hash`` and ``ticket``
+        variants of ``family`` in ``mode``, per fold order."""
+        return [f"{family}-{variant}-{infix}{mode}" for variant in ("hash", "ticket") for infix in fold_orders(mode)]
+
+    def bounds(self, row, family, mode, times, empty_us):
+        """What bounds a small (latency-bound) verify or a many-request write beyond its bytes, from the
+        row's interleaved ``times`` of ``bound_names`` (``family``: "gather" for verify, "store" for
+        write): ``hash_floor_us``, the floor that also hashes as SPEC 1 requires (chain links, real-KV
+        fold), and ``ordered_floor_us``, the least a kernel that appends its rows in order pays on top:
+        the faster of that floor with the single launch's clean protocol (a block barrier, a ticket per
         block, the last block counting the launch) and that floor plus one more launch (``empty_us``),
         the cost of emitting in a second kernel. Each is the fastest of the floor grids and, with two
         sources, of both fold orders (``fold_orders``)."""
         def fastest_order(variant):
-            (us, grid), infix = min((self.floor(f"{family}-{variant}-{infix}{mode}", calls_of), infix) for infix in fold_orders(mode))
+            (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix) for infix in fold_orders(mode))
             return us, grid + (" sources in turn" if infix else "")
 
         row["hash_floor_us"], grid = fastest_order("hash")
@@ -534,17 +567,22 @@ class Bench:
             (ticket_us, f"hash + ticket {ticket_grid}"), (row["hash_floor_us"] + empty_us, f"hash {grid} + launch"))
 
     # -- rows -------------------------------------------------------------------------------------
-    def timed(self, kernel, kw_sets, row, iters=15):
-        """Default (and with --ab, tuned interleaved) times of our kernel on the rotating sets."""
-        default = [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in kw_sets]
+    def timed(self, kernel, kw_sets, row, floor_arms, iters=7):
+        """Our kernel on the rotating sets, its default geometry (and with --ab its tuned one)
+        interleaved with ``floor_arms`` ({(floor, label): calls}): AB_ROUNDS rounds of ``iters`` replays
+        of each arm in turn, so the kernel and its floors see the same state of the GPU. Sets the row's
+        times; returns the floors' {arm: median µs}."""
+        arms = {"default": [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in kw_sets]}
         if self.ab:
             same = self.launchers.same(kernel, kw_sets[0])
-            tuned = [lambda kw=kw: self.ours(kernel, "tuned")(**kw) for kw in kw_sets]
-            t_def, t_tun, rounds_def, rounds_tun = ab_time_us(default, tuned if not same else default, iters=max(iters // 2, 5))
-            row.update(us=t_def, tuned_us=t_tun, tuned_same_geometry=same, ab_rounds={"default": rounds_def, "tuned": rounds_tun})
-            row["tuned_geometry"] = geometry_label(self.launchers.tuned_geometry(kernel, kw_sets[0]))
-        else:
-            row["us"] = graph_time_us(default, iters=iters)
+            arms["tuned"] = [lambda kw=kw: self.ours(kernel, "default" if same else "tuned")(**kw) for kw in kw_sets]
+        times = interleaved_us(arms | floor_arms, iters)
+        row["us"] = statistics.median(times["default"])
+        if self.ab:
+            row.update(tuned_us=statistics.median(times["tuned"]), tuned_same_geometry=same,
+                       ab_rounds={"default": times["default"], "tuned": times["tuned"]},
+                       tuned_geometry=geometry_label(self.launchers.tuned_geometry(kernel, kw_sets[0])))
+        return medians({arm: t for arm, t in times.items() if arm in floor_arms})
 
     def verify_rows(self, pool, empty_us):
 
@@ -561,18 +599,21 @@ class Bench:
                     plans = verify_plans(slots_2d, ids, n, order, 4 if n <= (1 << 20) else 2)
                     kws = [{"context": ctx, "plan": p, "check_verify_expected_token": False} for p in plans]
                     row = {"kernel": "verify", "case": f"{mode} {order} {n}", "mode": mode, "order": order, "n": n}
-                    self.timed("verify", kws, row)
-                    if pool.flagged():
-                        self.warn(f"verify {row['case']} flagged violations (the benchmark's verify is clean)")
+
                     def calls_of(fn, plans=plans):
                         return [lambda p=p: fn(words, p.verify_slot_indices, p.verify_expected_tokens, p.verify_expected_positions,
                                                p.verify_prev_slot_indices, p.verify_num_valid, pool.kv, pool.counters,
                                                pool.floor_flags, pool.floor_counter) for p in plans]
 
-                    row["floor_us"], grid = self.floor(f"gather-{mode}", calls_of)
+                    small = n <= SMALL_VERIFY_ENTRIES
+                    names = [f"gather-{mode}"] + (self.bound_names("gather", mode) if small else [])
+                    floor_times = self.timed("verify", kws, row, self.floor_arms(names, calls_of))
+                    if pool.flagged():
+                        self.warn(f"verify {row['case']} flagged violations (the benchmark's verify is clean)")
+                    row["floor_us"], grid = self.fastest(floor_times, f"gather-{mode}")
                     row["floor"] = f"gather {grid}"
-                    if n <= SMALL_VERIFY_ENTRIES:
-                        self.bounds(row, "gather", mode, calls_of, empty_us)
+                    if small:
+                        self.bounds(row, "gather", mode, floor_times, empty_us)
                     src_bytes = n_src * (32 if mode == "PARTIAL" else KV_BYTES) if n_src else 0
                     row["bytes"] = n * (24 + 32 + 32 + src_bytes)
                     if candidates:
@@ -597,7 +638,6 @@ class Bench:
                 sets = [write_args(pool, mode, (torch.randperm(n, device=DEV)[: reqs * length] + 1).view(reqs, length),
                                    torch.randint(0, 150000, (reqs, length), device=DEV)) for _ in range(4)]
                 row = {"kernel": "write", "case": f"{mode} {reqs}x{length}", "mode": mode, "reqs": reqs, "shape": f"{reqs}x{length}"}
-                self.timed("write", sets, row, iters=7)
                 chain_floor = chain_ns * length / 1000 + empty_us
 
                 def calls_of(fn, sets=sets):
@@ -605,11 +645,14 @@ class Bench:
                                            a["positions"], a["out_cache_loc"], pool.kv, pool.floor_flags, pool.floor_counter)
                             for a in sets]
 
-                store_us, grid = self.floor(f"store-{mode}", calls_of)
+                one_token = length == 1  # one-token requests: latency-bound, like small verifies
+                names = [f"store-{mode}"] + (self.bound_names("store", mode) if one_token else [])
+                floor_times = self.timed("write", sets, row, self.floor_arms(names, calls_of), iters=5)
+                store_us, grid = self.fastest(floor_times, f"store-{mode}")
                 row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_us
                 store_floor = (store_us, f"store {grid}")
-                if length == 1:  # one-token requests: latency-bound, like small verifies
-                    self.bounds(row, "store", mode, calls_of, empty_us)
+                if one_token:
+                    self.bounds(row, "store", mode, floor_times, empty_us)
                     # The hash floor does the store floor's work and more, so a store floor measured above
                     # it was inflated by noise (the eighth session's run: NONE 4096 x 1 store 4.49 µs beside
                     # hash 3.38 µs, the same work with anchor seeds): the lower of the two bounds the row.
@@ -657,13 +700,12 @@ class Bench:
             sets = [dict(kw, verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=DEV),
                          write_plan_out=tc.WritePlan.allocate(write_req_capacity=bs, device=DEV)) for _ in range(2)]
             row = {"kernel": "plan", "case": f"bs{bs} prefix{prefix}", "bytes": total * 36}
-            self.timed("plan", sets, row)
+            row["floor_us"], row["floor"] = self.fastest_copy(self.timed("plan", sets, row, self.copy_arms(row["bytes"])))
             if self.plan_candidates:
                 row["plan_candidates"] = {}
                 for name in self.plan_candidates:
                     launch = self.ours("plan", parse_geometry(name, default_tile))
                     row["plan_candidates"][name] = graph_time_us([lambda a=a, launch=launch: launch(**a) for a in sets])
-            row["floor_us"], row["floor"] = self.copy_floor_us(row["bytes"])
             self.baseline_times("plan", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row)
             rows.append(row)
             self.progress(row)
@@ -678,8 +720,7 @@ class Bench:
             sets = [{"flat_in": flat, "offsets": offsets, "req_pool_indices": rpi,
                          "pool_out": torch.zeros(bs + 1, length, dtype=torch.int32, device=DEV)} for _ in range(2)]
             row = {"kernel": "scatter", "case": f"bs{bs}x{length}", "bytes": bs * length * 12}
-            self.timed("scatter", sets, row)
-            row["floor_us"], row["floor"] = self.copy_floor_us(row["bytes"])
+            row["floor_us"], row["floor"] = self.fastest_copy(self.timed("scatter", sets, row, self.copy_arms(row["bytes"])))
             self.baseline_times("scatter", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row)
             rows.append(row)
             self.progress(row)

@@ -18,7 +18,7 @@ the kernel's own choices is built in, so every memory floor is compiled for each
   the bytes, as the gather's do.
 * ``copy``: a dense int64 device-to-device copy (the plan and scatter bound), beside torch's copy;
   timed over more launches per graph than the kernels (``COPY_FLOOR_LAUNCHES`` in the benchmark) so
-  that the per-replay cost is spread thinner than in the kernel's own timing.
+  that the graph's start is spread thinner than in the kernel's own timing.
 * ``chain``: one thread runs ``steps`` chained mix3 hashes in registers (the write chain's arithmetic).
 * ``empty``: a one-warp kernel that does nothing (the launch cost).
 """

@@ -140,6 +140,56 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
             "verify NONE random 65536 (1.067).") in lines
 
 
+def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
+    """A small verify row: its default and tuned arms and every grid of its gather, hash and ticket
+    floors (both fold orders with two sources) go to one interleaved timing; the row keeps the median
+    of each arm's rounds, each floor is its fastest grid and order, and the ordered floor is the faster
+    of the ticket floor and the hash floor plus a launch."""
+    import bench_kernels
+    import floors
+
+    from tvm_canary.geometry import Geometry
+
+    class Launchers:
+        def same(self, kernel, kw):
+            return False
+
+        def tuned_geometry(self, kernel, kw):
+            return Geometry(gpu=True, blocks=1056, threads=128, min_blocks=8)
+
+    grids = [bench_kernels.geometry_label(g) for g in floors.floor_geometries()]
+    # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family.
+    fastest = {"gather-ALL": ("2112x64", 4.0), "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
+               "gather-ticket-ALL": ("1056x256", 6.4), "gather-ticket-seq-ALL": ("2112x32", 6.3)}
+    timed_arms = []
+
+    def interleaved(arms, iters):
+        timed_arms.append(set(arms))
+        rounds = {"default": [7.0, 9.0, 8.0, 30.0], "tuned": [6.0, 6.5, 7.5, 7.0]}
+        for name, (grid, us) in fastest.items():
+            for g in grids:
+                rounds[(name, g)] = [us if g == grid else 10.0] * 4
+        return {arm: rounds[arm] for arm in arms}
+
+    monkeypatch.setattr(bench_kernels, "interleaved_us", interleaved)
+    bench = bench_kernels.Bench(quick=True, ab=True, baselines=(), candidates=())
+    bench.launchers = Launchers()
+    monkeypatch.setattr(bench, "ours", lambda kernel, choice: lambda **kw: None)
+    monkeypatch.setattr(bench, "floor_kernel", lambda name, geom: None)
+    names = ["gather-ALL"] + bench.bound_names("gather", "ALL")
+    assert sorted(names) == sorted(fastest)
+    row = {}
+    times = bench.timed("verify", [{}, {}], row, bench.floor_arms(names, lambda fn: [lambda: fn] * 4))
+    assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids}]
+    assert (row["us"], row["tuned_us"], row["tuned_geometry"], row["tuned_same_geometry"]) == (8.5, 6.75, "1056x128m8", False)
+    assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
+    bench.bounds(row, "gather", "ALL", times, empty_us=1.0)
+    assert (row["hash_floor_us"], row["hash_floor"]) == (5.0, "hash 528x512 sources in turn")
+    assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.0, "hash 528x512 sources in turn + launch")
+    bench.bounds(row, "gather", "ALL", times, empty_us=1.5)
+    assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.3, "hash + ticket 2112x32 sources in turn")
+
+
 def test_decode_step_floors_mirror_the_step(monkeypatch):
     """bench_embedding's floor of a decode step (GPU) lists the step's canary operators in launch order
     (recorded from an eager step of the same session, on the CPU here), each floor kernel with arguments

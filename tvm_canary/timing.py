@@ -5,7 +5,14 @@ geometry the tuner finds faster is faster in the benchmark's terms too: the laun
 a CUDA graph (no host launch cost between them, as in a serving engine's graph) and the graph is
 replayed; a time is the median over replays of CUDA-event time per replay, divided by the launches
 it holds. ``interleaved_us`` replays several graphs in rounds (A, B, C, A, B, C, ...) in one process,
-``ab_time_us`` two of them, so that run-to-run noise cannot pass for a difference between them.
+so that run-to-run noise cannot pass for a difference between them (a tuned geometry against the
+default, a kernel against its floors).
+
+A timed replay starts behind a spin kernel that holds the stream (``HOLD_CYCLES``) while the host
+records the start event and submits the graph, so the time is the graph's device time alone, as for a
+graph that runs among a serving engine's other work: timed from an idle stream, a replay's time also
+holds the host's submission of the graph (several µs, with the host's jitter), which weighs on
+kernels of a few µs as much as their own work.
 """
 
 from __future__ import annotations
@@ -15,13 +22,20 @@ import statistics
 import torch
 
 AB_ROUNDS = 4  # rounds of (A, B) in an interleaved comparison
+# GPU clock cycles a held timing spins before its start event (about 66 µs at the H200's 1.98 GHz):
+# longer than the host takes to record an event and submit a graph of a few hundred nodes.
+HOLD_CYCLES = 1 << 17
 
 
-def median_us(fn, iters: int) -> float:
-    """Median CUDA-event µs of ``fn()`` (on the current stream) over ``iters`` calls."""
+def median_us(fn, iters: int, hold: bool = False) -> float:
+    """Median CUDA-event µs of ``fn()`` (on the current stream) over ``iters`` calls; with ``hold``,
+    each call is issued while a spin kernel holds the stream (``HOLD_CYCLES``), so the time leaves out
+    the host's cost of issuing it."""
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hold:
+            torch.cuda._sleep(HOLD_CYCLES)
         start.record()
         fn()
         end.record()
@@ -49,8 +63,9 @@ def capture(calls) -> torch.cuda.CUDAGraph:
 
 
 def replay_us(graph: torch.cuda.CUDAGraph, launches: int, iters: int) -> float:
-    """Median µs per launch over ``iters`` replays of a graph holding ``launches`` launches."""
-    return median_us(graph.replay, iters) / launches
+    """Median µs per launch over ``iters`` held replays (``median_us``) of a graph holding ``launches``
+    launches."""
+    return median_us(graph.replay, iters, hold=True) / launches
 
 
 def graph_time_us(calls, iters: int = 15) -> float:
@@ -68,10 +83,3 @@ def interleaved_us(arms: dict, iters: int = 7, rounds: int = AB_ROUNDS) -> dict:
         for name, (graph, launches) in graphs.items():
             times[name].append(replay_us(graph, launches, iters))
     return times
-
-
-def ab_time_us(calls_a, calls_b, iters: int = 7, rounds: int = AB_ROUNDS):
-    """Interleaved A/B (``interleaved_us``). Returns (median of A's rounds, median of B's rounds, A's
-    rounds, B's rounds), µs per launch."""
-    times = interleaved_us({"a": calls_a, "b": calls_b}, iters, rounds)
-    return statistics.median(times["a"]), statistics.median(times["b"]), times["a"], times["b"]
