@@ -107,7 +107,7 @@ def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unme
     db = ms.database.JSONDatabase(work_dir=str(tmp_path / "measured"))
     mod = driver.workload_module(*jobs[0], "llvm")
     knobs = design_knobs(jobs[0][0], False, workloads.mode_of(*jobs[0]))
-    driver.commit_measurement(db, mod, knobs, workloads.default_of(*jobs[0], "llvm"), 1e-3, tvm.target.Target("llvm"))
+    driver.commit_measurement(db, mod, knobs, workloads.default_of(*jobs[0], "llvm"), [1e-3], tvm.target.Target("llvm"))
     assert list(driver.build_defaults(jobs, "llvm", db, builder, trials=1)) == jobs[1:]  # its default is measured
     assert driver.build_defaults(jobs[:1], "llvm", db, builder, trials=1) == {}
     assert len(builder.rounds) == 2  # nothing to build: no round
@@ -322,8 +322,8 @@ def _write_database(root, picks: dict) -> None:
     default = targets.default_geometry("write", "llvm")
     for bucket, pick in picks.items():
         mod = tvm.IRModule({"main": workloads.descriptor("write", bucket, "llvm")})
-        commit_measurement(db, mod, knobs, default, 1e-3, target)
-        commit_measurement(db, mod, knobs, pick, 0.5e-3, target)
+        commit_measurement(db, mod, knobs, default, [1e-3], target)
+        commit_measurement(db, mod, knobs, pick, [0.5e-3], target)
 
 
 def _unrolled(unroll: int):
@@ -515,9 +515,9 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
     default = targets.default_geometry("write", "llvm")
     failed = dataclasses.replace(default, unroll=1)
-    commit_measurement(db, mod, knobs, failed, 1e10, target)
+    commit_measurement(db, mod, knobs, failed, [1e10], target)
     assert ("write", (8, 16)) not in apply.measured_records(db)
-    commit_measurement(db, mod, knobs, default, 1e-3, target)
+    commit_measurement(db, mod, knobs, default, [1e-3], target)
     ((cost, record),) = apply.measured_records(db)[("write", (8, 16))]
     assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == default
 
@@ -539,12 +539,54 @@ def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, fas
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
     default = targets.default_geometry("write", "llvm")
     candidate = dataclasses.replace(default, unroll=1)
-    commit_measurement(db, mod, knobs, default, 1e-3, target)
-    commit_measurement(db, mod, knobs, candidate, (1 - faster) * 1e-3, target)
+    commit_measurement(db, mod, knobs, default, [1e-3], target)
+    commit_measurement(db, mod, knobs, candidate, [(1 - faster) * 1e-3], target)
     rows = apply.measured_records(db)[("write", (8, 16))]
     assert apply.record_geometry(rows[0][1], cuda=False) == candidate  # the fastest record either way
     want = ((1 - faster) * 1e-3, candidate) if wins else (1e-3, default)
     assert apply.chosen("write", (8, 16), rows, cuda=False) == want
+
+
+def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default(tmp_path, monkeypatch):
+    """``apply.chosen``: verify's case is a random-order and a chain-order launch, which one geometry
+    serves; a record's times are per launch, a repeat at a time (``launch_seconds``). The fastest record
+    over the case that is slower than the default in either launch is passed over for the next one at
+    least ``TUNED_MARGIN`` faster and slower in neither; with none, the default applies. (On the CPU
+    verify has no knobs: a write case of two launches stands in.)"""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import workloads
+    from tvm_canary.tuning.driver import commit_measurement
+
+    assert workloads.CASE_LAUNCHES == {"verify": 2}
+    assert apply.launch_seconds("verify", [1.0, 5.0, 3.0, 7.0]) == [2.0, 6.0]
+    assert apply.launch_seconds("write", [1.0, 5.0, 3.0]) == [3.0]
+    monkeypatch.setitem(workloads.CASE_LAUNCHES, "write", 2)
+    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
+    knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
+    default = targets.default_geometry("write", "llvm")
+    # the first and second launch (µs) per repeat; over the case 1200 µs for the default
+    timed = {"default": (default, [1000, 200]), "second slower": (dataclasses.replace(default, unroll=1), [900, 201]),
+             "both no slower": (dataclasses.replace(default, unroll=2), [960, 200]),
+             "within the margin": (dataclasses.replace(default, unroll=8), [1000, 190])}
+
+    def pick(*names):
+        folder = tmp_path / "-".join(names).replace(" ", "_")
+        folder.mkdir()
+        db = ms.database.JSONDatabase(work_dir=str(folder))
+        for name in names:
+            geom, (first_us, second_us) = timed[name]
+            commit_measurement(db, mod, knobs, geom, [1e-6 * first_us, 1e-6 * second_us] * 3, target)
+        rows = apply.measured_records(db)[("write", (8, 16))]
+        cost, geom = apply.chosen("write", (8, 16), rows, cuda=False)
+        return round(cost * 1e6, 6), next(name for name in names if timed[name][0] == geom)
+
+    assert pick("default", "second slower", "both no slower", "within the margin") == (1160, "both no slower")
+    assert pick("default", "second slower", "within the margin") == (1200, "default")
+    assert pick("second slower", "within the margin") == (1101, "second slower")  # no default measured: the fastest
 
 
 def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):
@@ -566,7 +608,7 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
     for kernel, bucket in [("write", (8, 16)), ("write", (1, 64)), ("scatter", (8, 16))]:
         mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, "llvm")})
         geom = tuned if kernel == "write" else targets.default_geometry(kernel, "llvm")
-        commit_measurement(db, mod, schedules.knobs(kernel, False), geom, 1e-3, target)
+        commit_measurement(db, mod, schedules.knobs(kernel, False), geom, [1e-3], target)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     apply._records.cache_clear()
     assert apply.tuned_geometry("write", torch.device("cpu"), 8) == tuned  # current kernels: applies

@@ -3,7 +3,8 @@
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
 that the kernel's bucket nearest to ``size`` among its buckets of ``mode`` chose (``chosen``: the
-fastest record, unless the database measured the default within ``TUNED_MARGIN`` of it);
+fastest record at least ``TUNED_MARGIN`` faster than the default and slower in no launch of the
+tuning case, else the default);
 ``None`` when the device has no database (a one-line notice, once per device) or no record for the
 kernel (once per kernel). Records whose workload carries another kernel hash than the current kernels'
 (``workloads.kernel_hash``: the kernel changed since it was tuned) are ignored, with one warning per
@@ -25,8 +26,8 @@ from . import keys
 log = logging.getLogger("tvm_canary")
 FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
 # A tuned geometry replaces the default only when the same tuning run measured it at least this much
-# faster: a smaller gain is within run-to-run noise, and a geometry chosen on noise can be slower at
-# the sizes between buckets.
+# faster over its case: a smaller gain is within run-to-run noise, and a geometry chosen on noise can
+# be slower at the sizes between buckets.
 TUNED_MARGIN = 0.03
 
 
@@ -38,7 +39,7 @@ def _records(key: str, cuda: bool) -> dict:
 
 
 def measured_records(db, stale: set | None = None) -> dict:
-    """{(kernel, bucket): [(mean seconds, record), ...] fastest first} of a database's valid records
+    """{(kernel, bucket): [(seconds of the case, record), ...] fastest first} of a database's valid records
     for the current kernels (hashed for each record's target kind); the kernels of records tuned for
     other kernel code are added to ``stale``."""
     from .workloads import bucket_of, kernel_hash, workload_kernel_hash
@@ -53,11 +54,20 @@ def measured_records(db, stale: set | None = None) -> dict:
             if stale is not None:
                 stale.add(key[0])
             continue
-        cost = sum(float(s) for s in record.run_secs) / len(record.run_secs)
-        out.setdefault(key, []).append((cost, record))
+        out.setdefault(key, []).append((sum(launch_seconds(key[0], record.run_secs)), record))
     for rows in out.values():
         rows.sort(key=lambda r: r[0])
     return out
+
+
+def launch_seconds(kernel: str, run_secs) -> list[float]:
+    """Mean seconds of each launch of the kernel's tuning case (``workloads.CASE_LAUNCHES``) from a
+    record's ``run_secs``, which list a time per launch a repeat at a time (``measure.run_case``)."""
+    from .workloads import CASE_LAUNCHES
+
+    launches = CASE_LAUNCHES.get(kernel, 1)
+    secs = [float(s) for s in run_secs]
+    return [sum(secs[i::launches]) / len(secs[i::launches]) for i in range(launches)]
 
 
 def record_geometry(record, cuda: bool) -> Geometry:
@@ -84,17 +94,29 @@ def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     return next((row for row in rows if record_geometry(row[1], cuda) == default), None)
 
 
-def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
-    """(mean seconds, geometry) that a bucket's measured ``rows`` (``measured_records``, fastest first)
-    select: the fastest record's, unless the default geometry (of the bucket's mode and size) was measured too
-    and the fastest is not at least ``TUNED_MARGIN`` faster than it; then the default's. A bucket whose
-    default has no valid record (its measurement failed on that device: ``tune`` says so) takes the
-    fastest record."""
-    best_cost, best = rows[0]
+def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
+    """The row (``(seconds, record)``) that a bucket's measured ``rows`` (``measured_records``, fastest
+    first) select: the fastest record that is at least ``TUNED_MARGIN`` faster than the default (of the
+    bucket's mode and size) over the tuning case and no slower in any of its launches
+    (``launch_seconds``: verify's random-order and chain-order launches, which one geometry serves);
+    the default's when there is none. A bucket whose default has no valid record (its measurement
+    failed on that device: ``tune`` says so) takes the fastest record."""
     default = default_row(kernel, bucket, rows, cuda)
-    if default is not None and best_cost > (1 - TUNED_MARGIN) * default[0]:
-        return default[0], record_geometry(default[1], cuda)
-    return best_cost, record_geometry(best, cuda)
+    if default is None:
+        return rows[0]
+    default_launches = launch_seconds(kernel, default[1].run_secs)
+    for cost, record in rows:
+        if cost > (1 - TUNED_MARGIN) * default[0]:
+            break
+        if all(t <= d for t, d in zip(launch_seconds(kernel, record.run_secs), default_launches)):
+            return cost, record
+    return default
+
+
+def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
+    """(seconds, geometry) of ``chosen_row``."""
+    cost, record = chosen_row(kernel, bucket, rows, cuda)
+    return cost, record_geometry(record, cuda)
 
 
 def _chosen_geometries(work_dir: str, cuda: bool) -> dict:

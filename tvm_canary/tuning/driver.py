@@ -27,7 +27,7 @@ from ..runtime import targets
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
-from .apply import chosen, default_row, measured_records
+from .apply import chosen, default_row, launch_seconds, measured_records
 
 
 @dataclasses.dataclass
@@ -190,10 +190,10 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         # The default competes too: a bucket's best record is then never slower than the default.
         if default_build is not None and default_build.error_msg:
             default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
-        seconds, default_error = measure_default(builder, runner, mod, target, default_build)
-        default_us = 1e6 * seconds
-        if space.has_default and math.isfinite(seconds):
-            commit_measurement(db, mod, space.knobs, space.default, seconds, target)
+        run_secs, default_error = measure_default(builder, runner, mod, target, default_build)
+        default_us = 1e6 * sum(launch_seconds(kernel, run_secs)) if run_secs else math.nan
+        if space.has_default and run_secs:
+            commit_measurement(db, mod, space.knobs, space.default, run_secs, target)
             rows = measured_records(db).get((kernel, bucket), [])
     measured = len(rows) - before
     if not rows:
@@ -204,29 +204,31 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * cost, geom.key())
 
 
-def commit_measurement(db, mod, knobs: dict, geom, seconds: float, target) -> None:
-    """Commit a measurement of ``geom`` on the workload ``mod`` as a tuning record (its trace decides
-    every knob to ``geom``'s value); ``tune`` does it for the default geometry."""
+def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> None:
+    """Commit a measurement of ``geom`` on the workload ``mod`` (``run_secs``: seconds per launch of the
+    case, a repeat at a time, as ``measure.run_case`` gives them) as a tuning record (its trace
+    decides every knob to ``geom``'s value); ``tune`` does it for the default geometry."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
     sch = tvm.s_tir.Schedule(mod)
     make_space(knobs, geom)(sch)
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [seconds], target, args_info))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [float(t) for t in run_secs], target, args_info))
 
 
-def measure_default(builder, runner, mod, target, built=None) -> tuple[float, str]:
-    """(mean seconds, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without
+def measure_default(builder, runner, mod, target, built=None) -> tuple[list, str]:
+    """(run_secs, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without
     knob annotations, which the builder builds with the defaults; ``built``: that build, made earlier
-    by ``build_defaults``), measured and checked against the reference by ``runner`` like a candidate;
-    (NaN, the error's ``error_summary``) when that failed. The build's artifact is removed."""
+    by ``build_defaults``), measured and checked against the reference by ``runner`` like a candidate
+    (seconds per launch of the case, a repeat at a time); ([], the error's ``error_summary``) when
+    that failed. The build's artifact is removed."""
     from tvm.s_tir import meta_schedule as ms
 
     if built is None:
         (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
     if built.error_msg:
-        return math.nan, error_summary(built.error_msg)
+        return [], error_summary(built.error_msg)
     artifact = built.artifact_path
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     device_type = "cuda" if target.kind.name == "cuda" else "cpu"  # a device name, as MetaSchedule's runners take
@@ -236,9 +238,8 @@ def measure_default(builder, runner, mod, target, built=None) -> tuple[float, st
     finally:
         ms.utils.remove_build_dir(artifact)  # MetaSchedule removes its candidates' artifacts; this one is ours
     if result.error_msg or not result.run_secs:
-        return math.nan, error_summary(result.error_msg or "no times returned")
-    secs = [float(s) for s in result.run_secs]
-    return sum(secs) / len(secs), ""
+        return [], error_summary(result.error_msg or "no times returned")
+    return [float(s) for s in result.run_secs], ""
 
 
 def error_summary(message: str, width: int = 240) -> str:

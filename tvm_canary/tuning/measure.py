@@ -9,11 +9,13 @@
   the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
   the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
   plans, a clean canary; ``case_for``), checks the candidate's outputs against the torch reference
-  byte for byte (a mismatch is a failed measurement, so it can never win) and then times one pass over
-  the case's launches (verify's: a random-order and a chain-order launch): on a GPU as the benchmarks
-  do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` passes, each value the
-  median of up to ``number`` replays, as many as make it span ``VALUE_MIN_US`` (``replays_per_value``,
-  after one timed replay), ``repeat`` values), on a CPU with ``time_evaluator`` per launch.
+  byte for byte (a mismatch is a failed measurement, so it can never win) and then times each of the
+  case's launches on its own (verify's: a random-order and a chain-order launch): on a GPU as the
+  benchmarks do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` copies of the
+  launch, each value the median of up to ``number`` replays, as many as make it span ``VALUE_MIN_US``
+  (``replays_per_value``, after one timed replay)), on a CPU with ``time_evaluator``; ``repeat``
+  values per launch, listed a repeat at a time (``apply.launch_seconds`` reads them back), so a
+  tuned geometry can be held to every launch of its case, not only to their sum (``apply.chosen``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from . import workloads
 # Per wave of builds (a round of n candidates on w workers is ceil(n / w) waves): a build that hangs fails
 # its round instead of the run. A build takes seconds; the first wave also starts the workers.
 BUILD_TIMEOUT_S = 120
-GRAPH_LAUNCHES = 4  # passes over a case's launches per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4 launches)
+GRAPH_LAUNCHES = 4  # copies of a case's launch per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4 launches)
 # A value spans at least this much GPU time (``replays_per_value``): a long graph needs fewer replays
 # than the evaluator's ``number`` to be as steady.
 VALUE_MIN_US = 20_000.0
@@ -179,8 +181,7 @@ def evaluator_config() -> ms.runner.EvaluatorConfig:
 def replays_per_value(replay_us: float, most: int) -> int:
     """Graph replays per timed value for a graph whose one replay took ``replay_us``: enough that the
     value spans ``VALUE_MIN_US``, at most ``most`` (the evaluator's ``number``), at least 1. On the H200
-    the verify ALL 16M bucket (5.8 ms a pass of the case of half-size launches, 23 ms a replay of
-    GRAPH_LAUNCHES passes; about twice that with launches of the bucket's size) then takes 1 replay a
+    a verify ALL 16M launch (about 7 ms; 28 ms a replay of GRAPH_LAUNCHES copies) then takes 1 replay a
     value instead of 10, a write 1 x 32768 bucket (15 ms a replay) 2, and launches of a few µs keep
     all 10."""
     return max(1, min(most, math.ceil(VALUE_MIN_US / max(replay_us, 1e-3))))
@@ -202,13 +203,13 @@ def run_case(rt_mod, device, config, repeated_args):
     if not case.matches():
         raise RuntimeError(f"candidate output of {name} differs from the torch reference")
     if cuda:
-        # As the benchmarks time (``timing``): replays of a CUDA graph of GRAPH_LAUNCHES passes over the
-        # case's launches; a value is the time of one pass. Timed one launch at a time instead, a kernel
-        # of a few µs measures the host's launch cost as much as itself, and a geometry that won there
-        # lost in the benchmark (docs/TUNING.md).
-        graph = timing.capture([lambda args=args: function(*args) for args in case.launches] * GRAPH_LAUNCHES)
-        replays = replays_per_value(timing.median_us(graph.replay, 1), config.number)
-        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, replays) for _ in range(config.repeat)]
+        # As the benchmarks time (``timing``): per launch, held replays of a CUDA graph of GRAPH_LAUNCHES
+        # copies of it; a value is the time of one launch. Timed eagerly one launch at a time instead,
+        # a kernel of a few µs measures the host's launch cost as much as itself, and a geometry that
+        # won there lost in the benchmark (docs/TUNING.md).
+        graphs = [timing.capture([lambda args=args: function(*args)] * GRAPH_LAUNCHES) for args in case.launches]
+        replays = [replays_per_value(timing.median_us(graph.replay, 1), config.number) for graph in graphs]
+        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, n) for _ in range(config.repeat) for graph, n in zip(graphs, replays)]
     timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
     per_launch = [timer(*args).results for args in case.launches]
-    return [sum(values) for values in zip(*per_launch)]
+    return [value for values in zip(*per_launch) for value in values]

@@ -7,9 +7,10 @@ folder name is what lookups at load match (``keys.database_dir``), so a database
 to its own device key. Merging keeps that true: every input folder must carry the output's device key
 and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records for ``sm_XY``; a CPU
 key: llvm records); anything else is refused before anything is written. The output (its earlier
-records included) gets, per workload, the best valid record of all inputs (``apply.measured_records``:
-measured, not failed, tuned for the current kernel code) and the default geometry's record from the same
-input, which ``apply.chosen`` weighs it against: a tuned record replaces the default only when one
+records included) gets, per workload, the fastest of the inputs' chosen records (``apply.chosen_row``
+of each input's valid records, ``apply.measured_records``: measured, not failed, tuned for the current
+kernel code) and the default geometry's record from the same input, which ``apply.chosen`` weighs it
+against: a tuned record replaces the default only when one
 tuning run measured it clearly faster (a default measured in another run, on another host or at
 another time, can differ by more than the margin). Only when that input has no valid default record is
 the fastest default record of the other inputs kept instead. The output's workload table is compact
@@ -28,14 +29,14 @@ import shutil
 import struct
 import tempfile
 
-from .apply import default_row, measured_records
+from .apply import chosen_row, default_row, measured_records
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
 @dataclasses.dataclass
 class Merged:
-    """What a merge kept: workloads (the best record and its run's default record each) and the records
+    """What a merge kept: workloads (the chosen record and its run's default record each) and the records
     read, per input."""
 
     workloads: int
@@ -72,8 +73,8 @@ def _check_database(folder: pathlib.Path, device_key: str):
 
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
-    workload the best valid record of all inputs and the default geometry's record of the input that
-    holds it, else the fastest default record of any input (against which ``apply.chosen`` weighs the
+    workload the fastest of the inputs' chosen records and the default geometry's record of the input
+    that holds it, else the fastest default record of any input (against which ``apply.chosen`` weighs the
     best). Every input is checked before ``out`` is touched; ``out`` is replaced as a whole."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -82,15 +83,16 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     if (out / DATABASE_FILES[0]).is_file() and out.resolve() not in inputs:
         inputs.append(out.resolve())
     databases = [(folder, _check_database(folder, device_key)) for folder in inputs]
-    best: dict = {}  # workload -> (the fastest valid row of all inputs, its input's default row or None)
+    best: dict = {}  # workload -> (the fastest chosen row of all inputs, its input's default row or None)
     fastest_default: dict = {}  # workload -> the fastest valid default row of any input
     read = {}
     for folder, db in databases:
         read[str(folder)] = len(db.get_all_tuning_records())
         for workload, rows in measured_records(db).items():
-            own_default = default_row(*workload, rows, cuda=rows[0][1].target.kind.name == "cuda")
-            if workload not in best or rows[0][0] < best[workload][0][0]:
-                best[workload] = rows[0], own_default
+            cuda = rows[0][1].target.kind.name == "cuda"
+            own_default, own_choice = default_row(*workload, rows, cuda), chosen_row(*workload, rows, cuda)
+            if workload not in best or own_choice[0] < best[workload][0][0]:
+                best[workload] = own_choice, own_default
             if own_default is not None and (workload not in fastest_default or own_default[0] < fastest_default[workload][0]):
                 fastest_default[workload] = own_default
     kept = [row for workload, (best_row, own_default) in best.items()
@@ -151,5 +153,5 @@ def run(args) -> int:
     result = merge(args.sources, args.out)
     for folder, count in result.records_read.items():
         print(f"read {count:5} records from {folder}")
-    print(f"wrote {result.workloads} workloads (best valid record and the default's, each) to {args.out}")
+    print(f"wrote {result.workloads} workloads (the chosen record and the default's, each) to {args.out}")
     return 0

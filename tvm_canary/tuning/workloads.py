@@ -110,8 +110,12 @@ _HASH_METHOD = 2
 # The version of a kernel's tuning case (``make_case``) where it changed since its records were first
 # kept: records timed on another case are stale (``apply.measured_records``), so a tune on top of a
 # database never ranks records of two cases together. Verify 2: two launches of the bucket's size each
-# (before, of half of it each).
-CASE_VERSIONS = {"verify": 2}
+# (before, of half of it each); 3: each launch timed on its own, a record's times per launch
+# (``measure.run_case``; before, one time per pass over both).
+CASE_VERSIONS = {"verify": 3}
+# Launches of a kernel's tuning case (``make_case``; 1 where not named): a record's ``run_secs`` hold
+# one time per launch per repeat (``apply.launch_seconds``).
+CASE_LAUNCHES = {"verify": 2}
 _IGNORED_ATTRS = ("tirx.is_scheduled",)  # says how the function may be scheduled further; no effect on its code
 
 
@@ -296,7 +300,9 @@ def _pool_slots(scattered: int, device, gen, mode: int, consecutive: int = 0) ->
 
 def make_case(kernel: str, bucket: tuple, device) -> Case:
     gen = torch.Generator().manual_seed(0)
-    return Case(kernel, _BUILDERS[kernel](bucket, device, gen))
+    case = Case(kernel, _BUILDERS[kernel](bucket, device, gen))
+    assert len(case.launches) == CASE_LAUNCHES.get(kernel, 1), (kernel, len(case.launches))
+    return case
 
 
 def _verify_kwargs(bucket, device, gen):
