@@ -789,7 +789,8 @@ def print_table(meta, rows, baselines):
     print(f"targets: {sum(r['status'] == 'PASS' for r in rows)} PASS, {len(failed)} FAIL")
     slower = verdicts.tuned_slower_labels(rows)
     if any("tuned_us" in r for r in rows):
-        print(f"tuned more than 3% slower than default (interleaved A/B): {', '.join(slower) if slower else 'none'}")
+        print(f"tuned more than {verdicts.TUNED_SLOWER_PERCENT} slower than default (interleaved A/B): "
+              f"{', '.join(slower) if slower else 'none'}")
     print("agreement with the reference: " + "; ".join(f"{k}: {v}" for k, v in meta["agreement"].items()))
 
 

@@ -1,10 +1,11 @@
-"""Compare two ``bench_kernels.py --json`` runs row by row (e.g. default vs tuned geometries).
+"""Compare two ``bench_kernels.py --json`` runs row by row (e.g. two runs of the same kernels, or of two
+versions), the default arm of each.
 
-    python benchmarks/compare.py DEFAULT.json TUNED.json
+    python benchmarks/compare.py FIRST.json SECOND.json
 
-Prints, per case, both times, tuned/default, and each run's ratio to its own floor; ends with the
-cases where the second run is more than 3% slower (``verdicts.TUNED_SLOWER``; run-to-run noise on an
-H200 is about 1-2%) and the rows of either run faster than one of their floors by more than the noise
+Prints, per case, both times, second/first, and each run's ratio to its own floor; ends with the
+cases where the second run is slower by more than the tuning check's margin (``verdicts.TUNED_SLOWER``)
+and the rows of either run faster than one of their floors by more than the noise
 (``verdicts.below_floor``).
 """
 
@@ -22,7 +23,7 @@ def main(argv=None) -> int:
     rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
     slower = []
     print(f"{a.get('gpu') or a['env']['gpu']}: {a_path} vs {b_path}")
-    print(f"{'kernel':8} {'case':24} {'default us':>11} {'tuned us':>10} {'tuned/def':>9} {'def/floor':>9} {'tuned/floor':>11}")
+    print(f"{'kernel':8} {'case':24} {'first us':>11} {'second us':>10} {'2nd/1st':>9} {'1st/floor':>9} {'2nd/floor':>11}")
     for ra in a["rows"]:
         rb = rows_b.get((ra["kernel"], ra["case"]))
         if rb is None:
@@ -32,10 +33,10 @@ def main(argv=None) -> int:
               f"{ra['us'] / ra['floor_us']:9.2f} {rb['us'] / rb['floor_us']:11.2f}")
         if rel > verdicts.TUNED_SLOWER:
             slower.append(f"{ra['kernel']} {ra['case']} ({rel:.3f}x)")
-    print(f"tuned more than 3% slower than default: {', '.join(slower) if slower else 'none'}")
+    print(f"second run more than {verdicts.TUNED_SLOWER_PERCENT} slower: {', '.join(slower) if slower else 'none'}")
     below = [f"{path}: {label}" for path, run in ((a_path, a), (b_path, b)) for r in run["rows"]
              if (label := verdicts.below_floor_label(r))]
-    print(f"rows faster than a floor by more than 5%: {'; '.join(below) if below else 'none'}")
+    print(f"rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT}: {'; '.join(below) if below else 'none'}")
     return 0
 
 

@@ -241,9 +241,11 @@ def markdown(run) -> str:
     lines.append(f"Targets: {passed} PASS, {len(failed)} FAIL" + (f" ({', '.join(failed)})" if failed else "") + ".")
     if tuned:
         slower = verdicts.tuned_slower_labels(run["rows"])
-        lines.append(f"Tuned more than 3% slower than default (A/B interleaved): {', '.join(slower) if slower else 'none'}.")
+        lines.append(f"Tuned more than {verdicts.TUNED_SLOWER_PERCENT} slower than default (A/B interleaved): "
+                     f"{', '.join(slower) if slower else 'none'}.")
     below = [label for r in run["rows"] if (label := verdicts.below_floor_label(r))]
-    lines.append(f"Rows faster than a floor by more than 5% (default or tuned arm): {', '.join(below) if below else 'none'}.")
+    lines.append(f"Rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT} (default or tuned arm): "
+                 f"{', '.join(below) if below else 'none'}.")
     if run.get("agreement"):
         lines += ["", "Agreement with the reference before timing: " + "; ".join(f"{k}: {v}" for k, v in run["agreement"].items()) + "."]
     return "\n".join(lines) + "\n"

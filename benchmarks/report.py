@@ -60,12 +60,13 @@ def summary(run) -> str:
     tuned = [r for r in run["rows"] if "tuned_us" in r]
     if tuned:
         slower = verdicts.tuned_slower_labels(tuned)
+        slower_than = f"more than {verdicts.TUNED_SLOWER_PERCENT} slower"
         lines.append(f"Tuned vs default (A/B interleaved, {len(tuned)} rows): "
-                     + (f"FAIL, more than 3% slower: {', '.join(slower)}." if slower else "PASS, none more than 3% slower."))
+                     + (f"FAIL, {slower_than}: {', '.join(slower)}." if slower else f"PASS, none {slower_than}."))
     below = [label for r in run["rows"] if (label := verdicts.below_floor_label(r))]
-    lines.append("Floors as lower bounds: " + (f"FAIL, rows faster than a floor by more than 5% (default or tuned arm): "
-                                                f"{', '.join(below)}." if below
-                                                else "PASS, no row faster than a floor by more than 5% (default or tuned arm)."))
+    faster_than = f"faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT} (default or tuned arm)"
+    lines.append("Floors as lower bounds: " + (f"FAIL, rows {faster_than}: {', '.join(below)}." if below
+                                                else f"PASS, no row {faster_than}."))
     return "\n".join(lines) + "\n"
 
 
