@@ -12,11 +12,12 @@ Columns:
   while the host enqueues).
 * graph wall / graph stream: the same for ``StepGraph.replay`` (inputs refilled from device tensors:
   one concatenation and the scatter offsets' cumsum before the graph, the status snapshot after it);
-  graph only: CUDA-event time of the bare graph replay.
+  graph only: CUDA-event time of the bare graph replay, held (``tvm_canary.timing``: the host's
+  submission of the graph is not timed, as it is not in the floors').
 * device ops: kernels, copies and memsets of one eager step (profiler); graph ops: those of the work
   the graph holds (its captured work run once under the profiler), and ``graph ops x empty``. A canary
   operator may be several launches (the plan kernel is two).
-* empty: one empty kernel replayed in a CUDA graph (the launch floor).
+* empty: one empty kernel in a CUDA graph of 100, replayed held (the launch floor).
 * floor sum: the sum of the floors of the step's canary operators (``operators``: one scatter, per
   group one plan, per endpoint, half and group one verify and one write), each measured in this run
   as ``benchmarks/bench_kernels.py`` measures a kernel's floor (``floors.py``: a kernel that moves the
@@ -63,7 +64,7 @@ from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import get_kernel, packing, targets
 from tvm_canary.runtime.compile import ensure_cuda_runtime
 from tvm_canary.session import CanaryGroup, CanarySession
-from tvm_canary.timing import median_us
+from tvm_canary.timing import graph_time_us, median_us
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bench_kernels  # noqa: E402
@@ -242,13 +243,7 @@ def empty_launch_us() -> float:
     ensure_cuda_runtime()
     fn = floors.compile_cuda(floors.empty(), targets.cuda_arch(0))
     x = torch.zeros(1, dtype=torch.int32, device=DEV)
-    graph = torch.cuda.CUDAGraph()
-    fn(x)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        for _ in range(100):
-            fn(x)
-    return median_us(graph.replay, 20) / 100
+    return graph_time_us([lambda: fn(x)] * 100, iters=20)
 
 
 def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: float, bench) -> dict:
@@ -263,7 +258,7 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
     # The bare replays below reuse the inputs the last refill left in the graph's static buffers, so
     # refill them with the decode batch first (captured, they hold zeros: an empty batch).
     replay()
-    graph_only = median_us(graph.graph.replay, iters)
+    graph_only = median_us(graph.graph.replay, iters, hold=True)  # the device's time, as the floors are timed
     verified = int(w.session._group("FULL").verify_plan.verify_num_valid[0])
     assert verified == bs * CONTEXT, f"the replayed step verified {verified} entries, not {bs * CONTEXT}"
     replayed = device_ops(graph.graph.replay)  # per operation, to set beside floor_ops
