@@ -520,9 +520,9 @@ class Bench:
 
     @staticmethod
     def fastest(times, name):
-        """The fastest arm of floor ``name`` in ``times`` ({arm: µs}): (µs, its label)."""
-        return min((us, label) for (floor, label), us in ((arm, us) for arm, us in times.items() if isinstance(arm, tuple))
-                   if floor == name)
+        """The fastest arm of floor ``name`` in ``times`` ({arm: µs}; a floor's arm is (name, grid label)):
+        (µs, its label)."""
+        return min((us, arm[1]) for arm, us in times.items() if isinstance(arm, tuple) and arm[0] == name)
 
     def fastest_floor(self, name, calls_of):
         """Fastest grid of floor kernel ``name``, its grids timed interleaved: (µs, its geometry);
@@ -577,12 +577,13 @@ class Bench:
             same = self.launchers.same(kernel, kw_sets[0])
             arms["tuned"] = [lambda kw=kw: self.ours(kernel, "default" if same else "tuned")(**kw) for kw in kw_sets]
         times = interleaved_us(arms | floor_arms, iters)
-        row["us"] = statistics.median(times["default"])
+        times_us = medians(times)
+        row["us"] = times_us["default"]
         if self.ab:
-            row.update(tuned_us=statistics.median(times["tuned"]), tuned_same_geometry=same,
+            row.update(tuned_us=times_us["tuned"], tuned_same_geometry=same,
                        ab_rounds={"default": times["default"], "tuned": times["tuned"]},
                        tuned_geometry=geometry_label(self.launchers.tuned_geometry(kernel, kw_sets[0])))
-        return medians({arm: t for arm, t in times.items() if arm in floor_arms})
+        return {arm: us for arm, us in times_us.items() if arm in floor_arms}
 
     def verify_rows(self, pool, empty_us):
 
@@ -856,7 +857,7 @@ def main(argv=None) -> int:
         so a run cut short still leaves its finished sweeps."""
         finish(rows)
         meta = {"env": env, "arch": bench.arch, "empty_us": empty_us, "chain_ns": chain_ns, "ab": args.ab,
-                "ab_rounds": AB_ROUNDS if args.ab else 0, "default_geometries": defaults, "candidates": list(args.candidates),
+                "ab_rounds": AB_ROUNDS, "default_geometries": defaults, "candidates": list(args.candidates),
                 "plan_candidates": list(args.plan_candidates),
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": time.time() - t_start,
                 "quick": args.quick, "complete": complete}

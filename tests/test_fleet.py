@@ -1,7 +1,8 @@
 """Fleet tuning without a GPU: a loopback RPC tracker and one CPU ``tvm-canary rpc-server`` (started and
 stopped here, under timeouts) tune a tiny llvm workload end to end, the record's geometry is applied at
-load; the fleet's preflight refuses what would hang; ``tune-merge`` keeps the best valid record (and the
-default's) per workload and refuses another device's database."""
+load; the fleet's preflight refuses what would hang and a server that measures with another protocol;
+``tune-merge`` keeps per workload the chosen record of a run that measured the default (and that
+default) and refuses another device's database."""
 
 from __future__ import annotations
 
@@ -103,7 +104,10 @@ def _database(root, key, costs: dict):
     return folder
 
 
-def test_tune_merge_keeps_the_best_valid_record_per_workload(tmp_path, capsys):
+def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(tmp_path, capsys):
+    """Host a measured the default (2.05 us) and a slower candidate, so its run chose the default; host b
+    measured a faster candidate (2 us) but not the default: a's choice and default are kept, b's
+    candidate, weighed against no default of its own run, is not. A failed record never wins."""
     import dataclasses
 
     from tvm.s_tir import meta_schedule as ms
@@ -119,13 +123,64 @@ def test_tune_merge_keeps_the_best_valid_record_per_workload(tmp_path, capsys):
     out = tmp_path / "merged" / key
     assert main(["tune-merge", str(a), str(b), "--out", str(out)]) == 0
     merged = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))
-    # per workload the best record, and the default's when it is another one
-    assert {w: len(rows) for w, rows in merged.items()} == {("write", (8, 16)): 2, ("write", (256, 1)): 1}
-    rows = merged[("write", (8, 16))]
-    assert [apply.record_geometry(r, cuda=False) for _, r in rows] == [g[2], g[4]]  # 2 us beats 3 us
-    assert apply.chosen("write", (8, 16), merged[("write", (8, 16))], cuda=False)[1] == g[4]  # within 3%: the default
+    # per workload the chosen record, and the default's when it is another one
+    assert {w: len(rows) for w, rows in merged.items()} == {("write", (8, 16)): 1, ("write", (256, 1)): 1}
+    assert apply.record_geometry(merged[("write", (8, 16))][0][1], cuda=False) == g[4]  # a's choice: its default
     assert apply.record_geometry(merged[("write", (256, 1))][0][1], cuda=False) == g[4]  # the failed record lost
     assert "wrote 2 workloads" in capsys.readouterr().out
+
+
+def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_default(tmp_path, monkeypatch):
+    """Per launch of a two-launch case (µs): host a measured the default (50, 50) and g1 (45, 45), which
+    its run chooses; host b measured only g2 (39, 50.5), faster over the case but, against a's default,
+    slower in the second launch. Weighing b's record against a's default would drop g1 for the default;
+    the merge keeps a's choice (g1) and default."""
+    import dataclasses
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import workloads
+    from tvm_canary.tuning.driver import commit_measurement
+
+    monkeypatch.setitem(workloads.CASE_LAUNCHES, "write", 2)
+    key = keys.device_key(torch.device("cpu"))
+    default = targets.default_geometry("write", "llvm")
+    g1, g2 = (dataclasses.replace(default, unroll=u) for u in (1, 2))
+    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
+    for host, measured in (("host-a", [(default, (50, 50)), (g1, (45, 45))]), ("host-b", [(g2, (39, 50.5))])):
+        folder = tmp_path / host / key
+        folder.mkdir(parents=True)
+        db = ms.database.JSONDatabase(work_dir=str(folder))
+        for geom, launches in measured:
+            commit_measurement(db, mod, schedules.knobs("write", False), geom, [1e-6 * us for us in launches] * 3,
+                               targets.target_from_tag("llvm"))
+    out = tmp_path / "merged" / key
+    assert main(["tune-merge", str(tmp_path / "host-a" / key), str(tmp_path / "host-b" / key), "--out", str(out)]) == 0
+    rows = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))[("write", (8, 16))]
+    assert [apply.record_geometry(r, cuda=False) for _, r in rows] == [g1, default]
+    assert apply.chosen("write", (8, 16), rows, cuda=False)[1] == g1
+
+
+def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
+    """``measure.protocol`` hashes what shapes a measurement (kernels, timing, cases); a fleet server
+    running another tvm_canary would rank its times with this host's: refused, by name."""
+    import json
+
+    from tvm_canary.tuning import measure
+
+    assert len(measure.protocol()) == 16 and measure.protocol() == measure.protocol()
+    ours = {"key": "k", "tag": "llvm", "protocol": measure.protocol()}
+    monkeypatch.setattr(fleet, "_server_function", lambda session, rpc_key, name: lambda device_type: json.dumps(ours))
+    assert fleet._server_info(None, "ci", "llvm") == ours
+    ours["protocol"] = "0" * 16
+    with pytest.raises(RuntimeError, match="another measurement protocol"):
+        fleet._server_info(None, "ci", "llvm")
+    del ours["protocol"]  # a server from before the protocol was reported
+    with pytest.raises(RuntimeError, match="another measurement protocol"):
+        fleet._server_info(None, "ci", "llvm")
 
 
 def test_tune_merge_writes_the_workload_table_compact(tmp_path):

@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-AB_ROUNDS = 4  # rounds of (A, B) in an interleaved comparison
+AB_ROUNDS = 4  # rounds of an interleaved comparison (each replays every arm in turn)
 # GPU clock cycles a held timing spins before its start event (about 66 µs at the H200's 1.98 GHz):
 # longer than the host takes to record an event and submit a graph of a few hundred nodes.
 HOLD_CYCLES = 1 << 17

@@ -40,9 +40,10 @@ def _records(key: str, cuda: bool) -> dict:
 
 def measured_records(db, stale: set | None = None) -> dict:
     """{(kernel, bucket): [(seconds of the case, record), ...] fastest first} of a database's valid records
-    for the current kernels (hashed for each record's target kind); the kernels of records tuned for
-    other kernel code are added to ``stale``."""
-    from .workloads import bucket_of, kernel_hash, workload_kernel_hash
+    for the current kernels (hashed for each record's target kind) and their tuning case (a time per
+    launch of it, ``launch_seconds``); the kernels of records tuned for other kernel code or another
+    case are added to ``stale``."""
+    from .workloads import CASE_LAUNCHES, bucket_of, kernel_hash, workload_kernel_hash
 
     out: dict = {}
     for record in db.get_all_tuning_records():
@@ -50,7 +51,8 @@ def measured_records(db, stale: set | None = None) -> dict:
             continue  # not measured, or failed (build error, timeout, output differing from the reference)
         func = record.workload.mod["main"]
         key = (str(func.attrs["canary.kernel"]), bucket_of(func))
-        if workload_kernel_hash(func) != kernel_hash(*key, str(record.target.kind.name)):
+        if (workload_kernel_hash(func) != kernel_hash(*key, str(record.target.kind.name))
+                or len(record.run_secs) % CASE_LAUNCHES.get(key[0], 1)):
             if stale is not None:
                 stale.add(key[0])
             continue

@@ -63,17 +63,31 @@ def register_server_functions() -> None:
 
 
 def _device_info(device_type: str) -> str:
-    """JSON ``{"key": device key, "tag": target tag}`` of the server's device (``cuda``: GPU 0, i.e.
-    the first of CUDA_VISIBLE_DEVICES; ``llvm``: the CPU)."""
+    """JSON ``{"key": device key, "tag": target tag, "protocol": measure.protocol()}`` of the server's
+    device (``cuda``: GPU 0, i.e. the first of CUDA_VISIBLE_DEVICES; ``llvm``: the CPU)."""
     import torch
 
     from ..runtime import targets
-    from . import keys
+    from . import keys, measure
 
     if device_type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("kv-canary: this RPC server has no CUDA GPU visible to torch")
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-    return json.dumps({"key": keys.device_key(device), "tag": targets.tag_for(device)})
+    return json.dumps({"key": keys.device_key(device), "tag": targets.tag_for(device), "protocol": measure.protocol()})
+
+
+def _server_info(session, rpc_key: str, device_type: str) -> dict:
+    """The ``_device_info`` of the server behind ``session``, refused when it measures with another
+    protocol than this host (``measure.protocol``: other kernels, timing or cases; its times would be
+    ranked with this host's)."""
+    from . import measure
+
+    info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
+    if info.get("protocol") != measure.protocol():
+        raise RuntimeError(f"kv-canary: an RPC server under key {rpc_key!r} runs tvm_canary with another measurement "
+                           f"protocol ({info.get('protocol')}, this host {measure.protocol()}): start the servers from "
+                           "this host's tvm_canary")
+    return info
 
 
 def _tvm_device(device_type: str):
@@ -170,7 +184,7 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
                          f"{'s' if servers != 1 else ''} registered under key {rpc_key!r}, got {workers}")
     session = _request(host, port, rpc_key)
     try:
-        info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
+        info = _server_info(session, rpc_key, device_type)
     finally:
         del session
     return Fleet(host, port, rpc_key, device_type, info["key"], info["tag"], workers)
@@ -251,7 +265,7 @@ def _held_session(device_key: str, device_type: str, rpc_config):
         except Exception:  # noqa: BLE001 - a dead session: open another
             _held.clear()
     session = _request(rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key, rpc_config.session_timeout_sec)
-    found = json.loads(_server_function(session, rpc_config.tracker_key, "tvm_canary.fleet.device_info")(device_type))["key"]
+    found = _server_info(session, rpc_config.tracker_key, device_type)["key"]
     if found != device_key:
         raise RuntimeError(f"kv-canary: an RPC server under key {rpc_config.tracker_key!r} has device key {found}, "
                            f"expected {device_key} (one RPC key per device model)")

@@ -21,9 +21,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import math
 import multiprocessing
 import os
+import pathlib
 import tempfile
 import time
 import uuid
@@ -170,6 +172,17 @@ def case_for(kernel: str, bucket: tuple, device_type: str):
         device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         _held_case[key] = workloads.make_case(kernel, bucket, device)
     return _held_case[key]
+
+
+def protocol() -> str:
+    """Hash (16 hex digits) of what shapes a measurement: the kernels' code (``compile.source_hash``) and
+    the sources of the timing, the cases and this module. An RPC server whose protocol differs measures
+    differently from this host (``fleet`` refuses it)."""
+    here = pathlib.Path(__file__).resolve().parent
+    digest = hashlib.sha256(C.source_hash().encode())
+    for path in (here.parent / "timing.py", here / "workloads.py", here / "measure.py"):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def evaluator_config() -> ms.runner.EvaluatorConfig:

@@ -9,12 +9,13 @@ and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records fo
 key: llvm records); anything else is refused before anything is written. The output (its earlier
 records included) gets, per workload, the fastest of the inputs' chosen records (``apply.chosen_row``
 of each input's valid records, ``apply.measured_records``: measured, not failed, tuned for the current
-kernel code) and the default geometry's record from the same input, which ``apply.chosen`` weighs it
-against: a tuned record replaces the default only when one
-tuning run measured it clearly faster (a default measured in another run, on another host or at
-another time, can differ by more than the margin). Only when that input has no valid default record is
-the fastest default record of the other inputs kept instead. The output's workload table is compact
-(``compact_workload_table``), as databases are committed.
+kernel code and case) and the default geometry's record from the same input, which ``apply.chosen``
+weighs it against: a tuned record replaces the default only when one tuning run measured it clearly
+faster (a default measured in another run, on another host or at another time, can differ by more
+than the margin). So only the inputs that measured the default compete when any did; an input without
+a valid default record (its measurement failed) counts only when none has one, and then its fastest
+record applies. The output's workload table is compact (``compact_workload_table``), as databases are
+committed.
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ def _check_database(folder: pathlib.Path, device_key: str):
 
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
-    workload the fastest of the inputs' chosen records and the default geometry's record of the input
-    that holds it, else the fastest default record of any input (against which ``apply.chosen`` weighs the
-    best). Every input is checked before ``out`` is touched; ``out`` is replaced as a whole."""
+    workload the fastest of the chosen records of the inputs that measured the default (of all inputs
+    when none did) and the default geometry's record of the input that holds it. Every input is checked
+    before ``out`` is touched; ``out`` is replaced as a whole."""
     from tvm.s_tir import meta_schedule as ms
 
     device_key = out.resolve().name
@@ -83,20 +84,19 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     if (out / DATABASE_FILES[0]).is_file() and out.resolve() not in inputs:
         inputs.append(out.resolve())
     databases = [(folder, _check_database(folder, device_key)) for folder in inputs]
-    best: dict = {}  # workload -> (the fastest chosen row of all inputs, its input's default row or None)
-    fastest_default: dict = {}  # workload -> the fastest valid default row of any input
+    # workload -> (the fastest chosen row, its input's default row or None), among the inputs that
+    # measured the default when any did (a choice is weighed against its own run's default)
+    best: dict = {}
     read = {}
     for folder, db in databases:
         read[str(folder)] = len(db.get_all_tuning_records())
         for workload, rows in measured_records(db).items():
             cuda = rows[0][1].target.kind.name == "cuda"
             own_default, own_choice = default_row(*workload, rows, cuda), chosen_row(*workload, rows, cuda)
-            if workload not in best or own_choice[0] < best[workload][0][0]:
+            held = best.get(workload)
+            if held is None or (own_default is not None, -own_choice[0]) > (held[1] is not None, -held[0][0]):
                 best[workload] = own_choice, own_default
-            if own_default is not None and (workload not in fastest_default or own_default[0] < fastest_default[workload][0]):
-                fastest_default[workload] = own_default
-    kept = [row for workload, (best_row, own_default) in best.items()
-            for row in (best_row, own_default or fastest_default.get(workload)) if row is not None]
+    kept = [row for best_row, own_default in best.values() for row in (best_row, own_default) if row is not None]
     kept = list({id(row[1]): row for row in kept}.values())  # the best row may be the default's
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:

@@ -5,6 +5,8 @@
 Only for a kernel change that provably keeps the generated code identical (e.g. the generated CUDA of
 every specialization compared byte for byte before and after) but changes the kernel hash
 (``workloads.kernel_hash``); any other change needs a re-tune, which ignoring the old records forces.
+The hash also carries the kernel's tuning case version (``workloads.CASE_VERSIONS``): records timed on
+an earlier case are stale for a reason the code cannot show, so never re-stamp them: re-tune.
 Each workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (so it
 carries the current hash), in the same order, so ``database_tuning_record.json``, whose records refer
 to workloads by position, stays byte-identical; the table is written compact

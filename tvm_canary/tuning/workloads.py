@@ -111,8 +111,11 @@ _HASH_METHOD = 2
 # kept: records timed on another case are stale (``apply.measured_records``), so a tune on top of a
 # database never ranks records of two cases together. Verify 2: two launches of the bucket's size each
 # (before, of half of it each); 3: each launch timed on its own, a record's times per launch
-# (``measure.run_case``; before, one time per pass over both).
-CASE_VERSIONS = {"verify": 3}
+# (``measure.run_case``; before, one time per pass over both), and held (below). Write, plan, scatter 2:
+# GPU replays timed held (``timing.HOLD_CYCLES``; before, a replay's time also held the host's
+# submission of its graph, about 1 µs per launch of a few µs: not comparable). The CPU's timing did
+# not change, but its records carry the same versions (a version is the kernel's, not the target's).
+CASE_VERSIONS = {"verify": 3, "write": 2, "plan": 2, "scatter": 2}
 # Launches of a kernel's tuning case (``make_case``; 1 where not named): a record's ``run_secs`` hold
 # one time per launch per repeat (``apply.launch_seconds``).
 CASE_LAUNCHES = {"verify": 2}
