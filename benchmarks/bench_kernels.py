@@ -34,8 +34,8 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
         [--json OUT.json]
 
-Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session): 423 s on a fresh host, where
-compiles (kernels, floors, baselines) are about half of it, 281 s with the kernel cache warm; ``--candidates`` add to it.
+Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session): 423 s on a fresh host (a third of it
+compiles: kernels, floors, baselines), 281 s with the kernel cache warm; ``--candidates`` add to it.
 """
 
 from __future__ import annotations
