@@ -190,6 +190,28 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.3, "hash + ticket 2112x32 sources in turn")
 
 
+def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
+    """``copy_floor_us``: torch's copy and every grid of the TIR copy, timed interleaved, the fastest
+    named as such; ``fastest_floor`` (bench_embedding's floors): the fastest grid, as a geometry."""
+    import bench_kernels
+    import floors
+
+    grids = floors.floor_geometries()
+    fastest_grid = bench_kernels.geometry_label(grids[3])
+
+    def interleaved(arms, iters=7):
+        return {arm: [1.0 if arm[1] == fastest_grid else 2.0] * 4 for arm in arms} | (
+            {("copy", "torch copy"): [torch_us] * 4} if ("copy", "torch copy") in arms else {})
+
+    monkeypatch.setattr(bench_kernels, "interleaved_us", interleaved)
+    monkeypatch.setattr(bench_kernels, "DEV", torch.device("cpu"))
+    bench = bench_kernels.Bench(quick=True, ab=False, baselines=(), candidates=())
+    monkeypatch.setattr(bench, "floor_kernel", lambda name, geom: lambda *args: None)
+    for torch_us, want in ((0.5, (0.5, "torch copy")), (1.5, (1.0, f"copy {fastest_grid}"))):
+        assert bench.copy_floor_us(1 << 10) == want
+    assert bench.fastest_floor("gather-NONE", lambda fn: [fn]) == (1.0, grids[3])
+
+
 def test_decode_step_floors_mirror_the_step(monkeypatch):
     """bench_embedding's floor of a decode step (GPU) lists the step's canary operators in launch order
     (recorded from an eager step of the same session, on the CPU here), each floor kernel with arguments
