@@ -199,15 +199,20 @@ def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
     grids = floors.floor_geometries()
     fastest_grid = bench_kernels.geometry_label(grids[3])
 
+    torch_copy_us = {}
+
     def interleaved(arms, iters=7):
-        return {arm: [1.0 if arm[1] == fastest_grid else 2.0] * 4 for arm in arms} | (
-            {("copy", "torch copy"): [torch_us] * 4} if ("copy", "torch copy") in arms else {})
+        times = {arm: [1.0 if arm[1] == fastest_grid else 2.0] * 4 for arm in arms}
+        if ("copy", "torch copy") in arms:
+            times["copy", "torch copy"] = [torch_copy_us["us"]] * 4
+        return times
 
     monkeypatch.setattr(bench_kernels, "interleaved_us", interleaved)
     monkeypatch.setattr(bench_kernels, "DEV", torch.device("cpu"))
     bench = bench_kernels.Bench(quick=True, ab=False, baselines=(), candidates=())
     monkeypatch.setattr(bench, "floor_kernel", lambda name, geom: lambda *args: None)
-    for torch_us, want in ((0.5, (0.5, "torch copy")), (1.5, (1.0, f"copy {fastest_grid}"))):
+    for us, want in ((0.5, (0.5, "torch copy")), (1.5, (1.0, f"copy {fastest_grid}"))):
+        torch_copy_us["us"] = us
         assert bench.copy_floor_us(1 << 10) == want
     assert bench.fastest_floor("gather-NONE", lambda fn: [fn]) == (1.0, grids[3])
 
