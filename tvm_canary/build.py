@@ -40,8 +40,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-
-
 def default_tuning_keys(tag: str) -> list[str]:
     """The device keys whose databases a build for ``tag`` covers by default: for ``cuda-sm_XX`` every
     database key ending in ``-sm_XX``; for ``llvm`` this CPU's key (when it has a database)."""

@@ -33,14 +33,23 @@ _lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
-def source_hash() -> str:
-    """Hash of everything that shapes the generated code (kernels, consts, geometry)."""
+def source_files() -> list[pathlib.Path]:
+    """The sources of everything that shapes the generated code (kernels, consts, geometry)."""
     pkg = pathlib.Path(__file__).resolve().parent.parent
-    files = sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py"]
+    return sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py"]
+
+
+def files_hash(files) -> str:
+    """SHA-256 (16 hex digits) of the files' bytes, in the order given."""
     digest = hashlib.sha256()
     for f in files:
-        digest.update(f.read_bytes())
+        digest.update(pathlib.Path(f).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def source_hash() -> str:
+    """Hash of everything that shapes the generated code (``source_files``)."""
+    return files_hash(source_files())
 
 
 def cache_dir() -> pathlib.Path:

@@ -50,8 +50,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-
-
 def run(args: argparse.Namespace) -> int:
     from tvm.s_tir import meta_schedule as ms
 

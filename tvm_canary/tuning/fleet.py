@@ -83,10 +83,10 @@ def _server_info(session, rpc_key: str, device_type: str) -> dict:
     from . import measure
 
     info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
-    if info.get("protocol") != measure.protocol():
+    ours = measure.protocol()
+    if info.get("protocol") != ours:
         raise RuntimeError(f"kv-canary: an RPC server under key {rpc_key!r} runs tvm_canary with another measurement "
-                           f"protocol ({info.get('protocol')}, this host {measure.protocol()}): start the servers from "
-                           "this host's tvm_canary")
+                           f"protocol ({info.get('protocol')}, this host {ours}): start the servers from this host's tvm_canary")
     return info
 
 

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
+import functools
 import math
 import multiprocessing
 import os
@@ -174,15 +174,13 @@ def case_for(kernel: str, bucket: tuple, device_type: str):
     return _held_case[key]
 
 
+@functools.lru_cache(maxsize=None)
 def protocol() -> str:
-    """Hash (16 hex digits) of what shapes a measurement: the kernels' code (``compile.source_hash``) and
-    the sources of the timing, the cases and this module. An RPC server whose protocol differs measures
-    differently from this host (``fleet`` refuses it)."""
+    """Hash (``compile.files_hash``) of what shapes a measurement: the kernels' code
+    (``compile.source_files``) and the sources of the timing, the cases and this module. An RPC server
+    whose protocol differs measures differently from this host (``fleet`` refuses it)."""
     here = pathlib.Path(__file__).resolve().parent
-    digest = hashlib.sha256(C.source_hash().encode())
-    for path in (here.parent / "timing.py", here / "workloads.py", here / "measure.py"):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return C.files_hash(C.source_files() + [here.parent / "timing.py", here / "workloads.py", here / "measure.py"])
 
 
 def evaluator_config() -> ms.runner.EvaluatorConfig:
