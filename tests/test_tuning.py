@@ -431,16 +431,17 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     verifies = (none, partial, full)
     assert all(knob_values_of(schedules.knobs("verify", True, int(m)), g) for m, g in zip(RealKvHashMode, verifies))
     assert "pairs" not in schedules.knobs("verify", True) and "pairs" in schedules.knobs("verify", True, 2)
-    assert (none.thin, partial.thin, full.thin) == (0, 0, 1)  # thin where it measured faster (defaults.py)
+    assert (none.thin, partial.thin, full.thin) == (0, 1, 1)  # thin where it measured faster (defaults.py)
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
     assert [g.thin for g in writes] == [0, 1, 1]
     assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
-    assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 0, 0)  # paired where measured faster
+    assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 1, 0)  # paired where measured faster
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
     sources = specializations.spec("verify", num_sources=2, check_token=False)
     full_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL), 1 << 20)
-    assert aot.geometries("verify", sources, "cuda-sm_90") == [partial, full, full_large]  # every size class
+    partial_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.PARTIAL), 1 << 20)
+    assert aot.geometries("verify", sources, "cuda-sm_90") == [partial, partial_large, full, full_large]  # every size class
     no_sources = specializations.spec("verify", num_sources=0, check_token=False)
     assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none]
 
@@ -464,7 +465,14 @@ def test_the_default_geometry_follows_the_launch_size_class():
     for size, expected in ((None, paired), (1, paired), (at_least - 1, paired), (at_least, single), (1 << 24, single)):
         assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 2) == [paired, single]
-    unclassed = (("verify", 0, 1 << 24), ("verify", 1, 1 << 24), ("write", 2, (1, 32768)), ("plan", 0, 4096))
+    # PARTIAL: thin and paired below the same boundary, full blocks and single-chain folds from it on.
+    assert CUDA_SIZE_DEFAULTS[("verify", 1)][0] == at_least
+    partial_small = targets.default_geometry("verify", "cuda-sm_90", 1)
+    partial_large = targets.default_geometry("verify", "cuda-sm_90", 1, at_least)
+    assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
+    assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
+    assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
+    unclassed = (("verify", 0, 1 << 24), ("write", 2, (1, 32768)), ("plan", 0, 4096))
     for kernel, mode, size in unclassed:
         assert targets.default_geometry(kernel, "cuda", mode, size) == targets.default_geometry(kernel, "cuda", mode)
         assert targets.default_geometries(kernel, "cuda", mode) == [targets.default_geometry(kernel, "cuda", mode)]

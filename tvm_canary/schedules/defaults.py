@@ -29,12 +29,12 @@ CUDA_DEFAULTS = {
 }
 
 CUDA_MODE_DEFAULTS = {
-    # verify in PARTIAL mode (a 32-byte prefix of each source folded): the 32-register cap of NONE's
-    # default costs 1.2-1.5x at 1M-16M entries; 1056 x 128 with min_blocks 8 (64 registers, 1024 threads
-    # per SM) is within 0.96-1.01x of the floor there (fifth-session H200 run). Since the fold's 8-word
-    # prefetch ptxas reports 36 bytes of spill stores (2 sources) at this cap; on the H200 PARTIAL moved
-    # by at most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
-    ("verify", 1): {"blocks": 1056, "threads": 128, "min_blocks": 8},
+    # verify in PARTIAL mode (a 32-byte prefix of each source folded), up to 16K entries (above: the size
+    # class below): 2112 x 128, min_blocks 2, thin, the sources' folds paired, which the tuner chose for
+    # the 4K bucket and which ran the H200 benchmark's 1K-4K rows 0.916-0.988x the time of 1056 x 128
+    # with min_blocks 8 (seventeenth session's complete run, its interleaved A/B; the sixteenth's
+    # 264 x 128 thin paired 0.940-0.991; thin alone, unpaired, was 1.16x at chain 1K-4K: the eleventh's).
+    ("verify", 1): {"blocks": 2112, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
     # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
     # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
     # was within a few % of the best candidate in every ALL row of the H200 sweep (random and chain,
@@ -72,6 +72,13 @@ CUDA_SIZE_DEFAULTS = {
     # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
     # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
     ("verify", 2): ((1 << 14) + 1, {"pairs": 0}),
+    # verify PARTIAL above 16K entries (the same boundary): 1056 x 128 with min_blocks 8, full blocks,
+    # single-chain folds. The 32-register cap of NONE's default costs 1.2-1.5x at 1M-16M entries; this
+    # grid (64 registers, 1024 threads per SM) is within 0.96-1.01x of the floor there (fifth-session
+    # H200 run) and 1.00-1.05x in the seventeenth session's at 64K-16M. Since the fold's 8-word prefetch
+    # ptxas reports 36 bytes of spill stores (2 sources) at this cap; on the H200 PARTIAL moved by at
+    # most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
+    ("verify", 1): ((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify ALL launches of up to
