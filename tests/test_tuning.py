@@ -441,7 +441,8 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     sources = specializations.spec("verify", num_sources=2, check_token=False)
     full_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL), 1 << 20)
     partial_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.PARTIAL), 1 << 20)
-    assert aot.geometries("verify", sources, "cuda-sm_90") == [partial, partial_large, full, full_large]  # every size class
+    every_size_class = [partial, partial_large, full, full_large]
+    assert aot.geometries("verify", sources, "cuda-sm_90") == every_size_class
     no_sources = specializations.spec("verify", num_sources=0, check_token=False)
     assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none]
 
