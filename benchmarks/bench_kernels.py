@@ -45,6 +45,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -105,35 +106,35 @@ def once_us(fn) -> float:
 
 
 def parse_geometry(text: str, tile: int = 1):
-    """``BLOCKSxTHREADS[kTILE][mMIN_BLOCKS][w][p]`` (e.g. ``1056x512m1``, ``528x512k1024``, ``528x128m2wp``;
-    ``w``: thin, ``p``: paired folds) -> a CUDA Geometry (``tile`` when the text names none)."""
+    """``BLOCKSxTHREADS[kTILE][uUNROLL][mMIN_BLOCKS][w][p]`` (e.g. ``1056x512m1``, ``528x512k1024``,
+    ``528x128u8``, ``528x128m2wp``; ``w``: thin, ``p``: paired folds) -> a CUDA Geometry (``tile`` when the
+    text names none)."""
     from tvm_canary.geometry import Geometry
 
-    pairs = text.endswith("p")
-    text = text.removesuffix("p")
-    thin = text.endswith("w")
-    blocks, rest = text.removesuffix("w").split("x")
-    rest, _, min_blocks = rest.partition("m")
-    threads, _, tile_text = rest.partition("k")
+    match = re.fullmatch(r"(\d+)x(\d+)(?:k(\d+))?(?:u(\d+))?(?:m(\d+))?(w?)(p?)", text)
+    if match is None:
+        raise ValueError(f"{text!r} is not BLOCKSxTHREADS[kTILE][uUNROLL][mMIN_BLOCKS][w][p]")
+    blocks, threads, tile_text, unroll, min_blocks, thin, pairs = match.groups()
     return Geometry(gpu=True, blocks=int(blocks), threads=int(threads), tile=int(tile_text or tile),
-                    min_blocks=int(min_blocks or 1), thin=int(thin), pairs=int(pairs))
+                    unroll=int(unroll or 1), min_blocks=int(min_blocks or 1), thin=int(bool(thin)), pairs=int(bool(pairs)))
 
 
 def geometry_label(geom) -> str:
     """``parse_geometry``'s text of a geometry, without its tile."""
-    return (f"{geom.blocks}x{geom.threads}" + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin
-            + "p" * geom.pairs)
+    return (f"{geom.blocks}x{geom.threads}" + (f"u{geom.unroll}" if geom.unroll != 1 else "")
+            + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin + "p" * geom.pairs)
 
 
 def default_labels(kernel: str, tag: str) -> str:
     """The kernel's default geometry, then the real-KV modes whose default differs and the size classes
-    (``2112x128m16, PARTIAL 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w``)."""
+    (``2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ..., write's ``528x128u4, NONE >= 1x23
+    528x128u8, ...``)."""
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import targets
 
     labels = []
     for mode, at_least, geom in targets.distinct_defaults(kernel, tag, [int(m) for m in RealKvHashMode]):
-        name = "" if not labels else f"{RealKvHashMode(mode).name} " + ("" if at_least is None else f">= {at_least} ")
+        name = "" if not labels else f"{RealKvHashMode(mode).name} " + ("" if at_least is None else f">= {targets.size_label(at_least)} ")
         labels.append(name + geometry_label(geom))
     return ", ".join(labels)
 

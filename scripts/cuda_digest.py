@@ -58,7 +58,8 @@ def default_builds(kernel: str, spec: tuple, tag: str) -> list:
     """(name, geometry) of each distinct default geometry a launch of ``spec`` on ``tag`` can use."""
     builds = []
     for mode, at_least, geom in targets.distinct_defaults(kernel, tag, launch_modes(kernel, spec)):
-        suffix = "" if not builds else f"-mode{mode}" + ("" if at_least is None else f"-from{at_least}")
+        size = "" if at_least is None else f"-from{targets.size_label(at_least)}"
+        suffix = "" if not builds else f"-mode{mode}{size}"
         builds.append((f"{kernel}-{spec_id(spec)}{suffix}", geom))
     return builds
 

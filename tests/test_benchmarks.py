@@ -317,9 +317,14 @@ def test_geometry_labels_round_trip():
     import bench_kernels
 
     for text, label in (("1056x512m1", "1056x512"), ("528x128m2w", "528x128m2w"), ("528x128m2wp", "528x128m2wp"),
-                        ("2112x512m16", "2112x512m16"), ("528x128p", "528x128p")):
+                        ("2112x512m16", "2112x512m16"), ("528x128p", "528x128p"), ("264x32u16w", "264x32u16w"),
+                        ("528x512k1024u1", "528x512")):
         assert bench_kernels.geometry_label(bench_kernels.parse_geometry(text)) == label
     assert bench_kernels.parse_geometry("528x128m2wp").pairs == 1
+    assert bench_kernels.parse_geometry("528x512k1024").tile == 1024
+    assert bench_kernels.parse_geometry("264x32u8m2w").unroll == 8
+    with pytest.raises(ValueError, match="BLOCKSxTHREADS"):
+        bench_kernels.parse_geometry("528x128q")
 
 
 def test_ab_kernels_keys_rows_by_their_workload_point():
@@ -335,4 +340,6 @@ def test_default_labels_name_modes_and_size_classes():
 
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
         "2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w")
-    assert bench_kernels.default_labels("write", "cuda-sm_90") == "528x128, PARTIAL 528x128w, ALL 528x128wp"
+    assert bench_kernels.default_labels("write", "cuda-sm_90") == (
+        "528x128u4, NONE >= 1x23 528x128u8, PARTIAL 528x128u4w, PARTIAL >= 1x23 528x128u8w, ALL 528x128u4wp, "
+        "ALL >= 1x23 528x128u8wp")

@@ -451,8 +451,8 @@ def test_the_default_geometry_follows_the_launch_size_class():
     """From ``CUDA_SIZE_DEFAULTS``' size on (verify ALL: 16K entries) a launch's default folds the sources
     one after another; below it, and with no size, the mode's default (paired). The size is the
     launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
-    the tuner's default record and ahead-of-time builds agree. Other modes, kernels and the CPU have no
-    size class."""
+    the tuner's default record and ahead-of-time builds agree. Write's classes bound its tokens per
+    request (the point's second coordinate). NONE verify, plan, scatter and the CPU have no size class."""
     from tvm_canary import schedules
     from tvm_canary.runtime import targets
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
@@ -473,7 +473,20 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
-    unclassed = (("verify", 0, 1 << 24), ("write", 2, (1, 32768)), ("plan", 0, 4096))
+    # write: chains of 23 tokens per request or more keep 8 entries in flight, shorter ones 4 (every mode).
+    for mode in (0, 1, 2):
+        short = targets.default_geometry("write", "cuda-sm_90", mode)
+        long = dataclasses.replace(short, unroll=8)
+        assert short.unroll == 4
+        points = (((4096, 1), short), ((64, 22), short), ((1, 23), long), ((64, 512), long), ((1, 32768), long))
+        for point, expected in points:
+            assert targets.default_geometry("write", "cuda-sm_90", mode, point) == expected, (mode, point)
+        assert workloads.default_of("write", (*point, mode), "cuda") == long
+        assert targets.default_geometries("write", "cuda", mode) == [short, long]
+    assert (targets.size_label(at_least), targets.size_label((1, 23))) == ("16385", "1x23")
+    assert targets.reaches((64, 512), (1, 23)) and not targets.reaches((4096, 1), (1, 23))
+    assert targets.reaches(at_least, at_least) and not targets.reaches(at_least - 1, at_least)
+    unclassed = (("verify", 0, 1 << 24), ("plan", 0, 4096), ("scatter", 0, 4096))
     for kernel, mode, size in unclassed:
         assert targets.default_geometry(kernel, "cuda", mode, size) == targets.default_geometry(kernel, "cuda", mode)
         assert targets.default_geometries(kernel, "cuda", mode) == [targets.default_geometry(kernel, "cuda", mode)]
@@ -485,7 +498,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert workloads.default_of("verify", (4096, 2), "cuda") == paired
     assert workloads.default_of("verify", (1 << 16, 2), "cuda") == single
     assert workloads.default_of("verify", (1 << 24, 2), "cuda") == single
-    assert workloads.default_of("write", (64, 512, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
+    assert workloads.default_of("write", (4096, 1, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
     # The class boundary is where the tuning buckets split: a launch of exactly 16K takes the 4K bucket
     # (ties go to the smaller), whose default is paired, as the launch's own default is.
     buckets = [(4096, 2), (1 << 16, 2)]

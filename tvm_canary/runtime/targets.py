@@ -47,21 +47,32 @@ def default_geometry(kernel: str, target: str, mode: int = 0, size: int | tuple 
     (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``), launch ``mode`` (verify's or
     write's real-KV hash mode when it folds sources, else 0: ``runtime.packing``'s ``KernelCall.mode``, the
     tuning bucket's ``workloads.mode_of``) and workload point ``size`` (``KernelCall.size``, the tuning
-    bucket's ``workloads.point_of``; its leading size is compared with the mode's size class,
-    ``CUDA_SIZE_DEFAULTS``; None: the default below any size class). Every default in the package (at
+    bucket's ``workloads.point_of``; compared with the mode's size class, ``CUDA_SIZE_DEFAULTS``, by
+    ``reaches``; None: the default below any size class). Every default in the package (at
     launch, in tuning and in ahead-of-time builds) comes from here."""
     if not target.startswith("cuda"):
         return Geometry(gpu=False, **CPU_DEFAULTS[kernel])
     fields = {**CUDA_DEFAULTS[kernel], **CUDA_MODE_DEFAULTS.get((kernel, mode), {})}
     size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode))
-    if size_class is not None and size is not None:
-        at_least, overrides = size_class
-        if (size[0] if isinstance(size, tuple) else size) >= at_least:
-            fields.update(overrides)
+    if size_class is not None and size is not None and reaches(size, size_class[0]):
+        fields.update(size_class[1])
     return Geometry(gpu=True, **fields)
 
 
-def size_classes(kernel: str, target: str, mode: int = 0) -> list[tuple[int | None, Geometry]]:
+def reaches(size: int | tuple, at_least: int | tuple) -> bool:
+    """Whether a workload point ``size`` is in the size class from ``at_least`` (``CUDA_SIZE_DEFAULTS``): a
+    number bounds the point's leading size, a tuple each of its coordinates."""
+    sizes = size if isinstance(size, tuple) else (size,)
+    bounds = at_least if isinstance(at_least, tuple) else (at_least,)
+    return all(s >= b for s, b in zip(sizes, bounds))
+
+
+def size_label(at_least: int | tuple) -> str:
+    """A size class's bound as text: ``16385`` (entries), ``1x23`` (write: requests x tokens per request)."""
+    return "x".join(map(str, at_least)) if isinstance(at_least, tuple) else str(at_least)
+
+
+def size_classes(kernel: str, target: str, mode: int = 0) -> list[tuple[int | tuple | None, Geometry]]:
     """``(at_least, default)`` of each size class of ``kernel`` in launch ``mode`` on ``target``: the mode's
     default first (``at_least`` None: below any class), then its size class's (``CUDA_SIZE_DEFAULTS``)."""
     out = [(None, default_geometry(kernel, target, mode))]
@@ -71,7 +82,7 @@ def size_classes(kernel: str, target: str, mode: int = 0) -> list[tuple[int | No
     return out
 
 
-def distinct_defaults(kernel: str, target: str, modes) -> list[tuple[int, int | None, Geometry]]:
+def distinct_defaults(kernel: str, target: str, modes) -> list[tuple[int, int | tuple | None, Geometry]]:
     """``(mode, at_least, default)`` of the defaults a launch of ``kernel`` in any of ``modes`` can take:
     the first mode's default (``at_least`` None), each other mode's default that differs from it, and
     every size class (``size_classes``); what a listing of a kernel's defaults names."""

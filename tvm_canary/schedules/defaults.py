@@ -1,7 +1,8 @@
 """Default (untuned) geometries as ``{kernel: {Geometry field: value}}``; unnamed fields keep the
 ``Geometry`` defaults (1). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
 (verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other
-launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default for launches from a size on.
+launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default for launches from a size on (verify's
+entries, write's tokens per request).
 ``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
 
 CUDA grids are grid-stride, so one size serves every GPU; the numbers suit a 132-SM Hopper (8 blocks
@@ -19,8 +20,8 @@ CUDA_DEFAULTS = {
     # (session 3), docs/PERFORMANCE.md ("Default geometries").
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 128-thread blocks
-    # spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (4 beat 8
-    # in both H200 buckets, 4096 x 1 and 1 x 32768).
+    # spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (long chains:
+    # 8, a size class below).
     "write": {"blocks": 528, "threads": 128, "unroll": 4},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
@@ -55,10 +56,10 @@ CUDA_MODE_DEFAULTS = {
     ("write", 2): {"thin": 1, "pairs": 1},
 }
 
-# Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point's
-# leading size (``runtime.packing.KernelCall.size``; verify's is its plan capacity) is at least
-# ``at_least`` overrides these fields of its mode's default (one class per kernel and mode). The CPU has
-# none.
+# Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point
+# (``runtime.packing.KernelCall.size``: verify's plan capacity; write's request capacity and tokens per
+# request) is at least ``at_least`` (a number: the leading size; a tuple: every coordinate) overrides
+# these fields of its mode's default (one class per kernel and mode). The CPU has none.
 CUDA_SIZE_DEFAULTS = {
     # verify ALL above 16K entries: the sources fold one after another (pairs 0). 16K is the log-scale
     # midpoint of the 4K and 64K tuning buckets, and a launch of exactly 16K takes the 4K bucket
@@ -79,6 +80,13 @@ CUDA_SIZE_DEFAULTS = {
     # ptxas reports 36 bytes of spill stores (2 sources) at this cap; on the H200 PARTIAL moved by at
     # most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
     ("verify", 1): ((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
+    # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
+    # 512-token tuning buckets) keeps 8 entries of each chain in flight, in every mode. Against 4 (H200,
+    # eighteenth session's GPU call 2, interleaved, benchmarks/results/h200-2026-12-02-session18-ab-write):
+    # 1 x 32768 0.955 / 0.976 / 0.980x (NONE / PARTIAL / ALL), 64 x 512 0.957 / 0.967 / 1.007x; at one token
+    # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep 4. 16 in
+    # flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512 0.956 / 1.005 / 1.057x.
+    **{("write", mode): ((1, 23), {"unroll": 8}) for mode in (0, 1, 2)},
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify ALL launches of up to
