@@ -34,9 +34,10 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
         [--json OUT.json]
 
-Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session): 423 s on a freshly started host,
-281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines compile on first use);
-``--candidates`` add to it.
+Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
+freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
+compile on first use); the eighteenth session's, on a host that had run the tuner, 419 s. The floors have nine grids
+since, so more (not yet measured); ``--candidates`` add to it.
 """
 
 from __future__ import annotations

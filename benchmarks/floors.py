@@ -46,9 +46,13 @@ from tvm_canary.kernels.common import (
 # kernel in that grid beat the best of the others in ALL mode at 1M-16M random entries (H200: 16M
 # 6726 us against a 7134 us floor); 1056 x 1024 because the tuned verify PARTIAL 16M geometry, 1056 x
 # 1024, ran chain order at 0.933x the best of the others (H200, fifteenth session: 853.5 against 914.9
-# us). At 1024 lanes ptxas builds the ALL gather and store floors with hashing and ticket in 32 and 41
+# us). 2112 x 256 and 2112 x 512 because the tuned verify PARTIAL geometries of the eighteenth session's
+# database (2112 x 256 min_blocks 16 and 2112 x 512, thin, paired: the same grids from 1M entries on)
+# ran chain order 1M / 4M / 16M at 0.944 / 0.907 / 0.925x the best of the others (H200, its complete
+# run). At 1024 lanes ptxas builds the ALL gather and store floors with hashing and ticket in 32 and 41
 # registers, no spills (sm_90).
-FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (528, 512), (1056, 512), (1056, 1024))
+FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (528, 512), (1056, 512), (2112, 512),
+               (1056, 1024))
 # The hashing floors' fold orders with two sources (``fold_hash``): both are timed, the faster counts.
 FOLD_ORDERS = {"": True, "seq-": False}  # name infix -> fold_together
 
