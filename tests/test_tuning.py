@@ -372,6 +372,28 @@ def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_p
         apply._records.cache_clear()
 
 
+def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monkeypatch):
+    """With no database (or tuning off) a write's default still follows its tokens per request (the size
+    classes), so its first launch in a mode loads every default of the mode: a long chain after a decode
+    step loads nothing."""
+    from tvm_canary.runtime import targets
+
+    monkeypatch.setattr(C, "tuning_enabled", lambda: False)
+    monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
+    monkeypatch.setattr(C, "_memory", {})
+    monkeypatch.setattr(C, "_by_launch", {})
+    monkeypatch.setattr(C, "_load_or_build", lambda name, spec, device, geom: (name, geom))  # no compiling here
+    gpu = torch.device("cuda", 0)  # never touched: nothing is built or launched
+    short = targets.default_geometry("write", "cuda-sm_90", 2, (4096, 1))
+    long = targets.default_geometry("write", "cuda-sm_90", 2, (1, 32768))
+    assert (short.unroll, long.unroll) == (4, 8)
+    assert C.get_kernel("write", (2, False), gpu, (4096, 1), 2) == ("write", short)
+    assert {k[4] for k in C._memory} == {short, long}
+    loaded = dict(C._memory)
+    assert C.get_kernel("write", (2, False), gpu, (1, 32768), 2) == ("write", long)
+    assert C._memory == loaded
+
+
 @pytest.mark.parametrize("mode", list(RealKvHashMode))
 def test_write_launches_carry_their_real_kv_mode(mode):
     """A write (like a verify) that folds sources is launched in its real-KV hash mode, the mode whose
@@ -404,6 +426,16 @@ def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
     case = write_case(torch.Generator().manual_seed(3), "cpu")
     cap, tokens = case["plan"].write_seed_slot_indices.shape[0], case["input_ids"].shape[0]
     assert packing.write_call(**case).size == (cap, max(1, tokens // cap))
+
+
+def test_scatter_takes_the_bucket_of_its_batch():
+    """Scatter's workload point is its batch size (``req_pool_indices``), not its pool's rows, which a
+    serving engine sizes once for its largest batch: a batch of 256 takes the bs-256 bucket."""
+    pool = torch.zeros(4097, 8, dtype=torch.int32)
+    call = packing.scatter_call(flat_in=torch.zeros(256 * 8, dtype=torch.int64), offsets=torch.arange(257) * 8,
+                                req_pool_indices=torch.arange(256) + 1, pool_out=pool)
+    assert call.size == 256
+    assert apply.nearest(sorted([(256, 1024), (4096, 1024)]), call.size) == (256, 1024)
 
 
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
@@ -481,10 +513,12 @@ def test_the_default_geometry_follows_the_launch_size_class():
         points = (((4096, 1), short), ((64, 22), short), ((1, 23), long), ((64, 512), long), ((1, 32768), long))
         for point, expected in points:
             assert targets.default_geometry("write", "cuda-sm_90", mode, point) == expected, (mode, point)
-        assert workloads.default_of("write", (*point, mode), "cuda") == long
+            assert workloads.default_of("write", (*point, mode), "cuda") == expected, (mode, point)
+        assert targets.default_geometry("write", "cuda-sm_90", mode, 4096) == short  # requests alone: no class
         assert targets.default_geometries("write", "cuda", mode) == [short, long]
     assert (targets.size_label(at_least), targets.size_label((1, 23))) == ("16385", "1x23")
     assert targets.reaches((64, 512), (1, 23)) and not targets.reaches((4096, 1), (1, 23))
+    assert not targets.reaches(4096, (1, 23)) and not targets.reaches((4096,), (1, 23))
     assert targets.reaches(at_least, at_least) and not targets.reaches(at_least - 1, at_least)
     unclassed = (("verify", 0, 1 << 24), ("plan", 0, 4096), ("scatter", 0, 4096))
     for kernel, mode, size in unclassed:

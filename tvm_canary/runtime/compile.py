@@ -97,17 +97,27 @@ def get_kernel(name: str, spec: tuple, device: torch.device, size: int | tuple =
 def _first_launch(name: str, spec: tuple, device: torch.device, size: int | tuple, mode: int):
     """``get_kernel`` of a launch key not seen yet: choose the geometry, find or build the module. A
     write's geometry follows each launch's token count (``packing.write_point``), so the first write of
-    a specialization and mode also loads every geometry the device's database selects in that mode:
-    a later write at another token count then loads and compiles nothing (a CUDA graph being captured,
-    a serving loop past its warm-up)."""
+    a specialization and mode also loads every geometry a write of that mode can take: those the
+    device's database selects in that mode, or, when it selects none, every default of the mode (its
+    size classes, ``targets.default_geometries``). A later write at another token count then loads and
+    compiles nothing (a CUDA graph being captured, a serving loop past its warm-up)."""
     with _lock:
         _by_launch[name, spec, device, size, mode] = fn = _module(name, spec, device, geometry(name, device, size, mode))
-        if name == "write" and tuning_enabled():
-            from ..tuning import apply, keys
-
-            for geom in apply.selected_geometries(name, keys.device_key(device), device.type == "cuda", (mode,)):
+        if name == "write":
+            for geom in _write_geometries(device, mode):
                 _module(name, spec, device, geom)
     return fn
+
+
+def _write_geometries(device: torch.device, mode: int) -> list:
+    """Every geometry a write launch of ``mode`` on ``device`` can take (``geometry``, any size)."""
+    if tuning_enabled():
+        from ..tuning import apply, keys
+
+        selected = apply.selected_geometries("write", keys.device_key(device), device.type == "cuda", (mode,))
+        if selected:
+            return selected
+    return targets.default_geometries("write", targets.tag_for(device), mode)
 
 
 def _module(name: str, spec: tuple, device: torch.device, geom):

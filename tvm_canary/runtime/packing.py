@@ -37,8 +37,9 @@ class KernelCall:
 
     kernel: "write", "verify", "plan" or "scatter".
     spec: its specialization (``specializations.spec``).
-    size, mode: the workload point its geometry is chosen for (``tuning.apply.nearest``): a capacity
-        (write: its request capacity and tokens per request, from the shapes), and verify's or write's
+    size, mode: the workload point its geometry is chosen for (``tuning.apply.nearest``), from shapes:
+        verify's plan capacity, plan's request capacity, scatter's batch size (not its pool's rows, which
+        an engine sizes once), write's request capacity and tokens per request; and verify's or write's
         real-KV hash mode when it folds sources (0 elsewhere; ``tuning.workloads.mode_of``).
     args: the positional arguments of the compiled function.
     scratch: positions in ``args`` of scratch tensors, whose contents after the launch are not part of
@@ -213,7 +214,7 @@ def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
     """None (nothing to launch) for an empty batch or no tokens (SPEC 3.4)."""
     if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
         return None
-    return KernelCall("scatter", spec("scatter"), pool_out.shape[0], 0, (flat_in, offsets, req_pool_indices, pool_out))
+    return KernelCall("scatter", spec("scatter"), req_pool_indices.shape[0], 0, (flat_in, offsets, req_pool_indices, pool_out))
 
 
 def _positions(args: tuple, scratch: torch.Tensor) -> frozenset:

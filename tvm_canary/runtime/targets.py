@@ -61,10 +61,11 @@ def default_geometry(kernel: str, target: str, mode: int = 0, size: int | tuple 
 
 def reaches(size: int | tuple, at_least: int | tuple) -> bool:
     """Whether a workload point ``size`` is in the size class from ``at_least`` (``CUDA_SIZE_DEFAULTS``): a
-    number bounds the point's leading size, a tuple each of its coordinates."""
+    number bounds the point's leading size, a tuple each of its coordinates (a point with fewer
+    coordinates than the bound, e.g. a write's request count alone, is not in the class)."""
     sizes = size if isinstance(size, tuple) else (size,)
     bounds = at_least if isinstance(at_least, tuple) else (at_least,)
-    return all(s >= b for s, b in zip(sizes, bounds))
+    return len(sizes) >= len(bounds) and all(s >= b for s, b in zip(sizes, bounds))
 
 
 def size_label(at_least: int | tuple) -> str:

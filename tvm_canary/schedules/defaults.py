@@ -41,7 +41,8 @@ CUDA_MODE_DEFAULTS = {
     # was within a few % of the best candidate in every ALL row of the H200 sweep (random and chain,
     # 1K..16M entries), docs/PERFORMANCE.md ("Default geometries"). Thin: at 1K-4K entries a warp of
     # entries per block runs 0.82-0.91x of full blocks' time, 64K-16M 0.96-1.02x (eleventh session's
-    # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x).
+    # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and
+    # 1.05x), but with paired folds PARTIAL up to 16K entries gains (its default since the eighteenth session).
     # Pairs: the two sources' fold chains advance in lockstep, their first words loaded as soon as the
     # slot is known (``Geometry.pairs``; 215 registers, so 2 blocks per SM): 1K-4K entries 0.81-0.86x the
     # previous single-chain kernel's time, chain order 64K-16M 1.03-1.10x (thirteenth session's GPU
@@ -81,7 +82,11 @@ CUDA_SIZE_DEFAULTS = {
     # most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
     ("verify", 1): ((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
-    # 512-token tuning buckets) keeps 8 entries of each chain in flight, in every mode. Against 4 (H200,
+    # 512-token tuning buckets' tokens per request) keeps 8 entries of each chain in flight, in every
+    # mode. The class follows tokens per request alone, the chain length the pipeline depth acts on; a
+    # tuned launch takes the bucket nearest over requests and tokens per request together
+    # (``tuning.apply.nearest``), so between buckets the two can differ (64 x 4 defaults to 4 in flight,
+    # but its nearest bucket is 64 x 512, whose default is 8). Against 4 (H200,
     # eighteenth session's GPU call 2, interleaved, benchmarks/results/h200-2026-12-02-session18-ab-write):
     # 1 x 32768 0.955 / 0.976 / 0.980x (NONE / PARTIAL / ALL), 64 x 512 0.957 / 0.967 / 1.007x; at one token
     # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep 4. 16 in
@@ -89,7 +94,7 @@ CUDA_SIZE_DEFAULTS = {
     **{("write", mode): ((1, 23), {"unroll": 8}) for mode in (0, 1, 2)},
 }
 
-# The CPU runs the paired folds at every size (as CUDA's write ALL and its verify ALL launches of up to
-# 16K entries do; the CPU has no size classes); tests/test_differential.py also checks the single-chain
+# The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches
+# of up to 16K entries do; the CPU has no size classes); tests/test_differential.py also checks the single-chain
 # folds on the CPU.
 CPU_DEFAULTS = {kernel: {"unroll": 4, **({"pairs": 1} if kernel in ("verify", "write") else {})} for kernel in CUDA_DEFAULTS}

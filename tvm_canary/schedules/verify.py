@@ -7,7 +7,7 @@ shorter dependent chain for more registers; on the H200 1K-4K ALL entries gain 1
 phase with the same ``threads`` lanes, so ``tile`` is not a verify knob. On CPU the kernel runs
 serially: no knobs."""
 
-# min_blocks 8 and 16 make the NONE and PARTIAL defaults points of the space, so tuning measures them
+# min_blocks 2, 8 and 16 make every default (of each mode and size class) a point of the space, so tuning measures them
 # beside the candidates (``tuning.apply`` keeps a default unless a candidate beat it clearly). Where
 # threads x min_blocks exceeds an SM's 2048 threads the cap cannot hold: such a point fails to build or
 # measures slow, and never wins.
