@@ -34,7 +34,9 @@ CUDA_MODE_DEFAULTS = {
     # class below): 2112 x 128, min_blocks 2, thin, the sources' folds paired, which the tuner chose for
     # the 4K bucket and which ran the H200 benchmark's 1K-4K rows 0.916-0.988x the time of 1056 x 128
     # with min_blocks 8 (seventeenth session's complete run, its interleaved A/B; the sixteenth's
-    # 264 x 128 thin paired 0.940-0.991; thin alone, unpaired, was 1.16x at chain 1K-4K: the eleventh's).
+    # 264 x 128 thin paired 0.940-0.991; thin alone, unpaired, was 1.16x at chain 1K-4K: the eleventh's);
+    # as the default against that one, 0.928-0.978x at 1K-4K and 0.999-1.004x from 64K on (eighteenth
+    # session's GPU call 1, ab_kernels.py, benchmarks/results/h200-2026-12-02-session18-ab).
     ("verify", 1): {"blocks": 2112, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
     # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
     # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
