@@ -28,8 +28,6 @@ HEALTH_WARMUP_STEPS = 10
 HEALTH_CHECK_INTERVAL = 20
 
 
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "demo", help="simulated serving with injected KV faults",
