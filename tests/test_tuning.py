@@ -438,6 +438,33 @@ def test_scatter_takes_the_bucket_of_its_batch():
     assert apply.nearest(sorted([(256, 1024), (4096, 1024)]), call.size) == (256, 1024)
 
 
+def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
+    """``apply.tuned_geometry`` takes the nearest bucket among those on the launch's side of its mode's
+    size-class bound (``targets.in_size_class``, the test its default is chosen by): 64 requests of 4
+    tokens (below write's (1, 23) class) take the 4096 x 1 bucket, though 64 x 512 is nearer; a verify of
+    16385 entries (from ALL's class bound on) takes the 64K bucket, though the 4K bucket is as near. With
+    no bucket in its class, a launch takes the nearest of its mode."""
+    from tvm_canary.geometry import Geometry
+    from tvm_canary.runtime import targets
+
+    names = ("short", "long", "small", "large")
+    picks = {name: Geometry(gpu=True, blocks=blocks) for blocks, name in enumerate(names, 1)}
+    tables = {"write": {(4096, 1, 2): picks["short"], (64, 512, 2): picks["long"]},
+              "verify": {(4096, 2): picks["small"], (1 << 16, 2): picks["large"]}}
+    monkeypatch.setattr(apply, "_records", lambda key, cuda: tables)
+    monkeypatch.setattr(keys, "device_key", lambda device: "a-test-gpu")
+    monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
+    gpu = torch.device("cuda", 0)
+    assert apply.nearest(sorted(tables["write"]), (64, 4)) == (64, 512, 2)  # nearest of the mode
+    wants = {("write", (64, 4)): "short", ("write", (4096, 1)): "short", ("write", (8, 30)): "long",
+             ("write", (1, 32768)): "long", ("verify", 1 << 14): "small", ("verify", (1 << 14) + 1): "large",
+             ("verify", 1 << 24): "large"}
+    for (kernel, point), want in wants.items():
+        assert apply.tuned_geometry(kernel, gpu, point, 2) == picks[want], (kernel, point)
+    del tables["write"][4096, 1, 2]
+    assert apply.tuned_geometry("write", gpu, (64, 4), 2) == picks["long"]
+
+
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
     apply._records.cache_clear()
@@ -642,7 +669,8 @@ def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default
 
     assert pick("default", "second slower", "second within the margin", "both faster") == (1153, "both faster")
     assert pick("default", "second slower", "second within the margin") == (1200, "default")
-    assert pick("second slower", "second within the margin") == (1096, "second within the margin")  # no default: the fastest
+    # no default measured: the fastest
+    assert pick("second slower", "second within the margin") == (1096, "second within the margin")
 
 
 def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):

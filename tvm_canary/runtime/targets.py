@@ -53,10 +53,17 @@ def default_geometry(kernel: str, target: str, mode: int = 0, size: int | tuple 
     if not target.startswith("cuda"):
         return Geometry(gpu=False, **CPU_DEFAULTS[kernel])
     fields = {**CUDA_DEFAULTS[kernel], **CUDA_MODE_DEFAULTS.get((kernel, mode), {})}
-    size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode))
-    if size_class is not None and size is not None and reaches(size, size_class[0]):
-        fields.update(size_class[1])
+    if in_size_class(kernel, target, mode, size):
+        fields.update(CUDA_SIZE_DEFAULTS[kernel, mode][1])
     return Geometry(gpu=True, **fields)
+
+
+def in_size_class(kernel: str, target: str, mode: int, size: int | tuple | None) -> bool:
+    """Whether a launch of workload point ``size`` (None: below any class) in ``mode`` on ``target`` is in
+    its mode's size class (``CUDA_SIZE_DEFAULTS``, CUDA only): the one test of both the default
+    (``default_geometry``) and the tuning buckets a launch may take (``tuning.apply.tuned_geometry``)."""
+    size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode)) if target.startswith("cuda") else None
+    return size_class is not None and size is not None and reaches(size, size_class[0])
 
 
 def reaches(size: int | tuple, at_least: int | tuple) -> bool:

@@ -167,9 +167,12 @@ def nearest(buckets: list[tuple], point: int | tuple) -> tuple:
 
 def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: int = 0) -> Geometry | None:
     """The geometry ``chosen`` selects in the bucket ``nearest`` to ``size`` among the kernel's buckets of
-    ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's), or None (no
-    record: the default applies)."""
-    from .workloads import mode_of
+    ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's) and of the
+    launch's size class (``targets.in_size_class``: a launch takes a bucket measured on its own side of
+    the class bound, as its default is; when the database has none there, the nearest of the mode),
+    or None (no record: the default applies)."""
+    from ..runtime import targets
+    from .workloads import mode_of, point_of
 
     key = keys.device_key(device)
     records = _records(key, device.type == "cuda")
@@ -180,4 +183,7 @@ def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: i
             _noticed.add(what)
             log.warning("tvm_canary: no tuned schedule for %s; using the default schedule", what)
         return None
-    return records[kernel][nearest(sorted(buckets), size)]  # sorted: a tie goes to the smaller bucket
+    target = targets.tag_for(device)
+    in_class = targets.in_size_class(kernel, target, mode, size)
+    same_class = [b for b in buckets if targets.in_size_class(kernel, target, mode, point_of(kernel, b)) == in_class]
+    return records[kernel][nearest(sorted(same_class or buckets), size)]  # sorted: a tie goes to the smaller bucket
