@@ -65,9 +65,9 @@ CUDA_MODE_DEFAULTS = {
 # these fields of its mode's default (one class per kernel and mode). The CPU has none.
 CUDA_SIZE_DEFAULTS = {
     # verify ALL above 16K entries: the sources fold one after another (pairs 0). 16K is the log-scale
-    # midpoint of the 4K and 64K tuning buckets, and a launch of exactly 16K takes the 4K bucket
-    # (``tuning.apply.nearest``: ties go to the smaller), so a bucket's default is the default of every
-    # launch the bucket serves. The paired kernel holds 215 registers, so 2 of its 128-lane
+    # midpoint of the 4K and 64K tuning buckets, and a tuned launch takes a bucket of its own class
+    # (``tuning.apply.tuned_geometry``), so a bucket's default is the default of every launch the
+    # bucket serves. The paired kernel holds 215 registers, so 2 of its 128-lane
     # blocks fit an SM; from 64K entries chain order pays for that. Against the gather floor of one grid
     # timed in the same call (thirteenth session; the single-chain form of the shipped code: call 6's
     # variant ``new-nopair``; the paired kernel as shipped: call 7): chain 64K / 1M / 16M 1.16 / 1.08 /

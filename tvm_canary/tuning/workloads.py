@@ -5,7 +5,8 @@ A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` 
 ``mode`` (PARTIAL or ALL); write ``(requests, tokens per request)`` in NONE mode and ``(requests,
 tokens per request, mode)`` with the same two sources; plan ``(bs, prefix)``, scatter ``(bs,
 tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply; within a
-mode the nearest size wins (a launch whose mode has no bucket runs its default geometry). Verify and
+mode the nearest size of the launch's size class wins (``apply.tuned_geometry``; a launch whose mode has
+no bucket runs its default geometry). Verify and
 write are tuned without input checks, plan and scatter in their no-LUT / no-pool specialization,
 whose geometry serves all of theirs. Write's real-KV modes have buckets of their own because its
 fold blocks run beside the chains: a geometry tuned on NONE chains alone slowed ALL 64 x 512 by 15%
