@@ -36,8 +36,8 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
 
 Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
 freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
-compile on first use); the eighteenth session's, on a host that had run the tuner, 419 s. The floors have nine grids
-since, so more (not yet measured); ``--candidates`` add to it.
+compile on first use); the eighteenth session's, on a host that had run the tuner, 419 s; with the floors' nine grids
+(nineteenth session) 554 s on a freshly started host. ``--candidates`` add to it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ from tvm_canary.kernels.common import (
 # us). 2112 x 256 and 2112 x 512 because the tuned verify PARTIAL geometries of the eighteenth session's
 # database (2112 x 256 min_blocks 16 and 2112 x 512, thin, paired: the same grids from 1M entries on)
 # ran chain order 1M / 4M / 16M at 0.944 / 0.907 / 0.925x the best of the others (H200, its complete
-# run). At 1024 lanes ptxas builds the ALL gather and store floors with hashing and ticket in 32 and 41
+# run); with them the same arms still ran 4M / 16M at 0.934x, and no floor variant tried bounded them
+# (nineteenth session, docs/PERFORMANCE.md: an open defect). At 1024 lanes ptxas builds the ALL gather and store floors with hashing and ticket in 32 and 41
 # registers, no spills (sm_90).
 FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (528, 512), (1056, 512), (2112, 512),
                (1056, 1024))

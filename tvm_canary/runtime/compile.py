@@ -85,9 +85,10 @@ def export(ex, path: pathlib.Path) -> None:
 
 def get_kernel(name: str, spec: tuple, device: torch.device, size: int | tuple = 0, mode: int = 0):
     """Compiled function of kernel ``name`` specialised by ``spec`` for ``device`` (cached), with the
-    tuned geometry of the bucket nearest to ``size`` (``packing.KernelCall.size``) among those of ``mode`` (verify's or
-    write's real-KV hash mode) and of its size class (``tuning.apply.tuned_geometry``) when the device has one, else the default of that mode and size (``size``
-    0: below any size class). After the first launch of a key: one dict lookup."""
+    tuned geometry of the bucket nearest to ``size`` (``packing.KernelCall.size``) among those of
+    ``mode`` (verify's or write's real-KV hash mode) and of its size class (``tuning.apply.tuned_geometry``)
+    when the device has one, else the default of that mode and size (``size`` 0: below any size class).
+    After the first launch of a key: one dict lookup."""
     fn = _by_launch.get((name, spec, device, size, mode))
     if fn is None:
         fn = _first_launch(name, spec, device, size, mode)
