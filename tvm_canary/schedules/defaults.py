@@ -50,10 +50,14 @@ CUDA_MODE_DEFAULTS = {
     # previous single-chain kernel's time, chain order 64K-16M 1.03-1.10x (thirteenth session's GPU
     # calls 5 and 7; min_blocks 3 or 4 spill and were slower: docs/PERFORMANCE.md).
     ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
-    # write in real-KV modes: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL and
-    # ALL), the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
+    # write in PARTIAL mode, short chains (long ones: the size class below): full blocks of 64 lanes,
+    # which the tuner chose for the 4096 x 1 bucket; against 128 thin lanes (the previous default) 4096 x 1
+    # ran 0.947x (4.66 / 4.92 us), and 64 x 512 and 1 x 32768 1.013x and 0.999x, so long chains keep 128 thin
+    # lanes (twentieth session's GPU call 3, ab_kernels.py, interleaved; 64 thin lanes: 0.980x at 4096 x 1).
+    ("write", 1): {"threads": 64},
+    # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL then too),
+    # the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
     # of 128); NONE 4096 x 1 1.02x (eleventh session's GPU call 1).
-    ("write", 1): {"thin": 1},
     # ALL: the sources' fold chains in lockstep (``Geometry.pairs``): 4096 x 1 0.92x, 64 x 512 0.98x,
     # 1 x 32768 0.99x (thirteenth session's GPU call 5); paired PARTIAL writes were 1.165x at 4096 x 1.
     ("write", 2): {"thin": 1, "pairs": 1},
@@ -92,7 +96,9 @@ CUDA_SIZE_DEFAULTS = {
     # 1 x 32768 0.955 / 0.976 / 0.980x (NONE / PARTIAL / ALL), 64 x 512 0.957 / 0.967 / 1.007x; at one token
     # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep 4. 16 in
     # flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512 0.956 / 1.005 / 1.057x.
-    **{("write", mode): ((1, 23), {"unroll": 8}) for mode in (0, 1, 2)},
+    **{("write", mode): ((1, 23), {"unroll": 8}) for mode in (0, 2)},
+    # PARTIAL's long chains also keep the 128 thin lanes its short chains gave up (mode default above).
+    ("write", 1): ((1, 23), {"unroll": 8, "threads": 128, "thin": 1}),
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches
