@@ -50,7 +50,7 @@ from tvm_canary.kernels.common import (
 # database (2112 x 256 min_blocks 16 and 2112 x 512, thin, paired: the same grids from 1M entries on)
 # ran chain order 1M / 4M / 16M at 0.944 / 0.907 / 0.925x the best of the others (H200, its complete
 # run); with them the same arms still ran 4M / 16M at 0.934x, and no floor variant tried bounded them
-# (nineteenth session), nor eight more grids of 12-32 warps per SM (twentieth session: 2112 x 256 with
+# (nineteenth session), nor eight more grids of 16-32 warps per SM (twentieth session: 2112 x 256 with
 # min_blocks 16, 74 registers, ran chain 4M at 0.932x the best of 17 grids, and random 4M at 1.047x).
 # Nsight Compute counts the same DRAM bytes, L2 sectors and L1 hit rate for that arm as for the best
 # grid's gather: it issues the same loads faster, which no grid reproduces (docs/PERFORMANCE.md: an open

@@ -1,5 +1,5 @@
 """Default (untuned) geometries as ``{kernel: {Geometry field: value}}``; unnamed fields keep the
-``Geometry`` defaults (1). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
+``Geometry`` defaults (1; ``thin`` and ``pairs`` 0). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
 (verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other
 launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default for launches from a size on (verify's
 entries, write's tokens per request).
@@ -20,7 +20,7 @@ CUDA_DEFAULTS = {
     # (session 3), docs/PERFORMANCE.md ("Default geometries").
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 128-thread blocks
-    # spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (long chains:
+    # (write PARTIAL's short chains: 64, ``CUDA_MODE_DEFAULTS``) spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (long chains:
     # 8, a size class below).
     "write": {"blocks": 528, "threads": 128, "unroll": 4},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
@@ -52,8 +52,8 @@ CUDA_MODE_DEFAULTS = {
     ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
     # write in PARTIAL mode, short chains (long ones: the size class below): full blocks of 64 lanes,
     # which the tuner chose for the 4096 x 1 bucket; against 128 thin lanes (the previous default) 4096 x 1
-    # ran 0.947x (4.66 / 4.92 us), and 64 x 512 and 1 x 32768 1.013x and 0.999x, so long chains keep 128 thin
-    # lanes (twentieth session's GPU call 3, ab_kernels.py, interleaved; 64 thin lanes: 0.980x at 4096 x 1).
+    # ran 0.946x (4.66 / 4.92 us), and 64 x 512 and 1 x 32768 1.013x and 0.999x, so long chains keep 128 thin
+    # lanes (twentieth session's GPU call 3, ab_kernels.py, interleaved; 64 thin lanes: 0.979x at 4096 x 1).
     ("write", 1): {"threads": 64},
     # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL then too),
     # the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
