@@ -1,8 +1,8 @@
 """Default (untuned) geometries as ``{kernel: {Geometry field: value}}``; unnamed fields keep the
-``Geometry`` defaults (1; ``thin`` and ``pairs`` 0). ``CUDA_MODE_DEFAULTS`` overrides fields for one launch mode of a kernel
-(verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL, 2 = ALL; every other
-launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default for launches from a size on (verify's
-entries, write's tokens per request).
+``Geometry`` defaults (1; ``thin`` and ``pairs`` 0). ``CUDA_MODE_DEFAULTS`` overrides fields for one
+launch mode of a kernel (verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL,
+2 = ALL; every other launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default
+for launches from a size on (verify's entries, write's tokens per request).
 ``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
 
 CUDA grids are grid-stride, so one size serves every GPU; the numbers suit a 132-SM Hopper (8 blocks
@@ -20,8 +20,8 @@ CUDA_DEFAULTS = {
     # (session 3), docs/PERFORMANCE.md ("Default geometries").
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 128-thread blocks
-    # (write PARTIAL's short chains: 64, ``CUDA_MODE_DEFAULTS``) spread a few thousand requests over all SMs; the chain walk keeps 4 entries in flight (long chains:
-    # 8, a size class below).
+    # (write PARTIAL's short chains: 64, ``CUDA_MODE_DEFAULTS``) spread a few thousand requests over all
+    # SMs; the chain walk keeps 4 entries in flight (long chains: 8, a size class below).
     "write": {"blocks": 528, "threads": 128, "unroll": 4},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
