@@ -27,6 +27,9 @@ import verdicts  # benchmarks/, the script's folder
 BASELINES = ("original", "triton", "torch")
 STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
 DEFAULT_DPI = 110  # plot.py --dpi: the PNGs' resolution (docs/ keeps them small at 60-80)
+# Colours of the PNGs' palette: the plots draw a dozen line colours (anti-aliased); 64 keep them apart at
+# about 0.8x the size of 256 (the repository's tree must stay under 2 MiB, docs/ PNGs included).
+PALETTE_COLOURS = 64
 
 
 def read_run(path) -> dict:
@@ -53,12 +56,12 @@ def _tokens(row) -> int:
 
 
 def _save(fig, path: pathlib.Path, dpi: int) -> None:
-    """Write ``fig`` as a 256-colour palette PNG (a third of the RGBA size; Pillow comes with matplotlib)."""
+    """Write ``fig`` as a palette PNG of ``PALETTE_COLOURS`` colours (Pillow comes with matplotlib)."""
     from PIL import Image
 
     fig.savefig(path, dpi=dpi)
     with Image.open(path) as image:
-        palette = image.convert("RGB").quantize(256)
+        palette = image.convert("RGB").quantize(PALETTE_COLOURS)
     palette.save(path, optimize=True)
 
 def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.Path:
