@@ -476,7 +476,7 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
     """Verify in PARTIAL and ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``), and so has write's:
-    ALL thin, PARTIAL's short chains full blocks of 64 lanes (its long chains: the size class); every
+    ALL thin lanes of 128, NONE and PARTIAL full blocks of 64 (long chains: the size classes); every
     verify and write default is a point of the design space (so ``tune`` measures it beside the
     candidates), and ahead-of-time builds cover the defaults of a
     specialization's modes; the CPU has one default."""
@@ -493,7 +493,7 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     assert "pairs" not in schedules.knobs("verify", True) and "pairs" in schedules.knobs("verify", True, 2)
     assert (none.thin, partial.thin, full.thin) == (0, 1, 1)  # thin where it measured faster (defaults.py)
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
-    assert [(g.threads, g.thin) for g in writes] == [(128, 0), (64, 0), (128, 1)]
+    assert [(g.threads, g.thin) for g in writes] == [(64, 0), (64, 0), (128, 1)]
     assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
     assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 1, 0)  # paired where measured faster
     cpu = targets.default_geometry("verify", "llvm")
@@ -534,10 +534,12 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
     # write: chains of 23 tokens per request or more keep 8 entries in flight, shorter ones 4 (every mode);
-    # PARTIAL's long chains also keep 128 thin lanes where its short ones run full blocks of 64.
+    # PARTIAL's long chains run 128 thin lanes where its short ones run NONE's 64 full lanes, and ALL's
+    # 256 full lanes where its short ones run 128 thin lanes.
+    long_lanes = {0: {}, 1: {"threads": 128, "thin": 1}, 2: {"threads": 256, "thin": 0}}
     for mode in (0, 1, 2):
         short = targets.default_geometry("write", "cuda-sm_90", mode)
-        long = dataclasses.replace(short, unroll=8, **({"threads": 128, "thin": 1} if mode == 1 else {}))
+        long = dataclasses.replace(short, unroll=8, **long_lanes[mode])
         assert short.unroll == 4
         points = (((4096, 1), short), ((64, 22), short), ((1, 23), long), ((64, 512), long), ((1, 32768), long))
         for point, expected in points:

@@ -19,10 +19,14 @@ CUDA_DEFAULTS = {
     # 1-4% more than 1056 x 128 with min_blocks 8. Evidence: the H200 candidate sweeps of 2026-11-30
     # (session 3), docs/PERFORMANCE.md ("Default geometries").
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
-    # One launch; one thread per request (a warp per request when they are few); 128-thread blocks
-    # (write PARTIAL's short chains: 64, ``CUDA_MODE_DEFAULTS``) spread a few thousand requests over all
-    # SMs; the chain walk keeps 4 entries in flight (long chains: 8, a size class below).
-    "write": {"blocks": 528, "threads": 128, "unroll": 4},
+    # One launch; one thread per request (a warp per request when they are few); 64-thread blocks spread
+    # a few thousand requests over all SMs (ALL, and PARTIAL's long chains: 128 thin lanes,
+    # ``CUDA_MODE_DEFAULTS`` and the size classes); the chain walk keeps 4 entries in flight (long
+    # chains: 8, a size class below). 64 lanes against 128 (H200, twenty-first session's GPU call 1,
+    # ab_kernels.py, interleaved): NONE 4096 x 1 0.934x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
+    # 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 64 x 512 1.013x and 1 x 32768
+    # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3).
+    "write": {"blocks": 528, "threads": 64, "unroll": 4},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
     "plan": {"blocks": 2112, "threads": 512, "tile": 1024},
@@ -50,17 +54,14 @@ CUDA_MODE_DEFAULTS = {
     # previous single-chain kernel's time, chain order 64K-16M 1.03-1.10x (thirteenth session's GPU
     # calls 5 and 7; min_blocks 3 or 4 spill and were slower: docs/PERFORMANCE.md).
     ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
-    # write in PARTIAL mode, short chains (long ones: the size class below): full blocks of 64 lanes,
-    # which the tuner chose for the 4096 x 1 bucket; against 128 thin lanes (the previous default) 4096 x 1
-    # ran 0.946x (4.66 / 4.92 us), and 64 x 512 and 1 x 32768 1.013x and 0.999x, so long chains keep 128 thin
-    # lanes (twentieth session's GPU call 3, ab_kernels.py, interleaved; 64 thin lanes: 0.979x at 4096 x 1).
-    ("write", 1): {"threads": 64},
     # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL then too),
     # the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
     # of 128); NONE 4096 x 1 1.02x (eleventh session's GPU call 1).
     # ALL: the sources' fold chains in lockstep (``Geometry.pairs``): 4096 x 1 0.92x, 64 x 512 0.98x,
     # 1 x 32768 0.99x (thirteenth session's GPU call 5); paired PARTIAL writes were 1.165x at 4096 x 1.
-    ("write", 2): {"thin": 1, "pairs": 1},
+    # ALL's short chains keep 128 lanes: 64 full lanes ran 4096 x 1 1.06x (8.75 / 8.26 us; twenty-first
+    # session's call 1).
+    ("write", 2): {"threads": 128, "thin": 1, "pairs": 1},
 }
 
 # Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point
@@ -96,9 +97,14 @@ CUDA_SIZE_DEFAULTS = {
     # 1 x 32768 0.955 / 0.976 / 0.980x (NONE / PARTIAL / ALL), 64 x 512 0.957 / 0.967 / 1.007x; at one token
     # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep 4. 16 in
     # flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512 0.956 / 1.005 / 1.057x.
-    **{("write", mode): ((1, 23), {"unroll": 8}) for mode in (0, 2)},
-    # PARTIAL's long chains also keep the 128 thin lanes its short chains gave up (mode default above).
+    ("write", 0): ((1, 23), {"unroll": 8}),
+    # PARTIAL's long chains run 128 thin lanes (its short chains: NONE's 64 full lanes).
     ("write", 1): ((1, 23), {"unroll": 8, "threads": 128, "thin": 1}),
+    # ALL's long chains run 256 full lanes, the tuner's choice for the 64 x 512 bucket: against 128 thin
+    # lanes 64 x 512 0.947x (63.32 / 66.86 us), 1 x 32768 1.003x (3656.3 / 3644.3 us); at 4096 x 1 they
+    # would cost 1.68x, so short chains keep 128 thin lanes (H200, twenty-first session's GPU call 1,
+    # ab_kernels.py, interleaved).
+    ("write", 2): ((1, 23), {"unroll": 8, "threads": 256, "thin": 0}),
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches
