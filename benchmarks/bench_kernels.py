@@ -32,7 +32,15 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
-        [--json OUT.json]
+        [--json OUT.json [--resume]]
+
+``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
+the kernels that file finished (a kernel's rows are written when its sweep ends), runs the rest of
+``--kernels`` and writes the whole run back (``resume_run``). The file must come from the same GPU
+model, driver, versions, defaults and options; ``parts`` records each invocation's kernels, wall time,
+empty launch and register-only chain (a row's floors are always timed in its own process). A complete
+run on a freshly started host can take longer than one call of a lent GPU allows (600 s; the twenty-first
+session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``.
 
 Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
 freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
@@ -756,6 +764,27 @@ def environment() -> dict:
     return env
 
 
+# What a resumed run must share with the file it continues (``resume_run``): the run's options, and
+# GPU, driver and versions (``environment``) as they were when the file was written.
+RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
+
+
+def resume_run(prior: dict, now: dict, kernels: list[str]) -> tuple[list, list[str]]:
+    """(rows kept, kernels still to run) when the run ``prior`` (a ``--json`` file) is continued by an
+    invocation whose environment, options and default geometries are ``now`` (keys ``env``,
+    ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError`` naming the first
+    difference when it is not the same run."""
+    for key in ("env", *RESUME_KEYS):
+        if prior.get(key) != now[key]:
+            raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
+    done = {row["kernel"] for row in prior["rows"]}
+    for kernel in done & set(kernels):
+        if prior["default_geometries"].get(kernel) != now["default_geometries"][kernel]:
+            raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
+                             f"{prior['default_geometries'].get(kernel)!r}, this checkout's are {now['default_geometries'][kernel]!r}")
+    return [row for row in prior["rows"] if row["kernel"] in kernels], [k for k in kernels if k not in done]
+
+
 def finish(rows):
     """Derived columns: GB/s, ratio to floor, speedups over baselines, targets with PASS/FAIL."""
     for r in rows:
@@ -809,6 +838,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plan-candidates", nargs="*", default=[],
                     help="extra plan geometries to time, BLOCKSxTHREADS[kTILE] (tile: the default's), e.g. 528x512 2112x512k1024")
     ap.add_argument("--json", help="write the rows and the run's environment here")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --json: keep the kernels it finished, run the rest")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -828,6 +858,8 @@ def main(argv=None) -> int:
             parse_geometry(c)
         except ValueError:
             return fail(f"--plan-candidates {c!r}: expected BLOCKSxTHREADS[kTILE], e.g. 528x512k1024")
+    if args.resume and not (args.json and os.path.exists(args.json)):
+        return fail("--resume continues the run in --json: give --json a run's file")
 
     sys.path.insert(0, HERE)
     import floors
@@ -839,10 +871,28 @@ def main(argv=None) -> int:
                   plan_candidates=tuple(args.plan_candidates))
     bench.launchers = Launchers()
     bench.arch = targets.cuda_arch(0)
+    options = {"arch": bench.arch, "ab": args.ab, "quick": args.quick, "baselines": list(args.baselines),
+               "candidates": list(args.candidates), "plan_candidates": list(args.plan_candidates)}
+    defaults = {k: default_labels(k, bench.launchers.tag) for k in args.kernels}
+    env = environment()
+    rows: list = []
+    prior = {"agreement": {}, "warnings": [], "parts": []}
+    kernels = list(args.kernels)
+    if args.resume:
+        with open(args.json) as f:
+            prior = json.load(f)
+        try:
+            rows, kernels = resume_run(prior, {"env": env, "default_geometries": defaults, **options}, kernels)
+        except ValueError as e:
+            return fail(str(e))
+        if not kernels:
+            return fail(f"--resume: the run in --json has finished {', '.join(args.kernels)}; nothing is left to run")
+        bench.agreement.update(prior["agreement"])
+        bench.warnings += prior["warnings"]
     flag = torch.zeros(1, dtype=torch.int32, device=DEV)
-    bench.start_probes(args.kernels)
-    bench.prebuild_floors(args.kernels)  # while the children build and check the baselines
-    bench.load_baselines(args.kernels)
+    bench.start_probes(kernels)
+    bench.prebuild_floors(kernels)  # while the children build and check the baselines
+    bench.load_baselines(kernels)
     empty = floors.compile_cuda(floors.empty(), bench.arch)
     empty_us = graph_time_us([lambda: empty(flag)] * 8)
     chain = floors.compile_cuda(floors.chain(), bench.arch)
@@ -851,27 +901,27 @@ def main(argv=None) -> int:
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
     sweeps = {"verify": lambda: bench.verify_rows(pool, empty_us), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
-    defaults = {k: default_labels(k, bench.launchers.tag) for k in args.kernels}
-    env = environment()
-    rows: list = []
 
-    def report(complete: bool) -> dict:
+    def report(done: list[str]) -> dict:
         """The run so far (rows, derived columns, environment); written to --json after every kernel,
-        so a run cut short still leaves its finished sweeps."""
+        so a run cut short still leaves its finished sweeps. Top-level ``empty_us`` and ``chain_ns``
+        are this invocation's, or, when it timed no write, those of the part that did."""
         finish(rows)
-        meta = {"env": env, "arch": bench.arch, "empty_us": empty_us, "chain_ns": chain_ns, "ab": args.ab,
-                "ab_rounds": AB_ROUNDS, "default_geometries": defaults, "candidates": list(args.candidates),
-                "plan_candidates": list(args.plan_candidates),
-                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": time.time() - t_start,
-                "quick": args.quick, "complete": complete}
+        part = {"kernels": done, "wall_s": time.time() - t_start, "empty_us": empty_us, "chain_ns": chain_ns}
+        parts = prior["parts"] + [part]
+        timing = part if "write" in done else next((p for p in prior["parts"] if "write" in p["kernels"]), part)
+        meta = {"env": env, **options, "empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"],
+                "ab_rounds": AB_ROUNDS, "default_geometries": defaults, "agreement": bench.agreement,
+                "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts), "parts": parts,
+                "complete": set(args.kernels) <= {row["kernel"] for row in rows}}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(meta, rows=rows), f, indent=1)
         return meta
 
-    for kernel in args.kernels:
+    for i, kernel in enumerate(kernels):
         rows += sweeps[kernel]()
-        meta = report(complete=kernel == args.kernels[-1])
+        meta = report(kernels[:i + 1])
     print_table(meta, rows, args.baselines)
     print(f"wall time {meta['wall_s']:.0f} s")
     return 0

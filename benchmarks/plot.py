@@ -191,6 +191,12 @@ def markdown(run) -> str:
         f"default geometries {run.get('default_geometries')}; wall time {_fmt(run.get('wall_s'), 0)} s."),
         "",
     ]
+    parts = run.get("parts", [])
+    if len(parts) > 1:
+        lines += [f"The run was made in {len(parts)} invocations (`bench_kernels.py --resume`), each timing its rows' "
+                  "floors in its own process: " + "; ".join(
+                      f"{', '.join(p['kernels']) or 'nothing'} in {p['wall_s']:.0f} s (empty launch {p['empty_us']:.2f} µs, "
+                      f"register-only chain {p['chain_ns']:.1f} ns/step)" for p in parts) + ".", ""]
     if not run.get("complete", True):
         lines += ["**Incomplete run**: only the kernels below finished before it stopped.", ""]
     baselines = [b for b in BASELINES if any(b in r.get("baselines", {}) for r in run["rows"])]

@@ -67,6 +67,37 @@ def test_plot_tables_and_targets(tmp_path):
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
 
+def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
+    """``--resume`` keeps the finished kernels' rows of the file it continues and runs the rest; a file from
+    another GPU, driver, version, option set or default geometry is refused with what differs; a resumed
+    run's tables say how it was made."""
+    import bench_kernels
+    import plot
+
+    options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": ["original"], "candidates": [], "plan_candidates": []}
+    env = {"gpu": "test GPU", "driver": "580.1", "tvm": "0.27"}
+    defaults = {"verify": "2112x128m16", "write": "528x64u4", "plan": "2112x512", "scatter": "1056x256"}
+    verify_row = _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20)
+    prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
+    now = {"env": env, **options, "default_geometries": defaults}
+    kernels = ["verify", "write", "plan", "scatter"]
+    assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], ["write", "plan", "scatter"])
+    assert bench_kernels.resume_run(prior, now, ["write"]) == ([], ["write"])  # rows of kernels not asked for are left out
+    refused = [({**now, "env": {**env, "driver": "575.0"}}, "env"), ({**now, "ab": False}, "ab"),
+               ({**now, "baselines": []}, "baselines"),
+               ({**now, "default_geometries": {**defaults, "verify": "1056x128m8"}}, "verify's defaults")]
+    for other, what in refused:
+        with pytest.raises(ValueError, match=f"--resume: the run in --json (has|timed) {what}"):
+            bench_kernels.resume_run(prior, other, kernels)
+    run = {"env": env, "arch": "sm_90", "empty_us": 1.2, "chain_ns": 100.9, "rows": [verify_row], "complete": False,
+           "parts": [{"kernels": ["verify"], "wall_s": 378.0, "empty_us": 1.3, "chain_ns": 101.0},
+                     {"kernels": ["write"], "wall_s": 186.0, "empty_us": 1.2, "chain_ns": 100.9}]}
+    bench_kernels.finish(run["rows"])
+    text = plot.markdown(run)
+    assert ("The run was made in 2 invocations (`bench_kernels.py --resume`), each timing its rows' floors in its own "
+            "process: verify in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step); write in 186 s") in text
+
+
 def test_small_verify_rows_report_their_bounds(tmp_path):
     """The hash and ordered floors of small verify rows: their own table in plot.py, a reference line in
     report.py beside the target (which stays against the gather floor), and a row faster than any of its
