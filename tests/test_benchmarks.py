@@ -67,6 +67,28 @@ def test_plot_tables_and_targets(tmp_path):
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
 
+def test_the_agreement_check_reaches_both_write_size_classes_and_passes_on_the_cpu():
+    """The benchmark's check before timing (``baselines/agreement.py``) launches write in both of each
+    mode's CUDA size classes (long chains and a decode step's short ones: each has its own default
+    geometry), and the CPU kernels pass it for every kernel."""
+    from baselines import agreement
+
+    import tvm_canary as tc
+    from tvm_canary.runtime import packing, targets
+
+    classes, cpu = set(), torch.device("cpu")
+    for max_tokens in agreement.WRITE_MAX_TOKENS:
+        gen = torch.Generator().manual_seed(1234)
+        kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False, max_tokens)
+        point = packing.write_point(kw["plan"].write_offsets.shape[0] - 1, kw["input_ids"].shape[0])
+        classes.add(all(targets.in_size_class("write", "cuda-sm_90", mode, point) for mode in (0, 1, 2)))
+    assert classes == {False, True}
+    launches = {"verify": tc.launch_canary_verify_kernel, "write": tc.launch_canary_write_kernel,
+                "plan": tc.launch_canary_plan_kernels, "scatter": tc.launch_scatter_req_token_ids_kernel}
+    for kernel, launch in launches.items():
+        agreement.check(kernel, launch, cpu)
+
+
 def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     """``--resume`` keeps the finished kernels' rows of the file it continues and runs the rest; a file from
     another GPU, driver, version, option set or default geometry is refused with what differs; a resumed

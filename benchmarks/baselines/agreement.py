@@ -10,6 +10,8 @@ arrival order (docs/SPEC.md section 3.5); no case overflows the ring.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 import tvm_canary as tc
@@ -35,10 +37,16 @@ def _context(device, mode, gen):
     )
 
 
-def _write_kwargs(context, gen, device, input_assert):
-    """Requests of 1-150 tokens over random distinct slots, some skipped (-1), a few seeded by slots
-    stamped earlier; with the input assert, a few tokens and positions disagree."""
-    lengths = torch.randint(1, 150, (24,), generator=gen)
+# Write's cases: requests of 1-149 tokens (a launch of 32 requests' capacity with about 54 tokens per
+# request: the long-chain size class of ``schedules.CUDA_SIZE_DEFAULTS``) and of 1-3 tokens (about 2 per
+# request: the short-chain class, a decode step's), so both of each mode's default geometries are checked.
+WRITE_MAX_TOKENS = (150, 4)
+
+
+def _write_kwargs(context, gen, device, input_assert, max_tokens):
+    """Requests of 1 to ``max_tokens - 1`` tokens over random distinct slots, some skipped (-1), a few
+    seeded by slots stamped earlier; with the input assert, a few tokens and positions disagree."""
+    lengths = torch.randint(1, max_tokens, (24,), generator=gen)
     lengths[3] = 0
     total = int(lengths.sum())
     slots = torch.randperm(SLOTS - 20, generator=gen)[:total] + 20  # never a seed slot (SPEC D7)
@@ -161,24 +169,24 @@ def _same_sink(context_ref, context):
 def check(kernel: str, launch, device: torch.device) -> None:
     """Raise AssertionError unless ``launch`` matches the reference for ``kernel`` on ``device``."""
     if kernel in ("verify", "write"):
-        for mode in MODES:
-            for flag in (False, True):
-                def make(gen, mode=mode, flag=flag):
-                    context = _context(device, mode, gen)
-                    if kernel == "verify":
-                        return _verify_kwargs(context, gen, device, flag)
-                    return _write_kwargs(context, gen, device, flag)
+        for mode, flag, max_tokens in itertools.product(MODES, (False, True), WRITE_MAX_TOKENS if kernel == "write" else (0,)):
+            def make(gen, mode=mode, flag=flag, max_tokens=max_tokens):
+                context = _context(device, mode, gen)
+                if kernel == "verify":
+                    return _verify_kwargs(context, gen, device, flag)
+                return _write_kwargs(context, gen, device, flag, max_tokens)
 
-                ref_kw, kw = _twins(make, device)
-                getattr(reference, f"canary_{kernel}_ref")(**ref_kw)
-                launch(**kw)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                try:
-                    _same("canary bytes", ref_kw["context"].canary_buf, kw["context"].canary_buf)
-                    _same_sink(ref_kw["context"], kw["context"])
-                except AssertionError as e:
-                    raise AssertionError(f"{kernel} ({mode.name}, flag {flag}): {e}") from None
+            ref_kw, kw = _twins(make, device)
+            getattr(reference, f"canary_{kernel}_ref")(**ref_kw)
+            launch(**kw)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            try:
+                _same("canary bytes", ref_kw["context"].canary_buf, kw["context"].canary_buf)
+                _same_sink(ref_kw["context"], kw["context"])
+            except AssertionError as e:
+                case = f", requests of < {max_tokens} tokens" if max_tokens else ""
+                raise AssertionError(f"{kernel} ({mode.name}, flag {flag}{case}): {e}") from None
     elif kernel == "plan":
         ref_kw, kw = _twins(lambda gen: _plan_kwargs(gen, device), device)
         reference.canary_plan_ref(**ref_kw)
