@@ -23,7 +23,7 @@ CUDA_DEFAULTS = {
     # a few thousand requests over all SMs (ALL, and PARTIAL's long chains: 128 thin lanes,
     # ``CUDA_MODE_DEFAULTS`` and the size classes); the chain walk keeps 4 entries in flight (long
     # chains: 8, a size class below). 64 lanes against 128 (H200, twenty-first session's GPU call 1,
-    # ab_kernels.py, interleaved): NONE 4096 x 1 0.934x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
+    # ab_kernels.py, interleaved): NONE 4096 x 1 0.933x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
     # 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 64 x 512 1.013x and 1 x 32768
     # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3).
     "write": {"blocks": 528, "threads": 64, "unroll": 4},
