@@ -80,7 +80,7 @@ def test_the_agreement_check_reaches_both_write_size_classes_and_passes_on_the_c
     for max_tokens in agreement.WRITE_MAX_TOKENS:
         gen = torch.Generator().manual_seed(1234)
         kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False, max_tokens)
-        point = packing.write_point(kw["plan"].write_offsets.shape[0] - 1, kw["input_ids"].shape[0])
+        point = packing.write_call(**kw).size  # the workload point the launch's geometry is chosen for
         classes.add(all(targets.in_size_class("write", "cuda-sm_90", mode, point) for mode in (0, 1, 2)))
     assert classes == {False, True}
     launches = {"verify": tc.launch_canary_verify_kernel, "write": tc.launch_canary_write_kernel,
