@@ -136,8 +136,8 @@ def geometry_label(geom) -> str:
 
 def default_labels(kernel: str, tag: str) -> str:
     """The kernel's default geometry, then the real-KV modes whose default differs and the size classes
-    (``2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ...``; write's ``528x128u4, NONE >=
-    1x23 528x128u8, ...``)."""
+    (``2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ...``; write's ``528x64u2, NONE >=
+    1x23 528x64u8, ...``)."""
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import targets
 

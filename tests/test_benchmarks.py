@@ -98,7 +98,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
 
     options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": ["original"], "candidates": [], "plan_candidates": []}
     env = {"gpu": "test GPU", "driver": "580.1", "tvm": "0.27"}
-    defaults = {"verify": "2112x128m16", "write": "528x64u4", "plan": "2112x512", "scatter": "1056x256"}
+    defaults = {"verify": "2112x128m16", "write": "528x64u2", "plan": "2112x512", "scatter": "1056x256"}
     verify_row = _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20)
     prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
     now = {"env": env, **options, "default_geometries": defaults}
@@ -394,4 +394,4 @@ def test_default_labels_name_modes_and_size_classes():
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
         "2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
-        "528x64u4, NONE >= 1x23 528x64u8, PARTIAL >= 1x23 528x128u8w, ALL 528x128u4wp, ALL >= 1x23 528x256u8p")
+        "528x64u2, NONE >= 1x23 528x64u8, PARTIAL >= 1x23 528x128u8w, ALL 528x128wp, ALL >= 1x23 528x256u8p")

@@ -386,7 +386,7 @@ def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monk
     gpu = torch.device("cuda", 0)  # never touched: nothing is built or launched
     short = targets.default_geometry("write", "cuda-sm_90", 2, (4096, 1))
     long = targets.default_geometry("write", "cuda-sm_90", 2, (1, 32768))
-    assert (short.unroll, long.unroll) == (4, 8)
+    assert (short.unroll, long.unroll) == (1, 8)
     assert C.get_kernel("write", (2, False), gpu, (4096, 1), 2) == ("write", short)
     assert {k[4] for k in C._memory} == {short, long}
     loaded = dict(C._memory)
@@ -533,14 +533,14 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
-    # write: chains of 23 tokens per request or more keep 8 entries in flight, shorter ones 4 (every mode);
+    # write: chains of 23 tokens per request or more keep 8 entries in flight, shorter ones 2 (ALL: 1);
     # PARTIAL's long chains run 128 thin lanes where its short ones run NONE's 64 full lanes, and ALL's
     # 256 full lanes where its short ones run 128 thin lanes.
     long_lanes = {0: {}, 1: {"threads": 128, "thin": 1}, 2: {"threads": 256, "thin": 0}}
     for mode in (0, 1, 2):
         short = targets.default_geometry("write", "cuda-sm_90", mode)
         long = dataclasses.replace(short, unroll=8, **long_lanes[mode])
-        assert short.unroll == 4
+        assert short.unroll == (1 if mode == 2 else 2)
         points = (((4096, 1), short), ((64, 22), short), ((1, 23), long), ((64, 512), long), ((1, 32768), long))
         for point, expected in points:
             assert targets.default_geometry("write", "cuda-sm_90", mode, point) == expected, (mode, point)

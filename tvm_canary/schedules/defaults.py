@@ -21,12 +21,15 @@ CUDA_DEFAULTS = {
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 64-thread blocks spread
     # a few thousand requests over all SMs (ALL, and PARTIAL's long chains: 128 thin lanes,
-    # ``CUDA_MODE_DEFAULTS`` and the size classes); the chain walk keeps 4 entries in flight (long
+    # ``CUDA_MODE_DEFAULTS`` and the size classes); the chain walk keeps 2 entries in flight (long
     # chains: 8, a size class below). 64 lanes against 128 (H200, twenty-first session's GPU call 1,
     # ab_kernels.py, interleaved): NONE 4096 x 1 0.933x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
     # 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 64 x 512 1.013x and 1 x 32768
-    # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3).
-    "write": {"blocks": 528, "threads": 64, "unroll": 4},
+    # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3). 2 in flight against
+    # 4 at 4096 x 1 (twenty-second session's GPU calls 1 and 2, two processes, interleaved): NONE 0.944 /
+    # 0.944x (3.68 / 3.90 us; ptxas sm_90: 72 registers instead of 119), PARTIAL 0.942 / 0.961x; 1 in
+    # flight: NONE 0.987x, PARTIAL 0.948x.
+    "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
     "plan": {"blocks": 2112, "threads": 512, "tile": 1024},
@@ -60,8 +63,10 @@ CUDA_MODE_DEFAULTS = {
     # ALL: the sources' fold chains in lockstep (``Geometry.pairs``): 4096 x 1 0.92x, 64 x 512 0.98x,
     # 1 x 32768 0.99x (thirteenth session's GPU call 5); paired PARTIAL writes were 1.165x at 4096 x 1.
     # ALL's short chains keep 128 lanes: 64 full lanes ran 4096 x 1 1.06x (8.75 / 8.26 us; twenty-first
-    # session's call 1).
-    ("write", 2): {"threads": 128, "thin": 1, "pairs": 1},
+    # session's call 1). They keep 1 entry in flight: at 4096 x 1 0.879 / 0.874x the time of 4 (7.33 /
+    # 8.34 us), 2 in flight 0.933 / 0.917x (twenty-second session's GPU calls 1 and 2, interleaved; ptxas
+    # sm_90: 112 registers and no spill instead of 255 and 60 bytes of spill stores).
+    ("write", 2): {"threads": 128, "thin": 1, "pairs": 1, "unroll": 1},
 }
 
 # Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point
@@ -95,8 +100,9 @@ CUDA_SIZE_DEFAULTS = {
     # takes the 4096 x 1 bucket, not the nearer 64 x 512 of the long chains. Against 4 (H200,
     # eighteenth session's GPU call 2, interleaved, benchmarks/results/h200-2026-12-02-session18-ab-write):
     # 1 x 32768 0.955 / 0.976 / 0.980x (NONE / PARTIAL / ALL), 64 x 512 0.957 / 0.967 / 1.007x; at one token
-    # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep 4. 16 in
-    # flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512 0.956 / 1.005 / 1.057x.
+    # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep fewer
+    # (NONE and PARTIAL 2, ALL 1, above). 16 in flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512
+    # 0.956 / 1.005 / 1.057x.
     ("write", 0): ((1, 23), {"unroll": 8}),
     # PARTIAL's long chains run 128 thin lanes (its short chains: NONE's 64 full lanes).
     ("write", 1): ((1, 23), {"unroll": 8, "threads": 128, "thin": 1}),

@@ -2,6 +2,6 @@
 a small plan a warp of requests per block), how many chain entries a thread keeps in flight
 (unroll), and whether two sources' folds advance in lockstep (pairs)."""
 
-CUDA_KNOBS = {"blocks": [132, 264, 528], "threads": [32, 64, 128, 256], "unroll": [4, 8, 16], "thin": [0, 1],
+CUDA_KNOBS = {"blocks": [132, 264, 528], "threads": [32, 64, 128, 256], "unroll": [1, 2, 4, 8, 16], "thin": [0, 1],
               "pairs": [0, 1]}
 CPU_KNOBS = {"unroll": [1, 2, 4, 8]}
