@@ -26,9 +26,9 @@ CUDA_DEFAULTS = {
     # ab_kernels.py, interleaved): NONE 4096 x 1 0.933x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
     # 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 64 x 512 1.013x and 1 x 32768
     # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3). 2 in flight against
-    # 4 at 4096 x 1 (twenty-second session's GPU calls 1 and 2, two processes, interleaved): NONE 0.944 /
-    # 0.944x (3.68 / 3.90 us; ptxas sm_90: 72 registers instead of 119), PARTIAL 0.942 / 0.961x; 1 in
-    # flight: NONE 0.987x, PARTIAL 0.948x.
+    # 4 at 4096 x 1 (twenty-second session's GPU calls 1 and 2, two processes, interleaved): NONE 0.943 /
+    # 0.945x (3.68 / 3.90 us; ptxas sm_90: 72 registers instead of 119), PARTIAL 0.942 / 0.974x; 1 in
+    # flight (call 2): NONE 0.986x, PARTIAL 0.962x.
     "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
@@ -64,7 +64,7 @@ CUDA_MODE_DEFAULTS = {
     # 1 x 32768 0.99x (thirteenth session's GPU call 5); paired PARTIAL writes were 1.165x at 4096 x 1.
     # ALL's short chains keep 128 lanes: 64 full lanes ran 4096 x 1 1.06x (8.75 / 8.26 us; twenty-first
     # session's call 1). They keep 1 entry in flight: at 4096 x 1 0.879 / 0.874x the time of 4 (7.33 /
-    # 8.34 us), 2 in flight 0.933 / 0.917x (twenty-second session's GPU calls 1 and 2, interleaved; ptxas
+    # 8.34 us), 2 in flight 0.932 / 0.917x (twenty-second session's GPU calls 1 and 2, interleaved; ptxas
     # sm_90: 112 registers and no spill instead of 255 and 60 bytes of spill stores).
     ("write", 2): {"threads": 128, "thin": 1, "pairs": 1, "unroll": 1},
 }
