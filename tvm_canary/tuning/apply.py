@@ -4,7 +4,8 @@
 directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
 that the kernel's bucket nearest to ``size`` among its buckets of ``mode`` chose (``chosen``: the
 fastest record at least ``TUNED_MARGIN`` faster than the default in every launch of the tuning case,
-else the default);
+else the default, which a bucket without a valid record of its default keeps too, with one warning per
+database);
 ``None`` when the device has no database (a one-line notice, once per device) or no record for the
 kernel (once per kernel). Records whose workload carries another kernel hash than the current kernels'
 (``workloads.kernel_hash``: the kernel changed since it was tuned) are ignored, with one warning per
@@ -105,11 +106,13 @@ def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     first) select: the fastest record that is at least ``TUNED_MARGIN`` faster than the default (of the
     bucket's mode and size) in every launch of the tuning case (``launch_seconds``: verify's
     random-order and chain-order launches, which one geometry serves), so also over the case; the
-    default's when there is none. A bucket whose default has no valid record (its measurement failed
-    on that device: ``tune`` says so) takes the fastest record."""
+    default's when there is none. None when the default has no valid record: its measurement failed
+    (``tune`` says so), or the defaults changed after the tuning. No record was then measured against
+    the default, and the bucket keeps it (``chosen``): before, it took the fastest record, which after a
+    change of defaults was the old default (the twenty-first session's write re-tune)."""
     default = default_row(kernel, bucket, rows, cuda)
     if default is None:
-        return rows[0]
+        return None
     default_launches = launch_seconds(kernel, default[1].run_secs)
     for cost, record in rows:
         if cost > (1 - TUNED_MARGIN) * default[0]:
@@ -120,9 +123,13 @@ def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
 
 
 def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
-    """(seconds, geometry) of ``chosen_row``."""
-    cost, record = chosen_row(kernel, bucket, rows, cuda)
-    return cost, record_geometry(record, cuda)
+    """(seconds, geometry) of ``chosen_row``; (nan, the bucket's default geometry) when it selects none."""
+    from .workloads import default_of
+
+    row = chosen_row(kernel, bucket, rows, cuda)
+    if row is None:
+        return math.nan, default_of(kernel, bucket, "cuda" if cuda else "llvm")
+    return row[0], record_geometry(row[1], cuda)
 
 
 def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
@@ -131,8 +138,16 @@ def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
     db = ms.database.JSONDatabase(work_dir=work_dir, allow_missing=False)
     stale: set = set()
     out: dict = {}
+    unmeasured: list = []  # buckets without a valid record of their default geometry
     for (kernel, bucket), rows in measured_records(db, stale).items():
-        out.setdefault(kernel, {})[bucket] = chosen(kernel, bucket, rows, cuda)[1]
+        cost, out.setdefault(kernel, {})[bucket] = chosen(kernel, bucket, rows, cuda)
+        if math.isnan(cost):
+            unmeasured.append((kernel, bucket))
+    if unmeasured:
+        log.warning("tvm_canary: %s holds no valid record of the default geometry of %s; these buckets keep the "
+                    "default (its measurement failed, or the defaults changed since the tuning: re-tune with "
+                    "`tvm-canary tune --kernels %s`)", work_dir, ", ".join(f"{k} {b}" for k, b in unmeasured),
+                    " ".join(sorted({k for k, _ in unmeasured})))
     if stale:
         log.warning("tvm_canary: %s holds records tuned for an older version of %s; they are ignored "
                     "(re-tune with `tvm-canary tune --kernels %s`)", work_dir, ", ".join(sorted(stale)), " ".join(sorted(stale)))

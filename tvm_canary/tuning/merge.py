@@ -14,7 +14,8 @@ weighs it against: a tuned record replaces the default only when one tuning run 
 faster (a default measured in another run, on another host or at another time, can differ by more
 than the margin). So only the inputs that measured the default compete when any did; an input without
 a valid default record (its measurement failed) counts only when none has one, and then its fastest
-record applies. The output's workload table is compact (``compact_workload_table``), as databases are
+record is kept so that the workload stays in the output, though ``apply`` keeps the default for it
+(nothing was measured against the default). The output's workload table is compact (``compact_workload_table``), as databases are
 committed.
 """
 
@@ -92,7 +93,9 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
         read[str(folder)] = len(db.get_all_tuning_records())
         for workload, rows in measured_records(db).items():
             cuda = rows[0][1].target.kind.name == "cuda"
-            own_default, own_choice = default_row(*workload, rows, cuda), chosen_row(*workload, rows, cuda)
+            own_default = default_row(*workload, rows, cuda)
+            # without a default record an input selects nothing; its fastest record stands in for it
+            own_choice = rows[0] if own_default is None else chosen_row(*workload, rows, cuda)
             held = best.get(workload)
             if held is None or (own_default is not None, -own_choice[0]) > (held[1] is not None, -held[0][0]):
                 best[workload] = own_choice, own_default
