@@ -587,9 +587,9 @@ def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
     assert C.geometry("verify", device, 1 << 20, 2).pairs == 0
 
 
-def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
-    """``record_default`` stores the default's measurement with a trace that replays to the default; a
-    record MetaSchedule marked failed (1e10 s) is not a measurement."""
+def write_bucket_database(folder):
+    """(an empty database in ``folder``, ``commit(geometry, run_secs)`` storing a measurement of the CPU
+    write bucket (8, 16) in it, that bucket's default geometry)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -598,14 +598,24 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
     from tvm_canary.tuning import workloads
     from tvm_canary.tuning.driver import commit_measurement
 
-    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    db = ms.database.JSONDatabase(work_dir=str(folder))
     mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
-    default = targets.default_geometry("write", "llvm")
+
+    def commit(geom, run_secs):
+        commit_measurement(db, mod, knobs, geom, run_secs, target)
+
+    return db, commit, targets.default_geometry("write", "llvm")
+
+
+def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
+    """``record_default`` stores the default's measurement with a trace that replays to the default; a
+    record MetaSchedule marked failed (1e10 s) is not a measurement."""
+    db, commit, default = write_bucket_database(tmp_path)
     failed = dataclasses.replace(default, unroll=1)
-    commit_measurement(db, mod, knobs, failed, [1e10], target)
+    commit(failed, [1e10])
     assert ("write", (8, 16)) not in apply.measured_records(db)
-    commit_measurement(db, mod, knobs, default, [1e-3], target)
+    commit(default, [1e-3])
     ((cost, record),) = apply.measured_records(db)[("write", (8, 16))]
     assert cost == 1e-3 and apply.record_geometry(record, cuda=False) == default
 
@@ -614,21 +624,10 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
 def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, faster, wins):
     """``apply.chosen``: the fastest record applies only when it beat the default measured in the same
     database by at least ``TUNED_MARGIN`` (3%); within it the default stays."""
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary import schedules
-    from tvm_canary.runtime import targets
-    from tvm_canary.tuning import workloads
-    from tvm_canary.tuning.driver import commit_measurement
-
-    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
-    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
-    knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
-    default = targets.default_geometry("write", "llvm")
+    db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
-    commit_measurement(db, mod, knobs, default, [1e-3], target)
-    commit_measurement(db, mod, knobs, candidate, [(1 - faster) * 1e-3], target)
+    commit(default, [1e-3])
+    commit(candidate, [(1 - faster) * 1e-3])
     rows = apply.measured_records(db)[("write", (8, 16))]
     assert apply.record_geometry(rows[0][1], cuda=False) == candidate  # the fastest record either way
     want = ((1 - faster) * 1e-3, candidate) if wins else (1e-3, default)
@@ -640,22 +639,11 @@ def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, ca
     """``apply.chosen``: a record replaces the default only when measured against it, so a bucket whose
     default's measurement failed (1e10 s) or was never made (the defaults changed after the tuning)
     keeps the default, however fast its records, and the database says so once, naming the bucket."""
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary import schedules
-    from tvm_canary.runtime import targets
-    from tvm_canary.tuning import workloads
-    from tvm_canary.tuning.driver import commit_measurement
-
-    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
-    mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
-    knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
-    default = targets.default_geometry("write", "llvm")
+    db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
-    commit_measurement(db, mod, knobs, candidate, [1e-6], target)
+    commit(candidate, [1e-6])
     if default_seconds is not None:
-        commit_measurement(db, mod, knobs, default, [default_seconds], target)
+        commit(default, [default_seconds])
     rows = apply.measured_records(db)[("write", (8, 16))]
     assert [apply.record_geometry(r, cuda=False) for _, r in rows] == [candidate]
     assert apply.chosen_row("write", (8, 16), rows, cuda=False) is None
