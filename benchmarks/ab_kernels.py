@@ -1,7 +1,7 @@
 """Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE]...]...
-        [--kernels verify write] [--quick] [--json OUT.json]
+        [--kernels verify write] [--write-shapes RxT ...] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -21,6 +21,9 @@ folding the sources one after another, and appends in order; the benchmark also 
 that folds them together). The benchmark's floors are the fastest of several grids and orders, so a
 ratio to these is at most the benchmark's. Checked before a row is reported: no verify launch of any arm flagged a
 violation, and every write arm stamped the bytes base stamped (a row that fails says so).
+Write's rows are ``bench_kernels.WRITE_SHAPES`` (requests x tokens per request), or ``--write-shapes``
+(e.g. ``256x4 128x16 128x22 128x23``: the size classes' boundary and the shapes between the
+benchmark's, which it does not time).
 """
 
 from __future__ import annotations
@@ -102,6 +105,14 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
     return name, (kernel, mode), values
 
 
+def parse_write_shape(text: str) -> tuple[int, int]:
+    """``--write-shapes``' ``REQUESTSxTOKENS`` (tokens per request) -> (requests, tokens), both positive."""
+    match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", text)
+    if not match:
+        raise ValueError(f"--write-shapes {text!r}: expected REQUESTSxTOKENS, e.g. 256x4 (positive numbers)")
+    return int(match.group(1)), int(match.group(2))
+
+
 def point_key(point) -> str:
     """A launch's workload point (``KernelCall.size``: an int, or write's tuple) as the child's JSON key."""
     return json.dumps(list(point) if isinstance(point, tuple) else point)
@@ -160,14 +171,17 @@ def main(argv=None) -> int:
     ap.add_argument("--base", required=True, help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
     ap.add_argument("--variant", action="append", default=[], help="NAME:KERNEL:MODE:FIELD=VALUE[,...], e.g. m4:verify:ALL:min_blocks=4")
     ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
+    ap.add_argument("--write-shapes", nargs="+", metavar="RxT",
+                    help="write's rows, requests x tokens per request (default: the benchmark's, bench_kernels.WRITE_SHAPES)")
     ap.add_argument("--quick", action="store_true", help="a smaller pool and sizes (smoke run)")
     ap.add_argument("--json", help="write the rows and the run's environment here")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
-    from bench_kernels import fail
+    from bench_kernels import WRITE_SHAPES, fail
 
     try:
         variants = [parse_variant(v) for v in args.variant]
+        write_shapes = [parse_write_shape(t) for t in args.write_shapes] if args.write_shapes else list(WRITE_SHAPES)
         base = resolve_base(args.base)
     except ValueError as e:
         return fail(str(e))
@@ -193,7 +207,7 @@ def main(argv=None) -> int:
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
         sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
-        points = {"verify": list(sizes), "write": [tuple(shape) for shape in B.WRITE_SHAPES]}  # KernelCall.size of the rows
+        points = {"verify": list(sizes), "write": write_shapes}  # KernelCall.size of the rows
         try:
             functions, geometries = build_arms(arms, args.kernels, launchers.tag, work, points)
         except RuntimeError as e:
@@ -245,7 +259,7 @@ def main(argv=None) -> int:
                                                        pool.floor_counter) for c in calls]
                              for name, f in floor_fns[mode].items()}
                     time_row("verify", mode, f"verify {mode} {order} {n}", calls, extra, flagged)
-        for reqs, length in B.WRITE_SHAPES if "write" in args.kernels else ():
+        for reqs, length in write_shapes if "write" in args.kernels else ():
             for mode in B.MODES:
                 sets = [B.write_args(pool, mode, (torch.randperm(pool.slots - 1, device=B.DEV)[: reqs * length] + 1).view(reqs, length),
                                      torch.randint(0, 150000, (reqs, length), device=B.DEV)) for _ in range(4)]
@@ -274,7 +288,8 @@ def main(argv=None) -> int:
               + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant,
-                                                       "floor_grid": FLOOR_GRID, "rounds": ROUNDS, "rows": rows}, indent=1))
+                                                       "write_shapes": write_shapes, "floor_grid": FLOOR_GRID, "rounds": ROUNDS,
+                                                       "rows": rows}, indent=1))
     return 1 if any(r["problem"] for r in rows) else 0
 
 

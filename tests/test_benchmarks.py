@@ -360,6 +360,11 @@ def test_kernel_ab_variants():
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     assert ab_kernels.main(["--base", "HEAD", "--variant", "m4:verify:ALL"]) == 2
+    assert ab_kernels.parse_write_shape("256x4") == (256, 4)
+    for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4"):
+        with pytest.raises(ValueError, match="--write-shapes"):
+            ab_kernels.parse_write_shape(bad)
+    assert ab_kernels.main(["--base", "HEAD", "--write-shapes", "256x4", "64"]) == 2
     assert ab_kernels.resolve_base("HEAD") == "HEAD"
     assert ab_kernels.resolve_base(str(ROOT)) == ROOT  # a folder holding tvm_canary
     with pytest.raises(ValueError, match="--base"):
