@@ -140,7 +140,8 @@ def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
     out: dict = {}
     unmeasured: list = []  # buckets without a valid record of their default geometry
     for (kernel, bucket), rows in measured_records(db, stale).items():
-        cost, out.setdefault(kernel, {})[bucket] = chosen(kernel, bucket, rows, cuda)
+        cost, geometry = chosen(kernel, bucket, rows, cuda)
+        out.setdefault(kernel, {})[bucket] = geometry
         if math.isnan(cost):
             unmeasured.append((kernel, bucket))
     if unmeasured:
