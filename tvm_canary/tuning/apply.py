@@ -106,10 +106,9 @@ def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     first) select: the fastest record that is at least ``TUNED_MARGIN`` faster than the default (of the
     bucket's mode and size) in every launch of the tuning case (``launch_seconds``: verify's
     random-order and chain-order launches, which one geometry serves), so also over the case; the
-    default's when there is none. None when the default has no valid record: its measurement failed
-    (``tune`` says so), or the defaults changed after the tuning. No record was then measured against
-    the default, and the bucket keeps it (``chosen``): before, it took the fastest record, which after a
-    change of defaults was the old default (the twenty-first session's write re-tune)."""
+    default's when there is none. None when the default has no valid record (its measurement failed,
+    which ``tune`` reports, or the defaults changed after the tuning): no record was measured against
+    the default, so the bucket keeps it (``chosen``)."""
     default = default_row(kernel, bucket, rows, cuda)
     if default is None:
         return None

@@ -15,8 +15,8 @@ faster (a default measured in another run, on another host or at another time, c
 than the margin). So only the inputs that measured the default compete when any did; an input without
 a valid default record (its measurement failed) counts only when none has one, and then its fastest
 record is kept so that the workload stays in the output, though ``apply`` keeps the default for it
-(nothing was measured against the default). The output's workload table is compact (``compact_workload_table``), as databases are
-committed.
+(nothing was measured against the default). The output's workload table is compact
+(``compact_workload_table``), as databases are committed.
 """
 
 from __future__ import annotations
