@@ -22,8 +22,9 @@ work per block for a small plan when the geometry is ``thin``), twice that on CU
    and reads only seed slots).
 1. *stamp* (the first ``stamp_blocks`` blocks): each request gets a warp of its own when there are
    fewer requests than warps (warp w of block b takes requests w * stamp_blocks + b + k * warps), else
-   a lane of its own (consecutive lanes); it walks the chain, writes fields 0-2 (and 3 := 0 in NONE
-   mode), adds the written count to the slot counter and marks the request's chunk in ``flags`` if any
+   a lane of its own (lane t of block b takes request t * stamp_blocks + b when the requests fill at
+   most half the lanes, else consecutive lanes); it walks the chain, writes fields 0-2 (and 3 := 0 in
+   NONE mode), adds the written count to the slot counter and marks the request's chunk in ``flags`` if any
    entry of it produces violation rows. When every slot of the request is known valid beforehand (its
    warp checks them all and votes, on CUDA when the request has a warp of its own; the thread itself on
    CPU), its full batches of 32 entries (one on CPU) are stamped by the whole warp in lockstep: each
@@ -665,9 +666,13 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 # schedulers: warp w of block b takes requests w * stamp_blocks + b + k * (lanes // 32),
                 # so consecutive requests sit in different blocks whatever the block size (with a
                 # warp index within the block, a 256-lane block would put 8 chains on one SM, two per
-                # scheduler); otherwise consecutive requests take consecutive lanes.
+                # scheduler). Otherwise a request takes a lane: lane t of block b takes request
+                # t * stamp_blocks + b when the requests fill at most half the lanes (a grid sized by
+                # many tokens per request: the chains spread over every block, not the first few
+                # blocks' SMs), else consecutive requests take consecutive lanes (their loads coalesce).
                 lane = T.Cast("int32", T.Cast("int64", b) * block_lanes + T.Cast("int64", t))
                 spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
+                interleave = T.meta_var(geom.gpu and active * 2 <= T.Cast("int64", total))
                 written[0] = T.int64(0)
                 lane_marked[0] = 0
                 # The request's slots are checked first (check_request: on CUDA by the warp of a
@@ -676,7 +681,8 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 warp_lane = T.meta_var(T.Cast("int64", T.truncmod(lane, WARP)))
                 if b < stamp_blocks and works:
                     r[0] = T.Select(spread, T.Cast("int64", T.shift_right(t, 5)) * stamp_blocks + T.Cast("int64", b),
-                                    T.Cast("int64", lane))
+                                    T.Select(interleave, T.Cast("int64", t) * stamp_blocks + T.Cast("int64", b),
+                                             T.Cast("int64", lane)))
                     while r[0] < active:
                         all_valid[0] = 0
                         holds_seed[0] = 0
