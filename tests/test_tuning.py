@@ -535,9 +535,9 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
     # write: chains of 23 tokens per request or more keep 8 entries in flight, shorter ones 2 (ALL: 1);
-    # PARTIAL's long chains run 128 thin lanes where its short ones run NONE's 64 full lanes, and ALL's
-    # 256 full lanes where its short ones run 128 thin lanes.
-    long_lanes = {0: {}, 1: {"threads": 128, "thin": 1}, 2: {"threads": 256, "thin": 0}}
+    # NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full lanes where
+    # its short ones run 128 thin lanes.
+    long_lanes = {0: {}, 1: {}, 2: {"threads": 256, "thin": 0}}
     for mode in (0, 1, 2):
         short = targets.default_geometry("write", "cuda-sm_90", mode)
         long = dataclasses.replace(short, unroll=8, **long_lanes[mode])

@@ -20,9 +20,8 @@ CUDA_DEFAULTS = {
     # (session 3), docs/PERFORMANCE.md ("Default geometries").
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 64-thread blocks spread
-    # a few thousand requests over all SMs (ALL, and PARTIAL's long chains: 128 thin lanes,
-    # ``CUDA_MODE_DEFAULTS`` and the size classes); the chain walk keeps 2 entries in flight (long
-    # chains: 8, a size class below). 64 lanes against 128 (H200, twenty-first session's GPU call 1,
+    # a few thousand requests over all SMs (ALL: ``CUDA_MODE_DEFAULTS`` and the size classes); the chain
+    # walk keeps 2 entries in flight (long chains: 8, a size class below). 64 lanes against 128 (H200, twenty-first session's GPU call 1,
     # ab_kernels.py, interleaved): NONE 4096 x 1 0.933x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
     # 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 64 x 512 1.013x and 1 x 32768
     # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3). 2 in flight against
@@ -104,8 +103,12 @@ CUDA_SIZE_DEFAULTS = {
     # (NONE and PARTIAL 2, ALL 1, above). 16 in flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512
     # 0.956 / 1.005 / 1.057x.
     ("write", 0): ((1, 23), {"unroll": 8}),
-    # PARTIAL's long chains run 128 thin lanes (its short chains: NONE's 64 full lanes).
-    ("write", 1): ((1, 23), {"unroll": 8, "threads": 128, "thin": 1}),
+    # PARTIAL's long chains run NONE's 64 full lanes too. The 128 thin lanes they ran before (64 x 512 and
+    # 1 x 32768 at 0.987 / 1.001x of 64 full lanes, twentieth session's call 3) cost 1.1-2.1x between the
+    # benchmark's shapes: 64 full lanes against them 128 x 23 0.905x, 256 x 32 0.779x, 512 x 32 0.486x
+    # (10.20 / 21.00 us), 64 x 64 0.921x, 32 x 128 0.958x, 64 x 512 1.007x, 1 x 32768 0.998x (H200,
+    # twenty-third session's GPU call 3, ab_kernels.py, interleaved).
+    ("write", 1): ((1, 23), {"unroll": 8}),
     # ALL's long chains run 256 full lanes, the tuner's choice for the 64 x 512 bucket: against 128 thin
     # lanes 64 x 512 0.947x (63.32 / 66.86 us), 1 x 32768 1.003x (3656.3 / 3644.3 us); at 4096 x 1 they
     # would cost 1.68x, so short chains keep 128 thin lanes (H200, twenty-first session's GPU call 1,
