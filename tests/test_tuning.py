@@ -442,7 +442,7 @@ def test_scatter_takes_the_bucket_of_its_batch():
 def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
     """``apply.tuned_geometry`` takes the nearest bucket among those on the launch's side of its mode's
     size-class bound (``targets.in_size_class``, the test its default is chosen by): 64 requests of 4
-    tokens (below write's (1, 23) class) take the 4096 x 1 bucket, though 64 x 512 is nearer; a verify of
+    tokens (below write ALL's (1, 128) class) take the 4096 x 1 bucket, though 64 x 512 is nearer; a verify of
     16385 entries (from ALL's class bound on) takes the 64K bucket, though the 4K bucket is as near. With
     no bucket in its class, a launch takes the nearest of its mode."""
     from tvm_canary.geometry import Geometry
@@ -457,7 +457,8 @@ def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
     monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
     gpu = torch.device("cuda", 0)
     assert apply.nearest(sorted(tables["write"]), (64, 4)) == (64, 512, 2)  # nearest of the mode
-    wants = {("write", (64, 4)): "short", ("write", (4096, 1)): "short", ("write", (8, 30)): "long",
+    wants = {("write", (64, 4)): "short", ("write", (4096, 1)): "short", ("write", (8, 30)): "short",
+             ("write", (8, 130)): "long",
              ("write", (1, 32768)): "long", ("verify", 1 << 14): "small", ("verify", (1 << 14) + 1): "large",
              ("verify", 1 << 24): "large"}
     for (kernel, point), want in wants.items():
@@ -534,15 +535,16 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
-    # write: chains of 23 tokens per request or more keep 8 entries in flight, shorter ones 2 (ALL: 1);
-    # NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full lanes where
-    # its short ones run 128 thin lanes.
+    # write: chains of 23 tokens per request or more (ALL: 128) keep 8 entries in flight, shorter ones 2
+    # (ALL: 1); NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full
+    # lanes where its short ones run 128 thin lanes.
     long_lanes = {0: {}, 1: {}, 2: {"threads": 256, "thin": 0}}
-    for mode in (0, 1, 2):
+    for mode, bound in ((0, 23), (1, 23), (2, 128)):
         short = targets.default_geometry("write", "cuda-sm_90", mode)
         long = dataclasses.replace(short, unroll=8, **long_lanes[mode])
         assert short.unroll == (1 if mode == 2 else 2)
-        points = (((4096, 1), short), ((64, 22), short), ((1, 23), long), ((64, 512), long), ((1, 32768), long))
+        points = (((4096, 1), short), ((64, bound - 1), short), ((1, bound), long), ((64, 512), long),
+                  ((1, 32768), long))
         for point, expected in points:
             assert targets.default_geometry("write", "cuda-sm_90", mode, point) == expected, (mode, point)
             assert workloads.default_of("write", (*point, mode), "cuda") == expected, (mode, point)

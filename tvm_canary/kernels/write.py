@@ -672,7 +672,11 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 # blocks' SMs), else consecutive requests take consecutive lanes (their loads coalesce).
                 lane = T.Cast("int32", T.Cast("int64", b) * block_lanes + T.Cast("int64", t))
                 spread = T.meta_var(geom.gpu and active * 32 <= T.Cast("int64", total))
-                interleave = T.meta_var(geom.gpu and active * 2 <= T.Cast("int64", total))
+                # the request of a lane that is not spread (CUDA; the CPU's one lane takes every request)
+                own = T.meta_var(T.Cast("int64", lane))
+                interleaved = T.meta_var(T.Cast("int64", t) * stamp_blocks + T.Cast("int64", b))
+                lane_request = T.meta_var(T.Select(active * 2 <= T.Cast("int64", total), interleaved, own)
+                                          if geom.gpu else own)
                 written[0] = T.int64(0)
                 lane_marked[0] = 0
                 # The request's slots are checked first (check_request: on CUDA by the warp of a
@@ -681,8 +685,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                 warp_lane = T.meta_var(T.Cast("int64", T.truncmod(lane, WARP)))
                 if b < stamp_blocks and works:
                     r[0] = T.Select(spread, T.Cast("int64", T.shift_right(t, 5)) * stamp_blocks + T.Cast("int64", b),
-                                    T.Select(interleave, T.Cast("int64", t) * stamp_blocks + T.Cast("int64", b),
-                                             T.Cast("int64", lane)))
+                                    lane_request)
                     while r[0] < active:
                         all_valid[0] = 0
                         holds_seed[0] = 0

@@ -93,8 +93,8 @@ CUDA_SIZE_DEFAULTS = {
     # most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
     ("verify", 1): ((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
-    # 512-token tuning buckets' tokens per request) keeps 8 entries of each chain in flight, in every
-    # mode. The class follows tokens per request alone, the chain length the pipeline depth acts on; a
+    # 512-token tuning buckets' tokens per request; ALL: 128, below) keeps 8 entries of each chain in
+    # flight, in every mode. The class follows tokens per request alone, the chain length the pipeline depth acts on; a
     # tuned launch takes the nearest bucket of its own class (``tuning.apply.tuned_geometry``), so 64 x 4
     # takes the 4096 x 1 bucket, not the nearer 64 x 512 of the long chains. Against 4 (H200,
     # eighteenth session's GPU call 2, interleaved, benchmarks/results/h200-2026-12-02-session18-ab-write):
@@ -112,8 +112,11 @@ CUDA_SIZE_DEFAULTS = {
     # ALL's long chains run 256 full lanes, the tuner's choice for the 64 x 512 bucket: against 128 thin
     # lanes 64 x 512 0.947x (63.32 / 66.86 us), 1 x 32768 1.003x (3656.3 / 3644.3 us); at 4096 x 1 they
     # would cost 1.68x, so short chains keep 128 thin lanes (H200, twenty-first session's GPU call 1,
-    # ab_kernels.py, interleaved).
-    ("write", 2): ((1, 23), {"unroll": 8, "threads": 256, "thin": 0}),
+    # ab_kernels.py, interleaved). ALL's class starts at 128 tokens per request: the short chains'
+    # geometry (128 thin lanes, 1 in flight) against this one 128 x 23 0.580x (8.44 / 14.56 us), 256 x 32
+    # 0.647x, 64 x 64 0.803x, 512 x 32 0.958x, 32 x 128 1.002x, 16 x 256 1.009x, 64 x 512 1.123x,
+    # 1 x 32768 1.020x (twenty-third session's GPU call 4, interleaved).
+    ("write", 2): ((1, 128), {"unroll": 8, "threads": 256, "thin": 0}),
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches
