@@ -21,13 +21,18 @@ CUDA_DEFAULTS = {
     "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
     # One launch; one thread per request (a warp per request when they are few); 64-thread blocks spread
     # a few thousand requests over all SMs (ALL: ``CUDA_MODE_DEFAULTS`` and the size classes); the chain
-    # walk keeps 2 entries in flight (long chains: 8, a size class below). 64 lanes against 128 (H200, twenty-first session's GPU call 1,
-    # ab_kernels.py, interleaved): NONE 4096 x 1 0.933x (3.94 / 4.22 us), 64 x 512 0.998x, 1 x 32768
-    # 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 64 x 512 1.013x and 1 x 32768
-    # 0.999x, so its long chains keep 128 thin lanes; twentieth session's call 3). 2 in flight against
-    # 4 at 4096 x 1 (twenty-second session's GPU calls 1 and 2, two processes, interleaved): NONE 0.943 /
+    # walk keeps 2 entries in flight (long chains: 8, a size class below). 64 lanes against 128 (H200,
+    # twenty-first session's GPU call 1, ab_kernels.py, interleaved): NONE 4096 x 1 0.933x (3.94 / 4.22
+    # us), 64 x 512 0.998x, 1 x 32768 1.000x; PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1;
+    # twentieth session's call 3; its long chains: the size class below). 2 in flight against 4 at
+    # 4096 x 1 (twenty-second session's GPU calls 1 and 2, two processes, interleaved): NONE 0.943 /
     # 0.945x (3.68 / 3.90 us; ptxas sm_90: 72 registers instead of 119), PARTIAL 0.942 / 0.974x; 1 in
-    # flight (call 2): NONE 0.986x, PARTIAL 0.962x.
+    # flight (call 2): NONE 0.986x, PARTIAL 0.962x. At 2-22 tokens per request (twenty-third session's
+    # call 1, before the interleaved lanes): other depths no faster at 1-8 tokens; at 16-22 tokens 4 in
+    # flight gained in NONE and PARTIAL at 128 x 16 (0.935x, 0.941x) and 2 in ALL at 128 x 22 (0.928x),
+    # which one depth per class does not capture (not adopted). PARTIAL's spill-free candidates (ptxas)
+    # were not faster at 4096 x 1: 528 x 64 unroll 1 paired 1.032x, 528 x 128 thin 1.009x, 528 x 32
+    # 1.009x.
     "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
