@@ -110,8 +110,8 @@ CUDA_SIZE_DEFAULTS = {
     ("write", 0): ((1, 23), {"unroll": 8}),
     # PARTIAL's long chains run NONE's 64 full lanes too. The 128 thin lanes they ran before (64 x 512 and
     # 1 x 32768 at 0.987 / 1.001x of 64 full lanes, twentieth session's call 3) cost 1.1-2.1x between the
-    # benchmark's shapes: 64 full lanes against them 128 x 23 0.905x, 256 x 32 0.779x, 512 x 32 0.486x
-    # (10.20 / 21.00 us), 64 x 64 0.921x, 32 x 128 0.958x, 64 x 512 1.007x, 1 x 32768 0.998x (H200,
+    # benchmark's shapes: 64 full lanes against them 128 x 23 0.906x, 256 x 32 0.779x, 512 x 32 0.486x
+    # (10.20 / 21.00 us), 64 x 64 0.922x, 32 x 128 0.958x, 64 x 512 1.006x, 1 x 32768 0.998x (H200,
     # twenty-third session's GPU call 3, ab_kernels.py, interleaved).
     ("write", 1): ((1, 23), {"unroll": 8}),
     # ALL's long chains run 256 full lanes, the tuner's choice for the 64 x 512 bucket: against 128 thin
@@ -119,7 +119,7 @@ CUDA_SIZE_DEFAULTS = {
     # would cost 1.68x, so short chains keep 128 thin lanes (H200, twenty-first session's GPU call 1,
     # ab_kernels.py, interleaved). ALL's class starts at 128 tokens per request: the short chains'
     # geometry (128 thin lanes, 1 in flight) against this one 128 x 23 0.580x (8.44 / 14.56 us), 256 x 32
-    # 0.647x, 64 x 64 0.803x, 512 x 32 0.958x, 32 x 128 1.002x, 16 x 256 1.009x, 64 x 512 1.123x,
+    # 0.647x, 64 x 64 0.803x, 512 x 32 0.957x, 32 x 128 1.001x, 16 x 256 1.009x, 64 x 512 1.123x,
     # 1 x 32768 1.020x (twenty-third session's GPU call 4, interleaved).
     ("write", 2): ((1, 128), {"unroll": 8, "threads": 256, "thin": 0}),
 }
