@@ -399,4 +399,4 @@ def test_default_labels_name_modes_and_size_classes():
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
         "2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
-        "528x64u2, NONE >= 1x23 528x64u8, PARTIAL >= 1x23 528x128u8w, ALL 528x128wp, ALL >= 1x23 528x256u8p")
+        "528x64u2, NONE >= 1x23 528x64u8, PARTIAL >= 1x23 528x64u8, ALL 528x128wp, ALL >= 1x128 528x256u8p")

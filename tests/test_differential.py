@@ -112,6 +112,27 @@ def test_differential_long_chains(device):
             raise AssertionError(f"write on {device}, long chains, seed {seed}: {e}") from e
 
 
+# requests x tokens per request: on CUDA in NONE mode (528 x 64) a warp per request (4 x 100: 448 lanes),
+# one lane per request spread over the blocks (40 x 8: 320 lanes, 40 requests; 128 x 23), consecutive
+# lanes (200 x 1: 256 lanes), one block (3 x 1, where the two lane mappings agree); the real-KV modes'
+# grids put these shapes in the same regimes.
+LANE_MAPPING_SHAPES = [(4, 100), (40, 8), (128, 23), (200, 1), (3, 1)]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("shape", LANE_MAPPING_SHAPES, ids=[f"{r}x{t}" for r, t in LANE_MAPPING_SHAPES])
+def test_write_request_lane_mappings(device, shape):
+    """Write's three ways of giving requests lanes (``kernels.write``, phase 1) stamp the reference's
+    bytes and rows, in every mode the seeded contexts draw."""
+    require(device)
+    requests, tokens = shape
+    for seed in range(ITERATIONS[device] // 20):
+        try:
+            run_differential("write", device, seed, shape=shape)
+        except AssertionError as e:
+            raise AssertionError(f"write on {device}, {requests} x {tokens}, seed {seed}: {e}") from e
+
+
 @pytest.mark.parametrize("device", devices())
 def test_write_own_seed_slot_rows(device):
     """One request whose second entry writes its seed slot (slot 3), with an input-assert mismatch:

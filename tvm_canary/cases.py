@@ -142,11 +142,14 @@ def verify_case(gen, device, valid=True, token_units=2):
     return {"context": ctx, "plan": plan, "check_verify_expected_token": bool(_one(gen, 0, 2))}
 
 
-def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_seeds=0.25):
-    """A write launch; ``long_chains`` (valid plans only): ``long_write_case``; ``own_seeds``: the share
-    of valid requests (with a seed slot and entries) one of whose entries stores their seed slot."""
+def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_seeds=0.25, shape=None):
+    """A write launch; ``long_chains`` (valid plans only): ``long_write_case``; ``shape`` (requests,
+    tokens per request; valid plans only): ``uniform_write_case``; ``own_seeds``: the share of valid
+    requests (with a seed slot and entries) one of whose entries stores their seed slot."""
     if long_chains:
         return long_write_case(gen, device, token_units)
+    if shape is not None:
+        return uniform_write_case(gen, device, *shape, token_units=token_units)
     S = _one(gen, 90, 600)
     ctx = context_for(gen, device, S, token_units=token_units)
     cap = _one(gen, 1, 40)
@@ -242,6 +245,33 @@ def long_write_case(gen, device, token_units=2):
     pos = pos.to(device)
     off_by = (torch.rand(n, generator=gen) < 0.05).long().to(device)
     return _write_launch(ctx, off, seeds, cap, ids, pos, slots, (ids + off_by, pos + off_by.flip(0)) if assert_on else None)
+
+
+def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
+    """``requests`` requests of ``tokens`` tokens each (a plan of that capacity, every request valid), so
+    that a test picks how CUDA's write maps requests to lanes (``kernels.write``: a warp per request, one
+    lane per request spread over the blocks, or consecutive lanes): distinct slots, 1 in 16 invalid (-1);
+    seeds: 30% anchors, the others slots whose stored position the chain continues; positions run on with
+    a gap in 1 of 8 requests, and the input assert, when on, expects another token for 5% of the entries,
+    so that violation rows come from requests spread over the grid."""
+    n = requests * tokens
+    S = n + requests + _one(gen, 1, 200)
+    ctx = context_for(gen, device, S, token_units=token_units)
+    perm = torch.randperm(S, generator=gen)
+    slots, seeds = perm[:n].clone(), perm[n : n + requests].clone()
+    seeds[torch.rand(requests, generator=gen) < 0.3] = -1
+    slots[torch.rand(n, generator=gen) < 1 / 16] = -1
+    starts = torch.randint(0, 1000, (requests,), generator=gen)
+    words = ctx.canary_buf.view(torch.int64)
+    words[seeds[seeds >= 0], 1] = starts[seeds >= 0]
+    pos = (starts[:, None] + 1 + torch.arange(tokens)).flatten()
+    gapped = (torch.rand(requests, generator=gen) < 1 / 8).repeat_interleave(tokens)
+    pos[gapped & (torch.arange(n) % tokens == tokens // 2)] += 3
+    off = torch.arange(requests + 1, dtype=torch.int64) * tokens
+    ids = _ints(gen, 0, 5, n, device)
+    off_by = (torch.rand(n, generator=gen) < 0.05).long().to(device)
+    expected = (ids + off_by, pos.to(device)) if _one(gen, 0, 2) else None
+    return _write_launch(ctx, off, seeds, requests, ids, pos.to(device), slots, expected)
 
 
 def plan_case(gen, device, valid=True):

@@ -18,7 +18,7 @@ import tvm_canary as tc
 from tvm_canary import reference
 from tvm_canary.consts import RealKvHashMode
 
-SLOTS, KV_BYTES = 4096, 64
+SLOTS, KV_BYTES = 16384, 64
 MODES = (RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL)
 
 
@@ -37,16 +37,18 @@ def _context(device, mode, gen):
     )
 
 
-# Write's cases: requests of 1-149 tokens (a launch of 32 requests' capacity with about 54 tokens per
-# request: the long-chain size class of ``schedules.CUDA_SIZE_DEFAULTS``) and of 1-3 tokens (about 2 per
-# request: the short-chain class, a decode step's), so both of each mode's default geometries are checked.
-WRITE_MAX_TOKENS = (150, 4)
+# Write's cases: requests of 100-399 tokens (a launch of 32 requests' capacity with about 180 tokens per
+# request: the long-chain size class of ``schedules.CUDA_SIZE_DEFAULTS`` in every mode, ALL's from 128)
+# and of 1-3 tokens (about 2 per request: the short-chain class, a decode step's), so both of each mode's
+# default geometries are checked.
+WRITE_MAX_TOKENS = (400, 4)
 
 
 def _write_kwargs(context, gen, device, input_assert, max_tokens):
-    """Requests of 1 to ``max_tokens - 1`` tokens over random distinct slots, some skipped (-1), a few
-    seeded by slots stamped earlier; with the input assert, a few tokens and positions disagree."""
-    lengths = torch.randint(1, max_tokens, (24,), generator=gen)
+    """Requests of ``max(1, max_tokens // 4)`` to ``max_tokens - 1`` tokens over random distinct slots, some
+    skipped (-1), a few seeded by slots stamped earlier; with the input assert, a few tokens and positions
+    disagree."""
+    lengths = torch.randint(max(1, max_tokens // 4), max_tokens, (24,), generator=gen)
     lengths[3] = 0
     total = int(lengths.sum())
     slots = torch.randperm(SLOTS - 20, generator=gen)[:total] + 20  # never a seed slot (SPEC D7)
