@@ -99,9 +99,10 @@ CUDA_SIZE_DEFAULTS = {
     ("verify", 1): ((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
     # 512-token tuning buckets' tokens per request; ALL: 128, below) keeps 8 entries of each chain in
-    # flight, in every mode. The class follows tokens per request alone, the chain length the pipeline depth acts on; a
-    # tuned launch takes the nearest bucket of its own class (``tuning.apply.tuned_geometry``), so 64 x 4
-    # takes the 4096 x 1 bucket, not the nearer 64 x 512 of the long chains. Against 4 (H200,
+    # flight, in every mode. The class follows tokens per request alone, the chain length the pipeline
+    # depth acts on; a tuned launch takes the nearest bucket of its own class
+    # (``tuning.apply.tuned_geometry``), so 64 x 4 takes the 4096 x 1 bucket, not the nearer 64 x 512 of
+    # the long chains. Against 4 (H200,
     # eighteenth session's GPU call 2, interleaved, benchmarks/results/h200-2026-12-02-session18-ab-write):
     # 1 x 32768 0.955 / 0.976 / 0.980x (NONE / PARTIAL / ALL), 64 x 512 0.957 / 0.967 / 1.007x; at one token
     # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep fewer
