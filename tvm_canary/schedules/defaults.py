@@ -29,10 +29,10 @@ CUDA_DEFAULTS = {
     # 0.945x (3.68 / 3.90 us; ptxas sm_90: 72 registers instead of 119), PARTIAL 0.942 / 0.974x; 1 in
     # flight (call 2): NONE 0.986x, PARTIAL 0.962x. At 2-22 tokens per request (twenty-third session's
     # call 1, before the interleaved lanes): other depths no faster at 1-8 tokens; at 16-22 tokens 4 in
-    # flight gained in NONE and PARTIAL at 128 x 16 (0.935x, 0.941x) and 2 in ALL at 128 x 22 (0.928x),
+    # flight gained in NONE and PARTIAL at 128 x 16 (0.935x, 0.942x) and 2 in ALL at 128 x 22 (0.928x),
     # which one depth per class does not capture (not adopted). PARTIAL's spill-free candidates (ptxas)
-    # were not faster at 4096 x 1: 528 x 64 unroll 1 paired 1.032x, 528 x 128 thin 1.009x, 528 x 32
-    # 1.009x.
+    # were not faster at 4096 x 1: 528 x 64 unroll 1 paired 1.032x, 528 x 128 thin 1.008x, 528 x 32
+    # 1.008x (at 4-23 tokens 0.77-0.99x, before the interleaved lanes of ``kernels.write``).
     "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
@@ -110,7 +110,7 @@ CUDA_SIZE_DEFAULTS = {
     # 0.956 / 1.005 / 1.057x.
     ("write", 0): ((1, 23), {"unroll": 8}),
     # PARTIAL's long chains run NONE's 64 full lanes too. The 128 thin lanes they ran before (64 x 512 and
-    # 1 x 32768 at 0.987 / 1.001x of 64 full lanes, twentieth session's call 3) cost 1.1-2.1x between the
+    # 1 x 32768 at 0.987 / 1.001x of 64 full lanes, twentieth session's call 3) cost 1.04-2.06x between the
     # benchmark's shapes: 64 full lanes against them 128 x 23 0.906x, 256 x 32 0.779x, 512 x 32 0.486x
     # (10.20 / 21.00 us), 64 x 64 0.922x, 32 x 128 0.958x, 64 x 512 1.006x, 1 x 32768 0.998x (H200,
     # twenty-third session's GPU call 3, ab_kernels.py, interleaved).
