@@ -110,8 +110,12 @@ def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     which ``tune`` reports, or the defaults changed after the tuning): no record was measured against
     the default, so the bucket keeps it (``chosen``)."""
     default = default_row(kernel, bucket, rows, cuda)
-    if default is None:
-        return None
+    return None if default is None else row_chosen_over(kernel, rows, default)
+
+
+def row_chosen_over(kernel: str, rows: list, default: tuple) -> tuple:
+    """``chosen_row`` for a bucket whose ``default_row`` is ``default`` (not None): the fastest of ``rows``
+    at least ``TUNED_MARGIN`` faster than it in every launch of the case, else ``default``."""
     default_launches = launch_seconds(kernel, default[1].run_secs)
     for cost, record in rows:
         if cost > (1 - TUNED_MARGIN) * default[0]:

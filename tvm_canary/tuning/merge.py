@@ -31,7 +31,7 @@ import shutil
 import struct
 import tempfile
 
-from .apply import chosen_row, default_row, measured_records
+from .apply import default_row, measured_records, row_chosen_over
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -95,7 +95,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
             cuda = rows[0][1].target.kind.name == "cuda"
             own_default = default_row(*workload, rows, cuda)
             # without a default record an input selects nothing; its fastest record stands in for it
-            own_choice = rows[0] if own_default is None else chosen_row(*workload, rows, cuda)
+            own_choice = rows[0] if own_default is None else row_chosen_over(workload[0], rows, own_default)
             held = best.get(workload)
             if held is None or (own_default is not None, -own_choice[0]) > (held[1] is not None, -held[0][0]):
                 best[workload] = own_choice, own_default
