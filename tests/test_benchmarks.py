@@ -77,9 +77,9 @@ def test_the_agreement_check_reaches_both_write_size_classes_and_passes_on_the_c
     from tvm_canary.runtime import packing, targets
 
     classes, cpu = set(), torch.device("cpu")
-    for max_tokens in agreement.WRITE_MAX_TOKENS:
+    for tokens in agreement.WRITE_TOKENS:
         gen = torch.Generator().manual_seed(1234)
-        kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False, max_tokens)
+        kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False, tokens)
         point = packing.write_call(**kw).size  # the workload point the launch's geometry is chosen for
         classes.add(all(targets.in_size_class("write", "cuda-sm_90", mode, point) for mode in (0, 1, 2)))
     assert classes == {False, True}

@@ -37,18 +37,17 @@ def _context(device, mode, gen):
     )
 
 
-# Write's cases: requests of 100-399 tokens (a launch of 32 requests' capacity with about 180 tokens per
-# request: the long-chain size class of ``schedules.CUDA_SIZE_DEFAULTS`` in every mode, ALL's from 128)
-# and of 1-3 tokens (about 2 per request: the short-chain class, a decode step's), so both of each mode's
-# default geometries are checked.
-WRITE_MAX_TOKENS = (400, 4)
+# Write's cases, requests of ``range(*tokens)`` tokens each: 100-399 (a launch of 32 requests' capacity
+# with about 180 tokens per request: the long-chain size class of ``schedules.CUDA_SIZE_DEFAULTS`` in
+# every mode, ALL's from 128) and 1-3 (about 2 per request: the short-chain class, a decode step's), so
+# both of each mode's default geometries are checked.
+WRITE_TOKENS = ((100, 400), (1, 4))
 
 
-def _write_kwargs(context, gen, device, input_assert, max_tokens):
-    """Requests of ``max(1, max_tokens // 4)`` to ``max_tokens - 1`` tokens over random distinct slots, some
-    skipped (-1), a few seeded by slots stamped earlier; with the input assert, a few tokens and positions
-    disagree."""
-    lengths = torch.randint(max(1, max_tokens // 4), max_tokens, (24,), generator=gen)
+def _write_kwargs(context, gen, device, input_assert, tokens):
+    """Requests of ``range(*tokens)`` tokens over random distinct slots, some skipped (-1), a few seeded by
+    slots stamped earlier; with the input assert, a few tokens and positions disagree."""
+    lengths = torch.randint(*tokens, (24,), generator=gen)
     lengths[3] = 0
     total = int(lengths.sum())
     slots = torch.randperm(SLOTS - 20, generator=gen)[:total] + 20  # never a seed slot (SPEC D7)
@@ -171,12 +170,12 @@ def _same_sink(context_ref, context):
 def check(kernel: str, launch, device: torch.device) -> None:
     """Raise AssertionError unless ``launch`` matches the reference for ``kernel`` on ``device``."""
     if kernel in ("verify", "write"):
-        for mode, flag, max_tokens in itertools.product(MODES, (False, True), WRITE_MAX_TOKENS if kernel == "write" else (0,)):
-            def make(gen, mode=mode, flag=flag, max_tokens=max_tokens):
+        for mode, flag, tokens in itertools.product(MODES, (False, True), WRITE_TOKENS if kernel == "write" else (None,)):
+            def make(gen, mode=mode, flag=flag, tokens=tokens):
                 context = _context(device, mode, gen)
                 if kernel == "verify":
                     return _verify_kwargs(context, gen, device, flag)
-                return _write_kwargs(context, gen, device, flag, max_tokens)
+                return _write_kwargs(context, gen, device, flag, tokens)
 
             ref_kw, kw = _twins(make, device)
             getattr(reference, f"canary_{kernel}_ref")(**ref_kw)
@@ -187,7 +186,7 @@ def check(kernel: str, launch, device: torch.device) -> None:
                 _same("canary bytes", ref_kw["context"].canary_buf, kw["context"].canary_buf)
                 _same_sink(ref_kw["context"], kw["context"])
             except AssertionError as e:
-                case = f", requests of < {max_tokens} tokens" if max_tokens else ""
+                case = f", requests of {tokens[0]}-{tokens[1] - 1} tokens" if tokens else ""
                 raise AssertionError(f"{kernel} ({mode.name}, flag {flag}{case}): {e}") from None
     elif kernel == "plan":
         ref_kw, kw = _twins(lambda gen: _plan_kwargs(gen, device), device)
