@@ -263,7 +263,8 @@ def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
     slots[torch.rand(n, generator=gen) < 1 / 16] = -1
     starts = torch.randint(0, 1000, (requests,), generator=gen)
     words = ctx.canary_buf.view(torch.int64)
-    words[seeds[seeds >= 0], 1] = starts[seeds >= 0]
+    anchored = seeds >= 0  # a CUDA canary takes its indices and values on its own device
+    words[seeds[anchored].to(device), 1] = starts[anchored].to(device)
     pos = (starts[:, None] + 1 + torch.arange(tokens)).flatten()
     gapped = (torch.rand(requests, generator=gen) < 1 / 8).repeat_interleave(tokens)
     pos[gapped & (torch.arange(n) % tokens == tokens // 2)] += 3
