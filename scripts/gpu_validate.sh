@@ -28,6 +28,17 @@ failed=()
 # check NAME STATUS: record stage NAME as failed unless STATUS is 0.
 check() { if [[ "$2" != 0 ]]; then failed+=("$1"); echo "== $1: FAILED (exit status $2)"; fi; }
 wants() { [[ " $stages " == *" $1 "* ]]; }
+# run_pytest STAGE LOG ARGS...: pytest ARGS (within $TIMEOUT s, default 300), its whole output kept beside
+# LOG as STAGE-pytest.log; LOG gets the names of the failed and erroring tests and the summary line
+# (-rfEs: the skip reasons stay in the whole output), so that a failure names its tests.
+run_pytest() {
+  local stage="$1" log="$2"; shift 2
+  local full; full="$(dirname "$log")/$stage-pytest.log"
+  timeout "${TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rfEs "$@" > "$full" 2>&1
+  local rc=$?
+  { grep -aE "^(FAILED|ERROR) " "$full"; tail -1 "$full"; } | tee -a "$log"
+  check "$stage" "$rc"
+}
 
 source scripts/gpu-env.sh > "$out/env.log" 2>&1; env_rc=$?; cat "$out/env.log"
 if [[ $env_rc != 0 ]]; then
@@ -50,16 +61,14 @@ if wants tune; then
 fi
 if wants tests; then
   echo "== CUDA test suite (TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-none})" | tee "$out/pytest.log"
-  timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rs tests -m "gpu or nvcc" 2>&1 | tail -6 | tee -a "$out/pytest.log"
-  check tests "${PIPESTATUS[0]}"
+  TIMEOUT=300 run_pytest tests "$out/pytest.log" -n 8 -p no:benchmark tests -m "gpu or nvcc"
 fi
 if wants aot; then
   echo "== ahead-of-time build (sm_90, sm_80) and runtime-only run" | tee "$out/aot.log"
   python3 -m tvm_canary build --target cuda --arch sm_90 --arch sm_80 -o /tmp/aot 2>&1 | tail -1 | tee -a "$out/aot.log"
   check aot-build "${PIPESTATUS[0]}"
-  TVM_USE_RUNTIME_LIB=1 TVM_CANARY_MODULES=/tmp/aot TVM_CANARY_CACHE=/tmp/empty-cache timeout 200 \
-    python3 -m pytest -q -p no:cacheprovider tests/test_differential.py tests/test_cuda_graph.py -m gpu 2>&1 | tail -3 | tee -a "$out/aot.log"
-  check aot-runtime-only "${PIPESTATUS[0]}"
+  TVM_USE_RUNTIME_LIB=1 TVM_CANARY_MODULES=/tmp/aot TVM_CANARY_CACHE=/tmp/empty-cache TIMEOUT=200 \
+    run_pytest aot-runtime-only "$out/aot.log" tests/test_differential.py tests/test_cuda_graph.py -m gpu
   compiled=$(ls /tmp/empty-cache 2>/dev/null | wc -l)
   echo "modules compiled at load in runtime-only mode: $compiled" | tee -a "$out/aot.log"
   check aot-compiled-at-load "$compiled"

@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_PYTHON = """#!/bin/sh
 case "$*" in
   *"tvm_canary conformance"*) exit "${FAKE_CONFORMANCE_RC:-0}";;
-  "-m pytest"*) echo "pytest $FAKE_PYTEST_RC"; exit "${FAKE_PYTEST_RC:-0}";;
+  "-m pytest"*) echo "pytest $FAKE_PYTEST_RC"
+    if [ "${FAKE_PYTEST_RC:-0}" != 0 ]; then echo "FAILED tests/test_fake.py::test_one[cuda] - RuntimeError: boom"; fi
+    for i in 1 2 3 4 5 6 7 8; do echo "warning line $i"; done
+    echo "1 failed, 2 passed in 0.1s"; exit "${FAKE_PYTEST_RC:-0}";;
 esac
 exit "${FAKE_ENV_RC:-0}"
 """
@@ -42,6 +45,16 @@ def test_failed_stage_fails_the_run_and_is_named(tmp_path):
     assert done.returncode == 1
     assert "== tests: FAILED (exit status 1)" in done.stdout
     assert done.stderr.strip().splitlines()[-1].startswith("gpu_validate: FAILED stages: tests ")
+
+
+def test_a_failing_suite_names_its_failed_tests(tmp_path):
+    """The failed tests' names reach the stage's log and output however long pytest's output after them
+    is (the twenty-fourth session's log kept only the summary), and the whole output is kept beside it."""
+    done = run(tmp_path, "tests", FAKE_PYTEST_RC="1")
+    name = "FAILED tests/test_fake.py::test_one[cuda] - RuntimeError: boom"
+    assert name in done.stdout
+    assert name in (tmp_path / "out" / "pytest.log").read_text()
+    assert "warning line 8" in (tmp_path / "out" / "tests-pytest.log").read_text()
 
 
 def test_passing_stages_exit_zero(tmp_path):
