@@ -1,7 +1,7 @@
 """Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE]...]...
-        [--kernels verify write] [--write-shapes RxT ...] [--quick] [--json OUT.json]
+        [--kernels verify write] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -23,7 +23,9 @@ ratio to these is at most the benchmark's. Checked before a row is reported: no 
 violation, and every write arm stamped the bytes base stamped (a row that fails says so).
 Write's rows are ``bench_kernels.WRITE_SHAPES`` (requests x tokens per request), or ``--write-shapes``
 (e.g. ``256x4 128x16 128x22 128x23``: the size classes' boundary and the shapes between the
-benchmark's, which it does not time).
+benchmark's, which it does not time); ``RxTcC`` puts the R requests in a plan of capacity C > R, the rest
+empty and not valid, as a CUDA graph captured at capacity C and replayed with R requests has it (the
+grid follows the capacity, the lane mapping the valid requests).
 """
 
 from __future__ import annotations
@@ -105,12 +107,15 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
     return name, (kernel, mode), values
 
 
-def parse_write_shape(text: str) -> tuple[int, int]:
-    """``--write-shapes``' ``REQUESTSxTOKENS`` (tokens per request) -> (requests, tokens), both positive."""
-    match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", text)
-    if not match:
-        raise ValueError(f"--write-shapes {text!r}: expected REQUESTSxTOKENS, e.g. 256x4 (positive numbers)")
-    return int(match.group(1)), int(match.group(2))
+def parse_write_shape(text: str) -> tuple[int, int, int]:
+    """``--write-shapes``' ``REQUESTSxTOKENS[cCAPACITY]`` (tokens per request; the plan's request capacity,
+    at least REQUESTS, default REQUESTS) -> (requests, tokens, capacity), all positive."""
+    match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)(?:c([1-9][0-9]*))?", text)
+    if not match or (match.group(3) and int(match.group(3)) < int(match.group(1))):
+        raise ValueError(f"--write-shapes {text!r}: expected REQUESTSxTOKENS[cCAPACITY], e.g. 256x4 or 8x16c256 "
+                         "(positive numbers, capacity at least the requests)")
+    requests, tokens = int(match.group(1)), int(match.group(2))
+    return requests, tokens, int(match.group(3) or requests)
 
 
 def point_key(point) -> str:
@@ -171,8 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--base", required=True, help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
     ap.add_argument("--variant", action="append", default=[], help="NAME:KERNEL:MODE:FIELD=VALUE[,...], e.g. m4:verify:ALL:min_blocks=4")
     ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
-    ap.add_argument("--write-shapes", nargs="+", metavar="RxT",
-                    help="write's rows, requests x tokens per request (default: the benchmark's, bench_kernels.WRITE_SHAPES)")
+    ap.add_argument("--write-shapes", nargs="+", metavar="RxT[cC]",
+                    help="write's rows, requests x tokens per request [in a plan of capacity C] "
+                         "(default: the benchmark's, bench_kernels.WRITE_SHAPES)")
     ap.add_argument("--quick", action="store_true", help="a smaller pool and sizes (smoke run)")
     ap.add_argument("--json", help="write the rows and the run's environment here")
     args = ap.parse_args(argv)
@@ -181,7 +187,8 @@ def main(argv=None) -> int:
 
     try:
         variants = [parse_variant(v) for v in args.variant]
-        write_shapes = [parse_write_shape(t) for t in args.write_shapes] if args.write_shapes else list(WRITE_SHAPES)
+        write_shapes = ([parse_write_shape(t) for t in args.write_shapes] if args.write_shapes
+                        else [(reqs, length, reqs) for reqs, length in WRITE_SHAPES])
         base = resolve_base(args.base)
     except ValueError as e:
         return fail(str(e))
@@ -191,6 +198,7 @@ def main(argv=None) -> int:
     import floors
 
     from tvm_canary.geometry import Geometry
+    from tvm_canary.runtime import packing
     from tvm_canary.timing import interleaved_us
 
     with tempfile.TemporaryDirectory(prefix="ab-kernels-") as tmp:
@@ -207,7 +215,8 @@ def main(argv=None) -> int:
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
         sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
-        points = {"verify": list(sizes), "write": write_shapes}  # KernelCall.size of the rows
+        points = {"verify": list(sizes),  # KernelCall.size of the rows
+                  "write": [packing.write_point(capacity, reqs * length) for reqs, length, capacity in write_shapes]}
         try:
             functions, geometries = build_arms(arms, args.kernels, launchers.tag, work, points)
         except RuntimeError as e:
@@ -259,10 +268,10 @@ def main(argv=None) -> int:
                                                        pool.floor_counter) for c in calls]
                              for name, f in floor_fns[mode].items()}
                     time_row("verify", mode, f"verify {mode} {order} {n}", calls, extra, flagged)
-        for reqs, length in write_shapes if "write" in args.kernels else ():
+        for reqs, length, capacity in write_shapes if "write" in args.kernels else ():
             for mode in B.MODES:
                 sets = [B.write_args(pool, mode, (torch.randperm(pool.slots - 1, device=B.DEV)[: reqs * length] + 1).view(reqs, length),
-                                     torch.randint(0, 150000, (reqs, length), device=B.DEV)) for _ in range(4)]
+                                     torch.randint(0, 150000, (reqs, length), device=B.DEV), capacity) for _ in range(4)]
                 calls = [launchers.call("write", a) for a in sets]
                 slots = torch.cat([a["out_cache_loc"] for a in sets])
 
@@ -279,7 +288,8 @@ def main(argv=None) -> int:
                     return f"stamped bytes differ from base: {differ}" if differ else None
 
                 problem = stamped_differently()
-                time_row("write", mode, f"write {mode} {reqs}x{length}", calls, {}, lambda problem=problem: problem)
+                shape = f"{reqs}x{length}" + (f"c{capacity}" if capacity != reqs else "")
+                time_row("write", mode, f"write {mode} {shape}", calls, {}, lambda problem=problem: problem)
 
     names = [arm.name for arm in arms] + (["fl-gather", "fl-ordered"] if floor_fns else [])
     print(f"\n{'case':28}" + "".join(f"{n[:10]:>11}" for n in names) + f"{'head/base':>10}")

@@ -275,13 +275,15 @@ def floor_makers() -> dict:
 FLOOR_OF = {"verify": "gather", "write": "store", "plan": "copy", "scatter": "copy"}
 
 
-def write_args(pool, mode, slots_2d, ids):
-    """Write launch arguments for requests = rows of ``slots_2d`` (positions 0.., anchor seeds)."""
+def write_args(pool, mode, slots_2d, ids, capacity=None):
+    """Write launch arguments for requests = rows of ``slots_2d`` (positions 0.., anchor seeds), in a plan
+    of ``capacity`` requests (default: as many as rows; the requests past the rows are empty and not
+    valid, as in a plan padded to a CUDA graph's capacity)."""
     import tvm_canary as tc
 
     reqs, length = slots_2d.shape
-    plan = tc.WritePlan.allocate(write_req_capacity=reqs, device=DEV)
-    plan.write_offsets.copy_(torch.arange(reqs + 1, device=DEV) * length)
+    plan = tc.WritePlan.allocate(write_req_capacity=capacity or reqs, device=DEV)
+    plan.write_offsets.copy_(torch.arange(plan.write_offsets.shape[0], device=DEV).clamp(max=reqs) * length)
     plan.write_seed_slot_indices.fill_(-1)
     plan.write_num_valid_reqs.fill_(reqs)
     pos = torch.arange(length, device=DEV).repeat(reqs)

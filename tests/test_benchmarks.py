@@ -360,8 +360,9 @@ def test_kernel_ab_variants():
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     assert ab_kernels.main(["--base", "HEAD", "--variant", "m4:verify:ALL"]) == 2
-    assert ab_kernels.parse_write_shape("256x4") == (256, 4)
-    for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4"):
+    assert ab_kernels.parse_write_shape("256x4") == (256, 4, 256)
+    assert ab_kernels.parse_write_shape("8x16c256") == (8, 16, 256)  # 8 requests in a plan of capacity 256
+    for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4", "8x16c4", "8x16c0", "8x16c"):
         with pytest.raises(ValueError, match="--write-shapes"):
             ab_kernels.parse_write_shape(bad)
     assert ab_kernels.main(["--base", "HEAD", "--write-shapes", "256x4", "64"]) == 2
@@ -400,3 +401,40 @@ def test_default_labels_name_modes_and_size_classes():
         "2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ALL 528x128m2wp, ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
         "528x64u2, NONE >= 1x23 528x64u8, PARTIAL >= 1x23 528x64u8, ALL 528x128wp, ALL >= 1x128 528x256u8p")
+
+
+@pytest.mark.parametrize("capacity", [None, 16])
+def test_write_args_plan_padded_to_a_capacity(monkeypatch, capacity):
+    """``bench_kernels.write_args`` with a capacity above its requests (``ab_kernels.py --write-shapes
+    RxTcC``): the requests past them are empty and not valid, so the CPU kernel stamps what the reference
+    stamps, and only the requests' slots."""
+    import copy
+
+    import bench_kernels
+
+    from tvm_canary.cases import LAUNCH, REFERENCE, context_for
+    from tvm_canary.runtime import use_backend
+
+    from tree import assert_same_bytes, tensors
+
+    monkeypatch.setattr(bench_kernels, "DEV", "cpu")
+    gen = torch.Generator().manual_seed(5)
+    context = context_for(gen, "cpu", 64)
+
+    class Pool:
+        def context(self, mode):
+            return context
+
+    slots = (torch.randperm(63, generator=gen)[:12] + 1).view(4, 3)
+    got = bench_kernels.write_args(Pool(), "NONE", slots, torch.randint(0, 9, (4, 3), generator=gen), capacity)
+    assert got["plan"].write_offsets.shape[0] == (capacity or 4) + 1
+    assert int(got["plan"].write_num_valid_reqs) == 4
+    before = context.canary_buf.clone()
+    want = copy.deepcopy(got)
+    REFERENCE["write"](**want)
+    with use_backend("tvm"):
+        LAUNCH["write"](**got)
+    assert_same_bytes(tensors(got), tensors(want))
+    changed = (context.canary_buf != before).any(1).nonzero().flatten()
+    assert set(changed.tolist()) <= set(slots.flatten().tolist())
+
