@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU validation session (repo root):
-#   bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [conformance] [bench] [bench-tuned] [embedding]
-# (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_DEFAULT: a default-geometry bench JSON)
+#   bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [conformance] [bench] [embedding]
+# (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_SECONDS: bench's limit, default 900)
 #   tune:  MetaSchedule tuning of all kernels at 20 trials in at most 420 s, on top of tune_logs/ (databases in
 #          OUTDIR/tune.tgz; the committed databases are compacted, so every bucket is measured again: a
 #          whole tune at 32 trials took 481.5 s on an H200 in the sixteenth session, docs/PERFORMANCE.md "Tuning")
@@ -10,9 +10,11 @@
 #   sanitize: a fuzz campaign under compute-sanitizer memcheck and racecheck (scripts/sanitize.sh; SANITIZE_SECONDS)
 #   conformance: tvm-canary conformance over the CPU and every visible GPU in one process, then one process
 #          per GPU (torch.distributed.run, NCCL) with a fuzz campaign per GPU (FUZZ_SECONDS, default 30)
-#   bench: benchmarks/bench_kernels.py with the default (untuned) geometries, then its tables and target
+#   bench: benchmarks/bench_kernels.py --ab, the run of docs/PERFORMANCE.md: every kernel's default geometry
+#          and its tuned one (the database tune wrote, else the committed one) timed interleaved, beside the
+#          floors and baselines; it continues OUTDIR/bench.json when that exists (--resume: a run made a
+#          part at a time, BENCH_ARGS="--kernels write plan scatter" first); then its tables and target
 #          summary (plot.py --no-png, report.py) in OUTDIR/tables.md and OUTDIR/targets.md
-#   bench-tuned: the same with the tuned database (TVM_CANARY_TUNE_LOGS), compared with bench
 #   embedding: benchmarks/bench_embedding.py (decode-step cost, host overhead) and `demo --cuda-graph`
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all of them passed, and
 # the last line names the failed stages. Exit status 2: unknown stage name.
@@ -20,8 +22,8 @@ set -uo pipefail
 out="${1:-/tmp/gpu-validate}"; shift; mkdir -p "$out"
 stages="${*:-tune tests aot sanitize bench}"
 for s in $stages; do
-  case "$s" in tune|tests|aot|sanitize|conformance|bench|bench-tuned|embedding) ;;
-    *) echo "gpu_validate: unknown stage '$s' (tune tests aot sanitize conformance bench bench-tuned embedding)" >&2; exit 2;;
+  case "$s" in tune|tests|aot|sanitize|conformance|bench|embedding) ;;
+    *) echo "gpu_validate: unknown stage '$s' (tune tests aot sanitize conformance bench embedding)" >&2; exit 2;;
   esac
 done
 failed=()
@@ -91,8 +93,9 @@ if wants conformance; then
   check fuzz "${PIPESTATUS[0]}"
 fi
 if wants bench; then
-  echo "== benchmarks (default geometries)" | tee "$out/bench.log"
-  TVM_CANARY_TUNED=0 timeout 280 python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
+  resume=""; [[ -f "$out/bench.json" ]] && resume="--resume"
+  echo "== benchmarks (default and tuned geometries interleaved, TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-none}) ${resume}" | tee "$out/bench.log"
+  timeout "${BENCH_SECONDS:-900}" python3 benchmarks/bench_kernels.py --ab ${BENCH_ARGS:-} $resume --json "$out/bench.json" 2>&1 | tee -a "$out/bench.log" | tail -52
   check bench "${PIPESTATUS[0]}"
   if [[ -f "$out/bench.json" ]]; then  # PNGs: plot.py where matplotlib is (docs/PERFORMANCE.md)
     python3 benchmarks/plot.py "$out/bench.json" --no-png --markdown "$out/tables.md"
@@ -101,17 +104,6 @@ if wants bench; then
     check bench-report $?
   fi
 fi
-if wants bench-tuned; then
-  echo "== benchmarks (tuned geometries, TVM_CANARY_TUNE_LOGS=${TVM_CANARY_TUNE_LOGS:-repo tune_logs})" | tee "$out/bench-tuned.log"
-  timeout 280 python3 benchmarks/bench_kernels.py ${BENCH_ARGS:-} --json "$out/bench-tuned.json" 2>&1 | tee -a "$out/bench-tuned.log" | tail -52
-  check bench-tuned "${PIPESTATUS[0]}"
-  base="${BENCH_DEFAULT:-$out/bench.json}"  # a default-geometry run of this or an earlier call
-  if [[ -f "$base" ]]; then
-    python3 benchmarks/compare.py "$base" "$out/bench-tuned.json" | tee "$out/compare.log"
-    check bench-compare "${PIPESTATUS[0]}"
-  fi
-fi
-
 if wants embedding; then
   echo "== embedding: decode-step cost (eager, CUDA graph) and host overhead; demo --cuda-graph" | tee "$out/embedding.log"
   timeout 300 python3 benchmarks/bench_embedding.py --json "$out/embedding.json" 2>&1 | tail -12 | tee -a "$out/embedding.log"

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_PYTHON = """#!/bin/sh
 case "$*" in
   *"tvm_canary conformance"*) exit "${FAKE_CONFORMANCE_RC:-0}";;
+  *"bench_kernels.py"*) echo "bench_kernels.py args: $*"; exit 0;;
   "-m pytest"*) echo "pytest $FAKE_PYTEST_RC"
     if [ "${FAKE_PYTEST_RC:-0}" != 0 ]; then echo "FAILED tests/test_fake.py::test_one[cuda] - RuntimeError: boom"; fi
     for i in 1 2 3 4 5 6 7 8; do echo "warning line $i"; done
@@ -28,8 +29,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 def run(tmp_path: Path, *stages: str, **env: str) -> subprocess.CompletedProcess:
     """The script copied into a scratch tree (no .gpu-bundle), run with fake tools first on PATH."""
     tree, bin_dir = tmp_path / "tree", tmp_path / "bin"
-    shutil.copytree(ROOT / "scripts", tree / "scripts")
-    bin_dir.mkdir()
+    shutil.copytree(ROOT / "scripts", tree / "scripts", dirs_exist_ok=True)  # a second run keeps OUT
+    bin_dir.mkdir(exist_ok=True)
     for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", "#!/bin/sh\nexit 0\n")):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -84,6 +85,19 @@ def test_every_stage_is_accepted_and_runs(tmp_path, stage):
     assert done.returncode == 0, done.stdout + done.stderr
     last = done.stdout.strip().splitlines()[-1]
     assert last == f"gpu_validate: all stages passed: {stage} (logs in {tmp_path / 'out'})"
+
+
+def test_bench_times_default_and_tuned_interleaved_and_continues_its_run(tmp_path):
+    """``bench`` is the run of record's command (``--ab``); run again on an OUT that holds its JSON, it
+    continues that run (``--resume``), as a run made a part at a time needs."""
+    first = run(tmp_path, "bench", BENCH_ARGS="--kernels write plan scatter")
+    call = next(line for line in first.stdout.splitlines() if line.startswith("bench_kernels.py args:"))
+    assert " --ab --kernels write plan scatter --json " in call and "--resume" not in call
+    (tmp_path / "out" / "bench.json").write_text("{}")
+    again = run(tmp_path, "bench")
+    call = next(line for line in again.stdout.splitlines() if line.startswith("bench_kernels.py args:"))
+    assert " --ab --resume --json " in call
+    assert run(tmp_path, "bench-tuned").returncode == 2  # removed: its sweep timed the default arms only
 
 
 def test_a_failing_conformance_run_fails_its_stage(tmp_path):
