@@ -270,9 +270,10 @@ def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
     pos[gapped & (torch.arange(n) % tokens == tokens // 2)] += 3
     off = torch.arange(requests + 1, dtype=torch.int64) * tokens
     ids = _ints(gen, 0, 5, n, device)
+    pos = pos.to(device)
     off_by = (torch.rand(n, generator=gen) < 0.05).long().to(device)
-    expected = (ids + off_by, pos.to(device)) if _one(gen, 0, 2) else None
-    return _write_launch(ctx, off, seeds, requests, ids, pos.to(device), slots, expected)
+    expected = (ids + off_by, pos) if _one(gen, 0, 2) else None
+    return _write_launch(ctx, off, seeds, requests, ids, pos, slots, expected)
 
 
 def plan_case(gen, device, valid=True):
