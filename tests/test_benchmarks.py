@@ -437,4 +437,3 @@ def test_write_args_plan_padded_to_a_capacity(monkeypatch, capacity):
     assert_same_bytes(tensors(got), tensors(want))
     changed = (context.canary_buf != before).any(1).nonzero().flatten()
     assert set(changed.tolist()) <= set(slots.flatten().tolist())
-

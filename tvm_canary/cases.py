@@ -263,8 +263,8 @@ def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
     slots[torch.rand(n, generator=gen) < 1 / 16] = -1
     starts = torch.randint(0, 1000, (requests,), generator=gen)
     words = ctx.canary_buf.view(torch.int64)
-    anchored = seeds >= 0  # a CUDA canary takes its indices and values on its own device
-    words[seeds[anchored].to(device), 1] = starts[anchored].to(device)
+    seeded = seeds >= 0  # not anchors; a CUDA canary takes its indices and values on its own device
+    words[seeds[seeded].to(device), 1] = starts[seeded].to(device)
     pos = (starts[:, None] + 1 + torch.arange(tokens)).flatten()
     gapped = (torch.rand(requests, generator=gen) < 1 / 8).repeat_interleave(tokens)
     pos[gapped & (torch.arange(n) % tokens == tokens // 2)] += 3
