@@ -212,7 +212,7 @@ class Pool:
         self.widx = torch.zeros(1, dtype=torch.int32, device=DEV)
         self.counters = torch.zeros(2, dtype=torch.int64, device=DEV)
         self.cpa = torch.zeros(1, dtype=torch.int32, device=DEV)
-        self.floor_flags = torch.zeros(1, dtype=torch.int32, device=DEV)  # the ticket floor's ticket (zero between launches)
+        self.floor_flags = torch.zeros(1, dtype=torch.int32, device=DEV)  # the ticket floor's arrivals (zero between launches)
         self.floor_counter = torch.zeros(1, dtype=torch.int64, device=DEV)
 
     def context(self, mode: str):

@@ -29,7 +29,6 @@ import tvm
 from tvm.script import tirx as T
 
 from tvm_canary.kernels.common import (
-    NOT_LAST,
     Geometry,
     block_any,
     blocks_for,
@@ -68,8 +67,9 @@ def floor_geometries():
 
 def ticket_protocol(geom: Geometry):
     """The least a single launch that appends rows in order does in a clean launch (the floors' ``ticket``
-    variants): a block barrier, one ticket per block (``kernels.common.last_block``, drawn on
-    ``flags[NF - 1]``, zero on entry) and the last block counting the launch into ``counter``."""
+    variants): a block barrier, one ticket per block (``kernels.common.last_block``: the block's share
+    added to the arrivals counter ``flags[NF - 1]``, zero on entry and on exit) and block 0 counting the
+    launch into ``counter`` (``kernels.common.close_launch``)."""
     any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
 
     @T.macro
@@ -77,7 +77,7 @@ def ticket_protocol(geom: Geometry):
         any_of(block_done, 0)  # the block barrier before its ticket
         if t == 0:
             draw_ticket(drawn, flags, nb, b, 0)
-            if drawn[0] != NOT_LAST:
+            if b == 0:
                 count(counter, T.int64(1))
 
     return clean_append

@@ -11,7 +11,7 @@ import torch
 
 from tvm_canary.cases import CASES, LAUNCH, REFERENCE
 from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH
-from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS
+from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS, Geometry
 from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
 from tvm_canary.runtime import compile as compile_
 from tvm_canary.runtime import packing, targets, use_backend
@@ -21,19 +21,21 @@ from tree import assert_same_bytes, devices, require, tensors
 ITERATIONS = {"cpu": 60, "cuda": 300}
 
 
-def run_differential(kernel: str, device: str, seed: int, prepare=None, **case_options) -> None:
-    """One seeded case on ``device`` vs the reference on the CPU; ``prepare(case)`` edits both cases
-    before the launch."""
+def run_differential(kernel: str, device: str, seed: int, prepare=None, launches=1, **case_options) -> None:
+    """One seeded case on ``device`` vs the reference on the CPU, launched ``launches`` times in a row
+    (the outputs of one are the inputs of the next); ``prepare(case, launch)`` edits both cases before
+    each launch."""
     want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", **case_options)
     got = CASES[kernel](torch.Generator().manual_seed(seed), device, **case_options)
-    for case in (want, got) if prepare else ():
-        prepare(case)
-    REFERENCE[kernel](**want)
-    with use_backend("tvm"):
-        LAUNCH[kernel](**got)
-    assert_same_bytes(tensors(got), tensors(want))
-    if "context" in got:  # write and verify leave their scratch zero (marks, seed saves, ticket)
-        assert all(not f.any() for f in packing.flags_of(got["context"].violation_ring)), "flags left non-zero"
+    for launch in range(launches):
+        for case in (want, got) if prepare else ():
+            prepare(case, launch)
+        REFERENCE[kernel](**want)
+        with use_backend("tvm"):
+            LAUNCH[kernel](**got)
+        assert_same_bytes(tensors(got), tensors(want))
+        if "context" in got:  # write and verify leave their scratch zero (marks, seed saves, ticket)
+            assert all(not f.any() for f in packing.flags_of(got["context"].violation_ring)), "flags left non-zero"
 
 
 @pytest.mark.parametrize("device", devices())
@@ -47,7 +49,7 @@ def test_differential_fuzz(kernel, device):
             raise AssertionError(f"{kernel} on {device}, seed {seed}: {e}") from e
 
 
-def stamp_true_folds(case: dict) -> None:
+def stamp_true_folds(case: dict, launch: int = 0) -> None:
     """Field 3 of every slot readable in the case's mode := its real-KV fold (the reference's), so that
     a verify of clean entries matches and a kernel folding differently adds violation rows (random
     field 3 values mismatch whatever the fold)."""
@@ -140,7 +142,7 @@ def test_write_own_seed_slot_rows(device):
     emit phase walks the request after the slot was stamped."""
     require(device)
 
-    def own_seed(case):
+    def own_seed(case, launch):
         ctx = case["context"]
         ctx.canary_buf.view(torch.int64)[3, 1] = 10
         plan = case["plan"]
@@ -154,3 +156,55 @@ def test_write_own_seed_slot_rows(device):
                     expected_input_positions=torch.tensor([11, 12], device=dev))
 
     run_differential("write", device, 3, own_seed)
+
+
+# 32-lane grids for the single launch's ticket (``kernels.common.LAST_BLOCK_TICKET``): 8192 blocks are
+# more than an H200 holds at once (32 a SM), so the emitting block waits while others have yet to
+# start; the launches of one case alternate grids over the same scratch.
+TICKET_GRIDS = [Geometry(gpu=True, blocks=8192, threads=32), Geometry(gpu=True, blocks=1056, threads=128),
+                Geometry(gpu=True, blocks=3, threads=32)]
+
+
+def launch_grids(monkeypatch, grids) -> list:
+    """Make every launch take ``grids[i]`` while ``chosen[0] == i`` (the launch cache emptied first)."""
+    chosen = [0]
+    monkeypatch.setattr(compile_, "geometry", lambda name, device, size, mode=0: grids[chosen[0]])
+    monkeypatch.setattr(compile_, "_by_launch", {})
+    monkeypatch.setattr(compile_, "_write_geometries", lambda device, mode: [])
+    return chosen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("marks", ["every block", "few blocks"])
+def test_verify_ticket_over_many_blocks(marks, monkeypatch):
+    """Verify of 256K entries on 32-lane grids, three launches on one scratch (8192, 1056 and 3 blocks):
+    with random canaries (every block marks: the marking blocks draw ranks, one emits) or with slots
+    in a few entries only (far-apart blocks mark, the others take the clean path); reference bytes,
+    scratch zero after each launch."""
+    chosen = launch_grids(monkeypatch, TICKET_GRIDS)
+
+    def prepare(case, launch):
+        chosen[0] = launch
+        plan = case["plan"]
+        if marks == "few blocks":
+            keep = torch.zeros_like(plan.verify_slot_indices, dtype=torch.bool)
+            keep[torch.tensor([7 * launch, 40000 + launch, 131071, (1 << 18) - 1 - launch])] = True
+            plan.verify_slot_indices.masked_fill_(~keep, 0)
+        plan.verify_num_valid.fill_(plan.verify_slot_indices.numel() - launch)
+        plan.enable.fill_(1)
+
+    for seed in range(2):
+        run_differential("verify", "cuda", seed, prepare, launches=len(TICKET_GRIDS), capacity=1 << 18)
+
+
+@pytest.mark.gpu
+def test_write_ticket_over_many_blocks(monkeypatch):
+    """Write of 8192 one-token requests on 32-lane grids, three launches on one scratch: violation rows
+    from requests spread over hundreds of blocks, appended in request order by one of them."""
+    chosen = launch_grids(monkeypatch, TICKET_GRIDS)
+
+    def prepare(case, launch):
+        chosen[0] = launch
+
+    for seed in range(2):
+        run_differential("write", "cuda", seed, prepare, launches=len(TICKET_GRIDS), shape=(8192, 1))

@@ -127,10 +127,12 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
     )
 
 
-def verify_case(gen, device, valid=True, token_units=2):
+def verify_case(gen, device, valid=True, token_units=2, capacity=None):
+    """A verify launch of a random plan (``capacity`` entries, or 1-2999) over a random canary: nearly
+    every entry with a slot records a row."""
     S = _one(gen, 2, 600)
     ctx = context_for(gen, device, S, token_units=token_units)
-    cap = _one(gen, 1, 3000)
+    cap = capacity or _one(gen, 1, 3000)
     plan = VerifyPlan.allocate(verify_capacity=cap, device=device)
     lo, hi = (-2, S) if valid else (-(2**40), 2**40)
     plan.verify_slot_indices.copy_(_ints(gen, lo if not valid else 0, hi, cap, device))

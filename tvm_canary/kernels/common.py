@@ -359,26 +359,51 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
 
 # Device helpers of the single-launch kernels, as CUDA source the kernels call by name.
 #
-# Last-block ticket (one launch for "every block, then one ordered pass"): after its share of the work,
-# each block learns at a barrier whether any of its threads marked a chunk (``__syncthreads_or``); its
-# thread 0 then draws a ticket from an unsigned counter that is zero on entry, adding 1 to the arrivals
-# (low 16 bits) and, if the block marked, 1 to the marking blocks (high 16 bits). A marking block fences
-# first, publishing its marks (cumulative over the barrier). The block that draws ``nblocks - 1``
-# finished last: it resets the counter for the next launch and returns 1 (no block marked: nothing to
-# read, no fence) or 2 (it fences, so every block's marks are visible to it). Other blocks get 0.
+# The single launch's ticket (one launch for "every block, then one ordered pass"), without a round trip
+# in a clean launch. After its share of the work each block learns at a barrier whether any of its
+# threads marked a chunk (``__syncthreads_or``), and its thread 0 adds the block's *share* of 2**32 to
+# an unsigned 32-bit arrivals counter that is zero on entry. The shares of a launch's n blocks are
+# positive and add up to 2**32 (q = floor((2**32 - 1) / n) for each block but the last, which takes
+# the rest, 2**32 - (n - 1) q > q; with one block that is 2**32, i.e. 0), so the counter is back at
+# zero, ready for the next launch, exactly when every block has arrived: a proper subset of the shares
+# adds up to less than 2**32.
+# * A clean block adds its share without waiting for the result (a fire-and-forget reduction) and is
+#   done.
+# * A marking block fences (publishing its marks, cumulative over the barrier), draws a rank among the
+#   marking blocks on a second counter (zero on entry), fences again (so that the emitter's reset of
+#   the ranks cannot precede the draw) and adds its share. The one that drew rank 0 is the *emitter*:
+#   it waits until the arrivals counter is back at zero (its own share keeps it non-zero until every
+#   block has arrived), fences, and returns 2 (LAST_MARKED): every block's marks are visible to it,
+#   and it resets the ranks when it closes the launch. Every other block gets 0.
+# Only the emitter ever waits, and it waits for blocks that wait on nothing, so every block can still
+# be scheduled (on any GPU that holds two blocks at once). Measured on the H200 against the earlier
+# ticket, which every block drew with a round trip and the last one to arrive emitted: verify at
+# 1K-64K entries 0.930-0.979x, write 4096 x 1 0.949-0.977x (docs/PERFORMANCE.md, twenty-sixth session).
 # 64-bit counter additions are relaxed atomics whose result is unused (a fire-and-forget reduction).
 # (One string per function: the code generator emits each call's source once per function name.)
 BLOCK_ANY = """
 __device__ __forceinline__ int canary_block_any(int predicate) { return __syncthreads_or(predicate); }
 """
 LAST_BLOCK_TICKET = """
-__device__ __forceinline__ int canary_last_block_ticket(void* counter, int last, int marked) {
-  unsigned int add = marked ? 0x10001u : 1u;
-  if (marked) __threadfence();
-  unsigned int drawn = atomicAdd(static_cast<unsigned int*>(counter), add);
-  if ((drawn & 0xFFFFu) != static_cast<unsigned int>(last)) return 0;
-  *static_cast<volatile unsigned int*>(counter) = 0u;
-  if (((drawn + add) >> 16) == 0u) return 1;
+__device__ __forceinline__ int canary_last_block_ticket(void* arrivals, void* ranks, int nblocks, int block,
+                                                        int marked) {
+  unsigned int n = static_cast<unsigned int>(nblocks);
+  unsigned int even = 0xFFFFFFFFu / n;
+  unsigned int share = block + 1 < nblocks ? even : 0u - (n - 1u) * even;
+  unsigned int* counter = static_cast<unsigned int*>(arrivals);
+  if (!marked) {
+    atomicAdd(counter, share);
+    return 0;
+  }
+  __threadfence();
+  unsigned int rank = atomicAdd(static_cast<unsigned int*>(ranks), 1u);
+  __threadfence();
+  unsigned int drawn = atomicAdd(counter, share);
+  if (rank != 0u) return 0;
+  if (drawn + share != 0u) {
+    while (atomicAdd(counter, 0u) != 0u) {
+    }
+  }
   __threadfence();
   return 2;
 }
@@ -388,9 +413,8 @@ __device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long v
   atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(value));
 }
 """
-# Blocks a single launch may use: the ticket counts arrivals in 16 bits.
-MAX_TICKET_BLOCKS = 0xFFFF
-# Ticket values: not the last block; the last block and no block marked; the last block, marks to emit.
+# Ticket values: a block that neither emits nor (on CPU) closes the launch; the CPU's last block when no
+# block marked; the block that emits (on CPU, the last block when some block marked).
 NOT_LAST, LAST_CLEAN, LAST_MARKED = 0, 1, 2
 
 
@@ -491,21 +515,28 @@ def block_any(geom: Geometry):
 
 def last_block(geom: Geometry):
     """Macro ``ticket(out, flags, nblocks, b, marked)``: ``out[0] :=`` NOT_LAST, LAST_CLEAN or
-    LAST_MARKED (the block finishing last; marked: some block of the launch set a mark), drawn on the
-    int32 ``flags[NF - 1]`` (zero on entry and on exit); ``marked`` is this block's ``block_any`` of
-    its lanes' marks.
+    LAST_MARKED, drawn by a block that has done its share of the launch; ``marked`` is the block's
+    ``block_any`` of its lanes' marks. LAST_MARKED goes to the one block that emits (some block of the
+    launch set a mark, and every block's marks are visible to it); LAST_CLEAN only on CPU.
+
+    On CUDA (``LAST_BLOCK_TICKET``) the arrivals counter is the int32 ``flags[NF - 1]`` and the ranks
+    of the marking blocks are counted in ``flags[0]``, both zero on entry; ``close_launch`` resets the
+    ranks, the arrivals return to zero by themselves. Only a marking block waits, so a clean launch
+    makes no round trip after its work; the counters are counted by block 0 (``close_launch``). On CPU
+    the blocks run serially, so the last block is ``b == nblocks - 1`` (LAST_MARKED or LAST_CLEAN: it
+    closes the launch) and the launch's any-mark ``flags[0]`` tells whether some block marked.
 
     Call it from ONE thread of each block after ``block_any``, and broadcast ``out`` (a shared buffer)
-    with a barrier. On CPU the blocks run serially, so the last block is ``b == nblocks - 1`` and the
-    launch's any-mark ``flags[0]`` tells whether some block marked; the counter is never touched.
+    with a barrier.
     """
     if geom.gpu:
 
         @T.macro
         def ticket(out, flags, nblocks, b, marked):
             out[0] = T.cuda.func_call(
-                "canary_last_block_ticket", T.address_of(flags[flags.shape[0] - 1]), T.Cast("int32", nblocks - 1),
-                marked, source_code=LAST_BLOCK_TICKET, return_type="int32",
+                "canary_last_block_ticket", T.address_of(flags[flags.shape[0] - 1]), T.address_of(flags[0]),
+                T.Cast("int32", nblocks), T.Cast("int32", b), marked, source_code=LAST_BLOCK_TICKET,
+                return_type="int32",
             )
 
     else:
@@ -537,17 +568,42 @@ def counter_add(geom: Geometry):
 
 
 def close_launch(geom: Geometry):
-    """Macro ``close(flags, write_index, kernel_counter, base, marked)`` ending a single launch (one lane
-    of the last block): with marks, clear the any-mark and publish the ring's new write index ``base[0]``
-    (a clean launch leaves both as they are); count the launch."""
+    """Macro ``close(b, t, last, flags, write_index, kernel_counter, base, counted)`` ending a single
+    launch, called by every lane ``t`` of block ``b`` after the emit phase with the block's ticket
+    ``last``: the emitting block (LAST_MARKED) clears ``flags[0]`` and publishes the ring's new write
+    index ``base[0]`` (a clean launch leaves both as they are); the counting block (block 0 on CUDA,
+    where its additions need not wait for the ticket; the last block on CPU) adds 1 to
+    ``kernel_counter`` and, with ``counted = (counter, value, condition)``, ``value`` to ``counter``
+    when ``condition`` holds."""
     add = counter_add(geom)
 
     @T.macro
-    def close(flags, write_index, kernel_counter, base, marked):
-        if marked:
-            flags[0] = 0
-            write_index[0] = T.Cast("int32", base[0])
+    def count(kernel_counter, counted):
         add(kernel_counter, T.int64(1))
+        if counted is not None:
+            if counted[2]:
+                add(counted[0], counted[1])
+
+    if geom.gpu:
+
+        @T.macro
+        def close(b, t, last, flags, write_index, kernel_counter, base, counted):
+            if t == 0:
+                if last[0] == LAST_MARKED:
+                    flags[0] = 0
+                    write_index[0] = T.Cast("int32", base[0])
+                if b == 0:
+                    count(kernel_counter, counted)
+
+    else:
+
+        @T.macro
+        def close(b, t, last, flags, write_index, kernel_counter, base, counted):
+            if t == 0 and last[0] != NOT_LAST:
+                if last[0] == LAST_MARKED:
+                    flags[0] = 0
+                    write_index[0] = T.Cast("int32", base[0])
+                count(kernel_counter, counted)
 
     return close
 
@@ -556,9 +612,9 @@ def close_launch(geom: Geometry):
 SingleLaunch = collections.namedtuple("SingleLaunch", "draw_ticket emit close")
 
 
-def single_launch(geom: Geometry, width: int, max_blocks: int, count_unit, emit_unit, rows_of) -> SingleLaunch:
-    """The single-launch protocol (every block does its share; the block finishing last appends the
-    violation rows in order) for blocks of ``width`` lanes and launches of at most ``max_blocks`` blocks:
+def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) -> SingleLaunch:
+    """The single-launch protocol (every block does its share; one block, after every block's share,
+    appends the violation rows in order) for blocks of ``width`` lanes:
 
     * ``draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked)``: called by every lane ``t``
       of block ``b`` after its share: the block's any-mark of its lanes' ``lane_marked`` (a barrier),
@@ -571,7 +627,6 @@ def single_launch(geom: Geometry, width: int, max_blocks: int, count_unit, emit_
     # The emit phase keeps each lane's state in registers across lane loops: on CPU (serial lanes)
     # that needs one lane per block. Serial CPU blocks are fine: the last one emits.
     assert geom.gpu or width == 1
-    assert max_blocks <= MAX_TICKET_BLOCKS
     any_of = block_any(geom)
     ticket = last_block(geom)
 

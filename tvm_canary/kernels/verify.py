@@ -4,9 +4,9 @@ Arguments (in order): canary ``int64[S, F]`` (the uint8 buffer viewed as int64, 
 ``slots/expected_tokens/expected_positions/prev_slots int64[cap]``, ``num_valid int32[1]``,
 ``enable int32[1]``; ``ring int64[R, 8]``, ``write_index int32[1]``, ``slot_counter int64[1]``,
 ``kernel_counter int64[1]`` (written); ``flags int32[NF >= 2 + ceil(cap / CHUNK)]`` (scratch, zero on
-entry and on exit: ``[0]`` any mark, ``[1 + c]`` the mark of chunk ``c`` (CHUNK entries),
-``[NF - 1]`` the last-block ticket counter); ``kind`` (int); four source views ``int64[rows, row_words]``
-and their ``(page_size, token_words, fold_words)`` scalars.
+entry and on exit: ``[0]`` the any-mark on CPU, the marking blocks' ranks on CUDA, ``[1 + c]`` the
+mark of chunk ``c`` (CHUNK entries), ``[NF - 1]`` the ticket's arrivals on CUDA); ``kind`` (int); four
+source views ``int64[rows, row_words]`` and their ``(page_size, token_words, fold_words)`` scalars.
 
 ONE launch of ``nb`` blocks of ``threads`` lanes, ``block_lanes`` of which check entries
 (``common.work_grid`` of ``cap``: up to ``blocks`` blocks of ``threads`` entries, or a warp of entries per
@@ -14,19 +14,20 @@ block for a small plan when the geometry is ``thin``; ``cap`` is a shape, so the
 1. *check* (every block, grid-stride: entry ``b * block_lanes + t`` for lanes ``t < block_lanes``,
    stride ``nb * block_lanes``): computes each entry's fail bits and marks the CHUNK-sized chunk of every failing
    entry in ``flags``. Nothing else is written.
-2. *ticket* (``common.single_launch``): at a barrier each block learns whether it marked; thread 0 draws
-   a ticket on ``flags[NF - 1]`` (fencing first if the block marked). The block drawing ``nb - 1``
-   finished last and learns from the ticket whether any block marked. On CPU (serial blocks,
-   ``threads = 1``) the last block is simply the last one.
-3. *emit* (the last block, its ``threads`` lanes, only if some block marked): walks the marked chunks
+2. *ticket* (``common.single_launch``): at a barrier each block learns whether it marked; thread 0
+   draws the block's ticket (``common.LAST_BLOCK_TICKET``): a clean block adds its arrival and is
+   done; the first marking block becomes the *emitter* and waits until every block has arrived. On
+   CPU (serial blocks, ``threads = 1``) the last block emits if any block marked.
+3. *emit* (the emitting block, its ``threads`` lanes): walks the marked chunks
    in order, recomputes their entries ``threads`` at a time, and each lane stores its own row from
    registers at its rank (prefix count of the failing lanes before it), so rows land in entry order
    (SPEC D3); rows outside the ring (past its capacity, or before it when the write index has
-   wrapped) are dropped but counted in ``write_index``. It then clears
-   the marks and publishes the write index. The last block then adds to the counters (atomic adds).
-A clean launch therefore reads every entry once, writes only the counters and reads nothing after
-the ticket. The geometry's ``tile``
-is not used by verify (the emit phase runs with the block's own lanes).
+   wrapped) are dropped but counted in ``write_index``. It then clears the marks and publishes the
+   write index. Block 0 (the last block on CPU) adds to the counters (atomic adds;
+   ``common.close_launch``).
+A clean launch therefore reads every entry once, writes only the counters and the arrivals, and no
+block waits after its work. The geometry's ``tile`` is not used by verify (the emit phase runs with
+the block's own lanes).
 """
 
 from __future__ import annotations
@@ -40,12 +41,9 @@ from .common import FLAG_CHUNK as CHUNK
 from .common import (
     FRONTS_PER_SLOT,
     INVALID_INDEX,
-    LAST_MARKED,
-    NOT_LAST,
     Geometry,
     block_sync,
     check_slot,
-    counter_add,
     emit_scratch,
     fold_sources,
     grid,
@@ -77,7 +75,6 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
     TH = geom.threads
     sync = block_sync(geom)
-    add = counter_add(geom)
     fold = fold_sources(geom)
     pairs = geom.fold_pairs()
 
@@ -157,7 +154,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
             for f in T.serial(consts.VIOLATION_FIELDS):
                 st.ring[rank, f] = st.row[f]
 
-    draw_ticket, emit, close = single_launch(geom, TH, geom.blocks, count_entry, emit_entry,
+    draw_ticket, emit, close = single_launch(geom, TH, count_entry, emit_entry,
                                              lambda sbits, q: T.Cast("int64", sbits[q] != 0))
 
     # fmt: off
@@ -220,24 +217,22 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                             entry(k[0], bits, row, launch, h, acc, part, ok)
                             if bits[0] != 0:
                                 lane_marked[0] = 1
-                                flags[0] = 1
+                                if not geom.gpu:  # the launch's any-mark (on CUDA the ticket counts marking blocks)
+                                    flags[0] = 1
                                 flags[1 + k[0] // CHUNK] = 1
                             k[0] = k[0] + nb * block_lanes
-                # Phase 2: the ticket; the last block learns whether any block marked.
+                # Phase 2: the ticket; one block emits if any block marked.
                 for t in lanes(geom, TH):
                     draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
                 sync()
                 last[0] = slast[0]
 
-                # Phase 3 (the last block only, and only if some block marked): emit the marked chunks'
+                # Phase 3 (the emitting block only): emit the marked chunks'
                 # rows in entry order, TH entries at a time; each lane stores its own row from registers
                 # at its rank among the TH.
                 emit(last, flags, write_index, base, marked, sflag, sbits, active, state)
                 for t in lanes(geom, TH):
-                    if t == 0 and last[0] != NOT_LAST:
-                        close(flags, write_index, kernel_counter, base, last[0] == LAST_MARKED)
-                        if on:
-                            add(slot_counter, active)
+                    close(b, t, last, flags, write_index, kernel_counter, base, (slot_counter, active, on))
     # fmt: on
 
     return canary_verify

@@ -6,8 +6,8 @@ slots); plan ``offsets int64[cap+1]``, ``seeds int64[cap]``, ``num_valid_reqs in
 (read only when the input assert is on); ``chain_assert int32[1]``; ``ring int64[R, 8]``,
 ``write_index int32[1]``, ``slot_counter int64[1]``, ``kernel_counter int64[1]`` (written);
 ``flags int32[NF >= 2 + ceil(cap / CHUNK) + SEED_SAVE_WORDS * cap]`` (scratch, zero on entry and exit:
-``[0]`` any mark, ``[1 + c]`` the mark of chunk ``c`` (CHUNK requests), then a seed save per request,
-``[NF - 1]`` the last-block ticket counter);
+``[0]`` the any-mark on CPU, the marking blocks' ranks on CUDA, ``[1 + c]`` the mark of chunk ``c``
+(CHUNK requests), then a seed save per request, ``[NF - 1]`` the ticket's arrivals on CUDA);
 ``kind``; four sources with their ``(page_size, token_words, fold_words)``.
 
 ONE launch of ``stamp_blocks`` blocks of ``threads`` lanes, ``block_lanes`` of which take work
@@ -36,11 +36,11 @@ work per block for a small plan when the geometry is ``thin``), twice that on CU
    slot takes a guarded step (every entry's mix3 computed, kept only if the entry is stamped).
    A request that stores its own seed slot (found by ``check_request``'s vote, or by the group about
    to store it) first saves the seed's chain hash and position in ``flags`` and marks its chunk.
-2. *ticket* (``common.single_launch``): the block finishing last learns whether any request marked.
-3. *emit* (the last block, its ``threads`` lanes, only if some request marked): for marked chunks,
-   counts each request's rows, ranks them (request order) and walks again to append the rows to the
-   ring in reference order (SPEC D3); then publishes the write index. The last block bumps the kernel
-   counter.
+2. *ticket* (``common.single_launch``): if some request marked, one block (the first marking block on
+   CUDA, the last block on CPU) emits, after every block's share; clean blocks do not wait.
+3. *emit* (the emitting block, its ``threads`` lanes): for marked chunks, counts each request's rows,
+   ranks them (request order) and walks again to append the rows to the ring in reference order (SPEC
+   D3); then publishes the write index. Block 0 (the last block on CPU) bumps the kernel counter.
 Phases 1 and 3 walk a request with the same ``walk`` macro and re-read only seed slots: phase 3 starts
 from the request's seed save when it has one (clearing it), so a request storing its own seed slot
 gets the reference's rows; another request's seed slot must not be stored (plans that do not alias,
@@ -58,8 +58,6 @@ from .common import FLAG_CHUNK as CHUNK
 from .common import (
     FRONTS_PER_SLOT,
     INVALID_INDEX,
-    LAST_MARKED,
-    NOT_LAST,
     SEED_SAVE_WORDS,
     Geometry,
     block_sync,
@@ -337,7 +335,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
 
     def seed_save_at(r, launch):
         """Where request r's seed save starts in ``flags`` (after the chunk marks), and whether flags has
-        room for it (the ticket word stays clear); without room it is neither saved nor used."""
+        room for it (the ticket's arrivals word stays clear); without room it is neither saved nor used."""
         at = 1 + (launch.seeds.shape[0] + CHUNK - 1) // CHUNK + SEED_SAVE_WORDS * r
         return at, at + SEED_SAVE_WORDS < launch.flags.shape[0]
 
@@ -584,7 +582,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         if unit < active:
             walk_emit(unit, rank, st.nrows, unused, saved, st.launch, T.int64(0), T.bool(True), None, None)
 
-    draw_ticket, emit, close = single_launch(geom, TH, geom.blocks * (1 + FOLD_BLOCKS), count_request, emit_request,
+    draw_ticket, emit, close = single_launch(geom, TH, count_request, emit_request,
                                              lambda scount, q: scount[q])
 
     # fmt: off
@@ -699,21 +697,21 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         # A request with a seed save is marked too: the emit phase clears the save.
                         if (not spread or warp_lane == 0) and (nrows[0] != T.int64(0) or saved[0] != 0):
                             lane_marked[0] = 1
-                            flags[0] = 1
+                            if not geom.gpu:  # the launch's any-mark (on CUDA the ticket counts marking blocks)
+                                flags[0] = 1
                             flags[1 + r[0] // CHUNK] = 1
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
-                # Phase 2: the ticket; the last block learns whether any request marked.
+                # Phase 2: the ticket; one block emits if any request marked.
                 draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
             sync()
             last[0] = slast[0]
 
-            # Phase 3 (the last block only, and only if some request marked): the block's lanes append
+            # Phase 3 (the emitting block only): the block's lanes append
             # the rows of the marked requests in request order, TH requests at a time.
             emit(last, flags, write_index, base, marked, sflag, scount, active, EmitState(nrows, scount, launch))
             for t in lanes(geom, TH):
-                if t == 0 and last[0] != NOT_LAST:
-                    close(flags, write_index, kernel_counter, base, last[0] == LAST_MARKED)
+                close(b, t, last, flags, write_index, kernel_counter, base, None)
     # fmt: on
 
     return canary_write
