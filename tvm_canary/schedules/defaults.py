@@ -12,7 +12,7 @@ one lane); only write's chain pipeline depth (``unroll``) matters there.
 
 CUDA_DEFAULTS = {
     # NONE (no real-KV sources): up to 2112 blocks x 128 threads (fewer for a small plan capacity),
-    # grid-stride over the active entries, in one launch; the last block emits the rows with its 128
+    # grid-stride over the active entries, in one launch; one block emits the rows with its 128
     # lanes (tile is unused). min_blocks 16 caps registers at 32 so that 2048 threads per SM are resident:
     # in chain order (each entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries
     # from 1.24-1.28x to 1.03-1.12x of the gather floor; random order stays within 1.03x and 1K-64K cost

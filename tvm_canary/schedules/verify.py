@@ -3,7 +3,7 @@ one), threads per block, whether a small plan is spread thin (a warp of entries 
 how many such blocks must fit on one SM (``min_blocks``: a register cap
 that trades spills for occupancy) and whether two sources' folds advance in lockstep (``pairs``: a
 shorter dependent chain for more registers; on the H200 1K-4K ALL entries gain 14-20% by default and
-1M entries in chain order lose 5%). Verify is one launch whose last block also runs the ordered emit
+1M entries in chain order lose 5%). Verify is one launch one of whose blocks also runs the ordered emit
 phase with the same ``threads`` lanes, so ``tile`` is not a verify knob. On CPU the kernel runs
 serially: no knobs."""
 
