@@ -579,6 +579,12 @@ def close_launch(geom: Geometry):
     add = counter_add(geom)
 
     @T.macro
+    def publish(last, flags, write_index, base):
+        if last[0] == LAST_MARKED:
+            flags[0] = 0
+            write_index[0] = T.Cast("int32", base[0])
+
+    @T.macro
     def count(kernel_counter, counted):
         add(kernel_counter, T.int64(1))
         if counted is not None:
@@ -590,9 +596,7 @@ def close_launch(geom: Geometry):
         @T.macro
         def close(b, t, last, flags, write_index, kernel_counter, base, counted):
             if t == 0:
-                if last[0] == LAST_MARKED:
-                    flags[0] = 0
-                    write_index[0] = T.Cast("int32", base[0])
+                publish(last, flags, write_index, base)
                 if b == 0:
                     count(kernel_counter, counted)
 
@@ -601,9 +605,7 @@ def close_launch(geom: Geometry):
         @T.macro
         def close(b, t, last, flags, write_index, kernel_counter, base, counted):
             if t == 0 and last[0] != NOT_LAST:
-                if last[0] == LAST_MARKED:
-                    flags[0] = 0
-                    write_index[0] = T.Cast("int32", base[0])
+                publish(last, flags, write_index, base)
                 count(kernel_counter, counted)
 
     return close

@@ -125,10 +125,11 @@ def flags_of(ring: torch.Tensor) -> list[torch.Tensor]:
 
 
 def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Tensor:
-    """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = any mark, ``[1 + c]`` one
-    mark per chunk, then ``SEED_SAVE_WORDS`` per seed save (write: one per request, ``seed_saves`` =
-    its plan's capacity), then at least one more element; the last one is the ticket counter of write's
-    and verify's single launch."""
+    """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = the any-mark (CPU) or the
+    marking blocks' ranks (CUDA), ``[1 + c]`` one mark per chunk, then ``SEED_SAVE_WORDS`` per seed save
+    (write: one per request, ``seed_saves`` = its plan's capacity), then at least one more element; the
+    last one is the arrivals counter of write's and verify's single launch on CUDA
+    (``kernels.common.LAST_BLOCK_TICKET``)."""
     # write places its saves after the chunk marks of its own capacity (seed_saves), whatever ``entries``
     need = 2 + -(-max(entries, seed_saves) // FLAG_CHUNK) + SEED_SAVE_WORDS * seed_saves
     owned = _flags.setdefault(_ring_key(ring), [])
