@@ -612,13 +612,16 @@ def close_launch(geom: Geometry):
 
 
 # The parts of the single-launch protocol a kernel calls (see ``single_launch``).
-SingleLaunch = collections.namedtuple("SingleLaunch", "draw_ticket emit close")
+SingleLaunch = collections.namedtuple("SingleLaunch", "mark draw_ticket emit close")
 
 
 def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) -> SingleLaunch:
     """The single-launch protocol (every block does its share; one block, after every block's share,
     appends the violation rows in order) for blocks of ``width`` lanes:
 
+    * ``mark(flags, lane_marked, unit)``: a lane's unit (entry or request) has rows to emit: the lane's
+      ``lane_marked``, the unit's chunk mark and, on CPU, the launch's any-mark ``flags[0]`` (on CUDA
+      the ticket counts the marking blocks there);
     * ``draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked)``: called by every lane ``t``
       of block ``b`` after its share: the block's any-mark of its lanes' ``lane_marked`` (a barrier),
       then lane 0 draws the block's ticket into the shared ``slast`` (``last_block``; broadcast it with
@@ -634,9 +637,17 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
     ticket = last_block(geom)
 
     @T.macro
+    def mark(flags, lane_marked, unit):
+        lane_marked[0] = 1
+        if not geom.gpu:
+            flags[0] = 1
+        flags[1 + unit // FLAG_CHUNK] = 1
+
+    @T.macro
     def draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked):
         any_of(block_marked, lane_marked[0])
         if t == 0:
             ticket(slast, flags, nblocks, b, block_marked[0])
 
-    return SingleLaunch(draw_ticket, ordered_emit(geom, width, count_unit, emit_unit, rows_of), close_launch(geom))
+    return SingleLaunch(mark, draw_ticket, ordered_emit(geom, width, count_unit, emit_unit, rows_of),
+                        close_launch(geom))

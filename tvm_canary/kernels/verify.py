@@ -3,16 +3,16 @@
 Arguments (in order): canary ``int64[S, F]`` (the uint8 buffer viewed as int64, read only); plan
 ``slots/expected_tokens/expected_positions/prev_slots int64[cap]``, ``num_valid int32[1]``,
 ``enable int32[1]``; ``ring int64[R, 8]``, ``write_index int32[1]``, ``slot_counter int64[1]``,
-``kernel_counter int64[1]`` (written); ``flags int32[NF >= 2 + ceil(cap / CHUNK)]`` (scratch, zero on
+``kernel_counter int64[1]`` (written); ``flags int32[NF >= 2 + ceil(cap / FLAG_CHUNK)]`` (scratch, zero on
 entry and on exit: ``[0]`` the any-mark on CPU, the marking blocks' ranks on CUDA, ``[1 + c]`` the
-mark of chunk ``c`` (CHUNK entries), ``[NF - 1]`` the ticket's arrivals on CUDA); ``kind`` (int); four
+mark of chunk ``c`` (FLAG_CHUNK entries), ``[NF - 1]`` the ticket's arrivals on CUDA); ``kind`` (int); four
 source views ``int64[rows, row_words]`` and their ``(page_size, token_words, fold_words)`` scalars.
 
 ONE launch of ``nb`` blocks of ``threads`` lanes, ``block_lanes`` of which check entries
 (``common.work_grid`` of ``cap``: up to ``blocks`` blocks of ``threads`` entries, or a warp of entries per
 block for a small plan when the geometry is ``thin``; ``cap`` is a shape, so the grid needs no host sync):
 1. *check* (every block, grid-stride: entry ``b * block_lanes + t`` for lanes ``t < block_lanes``,
-   stride ``nb * block_lanes``): computes each entry's fail bits and marks the CHUNK-sized chunk of every failing
+   stride ``nb * block_lanes``): computes each entry's fail bits and marks the FLAG_CHUNK-sized chunk of every failing
    entry in ``flags``. Nothing else is written.
 2. *ticket* (``common.single_launch``): at a barrier each block learns whether it marked; thread 0
    draws the block's ticket (``common.LAST_BLOCK_TICKET``): a clean block adds its arrival and is
@@ -37,7 +37,6 @@ import collections
 from tvm.script import tirx as T
 
 from .. import consts
-from .common import FLAG_CHUNK as CHUNK
 from .common import (
     FRONTS_PER_SLOT,
     INVALID_INDEX,
@@ -154,7 +153,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
             for f in T.serial(consts.VIOLATION_FIELDS):
                 st.ring[rank, f] = st.row[f]
 
-    draw_ticket, emit, close = single_launch(geom, TH, count_entry, emit_entry,
+    mark, draw_ticket, emit, close = single_launch(geom, TH, count_entry, emit_entry,
                                              lambda sbits, q: T.Cast("int64", sbits[q] != 0))
 
     # fmt: off
@@ -216,10 +215,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                         while k[0] < active:
                             entry(k[0], bits, row, launch, h, acc, part, ok)
                             if bits[0] != 0:
-                                lane_marked[0] = 1
-                                if not geom.gpu:  # the launch's any-mark (on CUDA the ticket counts marking blocks)
-                                    flags[0] = 1
-                                flags[1 + k[0] // CHUNK] = 1
+                                mark(flags, lane_marked, k[0])
                             k[0] = k[0] + nb * block_lanes
                 # Phase 2: the ticket; one block emits if any block marked.
                 for t in lanes(geom, TH):

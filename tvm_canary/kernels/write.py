@@ -582,7 +582,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
         if unit < active:
             walk_emit(unit, rank, st.nrows, unused, saved, st.launch, T.int64(0), T.bool(True), None, None)
 
-    draw_ticket, emit, close = single_launch(geom, TH, count_request, emit_request,
+    mark, draw_ticket, emit, close = single_launch(geom, TH, count_request, emit_request,
                                              lambda scount, q: scount[q])
 
     # fmt: off
@@ -696,10 +696,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                                    not spread or warp_lane == 0, all_valid[0] != 0, holds_seed[0] != 0)
                         # A request with a seed save is marked too: the emit phase clears the save.
                         if (not spread or warp_lane == 0) and (nrows[0] != T.int64(0) or saved[0] != 0):
-                            lane_marked[0] = 1
-                            if not geom.gpu:  # the launch's any-mark (on CUDA the ticket counts marking blocks)
-                                flags[0] = 1
-                            flags[1 + r[0] // CHUNK] = 1
+                            mark(flags, lane_marked, r[0])
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
                 # Phase 2: the ticket; one block emits if any request marked.
