@@ -1,7 +1,7 @@
 """Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE]...]...
-        [--kernels verify write] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
+        [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -135,17 +135,18 @@ def resolve_base(text: str) -> pathlib.Path | str:
     return text
 
 
-def build_arms(arms: list[Arm], kernels, tag: str, work: pathlib.Path, points: dict) -> tuple[dict, dict]:
+def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, points: dict) -> tuple[dict, dict]:
     """({(arm, kernel, mode, point key): the exported function}, {(arm, kernel, mode, point key): its
-    geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``), each arm's
-    default geometry of a row's mode and size; every arm built in its own child process at once."""
+    geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``) in the launch
+    modes ``modes``, each arm's default geometry of a row's mode and size; every arm built in its own
+    child process at once."""
     import tvm
 
     children = {}
     for arm in arms:
         folder = work / arm.name
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
-        wanted = {(k, m) for k in kernels for m in MODE_NUMBERS if arm.name in ("base", "head") or (k, m) in arm.overrides}
+        wanted = {(k, m) for k in kernels for m in modes if arm.name in ("base", "head") or (k, m) in arm.overrides}
         builds = {f"{k}-{m}": [*BUILDS[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
                                 arm.overrides.get((k, m), {})] for k, m in sorted(wanted)}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
@@ -176,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--base", required=True, help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
     ap.add_argument("--variant", action="append", default=[], help="NAME:KERNEL:MODE:FIELD=VALUE[,...], e.g. m4:verify:ALL:min_blocks=4")
     ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
+    ap.add_argument("--modes", nargs="+", choices=tuple(MODE_NUMBERS), default=list(MODE_NUMBERS),
+                    help="the launch modes whose rows are timed (default: all)")
     ap.add_argument("--write-shapes", nargs="+", metavar="RxT[cC]",
                     help="write's rows, requests x tokens per request [in a plan of capacity C] "
                          "(default: the benchmark's, bench_kernels.WRITE_SHAPES)")
@@ -218,7 +221,7 @@ def main(argv=None) -> int:
         points = {"verify": list(sizes),  # KernelCall.size of the rows
                   "write": [packing.write_point(capacity, reqs * length) for reqs, length, capacity in write_shapes]}
         try:
-            functions, geometries = build_arms(arms, args.kernels, launchers.tag, work, points)
+            functions, geometries = build_arms(arms, args.kernels, args.modes, launchers.tag, work, points)
         except RuntimeError as e:
             return fail(str(e))
 
@@ -227,7 +230,7 @@ def main(argv=None) -> int:
         floor_fns = {mode: {"fl-gather": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n), arch),
                             "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n, hashing=True,
                                                                             ticket=True, fold_together=False), arch)}
-                     for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2))} if "verify" in args.kernels else {}
+                     for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2)) if mode in args.modes} if "verify" in args.kernels else {}
         pool = B.Pool(B.POOL_SLOTS["quick" if args.quick else "full"])
         words = pool.canary.view(torch.int64)
 
@@ -256,7 +259,7 @@ def main(argv=None) -> int:
             count = pool.flagged()
             return f"{count} violation rows recorded (the launches must be clean)" if count else None
 
-        for mode in B.MODES if "verify" in args.kernels else ():
+        for mode in args.modes if "verify" in args.kernels else ():
             for order in ("random", "chain"):
                 slots_2d, ids = B.stamp_chains(Stamper, pool, mode, order)
                 context = pool.context(mode)
@@ -269,7 +272,7 @@ def main(argv=None) -> int:
                              for name, f in floor_fns[mode].items()}
                     time_row("verify", mode, f"verify {mode} {order} {n}", calls, extra, flagged)
         for reqs, length, capacity in write_shapes if "write" in args.kernels else ():
-            for mode in B.MODES:
+            for mode in args.modes:
                 sets = [B.write_args(pool, mode, (torch.randperm(pool.slots - 1, device=B.DEV)[: reqs * length] + 1).view(reqs, length),
                                      torch.randint(0, 150000, (reqs, length), device=B.DEV), capacity) for _ in range(4)]
                 calls = [launchers.call("write", a) for a in sets]
@@ -297,7 +300,7 @@ def main(argv=None) -> int:
         print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):11.2f}" for n in names)
               + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant,
+        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant, "modes": args.modes,
                                                        "write_shapes": write_shapes, "floor_grid": FLOOR_GRID, "rounds": ROUNDS,
                                                        "rows": rows}, indent=1))
     return 1 if any(r["problem"] for r in rows) else 0
