@@ -506,7 +506,8 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     every_size_class = [partial, partial_large, full, full_large]
     assert aot.geometries("verify", sources, "cuda-sm_90") == every_size_class
     no_sources = specializations.spec("verify", num_sources=0, check_token=False)
-    assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none]
+    none_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.NONE), 1 << 20)
+    assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none, none_large]
 
 
 def test_the_default_geometry_follows_the_launch_size_class():
@@ -514,7 +515,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
     one after another; below it, and with no size, the mode's default (paired). The size is the
     launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
     the tuner's default record and ahead-of-time builds agree. Write's classes bound its tokens per
-    request (the point's second coordinate). NONE verify, plan, scatter and the CPU have no size class."""
+    request (the point's second coordinate). Plan, scatter and the CPU have no size class."""
     from tvm_canary import schedules
     from tvm_canary.runtime import targets
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
@@ -535,6 +536,16 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
+    # NONE: 128 registers (min_blocks 4) up to 256K entries, 32 from there on.
+    none_bound, none_overrides = CUDA_SIZE_DEFAULTS[("verify", 0)]
+    assert (none_bound, none_overrides) == ((1 << 18) + 1, {"min_blocks": 16})
+    none_small = targets.default_geometry("verify", "cuda-sm_90", 0)
+    none_large = dataclasses.replace(none_small, min_blocks=16)
+    assert none_small.min_blocks == 4
+    for size, expected in ((None, none_small), (1 << 16, none_small), (none_bound - 1, none_small),
+                           (none_bound, none_large), (1 << 24, none_large)):
+        assert targets.default_geometry("verify", "cuda-sm_90", 0, size) == expected, size
+    assert targets.default_geometries("verify", "cuda", 0) == [none_small, none_large]
     # write: chains of 23 tokens per request or more (ALL: 128) keep 8 entries in flight, shorter ones 2
     # (ALL: 1); NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full
     # lanes where its short ones run 128 thin lanes.
@@ -554,7 +565,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert targets.reaches((64, 512), (1, 23)) and not targets.reaches((4096, 1), (1, 23))
     assert not targets.reaches(4096, (1, 23)) and not targets.reaches((4096,), (1, 23))
     assert targets.reaches(at_least, at_least) and not targets.reaches(at_least - 1, at_least)
-    unclassed = (("verify", 0, 1 << 24), ("plan", 0, 4096), ("scatter", 0, 4096))
+    unclassed = (("plan", 0, 4096), ("scatter", 0, 4096))
     for kernel, mode, size in unclassed:
         assert targets.default_geometry(kernel, "cuda", mode, size) == targets.default_geometry(kernel, "cuda", mode)
         assert targets.default_geometries(kernel, "cuda", mode) == [targets.default_geometry(kernel, "cuda", mode)]

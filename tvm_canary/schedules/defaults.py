@@ -13,12 +13,13 @@ one lane); only write's chain pipeline depth (``unroll``) matters there.
 CUDA_DEFAULTS = {
     # NONE (no real-KV sources): up to 2112 blocks x 128 threads (fewer for a small plan capacity),
     # grid-stride over the active entries, in one launch; one block emits the rows with its 128
-    # lanes (tile is unused). min_blocks 16 caps registers at 32 so that 2048 threads per SM are resident:
-    # in chain order (each entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries
-    # from 1.24-1.28x to 1.03-1.12x of the gather floor; random order stays within 1.03x and 1K-64K cost
-    # 1-4% more than 1056 x 128 with min_blocks 8. Evidence: the H200 candidate sweeps of 2026-11-30
-    # (session 3), docs/PERFORMANCE.md ("Default geometries").
-    "verify": {"blocks": 2112, "threads": 128, "min_blocks": 16},
+    # lanes (tile is unused). min_blocks 4 (128 registers) up to 256K entries; from there on the size
+    # class below caps registers at 32. Against the 32-register cap (H200, twenty-seventh session's GPU
+    # call 1, ab_kernels.py --modes NONE, 6 interleaved rounds): random 1K / 4K / 64K 0.965 / 0.942 /
+    # 1.008x, chain 0.941 / 0.939 / 0.942x (two arms of the same code differed by 0.970-1.008x); the
+    # tuner's picks for its 4K and 64K buckets ran 1.016-1.031x (528 x 128, min_blocks 4, at 1K-4K) and
+    # 0.984-0.998x (264 x 256, min_blocks 2, at 64K) of it.
+    "verify": {"blocks": 2112, "threads": 128, "min_blocks": 4},
     # One launch; one thread per request (a warp per request when they are few); 64-thread blocks spread
     # a few thousand requests over all SMs (ALL: ``CUDA_MODE_DEFAULTS`` and the size classes); the chain
     # walk keeps 2 entries in flight (long chains: 8, a size class below). 64 lanes against 128 (H200,
@@ -90,6 +91,14 @@ CUDA_SIZE_DEFAULTS = {
     # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
     # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
     ("verify", 2): ((1 << 14) + 1, {"pairs": 0}),
+    # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
+    # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
+    # entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries from 1.24-1.28x to
+    # 1.03-1.12x of the gather floor; random order stays within 1.03x (the H200 candidate sweeps of
+    # 2026-11-30, session 3, docs/PERFORMANCE.md "Default geometries"). Against the mode's 128 registers
+    # (min_blocks 4; twenty-seventh session's GPU call 1, interleaved): chain 1M / 4M / 16M 0.957 / 0.944 /
+    # 0.918x, random 1.044 / 1.033 / 1.029x; one geometry serves both orders, so the cap stays.
+    ("verify", 0): ((1 << 18) + 1, {"min_blocks": 16}),
     # verify PARTIAL above 16K entries (the same boundary): 1056 x 128 with min_blocks 8, full blocks,
     # single-chain folds. The 32-register cap of NONE's default costs 1.2-1.5x at 1M-16M entries; this
     # grid (64 registers, 1024 threads per SM) is within 0.96-1.01x of the floor there (fifth-session
