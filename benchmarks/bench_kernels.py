@@ -35,8 +35,9 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
         [--json OUT.json [--resume]]
 
 ``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
-the kernels that file finished (a kernel's rows are written when its sweep ends), runs the rest of
-``--kernels`` and writes the whole run back (``resume_run``). The file must come from the same GPU
+every kernel that file finished (a kernel's rows are written when its sweep ends), runs the rest of
+``--kernels`` and writes the whole run back (``resume_run``; e.g. ``--kernels write plan scatter``, then
+``--kernels verify --resume``). The file must come from the same GPU
 model, driver, versions, defaults and options; ``parts`` records each invocation's kernels, wall time,
 empty launch and register-only chain (a row's floors are always timed in its own process). A complete
 run on a freshly started host can take longer than one call of a lent GPU allows (600 s; the twenty-first
@@ -772,10 +773,11 @@ RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidate
 
 
 def resume_run(prior: dict, now: dict, kernels: list[str]) -> tuple[list, list[str]]:
-    """(rows kept, kernels still to run) when the run ``prior`` (a ``--json`` file) is continued by an
-    invocation whose environment, options and default geometries are ``now`` (keys ``env``,
-    ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError`` naming the first
-    difference when it is not the same run."""
+    """(rows kept: every row of ``prior``, kernels of ``kernels`` still to run) when the run ``prior`` (a
+    ``--json`` file) is continued by an invocation whose environment, options and default geometries
+    are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError``
+    naming the first difference when it is not the same run (a kept kernel's defaults are those its
+    rows ran, ``prior``'s ``default_geometries``)."""
     for key in ("env", *RESUME_KEYS):
         if prior.get(key) != now[key]:
             raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
@@ -784,7 +786,7 @@ def resume_run(prior: dict, now: dict, kernels: list[str]) -> tuple[list, list[s
         if prior["default_geometries"].get(kernel) != now["default_geometries"][kernel]:
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, this checkout's are {now['default_geometries'][kernel]!r}")
-    return [row for row in prior["rows"] if row["kernel"] in kernels], [k for k in kernels if k not in done]
+    return list(prior["rows"]), [k for k in kernels if k not in done]
 
 
 def finish(rows):
@@ -913,9 +915,9 @@ def main(argv=None) -> int:
         parts = prior["parts"] + [part]
         timing = part if "write" in done else next((p for p in prior["parts"] if "write" in p["kernels"]), part)
         meta = {"env": env, **options, "empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"],
-                "ab_rounds": AB_ROUNDS, "default_geometries": defaults, "agreement": bench.agreement,
-                "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts), "parts": parts,
-                "complete": set(args.kernels) <= {row["kernel"] for row in rows}}
+                "ab_rounds": AB_ROUNDS, "default_geometries": {**prior.get("default_geometries", {}), **defaults},
+                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts), "parts": parts,
+                "complete": set(args.kernels) <= {row["kernel"] for row in rows}}  # what this invocation was asked for
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(meta, rows=rows), f, indent=1)
