@@ -190,6 +190,10 @@ def main(argv=None) -> int:
 
     try:
         variants = [parse_variant(v) for v in args.variant]
+        for name, (kernel, mode), _ in variants:
+            if kernel not in args.kernels or mode not in args.modes:
+                raise ValueError(f"--variant {name}: {kernel} {mode} is not timed (--kernels {' '.join(args.kernels)}, "
+                                 f"--modes {' '.join(args.modes)})")
         write_shapes = ([parse_write_shape(t) for t in args.write_shapes] if args.write_shapes
                         else [(reqs, length, reqs) for reqs, length in WRITE_SHAPES])
         base = resolve_base(args.base)

@@ -351,21 +351,30 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
 
 
-def test_kernel_ab_variants():
+def test_kernel_ab_variants(capsys):
     import ab_kernels
+
+    def refused(argv, message):  # exit status 2 and the message (a GPU-less host also exits 2, for want of a GPU)
+        assert ab_kernels.main(argv) == 2
+        assert message in capsys.readouterr().err
 
     assert ab_kernels.parse_variant("m4:verify:ALL:min_blocks=4,pairs=0") == ("m4", ("verify", "ALL"), {"min_blocks": 4, "pairs": 0})
     for bad in ("m4:verify:ALL", "m4:plan:ALL:min_blocks=4", "m4:verify:FULL:min_blocks=4", "head:verify:ALL:pairs=0",
                 "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x", "fl-gather:verify:ALL:pairs=0", "a/b:verify:ALL:pairs=0"):
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
-    assert ab_kernels.main(["--base", "HEAD", "--variant", "m4:verify:ALL"]) == 2
+    refused(["--base", "HEAD", "--variant", "m4:verify:ALL"], "kv-canary: --variant 'm4:verify:ALL': expected")
+    # a variant of a kernel or mode the run does not time would time nothing
+    refused(["--base", "HEAD", "--modes", "NONE", "--variant", "m4:verify:ALL:min_blocks=4"],
+            "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
+    refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
+            "kv-canary: --variant m4: verify NONE is not timed (--kernels write,")
     assert ab_kernels.parse_write_shape("256x4") == (256, 4, 256)
     assert ab_kernels.parse_write_shape("8x16c256") == (8, 16, 256)  # 8 requests in a plan of capacity 256
     for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4", "8x16c4", "8x16c0", "8x16c"):
         with pytest.raises(ValueError, match="--write-shapes"):
             ab_kernels.parse_write_shape(bad)
-    assert ab_kernels.main(["--base", "HEAD", "--write-shapes", "256x4", "64"]) == 2
+    refused(["--base", "HEAD", "--write-shapes", "256x4", "64"], "kv-canary: --write-shapes '64': expected")
     assert ab_kernels.resolve_base("HEAD") == "HEAD"
     assert ab_kernels.resolve_base(str(ROOT)) == ROOT  # a folder holding tvm_canary
     with pytest.raises(ValueError, match="--base"):
