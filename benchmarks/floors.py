@@ -69,7 +69,7 @@ def ticket_protocol(geom: Geometry):
     """The least a single launch that appends rows in order does in a clean launch (the floors' ``ticket``
     variants): a block barrier, one ticket per block (``kernels.common.last_block``: the block's share
     added to the arrivals counter ``flags[NF - 1]``, zero on entry and on exit) and block 0 counting the
-    launch into ``counter`` (``kernels.common.close_launch``)."""
+    launch into ``counter`` right after its ticket (``kernels.common.count_launch``)."""
     any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
 
     @T.macro

@@ -523,9 +523,10 @@ def last_block(geom: Geometry):
     On CUDA (``LAST_BLOCK_TICKET``) the arrivals counter is the int32 ``flags[NF - 1]`` and the ranks
     of the marking blocks are counted in ``flags[0]``, both zero on entry; ``close_launch`` resets the
     ranks, the arrivals return to zero by themselves. Only a marking block waits, so a clean launch
-    makes no round trip after its work; the counters are counted by block 0 (``close_launch``). On CPU
-    the blocks run serially, so the last block is ``b == nblocks - 1`` (LAST_MARKED or LAST_CLEAN: it
-    closes the launch) and the launch's any-mark ``flags[0]`` tells whether some block marked.
+    makes no round trip after its work; block 0 adds the launch's counts right after its ticket
+    (``count_launch``). On CPU the blocks run serially, so the last block is ``b == nblocks - 1``
+    (LAST_MARKED or LAST_CLEAN: it closes the launch) and the launch's any-mark ``flags[0]`` tells
+    whether some block marked.
 
     Call it from ONE thread of each block after ``block_any``, and broadcast ``out`` (a shared buffer)
     with a barrier.
@@ -568,15 +569,40 @@ def counter_add(geom: Geometry):
     return add
 
 
-def close_launch(geom: Geometry):
-    """Macro ``close(b, t, last, flags, write_index, kernel_counter, base, counted)`` ending a single
-    launch, called by every lane ``t`` of block ``b`` after the emit phase with the block's ticket
-    ``last``: the emitting block (LAST_MARKED) clears ``flags[0]`` and publishes the ring's new write
-    index ``base[0]`` (a clean launch leaves both as they are); the counting block (block 0 on CUDA,
-    where its additions need not wait for the ticket; the last block on CPU) adds 1 to
-    ``kernel_counter`` and, with ``counted = (counter, value, condition)``, ``value`` to ``counter``
-    when ``condition`` holds."""
+# A launch's counter additions (``count_launch``): ``kernel_counter += 1`` and, when ``slot_counter`` is
+# not None and ``enabled`` holds, ``slot_counter += slots``.
+Tally = collections.namedtuple("Tally", "kernel_counter slot_counter slots enabled")
+
+
+def count_launch(geom: Geometry):
+    """Macro ``count(tally)``: the launch's additions of ``tally`` (a ``Tally``), made once per launch by
+    its counting block: block 0 on CUDA, right after its ticket (its additions need not wait for the
+    other blocks: a relaxed atomic each); the last block on CPU, when it closes the launch.
+
+    Counting at the ticket rather than after the emit phase keeps these operands out of the emit
+    phase's registers: under verify NONE's 32-register cap ptxas spills 16 bytes instead of 20. On the
+    H200, interleaved against counting after the emit phase (``benchmarks/ab_kernels.py``, twenty-eighth
+    session): verify NONE chain 1M / 4M / 16M entries 0.952 / 0.968 / 0.993x, random 1M 0.981x; every
+    other verify and write row 0.972-1.015x."""
     add = counter_add(geom)
+
+    @T.macro
+    def count(tally):
+        add(tally.kernel_counter, T.int64(1))
+        if tally.slot_counter is not None:
+            if tally.enabled:
+                add(tally.slot_counter, tally.slots)
+
+    return count
+
+
+def close_launch(geom: Geometry):
+    """Macro ``close(t, last, flags, write_index, base, tally)`` ending a single launch, called by every
+    lane ``t`` of a block after the emit phase with the block's ticket ``last``: the emitting block
+    (LAST_MARKED) clears ``flags[0]`` and publishes the ring's new write index ``base[0]`` (a clean
+    launch leaves both as they are). On CPU the last block also adds the launch's ``tally``
+    (``count_launch``); on CUDA block 0 added it at its ticket."""
+    count = count_launch(geom)
 
     @T.macro
     def publish(last, flags, write_index, base):
@@ -584,29 +610,20 @@ def close_launch(geom: Geometry):
             flags[0] = 0
             write_index[0] = T.Cast("int32", base[0])
 
-    @T.macro
-    def count(kernel_counter, counted):
-        add(kernel_counter, T.int64(1))
-        if counted is not None:
-            if counted[2]:
-                add(counted[0], counted[1])
-
     if geom.gpu:
 
         @T.macro
-        def close(b, t, last, flags, write_index, kernel_counter, base, counted):
+        def close(t, last, flags, write_index, base, tally):
             if t == 0:
                 publish(last, flags, write_index, base)
-                if b == 0:
-                    count(kernel_counter, counted)
 
     else:
 
         @T.macro
-        def close(b, t, last, flags, write_index, kernel_counter, base, counted):
+        def close(t, last, flags, write_index, base, tally):
             if t == 0 and last[0] != NOT_LAST:
                 publish(last, flags, write_index, base)
-                count(kernel_counter, counted)
+                count(tally)
 
     return close
 
@@ -622,10 +639,11 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
     * ``mark(flags, lane_marked, unit)``: a lane's unit (entry or request) has rows to emit: the lane's
       ``lane_marked``, the unit's chunk mark and, on CPU, the launch's any-mark ``flags[0]`` (on CUDA
       the ticket counts the marking blocks there);
-    * ``draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked)``: called by every lane ``t``
-      of block ``b`` after its share: the block's any-mark of its lanes' ``lane_marked`` (a barrier),
-      then lane 0 draws the block's ticket into the shared ``slast`` (``last_block``; broadcast it with
-      a barrier);
+    * ``draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked, tally)``: called by every lane
+      ``t`` of block ``b`` after its share: the block's any-mark of its lanes' ``lane_marked`` (a
+      barrier), then lane 0 draws the block's ticket into the shared ``slast`` (``last_block``;
+      broadcast it with a barrier) and, on CUDA in block 0, adds the launch's ``tally``
+      (``count_launch``);
     * ``emit``: the ordered emit phase (``ordered_emit`` with the kernel's per-unit macros);
     * ``close``: the end of the launch (``close_launch``).
     """
@@ -635,6 +653,7 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
     assert geom.gpu or width == 1
     any_of = block_any(geom)
     ticket = last_block(geom)
+    count = count_launch(geom)
 
     @T.macro
     def mark(flags, lane_marked, unit):
@@ -644,10 +663,13 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
         flags[1 + unit // FLAG_CHUNK] = 1
 
     @T.macro
-    def draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked):
+    def draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked, tally):
         any_of(block_marked, lane_marked[0])
         if t == 0:
             ticket(slast, flags, nblocks, b, block_marked[0])
+            if geom.gpu:
+                if b == 0:
+                    count(tally)
 
     return SingleLaunch(mark, draw_ticket, ordered_emit(geom, width, count_unit, emit_unit, rows_of),
                         close_launch(geom))

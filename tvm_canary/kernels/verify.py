@@ -23,8 +23,8 @@ block for a small plan when the geometry is ``thin``; ``cap`` is a shape, so the
    registers at its rank (prefix count of the failing lanes before it), so rows land in entry order
    (SPEC D3); rows outside the ring (past its capacity, or before it when the write index has
    wrapped) are dropped but counted in ``write_index``. It then clears the marks and publishes the
-   write index. Block 0 (the last block on CPU) adds to the counters (atomic adds;
-   ``common.close_launch``).
+   write index. The counters are added by block 0 right after its ticket (atomic adds), on CPU by
+   the last block (``common.count_launch``).
 A clean launch therefore reads every entry once, writes only the counters and the arrivals, and no
 block waits after its work. The geometry's ``tile`` is not used by verify (the emit phase runs with
 the block's own lanes).
@@ -41,6 +41,7 @@ from .common import (
     FRONTS_PER_SLOT,
     INVALID_INDEX,
     Geometry,
+    Tally,
     block_sync,
     check_slot,
     emit_scratch,
@@ -206,6 +207,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 active = T.max(T.min(T.Cast("int64", num_valid[0]), cap), T.int64(0))
                 on = enable[0] != 0
                 state = T.meta_var(EmitState(bits, row, launch, h, acc, part, ok, sbits, ring))
+                tally = T.meta_var(Tally(kernel_counter, slot_counter, active, on))
 
                 # Phase 1 (every block): check its share of the entries, mark the chunks holding violations.
                 for t in lanes(geom, TH):
@@ -219,7 +221,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                             k[0] = k[0] + nb * block_lanes
                 # Phase 2: the ticket; one block emits if any block marked.
                 for t in lanes(geom, TH):
-                    draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
+                    draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked, tally)
                 sync()
                 last[0] = slast[0]
 
@@ -228,7 +230,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 # at its rank among the TH.
                 emit(last, flags, write_index, base, marked, sflag, sbits, active, state)
                 for t in lanes(geom, TH):
-                    close(b, t, last, flags, write_index, kernel_counter, base, (slot_counter, active, on))
+                    close(t, last, flags, write_index, base, tally)
     # fmt: on
 
     return canary_verify

@@ -40,7 +40,8 @@ work per block for a small plan when the geometry is ``thin``), twice that on CU
    CUDA, the last block on CPU) emits, after every block's share; clean blocks do not wait.
 3. *emit* (the emitting block, its ``threads`` lanes): for marked chunks, counts each request's rows,
    ranks them (request order) and walks again to append the rows to the ring in reference order (SPEC
-   D3); then publishes the write index. Block 0 (the last block on CPU) bumps the kernel counter.
+   D3); then publishes the write index. Block 0 bumps the kernel counter right after its ticket (the
+   last block on CPU, when it closes the launch: ``common.count_launch``).
 Phases 1 and 3 walk a request with the same ``walk`` macro and re-read only seed slots: phase 3 starts
 from the request's seed save when it has one (clearing it), so a request storing its own seed slot
 gets the reference's rows; another request's seed slot must not be stored (plans that do not alias,
@@ -60,6 +61,7 @@ from .common import (
     INVALID_INDEX,
     SEED_SAVE_WORDS,
     Geometry,
+    Tally,
     block_sync,
     check_slot,
     counter_add,
@@ -639,6 +641,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             holds_seed = T.alloc_buffer((1,), "int32", scope="local")
             saved = T.alloc_buffer((1,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
+            tally = T.meta_var(Tally(kernel_counter, None, None, None))  # slots: add_written, per warp
             for t in lanes(geom, TH):
                 total = T.Cast("int32", stamp_blocks * block_lanes)  # working lanes of each phase
                 works = T.meta_var(T.Cast("int64", t) < block_lanes)
@@ -700,7 +703,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
                         r[0] = r[0] + T.Cast("int64", T.Select(spread, T.shift_right(total, 5), total))
                 add_written(slot_counter, written[0], t)
                 # Phase 2: the ticket; one block emits if any request marked.
-                draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked)
+                draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked, tally)
             sync()
             last[0] = slast[0]
 
@@ -708,7 +711,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             # the rows of the marked requests in request order, TH requests at a time.
             emit(last, flags, write_index, base, marked, sflag, scount, active, EmitState(nrows, scount, launch))
             for t in lanes(geom, TH):
-                close(b, t, last, flags, write_index, kernel_counter, base, None)
+                close(t, last, flags, write_index, base, tally)
     # fmt: on
 
     return canary_write
