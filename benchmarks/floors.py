@@ -31,9 +31,9 @@ from tvm.script import tirx as T
 from tvm_canary.kernels.common import (
     Geometry,
     block_any,
+    block_ticket,
     blocks_for,
     counter_add,
-    last_block,
     mix3,
     slot_hash,
     splitmix64,
@@ -67,10 +67,10 @@ def floor_geometries():
 
 def ticket_protocol(geom: Geometry):
     """The least a single launch that appends rows in order does in a clean launch (the floors' ``ticket``
-    variants): a block barrier, one ticket per block (``kernels.common.last_block``: the block's share
+    variants): a block barrier, one ticket per block (``kernels.common.block_ticket``: the block's share
     added to the arrivals counter ``flags[NF - 1]``, zero on entry and on exit) and block 0 counting the
     launch into ``counter`` right after its ticket (``kernels.common.count_launch``)."""
-    any_of, draw_ticket, count = block_any(geom), last_block(geom), counter_add(geom)
+    any_of, draw_ticket, count = block_any(geom), block_ticket(geom), counter_add(geom)
 
     @T.macro
     def clean_append(block_done, drawn, flags, nb, b, t, counter):

@@ -373,7 +373,7 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
 #   marking blocks on a second counter (zero on entry), fences again (so that the emitter's reset of
 #   the ranks cannot precede the draw) and adds its share. The one that drew rank 0 is the *emitter*:
 #   it waits until the arrivals counter is back at zero (its own share keeps it non-zero until every
-#   block has arrived), fences, and returns 2 (LAST_MARKED): every block's marks are visible to it,
+#   block has arrived), fences, and returns 2 (TICKET_EMIT): every block's marks are visible to it,
 #   and it resets the ranks when it closes the launch. Every other block gets 0.
 # Only the emitter ever waits, and it waits for blocks that wait on nothing, so every block can still
 # be scheduled (on any GPU that holds two blocks at once). Measured on the H200 against the earlier
@@ -415,8 +415,10 @@ __device__ __forceinline__ void canary_atomic_add_i64(void* counter, long long v
 }
 """
 # Ticket values: a block that neither emits nor (on CPU) closes the launch; the CPU's last block when no
-# block marked; the block that emits (on CPU, the last block when some block marked).
-NOT_LAST, LAST_CLEAN, LAST_MARKED = 0, 1, 2
+# block marked; the block that emits (on CPU, the last block when some block marked). The CUDA helper
+# keeps the name of the earlier last-block ticket, ``canary_last_block_ticket``: the name is part of every
+# verify and write kernel's code, so renaming it would stale every tuning record of both.
+TICKET_DONE, TICKET_CLOSE, TICKET_EMIT = 0, 1, 2
 
 
 def take_marks(geom: Geometry, width: int):
@@ -453,7 +455,7 @@ def emit_scratch(width: int, count_name: str, count_dtype: str):
 def ordered_emit(geom: Geometry, width: int, count_unit, emit_unit, rows_of):
     """Macro ``emit(last, flags, write_index, base, marked, sflag, scount, active, state)``: the ordered
     emit phase of a single launch (SPEC D3), run by the ``width`` lanes of the block whose ticket is
-    LAST_MARKED (a no-op in every other block).
+    TICKET_EMIT (a no-op in every other block).
 
     For every marked chunk of ``FLAG_CHUNK`` units (entries or requests) in order, ``width`` units at a
     time: lane ``t`` runs ``count_unit(unit, t, active, state)``, which puts the unit's row count (or
@@ -468,7 +470,7 @@ def ordered_emit(geom: Geometry, width: int, count_unit, emit_unit, rows_of):
 
     @T.macro
     def emit(last, flags, write_index, base, marked, sflag, scount, active, state):
-        for _ in T.serial(T.Select(last[0] == LAST_MARKED, 1, 0)):
+        for _ in T.serial(T.Select(last[0] == TICKET_EMIT, 1, 0)):
             base[0] = T.Cast("int64", write_index[0])
             n_chunks = (active + FLAG_CHUNK - 1) // FLAG_CHUNK
             for c in T.serial((n_chunks + width - 1) // width):
@@ -514,18 +516,18 @@ def block_any(geom: Geometry):
     return any_of
 
 
-def last_block(geom: Geometry):
-    """Macro ``ticket(out, flags, nblocks, b, marked)``: ``out[0] :=`` NOT_LAST, LAST_CLEAN or
-    LAST_MARKED, drawn by a block that has done its share of the launch; ``marked`` is the block's
-    ``block_any`` of its lanes' marks. LAST_MARKED goes to the one block that emits (some block of the
-    launch set a mark, and every block's marks are visible to it); LAST_CLEAN only on CPU.
+def block_ticket(geom: Geometry):
+    """Macro ``ticket(out, flags, nblocks, b, marked)``: ``out[0] :=`` TICKET_DONE, TICKET_CLOSE or
+    TICKET_EMIT, drawn by a block that has done its share of the launch; ``marked`` is the block's
+    ``block_any`` of its lanes' marks. TICKET_EMIT goes to the one block that emits (some block of the
+    launch set a mark, and every block's marks are visible to it); TICKET_CLOSE only on CPU.
 
     On CUDA (``LAST_BLOCK_TICKET``) the arrivals counter is the int32 ``flags[NF - 1]`` and the ranks
     of the marking blocks are counted in ``flags[0]``, both zero on entry; ``close_launch`` resets the
     ranks, the arrivals return to zero by themselves. Only a marking block waits, so a clean launch
     makes no round trip after its work; block 0 adds the launch's counts right after its ticket
     (``count_launch``). On CPU the blocks run serially, so the last block is ``b == nblocks - 1``
-    (LAST_MARKED or LAST_CLEAN: it closes the launch) and the launch's any-mark ``flags[0]`` tells
+    (TICKET_EMIT or TICKET_CLOSE: it closes the launch) and the launch's any-mark ``flags[0]`` tells
     whether some block marked.
 
     Call it from ONE thread of each block after ``block_any``, and broadcast ``out`` (a shared buffer)
@@ -545,7 +547,7 @@ def last_block(geom: Geometry):
 
         @T.macro
         def ticket(out, flags, nblocks, b, marked):
-            out[0] = T.Select(b == nblocks - 1, T.Select(flags[0] != 0, LAST_MARKED, LAST_CLEAN), NOT_LAST)
+            out[0] = T.Select(b == nblocks - 1, T.Select(flags[0] != 0, TICKET_EMIT, TICKET_CLOSE), TICKET_DONE)
 
     return ticket
 
@@ -599,14 +601,14 @@ def count_launch(geom: Geometry):
 def close_launch(geom: Geometry):
     """Macro ``close(t, last, flags, write_index, base, tally)`` ending a single launch, called by every
     lane ``t`` of a block after the emit phase with the block's ticket ``last``: the emitting block
-    (LAST_MARKED) clears ``flags[0]`` and publishes the ring's new write index ``base[0]`` (a clean
+    (TICKET_EMIT) clears ``flags[0]`` and publishes the ring's new write index ``base[0]`` (a clean
     launch leaves both as they are). On CPU the last block also adds the launch's ``tally``
     (``count_launch``); on CUDA block 0 added it at its ticket."""
     count = count_launch(geom)
 
     @T.macro
     def publish(last, flags, write_index, base):
-        if last[0] == LAST_MARKED:
+        if last[0] == TICKET_EMIT:
             flags[0] = 0
             write_index[0] = T.Cast("int32", base[0])
 
@@ -621,7 +623,7 @@ def close_launch(geom: Geometry):
 
         @T.macro
         def close(t, last, flags, write_index, base, tally):
-            if t == 0 and last[0] != NOT_LAST:
+            if t == 0 and last[0] != TICKET_DONE:
                 publish(last, flags, write_index, base)
                 count(tally)
 
@@ -641,7 +643,7 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
       the ticket counts the marking blocks there);
     * ``draw_ticket(slast, flags, nblocks, b, t, lane_marked, block_marked, tally)``: called by every lane
       ``t`` of block ``b`` after its share: the block's any-mark of its lanes' ``lane_marked`` (a
-      barrier), then lane 0 draws the block's ticket into the shared ``slast`` (``last_block``;
+      barrier), then lane 0 draws the block's ticket into the shared ``slast`` (``block_ticket``;
       broadcast it with a barrier) and, on CUDA in block 0, adds the launch's ``tally``
       (``count_launch``);
     * ``emit``: the ordered emit phase (``ordered_emit`` with the kernel's per-unit macros);
@@ -652,7 +654,7 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
     # that needs one lane per block. Serial CPU blocks are fine: the last one emits.
     assert geom.gpu or width == 1
     any_of = block_any(geom)
-    ticket = last_block(geom)
+    ticket = block_ticket(geom)
     count = count_launch(geom)
 
     @T.macro
