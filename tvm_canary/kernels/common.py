@@ -581,8 +581,9 @@ def count_launch(geom: Geometry):
     its counting block: block 0 on CUDA, right after its ticket (its additions need not wait for the
     other blocks: a relaxed atomic each); the last block on CPU, when it closes the launch.
 
-    Counting at the ticket rather than after the emit phase keeps these operands out of the emit
-    phase's registers: under verify NONE's 32-register cap ptxas spills 16 bytes instead of 20. On the
+    Counted after the emit phase, these operands stayed live through the whole kernel: under verify
+    NONE's 32-register cap the sm_90 code stored one of them to local memory at the kernel's entry,
+    before the check loop (SASS; 20 bytes of spill, 16 when counting at the ticket). On the
     H200, interleaved against counting after the emit phase (``benchmarks/ab_kernels.py``, twenty-eighth
     session): verify NONE chain 1M / 4M / 16M entries 0.952 / 0.968 / 0.993x, random 1M 0.981x; every
     other verify and write row 0.972-1.015x."""
