@@ -572,8 +572,8 @@ def counter_add(geom: Geometry):
 
 
 # A launch's counter additions (``count_launch``): ``kernel_counter += 1`` and, when ``slot_counter`` is
-# not None and ``enabled`` holds, ``slot_counter += slots``.
-Tally = collections.namedtuple("Tally", "kernel_counter slot_counter slots enabled")
+# given and ``enabled`` holds, ``slot_counter += slots``.
+Tally = collections.namedtuple("Tally", "kernel_counter slot_counter slots enabled", defaults=(None, None, None))
 
 
 def count_launch(geom: Geometry):
@@ -599,13 +599,12 @@ def count_launch(geom: Geometry):
     return count
 
 
-def close_launch(geom: Geometry):
+def close_launch(geom: Geometry, count):
     """Macro ``close(t, last, flags, write_index, base, tally)`` ending a single launch, called by every
     lane ``t`` of a block after the emit phase with the block's ticket ``last``: the emitting block
     (TICKET_EMIT) clears ``flags[0]`` and publishes the ring's new write index ``base[0]`` (a clean
-    launch leaves both as they are). On CPU the last block also adds the launch's ``tally``
-    (``count_launch``); on CUDA block 0 added it at its ticket."""
-    count = count_launch(geom)
+    launch leaves both as they are). On CPU the last block also adds the launch's ``tally`` (``count``,
+    ``count_launch``'s macro); on CUDA block 0 added it at its ticket."""
 
     @T.macro
     def publish(last, flags, write_index, base):
@@ -675,4 +674,4 @@ def single_launch(geom: Geometry, width: int, count_unit, emit_unit, rows_of) ->
                     count(tally)
 
     return SingleLaunch(mark, draw_ticket, ordered_emit(geom, width, count_unit, emit_unit, rows_of),
-                        close_launch(geom))
+                        close_launch(geom, count))

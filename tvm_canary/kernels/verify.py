@@ -155,7 +155,7 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
                 st.ring[rank, f] = st.row[f]
 
     mark, draw_ticket, emit, close = single_launch(geom, TH, count_entry, emit_entry,
-                                             lambda sbits, q: T.Cast("int64", sbits[q] != 0))
+                                                   lambda sbits, q: T.Cast("int64", sbits[q] != 0))
 
     # fmt: off
     @T.prim_func(private=False)

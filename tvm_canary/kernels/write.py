@@ -585,7 +585,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             walk_emit(unit, rank, st.nrows, unused, saved, st.launch, T.int64(0), T.bool(True), None, None)
 
     mark, draw_ticket, emit, close = single_launch(geom, TH, count_request, emit_request,
-                                             lambda scount, q: scount[q])
+                                                   lambda scount, q: scount[q])
 
     # fmt: off
     @T.prim_func(private=False)
@@ -641,7 +641,7 @@ def make(num_sources: int, input_assert: bool, geom: Geometry):
             holds_seed = T.alloc_buffer((1,), "int32", scope="local")
             saved = T.alloc_buffer((1,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
-            tally = T.meta_var(Tally(kernel_counter, None, None, None))  # slots: add_written, per warp
+            tally = T.meta_var(Tally(kernel_counter))  # its slots are counted per warp (add_written)
             for t in lanes(geom, TH):
                 total = T.Cast("int32", stamp_blocks * block_lanes)  # working lanes of each phase
                 works = T.meta_var(T.Cast("int64", t) < block_lanes)
