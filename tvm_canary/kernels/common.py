@@ -379,7 +379,7 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
 # be scheduled (on any GPU that holds two blocks at once). Measured on the H200 against the earlier
 # ticket, which every block drew with a round trip and the last one to arrive emitted: verify at
 # 1K-64K entries 0.930-0.989x, write 4096 x 1 0.949-0.977x, verify NONE at 1M-4M entries 1.003-1.025x
-# (docs/PERFORMANCE.md, twenty-sixth session).
+# (docs/PERFORMANCE-HISTORY.md, twenty-sixth session).
 # 64-bit counter additions are relaxed atomics whose result is unused (a fire-and-forget reduction).
 # (One string per function: the code generator emits each call's source once per function name.)
 BLOCK_ANY = """
