@@ -30,10 +30,11 @@ from tvm.script import tirx as T
 
 from tvm_canary.kernels.common import (
     Geometry,
+    Tally,
     block_any,
     block_ticket,
     blocks_for,
-    counter_add,
+    count_launch,
     mix3,
     slot_hash,
     splitmix64,
@@ -70,7 +71,7 @@ def ticket_protocol(geom: Geometry):
     variants): a block barrier, one ticket per block (``kernels.common.block_ticket``: the block's share
     added to the arrivals counter ``flags[NF - 1]``, zero on entry and on exit) and block 0 counting the
     launch into ``counter`` right after its ticket (``kernels.common.count_launch``)."""
-    any_of, draw_ticket, count = block_any(geom), block_ticket(geom), counter_add(geom)
+    any_of, draw_ticket, count = block_any(geom), block_ticket(geom), count_launch(geom)
 
     @T.macro
     def clean_append(block_done, drawn, flags, nb, b, t, counter):
@@ -78,7 +79,7 @@ def ticket_protocol(geom: Geometry):
         if t == 0:
             draw_ticket(drawn, flags, nb, b, 0)
             if b == 0:
-                count(counter, T.int64(1))
+                count(Tally(counter))
 
     return clean_append
 

@@ -49,7 +49,7 @@ PRESETS = {
             "plan": [(64, 512)], "scatter": [(64, 512)]},
     # One bucket per size class the benchmarks time (verify 1K-16M entries: 1K/4K, 64K, 1M/4M, 16M;
     # write 4096 x 1, 64 x 512, 1 x 32768; scatter bs 256 and 4096): a geometry tuned at 4K entries alone
-    # ran 64K 1.14x slower than the default on the H200 (docs/PERFORMANCE-HISTORY.md, the eighth session), and
+    # ran 64K 1.14x slower than the default on the H200 (docs/PERFORMANCE.md as of `50ab4ae`, the eighth session), and
     # scatter's bs-4096 choice (3% faster there) ran bs 256 1.034x slower (the eighteenth session's run).
     "gpu": {
         "verify": [(n, *m) for m in ((), (1,), (2,)) for n in (4096, 1 << 16, 1 << 20, 1 << 24)],
