@@ -56,7 +56,8 @@ if wants tune; then
   mkdir -p /tmp/tune_logs && cp -r tune_logs/. /tmp/tune_logs/  # resume from the committed databases
   timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --out /tmp/tune_logs ${TUNE_ARGS:-} > "$out/tune-full.log" 2>&1
   check tune $?
-  grep -v "INFO\|^ \|^--\|^Total\|^$" "$out/tune-full.log" | tail -12 | tee -a "$out/tune.log"
+  # the tune's table (a header, one row per workload: 24 for the whole H200 database) and its summary lines
+  grep -v "INFO\|^ \|^--\|^Total\|^$" "$out/tune-full.log" | tail -32 | tee -a "$out/tune.log"
   tar czf "$out/tune.tgz" -C /tmp tune_logs  # one file: a call returns few files
   rm -f "$out/tune-full.log"
   export TVM_CANARY_TUNE_LOGS=/tmp/tune_logs
