@@ -380,12 +380,12 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
 # ticket, which every block drew with a round trip and the last one to arrive emitted: verify at
 # 1K-64K entries 0.930-0.989x, write 4096 x 1 0.949-0.977x, verify NONE at 1M-4M entries 1.003-1.025x
 # (docs/PERFORMANCE-HISTORY.md, twenty-sixth session).
-# 64-bit counter additions are relaxed atomics whose result is unused (a fire-and-forget reduction).
-# Both fire-and-forget additions are written as PTX ``red.relaxed.gpu`` reductions: nvcc and NVRTC
-# compile ``atomicAdd`` with its result unused to ``ATOMG ... RZ`` (a round trip that returns a value to
-# no register), ``red`` to ``REDG``. Measured on the H200, candidate / atomicAdd, interleaved: verify
-# NONE 1K-64K 0.914-0.989x, ALL 1K-4K 0.977-0.992x, write NONE 4096 x 1 0.950x, no row more than 0.1%
-# slower (docs/PERFORMANCE-HISTORY.md, twenty-ninth session).
+# The clean block's arrival and the 64-bit counter additions are fire-and-forget: written as PTX
+# ``red.relaxed.gpu`` reductions, which compile to ``REDG``; nvcc and NVRTC compile an ``atomicAdd``
+# whose result is unused to ``ATOMG ... RZ``, a round trip that returns a value to no register. Measured
+# on the H200, interleaved, reductions / atomicAdd: verify NONE 1K-64K 0.914-0.989x, write NONE 4096 x 1
+# 0.950-0.961x, no row more than 0.1% slower (docs/PERFORMANCE-HISTORY.md, twenty-ninth and thirtieth
+# sessions).
 # (One string per function: the code generator emits each call's source once per function name.)
 BLOCK_ANY = """
 __device__ __forceinline__ int canary_block_any(int predicate) { return __syncthreads_or(predicate); }
