@@ -47,14 +47,18 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODE_NUMBERS = {"NONE": 0, "PARTIAL": 1, "ALL": 2}  # RealKvHashMode: a launch's tuning mode
-# What each kernel launch of the benchmark compiles: (kernel, spec, mode) for NONE, PARTIAL, ALL.
-BUILDS = {kernel: {mode: (kernel, (0 if mode == "NONE" else 2, False), number) for mode, number in MODE_NUMBERS.items()}
+# What each kernel launch of the benchmark compiles: (kernel, specialization axis values by name, mode) for NONE,
+# PARTIAL, ALL. By name: each arm's child builds its own package's tuple (``specializations.AXES``), and
+# an axis an older package lacks is left out (packages before the ``partial`` axis).
+BUILDS = {kernel: {mode: (kernel, {"num_sources": 0 if mode == "NONE" else 2, "partial": mode == "PARTIAL",
+                                   "check_token": False, "input_assert": False}, number)
+                   for mode, number in MODE_NUMBERS.items()}
           for kernel in ("verify", "write")}
 FLOOR_GRID = (2112, 32)
 ROUNDS = 6
 
 # Run in a child process whose working directory holds the arm's package copy: builds the arm's
-# kernels (JSON: {stem: [kernel, spec, mode, workload points, geometry overrides]}): for each point the
+# kernels (JSON: {stem: [kernel, axis values, mode, workload points, geometry overrides]}): for each point the
 # arm's default of that mode and size (packages before size classes: of the mode), overridden; each
 # distinct geometry built once and exported as <stem>-<geometry key>.so. Its last line is the JSON
 # {stem: {point (JSON): geometry key}}.
@@ -66,7 +70,7 @@ from tvm_canary.runtime import compile as C, specializations, targets
 sized = "size" in inspect.signature(targets.default_geometry).parameters
 chosen = {}
 for stem, (kernel, spec, mode, points, overrides) in json.loads(sys.argv[3]).items():
-    spec = tuple(type(allowed[0])(v) for (_, allowed), v in zip(specializations.AXES[kernel], spec))
+    spec = tuple(type(allowed[0])(spec[name]) for name, allowed in specializations.AXES[kernel])
     chosen[stem] = {}
     for point in points:
         size = tuple(point) if isinstance(point, list) else point

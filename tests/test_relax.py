@@ -56,8 +56,8 @@ def build_step(tag: str) -> tuple[tvm.IRModule, list[str]]:
     """The Relax module, whose ``main`` returns every tensor the step writes, and its parameter names."""
     bb = relax.BlockBuilder()
     plan = canary_relax.add_kernel(bb, "plan", (False, False), tag)
-    verify = canary_relax.add_kernel(bb, "verify", (1, False), tag)
-    write = canary_relax.add_kernel(bb, "write", (1, False), tag)
+    verify = canary_relax.add_kernel(bb, "verify", (1, False, False), tag)
+    write = canary_relax.add_kernel(bb, "write", (1, False, False), tag)
     append = bb.add_func(kv_append_kernel(tag != "llvm"), "kv_append")
     i64 = "int64"
     p = dict(

@@ -47,10 +47,15 @@ def test_schedules_import_nothing_from_the_package():
 
 
 def test_specializations_are_checked_against_the_enumeration():
-    assert specializations.spec("verify", num_sources=2, check_token=True) == (2, True)
-    assert specializations.spec("verify", num_sources=2, check_token=True) in specializations.all_specs("verify")
-    assert len(specializations.all_specs("write")) == 10 and specializations.all_specs("scatter") == [()]
+    partial = specializations.spec("verify", num_sources=2, partial=True, check_token=True)
+    assert partial == (2, True, True) and partial in specializations.all_specs("verify")
+    assert len(specializations.all_specs("write")) == 18 and specializations.all_specs("scatter") == [()]
     with pytest.raises(ValueError, match="num_sources=5"):
-        specializations.spec("write", num_sources=5, input_assert=False)
+        specializations.spec("write", num_sources=5, partial=False, input_assert=False)
+    with pytest.raises(ValueError, match="folds no source in PARTIAL mode"):
+        specializations.spec("verify", num_sources=0, partial=True, check_token=False)
+    assert specializations.launch_modes("write", (2, True, False)) == (1,)
+    assert specializations.launch_modes("write", (2, False, False)) == (2,)
+    assert specializations.launch_modes("verify", (0, False, True)) == (0,)
     with pytest.raises(TypeError, match="has_lut"):
         specializations.spec("plan", has_lut=True)

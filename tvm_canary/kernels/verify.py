@@ -54,6 +54,7 @@ from .common import (
     single_launch,
     slot_hash,
     source_buffers,
+    source_params,
     work_grid,
 )
 
@@ -71,8 +72,9 @@ Launch = collections.namedtuple("Launch", "buf slots etoks epos prevs kind srcs 
 EmitState = collections.namedtuple("EmitState", "bits row launch h acc part ok sbits ring")
 
 
-def make(num_sources: int, check_token: bool, geom: Geometry):
-    """TensorIR for one specialization: folded source count (0 = NONE mode) and the token check."""
+def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
+    """TensorIR for one specialization: folded source count (0 = NONE mode), PARTIAL mode's built-in
+    fold word count (``common.source_params``) and the token check."""
     TH = geom.threads
     sync = block_sync(geom)
     fold = fold_sources(geom)
@@ -184,7 +186,8 @@ def make(num_sources: int, check_token: bool, geom: Geometry):
         ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
-        params = T.meta_var([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)])
+        params = T.meta_var(
+            source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial))
         launch = T.meta_var(Launch(buf, slots, etoks, epos, prevs, kind, srcs, params))
         # Blocks, and the lanes of each that check entries (shape expressions: no host sync). meta_vars
         # (the expressions themselves): a bound variable would not reach the host's launch code.

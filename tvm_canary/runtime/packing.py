@@ -96,6 +96,12 @@ def folded_sources(context: VerifyOrWriteContext) -> int:
     return len(context.real_kv_sources)
 
 
+def partial_fold(context: VerifyOrWriteContext) -> bool:
+    """Whether a verify or write launch folds its sources in PARTIAL mode (each source's first
+    ``PARTIAL_READ_BYTES``, a word count its kernel has built in: specialization axis ``partial``)."""
+    return context.real_kv_hash_mode == RealKvHashMode.PARTIAL and folded_sources(context) > 0
+
+
 def launch_mode(context: VerifyOrWriteContext) -> int:
     """A verify or write launch's tuning mode: its real-KV hash mode when it folds sources, else 0."""
     return int(context.real_kv_hash_mode) if folded_sources(context) else 0
@@ -164,7 +170,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
         *write_inputs(input_ids, positions, out_cache_loc, assert_on, expected_input_tokens, expected_input_positions),
         context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
-    kernel_spec = spec("write", num_sources=folded_sources(context), input_assert=assert_on)
+    kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context), input_assert=assert_on)
     point = write_point(cap, input_ids.shape[0])
     return KernelCall("write", kernel_spec, point, launch_mode(context), args, scratch=_positions(args, marks))
 
@@ -183,7 +189,8 @@ def verify_call(*, context, plan, check_verify_expected_token):
         plan.verify_expected_positions, plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable,
         *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
-    kernel_spec = spec("verify", num_sources=folded_sources(context), check_token=bool(check_verify_expected_token))
+    kernel_spec = spec("verify", num_sources=folded_sources(context), partial=partial_fold(context),
+                       check_token=bool(check_verify_expected_token))
     return KernelCall("verify", kernel_spec, cap, launch_mode(context), args, scratch=_positions(args, marks))
 
 

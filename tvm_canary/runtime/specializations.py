@@ -3,8 +3,9 @@
 A specialization is the tuple of leading arguments of ``tvm_canary.kernels.<kernel>.make(*spec, geom)``;
 each element is one *axis* with a fixed set of values:
 
-* write: ``num_sources`` (real-KV sources folded, 0 = NONE mode), ``input_assert``;
-* verify: ``num_sources``, ``check_token``;
+* write: ``num_sources`` (real-KV sources folded, 0 = NONE mode), ``partial`` (PARTIAL mode: each
+  source's fold word count built in, ``kernels.common.source_params``), ``input_assert``;
+* verify: ``num_sources``, ``partial``, ``check_token``;
 * plan: ``has_lut`` (SWA translation table given), ``has_pool`` (expected-token pool given);
 * scatter: none.
 
@@ -23,8 +24,8 @@ _FLAG = (False, True)
 
 # kernel -> ((axis name, allowed values), ...) in ``make``'s argument order
 AXES: dict[str, tuple[tuple[str, tuple], ...]] = {
-    "write": (("num_sources", _SOURCES), ("input_assert", _FLAG)),
-    "verify": (("num_sources", _SOURCES), ("check_token", _FLAG)),
+    "write": (("num_sources", _SOURCES), ("partial", _FLAG), ("input_assert", _FLAG)),
+    "verify": (("num_sources", _SOURCES), ("partial", _FLAG), ("check_token", _FLAG)),
     "plan": (("has_lut", _FLAG), ("has_pool", _FLAG)),
     "scatter": (),
 }
@@ -42,12 +43,22 @@ def spec(kernel: str, **values) -> tuple:
         if value not in allowed:
             raise ValueError(f"kv-canary: {kernel} specialization {name}={values[name]!r} not in {allowed}")
         out.append(value)
+    if not valid(kernel, tuple(out)):
+        raise ValueError(f"kv-canary: {kernel} specialization {values} folds no source in PARTIAL mode")
     return tuple(out)
 
 
+def valid(kernel: str, spec_: tuple) -> bool:
+    """Whether the axis values go together: ``partial`` only where sources are folded (PARTIAL mode
+    without sources folds nothing, as NONE does: SPEC 1.4)."""
+    values = dict(zip((n for n, _ in AXES[kernel]), spec_))
+    return not values.get("partial") or values["num_sources"] > 0
+
+
 def all_specs(kernel: str) -> list[tuple]:
-    """Every specialization of ``kernel`` (the product of its axes)."""
-    return list(itertools.product(*(allowed for _, allowed in AXES[kernel])))
+    """Every specialization of ``kernel`` (the product of its axes, less the combinations ``valid``
+    rejects)."""
+    return [s for s in itertools.product(*(allowed for _, allowed in AXES[kernel])) if valid(kernel, s)]
 
 
 def spec_id(spec_: tuple) -> str:
@@ -56,8 +67,10 @@ def spec_id(spec_: tuple) -> str:
 
 
 def launch_modes(kernel: str, spec_: tuple) -> tuple[int, ...]:
-    """The tuning *modes* (``tuning.workloads.mode_of``) a launch of this specialization can have:
-    verify or write folding sources runs in PARTIAL or ALL mode, everything else in mode 0 (NONE)."""
-    if kernel in ("verify", "write") and dict(zip((n for n, _ in AXES[kernel]), spec_))["num_sources"]:
-        return (int(RealKvHashMode.PARTIAL), int(RealKvHashMode.ALL))
-    return (0,)
+    """The tuning *mode* (``tuning.workloads.mode_of``) a launch of this specialization has, as a
+    1-tuple: verify or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, everything
+    else in mode 0 (NONE)."""
+    values = dict(zip((n for n, _ in AXES[kernel]), spec_))
+    if not values.get("num_sources"):
+        return (0,)
+    return (int(RealKvHashMode.PARTIAL if values["partial"] else RealKvHashMode.ALL),)

@@ -90,10 +90,12 @@ def default_of(kernel: str, bucket: tuple, target: str) -> Geometry:
 
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
     """The specialization a workload is compiled in: no input checks, sources folded per its mode."""
-    sources = KV_SOURCES if mode_of(kernel, bucket) else 0
+    mode = mode_of(kernel, bucket)
+    sources = KV_SOURCES if mode else 0
+    partial = mode == int(RealKvHashMode.PARTIAL)
     return {
-        "verify": lambda: spec("verify", num_sources=sources, check_token=False),
-        "write": lambda: spec("write", num_sources=sources, input_assert=False),
+        "verify": lambda: spec("verify", num_sources=sources, partial=partial, check_token=False),
+        "write": lambda: spec("write", num_sources=sources, partial=partial, input_assert=False),
         "plan": lambda: spec("plan", has_lut=False, has_pool=False),
         "scatter": lambda: spec("scatter"),
     }[kernel]()
