@@ -110,7 +110,7 @@ def launch_mode(context: VerifyOrWriteContext) -> int:
 def source_args(context: VerifyOrWriteContext) -> list:
     """The 16 trailing kernel arguments: (view, page_size, token_words, fold_words) x 4."""
     args: list = []
-    partial = context.real_kv_hash_mode == RealKvHashMode.PARTIAL
+    partial = partial_fold(context)
     used = context.real_kv_sources[: folded_sources(context)]
     for src in used:
         fold_bytes = PARTIAL_READ_BYTES if partial else src.read_bytes
