@@ -8,8 +8,7 @@ after it and comparing::
     python scripts/cuda_digest.py /tmp/after --against /tmp/before
 
 Each specialization (``runtime.specializations.all_specs``) is built with each default geometry of its
-target (``runtime.targets.distinct_defaults`` over its launch modes; a mode whose default differs
-from the first mode's is dumped as ``<kernel>-<spec>-mode<m>``, a size class's as
+target (``runtime.targets.distinct_defaults`` of its launch mode; a size class's is dumped as
 ``<kernel>-<spec>-mode<m>-from<size>``), as ``tvm-canary build`` builds it; no GPU is needed.
 ``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the metadata lines
 (``!N = ...``), which hold source line numbers and per-process pointer names, so it covers the
@@ -30,7 +29,7 @@ import sys
 
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
-from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_modes, spec_id
+from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_mode, spec_id
 
 
 def generated_source(kernel: str, spec: tuple, tag: str, geom) -> str:
@@ -57,7 +56,7 @@ def dump(out: pathlib.Path, tag: str, kernels: list[str]) -> dict[str, str]:
 def default_builds(kernel: str, spec: tuple, tag: str) -> list:
     """(name, geometry) of each distinct default geometry a launch of ``spec`` on ``tag`` can use."""
     builds = []
-    for mode, at_least, geom in targets.distinct_defaults(kernel, tag, launch_modes(kernel, spec)):
+    for mode, at_least, geom in targets.distinct_defaults(kernel, tag, [launch_mode(kernel, spec)]):
         size = "" if at_least is None else f"-from{targets.size_label(at_least)}"
         suffix = "" if not builds else f"-mode{mode}{size}"
         builds.append((f"{kernel}-{spec_id(spec)}{suffix}", geom))

@@ -18,15 +18,15 @@ import pytest
 from tvm_canary.geometry import Geometry
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
-from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_modes, spec_id
+from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_mode, spec_id
 
 
 @functools.cache  # each (kernel, spec, arch) is built once per run: the nvcc test reuses the lowering test's
 def cuda_build(kernel, spec, arch):
-    """The specialization in the default geometry of its last launch mode (ALL when it folds sources,
-    whose verify and write defaults are thin, else NONE)."""
+    """The specialization in the default geometry of its launch mode (PARTIAL or ALL when it folds
+    sources, NONE otherwise)."""
     tag = f"cuda-{arch}"
-    return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag, launch_modes(kernel, spec)[-1]))
+    return C.build(kernel, spec, tag, targets.default_geometry(kernel, tag, launch_mode(kernel, spec)))
 
 
 def pytest_generate_tests(metafunc) -> None:

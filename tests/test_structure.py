@@ -54,8 +54,8 @@ def test_specializations_are_checked_against_the_enumeration():
         specializations.spec("write", num_sources=5, partial=False, input_assert=False)
     with pytest.raises(ValueError, match="folds no source in PARTIAL mode"):
         specializations.spec("verify", num_sources=0, partial=True, check_token=False)
-    assert specializations.launch_modes("write", (2, True, False)) == (1,)
-    assert specializations.launch_modes("write", (2, False, False)) == (2,)
-    assert specializations.launch_modes("verify", (0, False, True)) == (0,)
+    assert specializations.launch_mode("write", (2, True, False)) == 1
+    assert specializations.launch_mode("write", (2, False, False)) == 2
+    assert specializations.launch_mode("verify", (0, False, True)) == 0
     with pytest.raises(TypeError, match="has_lut"):
         specializations.spec("plan", has_lut=True)

@@ -25,20 +25,20 @@ import tvm
 
 from . import compile as C
 from . import targets
-from .specializations import KERNELS, all_specs, launch_modes
+from .specializations import KERNELS, all_specs, launch_mode
 
 
 def geometries(kernel: str, spec: tuple, tag: str, tuning_keys: tuple[str, ...] = ()) -> list:
-    """The geometries a launch of ``spec`` on ``tag`` can use: the defaults of each of the
-    specialization's launch modes (``targets.default_geometries``: every size class), then those the
-    databases of ``tuning_keys`` select for those modes (no duplicates)."""
-    modes = launch_modes(kernel, spec)
-    out = [geom for mode in modes for geom in targets.default_geometries(kernel, tag, mode)]
+    """The geometries a launch of ``spec`` on ``tag`` can use: the defaults of the specialization's
+    launch mode (``targets.default_geometries``: every size class), then those the databases of
+    ``tuning_keys`` select for that mode (no duplicates)."""
+    mode = launch_mode(kernel, spec)
+    out = list(targets.default_geometries(kernel, tag, mode))
     if tuning_keys:
         from ..tuning.apply import selected_geometries
 
         for key in tuning_keys:
-            out += selected_geometries(kernel, key, tag.startswith("cuda"), modes)
+            out += selected_geometries(kernel, key, tag.startswith("cuda"), (mode,))
     return list(dict.fromkeys(out))
 
 

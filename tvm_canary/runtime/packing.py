@@ -28,7 +28,7 @@ from .._consts import PARTIAL_READ_BYTES
 from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
 from ..context import VerifyOrWriteContext
 from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS
-from .specializations import spec
+from .specializations import launch_mode, spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +102,6 @@ def partial_fold(context: VerifyOrWriteContext) -> bool:
     return context.real_kv_hash_mode == RealKvHashMode.PARTIAL and folded_sources(context) > 0
 
 
-def launch_mode(context: VerifyOrWriteContext) -> int:
-    """A verify or write launch's tuning mode: its real-KV hash mode when it folds sources, else 0."""
-    return int(context.real_kv_hash_mode) if folded_sources(context) else 0
-
-
 def source_args(context: VerifyOrWriteContext) -> list:
     """The 16 trailing kernel arguments: (view, page_size, token_words, fold_words) x 4."""
     args: list = []
@@ -172,7 +167,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
     )
     kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context), input_assert=assert_on)
     point = write_point(cap, input_ids.shape[0])
-    return KernelCall("write", kernel_spec, point, launch_mode(context), args, scratch=_positions(args, marks))
+    return KernelCall("write", kernel_spec, point, launch_mode("write", kernel_spec), args, scratch=_positions(args, marks))
 
 
 def write_point(request_capacity: int, tokens: int) -> tuple:
@@ -191,7 +186,7 @@ def verify_call(*, context, plan, check_verify_expected_token):
     )
     kernel_spec = spec("verify", num_sources=folded_sources(context), partial=partial_fold(context),
                        check_token=bool(check_verify_expected_token))
-    return KernelCall("verify", kernel_spec, cap, launch_mode(context), args, scratch=_positions(args, marks))
+    return KernelCall("verify", kernel_spec, cap, launch_mode("verify", kernel_spec), args, scratch=_positions(args, marks))
 
 
 def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,

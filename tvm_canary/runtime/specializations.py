@@ -9,8 +9,9 @@ each element is one *axis* with a fixed set of values:
 * plan: ``has_lut`` (SWA translation table given), ``has_pool`` (expected-token pool given);
 * scatter: none.
 
-Packing (``spec``), ahead-of-time builds and the codegen tests (``all_specs``) and tuning (``spec``,
-``launch_modes``) all take specializations from here, so a new variant is added in one place.
+Packing (``spec``, ``launch_mode``), ahead-of-time builds and the codegen tests (``all_specs``,
+``launch_mode``) and tuning (``spec``, ``launch_mode``) all take specializations from here, so a new
+variant is added in one place.
 """
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ def spec_id(spec_: tuple) -> str:
     return "-".join(str(int(x)) for x in spec_) or "none"
 
 
-def launch_modes(kernel: str, spec_: tuple) -> tuple[int, ...]:
-    """The tuning *mode* (``tuning.workloads.mode_of``) a launch of this specialization has, as a
-    1-tuple: verify or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, everything
-    else in mode 0 (NONE)."""
+def launch_mode(kernel: str, spec_: tuple) -> int:
+    """The tuning *mode* (``tuning.workloads.mode_of``) of every launch of this specialization: verify
+    or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, everything else in mode 0
+    (NONE)."""
     values = dict(zip((n for n, _ in AXES[kernel]), spec_))
     if not values.get("num_sources"):
-        return (0,)
-    return (int(RealKvHashMode.PARTIAL if values["partial"] else RealKvHashMode.ALL),)
+        return 0
+    return int(RealKvHashMode.PARTIAL if values["partial"] else RealKvHashMode.ALL)

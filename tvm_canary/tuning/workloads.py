@@ -40,7 +40,7 @@ from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
 from tvm_canary.runtime.parse import kernel_ir
-from tvm_canary.runtime.specializations import launch_modes, spec, spec_id
+from tvm_canary.runtime.specializations import launch_mode, spec, spec_id
 from tvm_canary.runtime.targets import default_geometry
 
 PRESETS = {
@@ -103,7 +103,7 @@ def tuned_spec(kernel: str, bucket: tuple) -> tuple:
 
 # The geometries the kernel hash is taken in: fixed here (not the defaults, whose values are tuned by
 # hand) so that only a change of the kernel's TensorIR changes the hash; without and with paired folds
-# (``Geometry.pairs``), whose code differs where sources are folded (``specializations.launch_modes``).
+# (``Geometry.pairs``), whose code differs where sources are folded (``specializations.launch_mode``).
 _HASH_GEOMETRIES = {
     "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, pairs=p) for p in (0, 1)),
     "llvm": tuple(Geometry(gpu=False, unroll=4, pairs=p) for p in (0, 1)),
@@ -160,7 +160,7 @@ def _hash_table(path: pathlib.Path) -> dict:
 
 def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
     unpaired, paired = _HASH_GEOMETRIES[target_kind]
-    folds = launch_modes(kernel, kernel_spec) != (0,)
+    folds = launch_mode(kernel, kernel_spec) != 0
     hashes = []
     for geom in (unpaired, paired) if folds else (unpaired,):
         func = kernel_ir(kernel, kernel_spec, geom)
