@@ -38,7 +38,7 @@ def geometries(kernel: str, spec: tuple, tag: str, tuning_keys: tuple[str, ...] 
         from ..tuning.apply import selected_geometries
 
         for key in tuning_keys:
-            out += selected_geometries(kernel, key, tag.startswith("cuda"), (mode,))
+            out += selected_geometries(kernel, key, tag.startswith("cuda"), mode)
     return list(dict.fromkeys(out))
 
 

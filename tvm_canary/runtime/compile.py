@@ -115,7 +115,7 @@ def _write_geometries(device: torch.device, mode: int) -> list:
     if tuning_enabled():
         from ..tuning import apply, keys
 
-        selected = apply.selected_geometries("write", keys.device_key(device), device.type == "cuda", (mode,))
+        selected = apply.selected_geometries("write", keys.device_key(device), device.type == "cuda", mode)
         if selected:
             return selected
     return targets.default_geometries("write", targets.tag_for(device), mode)

@@ -49,10 +49,15 @@ def spec(kernel: str, **values) -> tuple:
     return tuple(out)
 
 
+def _axis_values(kernel: str, spec_: tuple) -> dict:
+    """``spec_``'s values by axis name."""
+    return dict(zip((name for name, _ in AXES[kernel]), spec_))
+
+
 def valid(kernel: str, spec_: tuple) -> bool:
     """Whether the axis values go together: ``partial`` only where sources are folded (PARTIAL mode
     without sources folds nothing, as NONE does: SPEC 1.4)."""
-    values = dict(zip((n for n, _ in AXES[kernel]), spec_))
+    values = _axis_values(kernel, spec_)
     return not values.get("partial") or values["num_sources"] > 0
 
 
@@ -71,7 +76,7 @@ def launch_mode(kernel: str, spec_: tuple) -> int:
     """The tuning *mode* (``tuning.workloads.mode_of``) of every launch of this specialization: verify
     or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, everything else in mode 0
     (NONE)."""
-    values = dict(zip((n for n, _ in AXES[kernel]), spec_))
+    values = _axis_values(kernel, spec_)
     if not values.get("num_sources"):
         return 0
     return int(RealKvHashMode.PARTIAL if values["partial"] else RealKvHashMode.ALL)

@@ -158,13 +158,13 @@ def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
     return out
 
 
-def selected_geometries(kernel: str, key: str, cuda: bool, modes: tuple[int, ...]) -> list[Geometry]:
-    """The geometries the database of device key ``key`` selects for ``kernel`` in any of ``modes``
+def selected_geometries(kernel: str, key: str, cuda: bool, mode: int) -> list[Geometry]:
+    """The geometries the database of device key ``key`` selects for ``kernel`` in launch ``mode``
     (what ahead-of-time builds must cover), in bucket order."""
     from .workloads import mode_of
 
     buckets = _records(key, cuda).get(kernel, {})
-    return [buckets[b] for b in sorted(buckets) if mode_of(kernel, b) in modes]
+    return [buckets[b] for b in sorted(buckets) if mode_of(kernel, b) == mode]
 
 
 _noticed: set = set()
