@@ -1,13 +1,15 @@
 """Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
-    python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE]...]...
+    python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]]...
         [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
 tvm_canary | tar x -C FOLDER`` where the history is); ``head``, the working tree's; and
 each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
-``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL; every size class of the mode). Every arm
+``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL): at every size of the mode, or with SCOPE
+``below`` only below the mode's size class (``schedules.CUDA_SIZE_DEFAULTS``), with ``class`` only in it
+(its other rows then build head's geometry, an A/A of the variant's). Every arm
 uses default geometries (``runtime.targets.default_geometry``, of each row's mode and size: one build
 per size class of head's ``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is
 of the kernel code and defaults.
@@ -58,8 +60,9 @@ FLOOR_GRID = (2112, 32)
 ROUNDS = 6
 
 # Run in a child process whose working directory holds the arm's package copy: builds the arm's
-# kernels (JSON: {stem: [kernel, axis values, mode, workload points, geometry overrides]}): for each point the
-# arm's default of that mode and size (packages before size classes: of the mode), overridden; each
+# kernels (JSON: {stem: [kernel, axis values, mode, workload points, [geometry overrides, scope]]}): for each
+# point the arm's default of that mode and size (packages before size classes: of the mode), overridden
+# where the point is in the overrides' scope (``parse_variant``); each
 # distinct geometry built once and exported as <stem>-<geometry key>.so. Its last line is the JSON
 # {stem: {point (JSON): geometry key}}.
 CHILD = """
@@ -69,12 +72,14 @@ assert tvm_canary.__file__.startswith(sys.argv[2]), tvm_canary.__file__
 from tvm_canary.runtime import compile as C, specializations, targets
 sized = "size" in inspect.signature(targets.default_geometry).parameters
 chosen = {}
-for stem, (kernel, spec, mode, points, overrides) in json.loads(sys.argv[3]).items():
+for stem, (kernel, spec, mode, points, (overrides, scope)) in json.loads(sys.argv[3]).items():
     spec = tuple(type(allowed[0])(spec[name]) for name, allowed in specializations.AXES[kernel])
     chosen[stem] = {}
     for point in points:
         size = tuple(point) if isinstance(point, list) else point
-        geom = dataclasses.replace(targets.default_geometry(kernel, sys.argv[1], mode, *([size] if sized else [])), **overrides)
+        geom = targets.default_geometry(kernel, sys.argv[1], mode, *([size] if sized else []))
+        if scope is None or (scope == "class") == targets.in_size_class(kernel, sys.argv[1], mode, size):
+            geom = dataclasses.replace(geom, **overrides)
         path = pathlib.Path(sys.argv[2]) / f"{stem}-{geom.key()}.so"
         if not path.exists():
             C.export(C.build(kernel, spec, sys.argv[1], geom), path)
@@ -86,29 +91,35 @@ print(json.dumps(chosen))
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """A version of the kernels: its package folder and per (kernel, mode) geometry overrides."""
+    """A version of the kernels: its package folder and per (kernel, mode) geometry overrides (``{field:
+    value}``, and the scope of ``parse_variant``)."""
 
     name: str
     package: pathlib.Path
     overrides: dict
 
 
-def parse_variant(text: str) -> tuple[str, tuple[str, str], dict]:
-    """``NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...]`` -> (name, (kernel, mode), {field: int})."""
+def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | None]]:
+    """``NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]`` -> (name, (kernel, mode), ({field: int},
+    scope)): scope None (every size), ``below`` or ``class`` (the mode's size class, which it must have)."""
     from tvm_canary.geometry import Geometry
+    from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
 
     try:
-        name, kernel, mode, fields = text.split(":")
+        name, kernel, mode, fields, *scope = text.split(":")
         values = {f: int(v) for f, v in (item.split("=") for item in fields.split(","))}
+        (scope,) = scope or [None]
     except ValueError:
-        raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...]") from None
+        raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]") from None
     if kernel not in BUILDS or mode not in MODE_NUMBERS or not re.fullmatch(r"[A-Za-z0-9_]+", name) or name in ("base", "head"):
         raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name of letters, "
                          "digits and _ other than base, head")
     unknown = set(values) - {f.name for f in dataclasses.fields(Geometry)} - {"gpu"}
     if unknown:
         raise ValueError(f"--variant {text!r}: {sorted(unknown)} are not Geometry fields")
-    return name, (kernel, mode), values
+    if scope is not None and (scope not in ("below", "class") or (kernel, MODE_NUMBERS[mode]) not in CUDA_SIZE_DEFAULTS):
+        raise ValueError(f"--variant {text!r}: SCOPE is below or class, of a mode with a size class")
+    return name, (kernel, mode), (values, scope)
 
 
 def parse_write_shape(text: str) -> tuple[int, int, int]:
@@ -152,7 +163,7 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
         wanted = {(k, m) for k in kernels for m in modes if arm.name in ("base", "head") or (k, m) in arm.overrides}
         builds = {f"{k}-{m}": [*BUILDS[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
-                                arm.overrides.get((k, m), {})] for k, m in sorted(wanted)}
+                                arm.overrides.get((k, m), ({}, None))] for k, m in sorted(wanted)}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
         path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path, TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
@@ -179,7 +190,9 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", required=True, help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
-    ap.add_argument("--variant", action="append", default=[], help="NAME:KERNEL:MODE:FIELD=VALUE[,...], e.g. m4:verify:ALL:min_blocks=4")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME:KERNEL:MODE:FIELD=VALUE[,...][:SCOPE], e.g. m4:verify:ALL:min_blocks=4 or "
+                         "t32:verify:PARTIAL:threads=32:below (SCOPE: below or in the mode's size class; default every size)")
     ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
     ap.add_argument("--modes", nargs="+", choices=tuple(MODE_NUMBERS), default=list(MODE_NUMBERS),
                     help="the launch modes whose rows are timed (default: all)")

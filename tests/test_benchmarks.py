@@ -358,9 +358,14 @@ def test_kernel_ab_variants(capsys):
         assert ab_kernels.main(argv) == 2
         assert message in capsys.readouterr().err
 
-    assert ab_kernels.parse_variant("m4:verify:ALL:min_blocks=4,pairs=0") == ("m4", ("verify", "ALL"), {"min_blocks": 4, "pairs": 0})
+    assert ab_kernels.parse_variant("m4:verify:ALL:min_blocks=4,pairs=0") == ("m4", ("verify", "ALL"),
+                                                                             ({"min_blocks": 4, "pairs": 0}, None))
+    assert ab_kernels.parse_variant("t32:verify:PARTIAL:threads=32:below") == ("t32", ("verify", "PARTIAL"),
+                                                                              ({"threads": 32}, "below"))
+    assert ab_kernels.parse_variant("u4:write:NONE:unroll=4:class")[2] == ({"unroll": 4}, "class")
     for bad in ("m4:verify:ALL", "m4:plan:ALL:min_blocks=4", "m4:verify:FULL:min_blocks=4", "head:verify:ALL:pairs=0",
-                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x", "fl-gather:verify:ALL:pairs=0", "a/b:verify:ALL:pairs=0"):
+                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x", "fl-gather:verify:ALL:pairs=0", "a/b:verify:ALL:pairs=0",
+                "m4:verify:ALL:pairs=0:small", "m4:verify:ALL:pairs=0:below:class"):
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     refused(["--base", "HEAD", "--variant", "m4:verify:ALL"], "kv-canary: --variant 'm4:verify:ALL': expected")
