@@ -35,9 +35,10 @@ CUDA_DEFAULTS = {
     # were not faster at 4096 x 1: 528 x 64 unroll 1 paired 1.032x, 528 x 128 thin 1.008x, 528 x 32
     # 1.008x (at 4-23 tokens 0.77-0.99x, before the interleaved lanes of ``kernels.write``). PARTIAL's
     # tuned 4096 x 1 pick, 264 x 32 paired with 1 in flight, over the class (thirty-third session's call
-    # 2): 0.947-0.970x at 1-4 tokens, 1.067 / 1.074x at 128 x 16 / 128 x 22; 528 x 32 0.958-1.002x
-    # (not adopted: 1.002x at 4096 x 1). Declared __launch_bounds__(threads, 1) the short chains stop
-    # spilling, but ran PARTIAL 128 x 16 / 128 x 22 1.059 / 1.096x (call 1; NONE 0.971-0.983x).
+    # 2): 0.947-0.970x at 4096 x 1, 2048 x 2, 1024 x 4, 64 x 1, 16 x 1, 0.992x at 256 x 4, 1.067 / 1.074x
+    # at 128 x 16 / 128 x 22; 528 x 32 0.958-1.002x (not adopted: 1.002x at 4096 x 1). Declared
+    # __launch_bounds__(threads, 1) the short chains stop spilling, but ran PARTIAL 128 x 16 / 128 x 22
+    # 1.059 / 1.096x (call 1; NONE 0.971-0.983x).
     "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
     # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
