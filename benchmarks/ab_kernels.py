@@ -1,7 +1,7 @@
 """Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]]...
-        [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
+        [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -9,7 +9,8 @@ tvm_canary | tar x -C FOLDER`` where the history is); ``head``, the working tree
 each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
 ``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL): at every size of the mode, or with SCOPE
 ``below`` only below the mode's size class (``schedules.CUDA_SIZE_DEFAULTS``), with ``class`` only in it
-(its other rows then build head's geometry, an A/A of the variant's). Every arm
+(its other rows then build head's geometry, an A/A of the variant's); and each ``--package``, the
+package in FOLDER (as ``--base`` takes one: a changed copy of the kernels, e.g. an ablation). Every arm
 uses default geometries (``runtime.targets.default_geometry``, of each row's mode and size: one build
 per size class of head's ``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is
 of the kernel code and defaults.
@@ -92,11 +93,13 @@ print(json.dumps(chosen))
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A version of the kernels: its package folder and per (kernel, mode) geometry overrides (``{field:
-    value}``, and the scope of ``parse_variant``)."""
+    value}``, and the scope of ``parse_variant``); a ``whole`` arm (base, head, a ``--package``) builds
+    every timed kernel and mode, a variant only those it overrides."""
 
     name: str
     package: pathlib.Path
     overrides: dict
+    whole: bool = False
 
 
 def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | None]]:
@@ -138,6 +141,15 @@ def point_key(point) -> str:
     return json.dumps(list(point) if isinstance(point, tuple) else point)
 
 
+def parse_package(text: str) -> tuple[str, pathlib.Path]:
+    """``--package NAME=FOLDER`` -> (name, folder): FOLDER holds a ``tvm_canary`` package."""
+    name, _, folder = text.partition("=")
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name) or name in ("base", "head") or not (pathlib.Path(folder) / "tvm_canary" / "__init__.py").is_file():
+        raise ValueError(f"--package {text!r}: expected NAME=FOLDER, a name of letters, digits and _ other than base, head, "
+                         "and a folder holding a tvm_canary package")
+    return name, pathlib.Path(folder)
+
+
 def resolve_base(text: str) -> pathlib.Path | str:
     """``--base``: a folder holding a ``tvm_canary`` package (its path), else a git revision of this
     repository (the revision, checked)."""
@@ -161,7 +173,7 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
     for arm in arms:
         folder = work / arm.name
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
-        wanted = {(k, m) for k in kernels for m in modes if arm.name in ("base", "head") or (k, m) in arm.overrides}
+        wanted = {(k, m) for k in kernels for m in modes if arm.whole or (k, m) in arm.overrides}
         builds = {f"{k}-{m}": [*BUILDS[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
                                 arm.overrides.get((k, m), ({}, None))] for k, m in sorted(wanted)}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
@@ -193,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME:KERNEL:MODE:FIELD=VALUE[,...][:SCOPE], e.g. m4:verify:ALL:min_blocks=4 or "
                          "t32:verify:PARTIAL:threads=32:below (SCOPE: below or in the mode's size class; default every size)")
+    ap.add_argument("--package", action="append", default=[], metavar="NAME=FOLDER",
+                    help="one more arm: the tvm_canary package in FOLDER (a changed copy of the kernels), every row")
     ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
     ap.add_argument("--modes", nargs="+", choices=tuple(MODE_NUMBERS), default=list(MODE_NUMBERS),
                     help="the launch modes whose rows are timed (default: all)")
@@ -207,6 +221,10 @@ def main(argv=None) -> int:
 
     try:
         variants = [parse_variant(v) for v in args.variant]
+        packages = [parse_package(p) for p in args.package]
+        package_names = [name for name, _ in packages]
+        if len(set(package_names)) != len(package_names) or set(package_names) & {name for name, _, _ in variants}:
+            raise ValueError("each --package needs a name of its own (no other --package or --variant has it)")
         for name, (kernel, mode), _ in variants:
             if kernel not in args.kernels or mode not in args.modes:
                 raise ValueError(f"--variant {name}: {kernel} {mode} is not timed (--kernels {' '.join(args.kernels)}, "
@@ -235,7 +253,8 @@ def main(argv=None) -> int:
         named: dict = {}
         for name, key, values in variants:
             named.setdefault(name, {})[key] = values
-        arms = [Arm("base", base / "tvm_canary", {}), Arm("head", ROOT / "tvm_canary", {})]
+        arms = [Arm("base", base / "tvm_canary", {}, whole=True), Arm("head", ROOT / "tvm_canary", {}, whole=True)]
+        arms += [Arm(name, folder / "tvm_canary", {}, whole=True) for name, folder in packages]
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
         sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
@@ -321,7 +340,7 @@ def main(argv=None) -> int:
         print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):11.2f}" for n in names)
               + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant, "modes": args.modes,
+        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant, "packages": args.package, "modes": args.modes,
                                                        "write_shapes": write_shapes, "floor_grid": FLOOR_GRID, "rounds": ROUNDS,
                                                        "rows": rows}, indent=1))
     return 1 if any(r["problem"] for r in rows) else 0

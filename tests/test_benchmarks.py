@@ -380,6 +380,12 @@ def test_kernel_ab_variants(capsys):
         with pytest.raises(ValueError, match="--write-shapes"):
             ab_kernels.parse_write_shape(bad)
     refused(["--base", "HEAD", "--write-shapes", "256x4", "64"], "kv-canary: --write-shapes '64': expected")
+    assert ab_kernels.parse_package(f"abl={ROOT}") == ("abl", ROOT)  # a folder holding tvm_canary
+    for bad in (f"head={ROOT}", f"a/b={ROOT}", str(ROOT), "abl=/nonexistent"):
+        with pytest.raises(ValueError, match="--package"):
+            ab_kernels.parse_package(bad)
+    refused(["--base", "HEAD", "--package", f"m4={ROOT}", "--variant", "m4:verify:ALL:min_blocks=4"],
+            "kv-canary: each --package needs a name of its own")
     assert ab_kernels.resolve_base("HEAD") == "HEAD"
     assert ab_kernels.resolve_base(str(ROOT)) == ROOT  # a folder holding tvm_canary
     with pytest.raises(ValueError, match="--base"):
