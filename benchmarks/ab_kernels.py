@@ -1,4 +1,4 @@
-"""Two versions of the verify and write kernels timed against each other in one process (CUDA GPU).
+"""Versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]]...
         [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
