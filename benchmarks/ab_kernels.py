@@ -93,13 +93,22 @@ print(json.dumps(chosen))
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A version of the kernels: its package folder and per (kernel, mode) geometry overrides (``{field:
-    value}``, and the scope of ``parse_variant``); a ``whole`` arm (base, head, a ``--package``) builds
-    every timed kernel and mode, a variant only those it overrides."""
+    value}``, and the scope of ``parse_variant``); an arm without overrides (base, head, a ``--package``)
+    builds every timed kernel and mode, a variant only those it overrides."""
 
     name: str
     package: pathlib.Path
     overrides: dict
-    whole: bool = False
+
+
+def arm_name(name: str) -> bool:
+    """Whether ``name`` can name a ``--variant`` or ``--package`` arm: letters, digits and _, not base or head."""
+    return bool(re.fullmatch(r"[A-Za-z0-9_]+", name)) and name not in ("base", "head")
+
+
+def holds_package(folder: str | pathlib.Path) -> bool:
+    """Whether ``folder`` holds a ``tvm_canary`` package (an arm's source, as ``--base`` or ``--package``)."""
+    return (pathlib.Path(folder) / "tvm_canary" / "__init__.py").is_file()
 
 
 def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | None]]:
@@ -114,7 +123,7 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | No
         (scope,) = scope or [None]
     except ValueError:
         raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]") from None
-    if kernel not in BUILDS or mode not in MODE_NUMBERS or not re.fullmatch(r"[A-Za-z0-9_]+", name) or name in ("base", "head"):
+    if kernel not in BUILDS or mode not in MODE_NUMBERS or not arm_name(name):
         raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name of letters, "
                          "digits and _ other than base, head")
     unknown = set(values) - {f.name for f in dataclasses.fields(Geometry)} - {"gpu"}
@@ -144,7 +153,7 @@ def point_key(point) -> str:
 def parse_package(text: str) -> tuple[str, pathlib.Path]:
     """``--package NAME=FOLDER`` -> (name, folder): FOLDER holds a ``tvm_canary`` package."""
     name, _, folder = text.partition("=")
-    if not re.fullmatch(r"[A-Za-z0-9_]+", name) or name in ("base", "head") or not (pathlib.Path(folder) / "tvm_canary" / "__init__.py").is_file():
+    if not arm_name(name) or not holds_package(folder):
         raise ValueError(f"--package {text!r}: expected NAME=FOLDER, a name of letters, digits and _ other than base, head, "
                          "and a folder holding a tvm_canary package")
     return name, pathlib.Path(folder)
@@ -153,7 +162,7 @@ def parse_package(text: str) -> tuple[str, pathlib.Path]:
 def resolve_base(text: str) -> pathlib.Path | str:
     """``--base``: a folder holding a ``tvm_canary`` package (its path), else a git revision of this
     repository (the revision, checked)."""
-    if (pathlib.Path(text) / "tvm_canary" / "__init__.py").is_file():
+    if holds_package(text):
         return pathlib.Path(text)
     check = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{text}^{{commit}}"],
                            capture_output=True, check=False)
@@ -173,7 +182,7 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
     for arm in arms:
         folder = work / arm.name
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
-        wanted = {(k, m) for k in kernels for m in modes if arm.whole or (k, m) in arm.overrides}
+        wanted = {(k, m) for k in kernels for m in modes if not arm.overrides or (k, m) in arm.overrides}
         builds = {f"{k}-{m}": [*BUILDS[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
                                 arm.overrides.get((k, m), ({}, None))] for k, m in sorted(wanted)}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
@@ -253,8 +262,8 @@ def main(argv=None) -> int:
         named: dict = {}
         for name, key, values in variants:
             named.setdefault(name, {})[key] = values
-        arms = [Arm("base", base / "tvm_canary", {}, whole=True), Arm("head", ROOT / "tvm_canary", {}, whole=True)]
-        arms += [Arm(name, folder / "tvm_canary", {}, whole=True) for name, folder in packages]
+        arms = [Arm("base", base / "tvm_canary", {}), Arm("head", ROOT / "tvm_canary", {})]
+        arms += [Arm(name, folder / "tvm_canary", {}) for name, folder in packages]
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
         sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
