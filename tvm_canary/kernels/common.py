@@ -371,11 +371,15 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
 # The single launch's ticket (one launch for "every block, then one ordered pass"), without a round trip
 # in a clean launch. After its share of the work each block learns at a barrier whether any of its
 # threads marked a chunk (``__syncthreads_or``), and its thread 0 adds the block's *share* of 2**32 to
-# an unsigned 32-bit arrivals counter that is zero on entry. The shares of a launch's n blocks are
-# positive and add up to 2**32 (q = floor((2**32 - 1) / n) for each block but the last, which takes
-# the rest, 2**32 - (n - 1) q > q; with one block that is 2**32, i.e. 0), so the counter is back at
-# zero, ready for the next launch, exactly when every block has arrived: a proper subset of the shares
-# adds up to less than 2**32.
+# an unsigned 32-bit arrivals counter that is zero on entry. Each block but the last adds 1, the last
+# 2**32 - (n - 1) (with one block that is 2**32, i.e. 0): the n shares add up to 2**32, so the counter
+# is back at zero, ready for the next launch, exactly when every block has arrived, and never before (a
+# proper subset adds up to 1 ... n - 1 without the last block's share, to 2**32 - j with it, j >= 1
+# being the blocks missing). The earlier even shares, floor((2**32 - 1) / n), cost an integer
+# division (``MUFU.RCP`` and its fix-up) on every block's path; without it, interleaved on the H200
+# (``benchmarks/ab_kernels.py``, thirty-fifth session, two calls): verify 1K-4K and write 4096 x 1,
+# 256 x 4 and 128 x 16 0.987-0.988x (geometric mean; rows 0.960-1.017, the A/A arm's mean
+# 0.998-1.001), every larger row 0.983-1.002x.
 # * A clean block adds its share without waiting for the result (a fire-and-forget reduction) and is
 #   done.
 # * A marking block fences (publishing its marks, cumulative over the barrier), draws a rank among the
@@ -402,9 +406,7 @@ __device__ __forceinline__ int canary_block_any(int predicate) { return __syncth
 LAST_BLOCK_TICKET = """
 __device__ __forceinline__ int canary_last_block_ticket(void* arrivals, void* ranks, int nblocks, int block,
                                                         int marked) {
-  unsigned int n = static_cast<unsigned int>(nblocks);
-  unsigned int even = 0xFFFFFFFFu / n;
-  unsigned int share = block + 1 < nblocks ? even : 0u - (n - 1u) * even;
+  unsigned int share = block + 1 < nblocks ? 1u : 0u - static_cast<unsigned int>(nblocks - 1);
   unsigned int* counter = static_cast<unsigned int*>(arrivals);
   if (!marked) {
     asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(counter), "r"(share) : "memory");
