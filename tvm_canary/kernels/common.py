@@ -379,7 +379,7 @@ def check_slot(ok, slot, num_slots, srcs, params, num_sources):
 # division (``MUFU.RCP`` and its fix-up) on every block's path; without it, interleaved on the H200
 # (``benchmarks/ab_kernels.py``, thirty-fifth session, three calls): verify 1K-4K and write 4096 x 1,
 # 256 x 4 and 128 x 16 0.982-0.988x (geometric mean; rows 0.959-1.017, the A/A arm's mean
-# 0.998-1.001), every larger row 0.983-1.003x.
+# 0.998-1.000 in the two calls that had one), every larger row 0.983-1.003x.
 # * A clean block adds its share without waiting for the result (a fire-and-forget reduction) and is
 #   done.
 # * A marking block fences (publishing its marks, cumulative over the barrier), draws a rank among the
