@@ -138,6 +138,58 @@ def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
     assert not artifact.parent.exists()
 
 
+def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
+    """A kernel change stales a bucket's records; the re-tune measures the geometry they chose (not the
+    default) at the new code whatever its search draws, once, and it competes like any candidate."""
+    import types
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.schedules import knobs as design_knobs
+    from tvm_canary.schedules.space import geometry_from
+    from tvm_canary.tuning import driver
+
+    kernel, bucket = "write", workloads.PRESETS["ci"]["write"][0]
+    knobs = design_knobs(kernel, False, workloads.mode_of(kernel, bucket))
+    default = workloads.default_of(kernel, bucket, "llvm")
+    pick = dataclasses.replace(default, **{name: next(v for v in choices if v != getattr(default, name))
+                                           for name, choices in knobs.items() if len(choices) > 1})
+    assert pick != default
+    target = tvm.target.Target("llvm")
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    for geom, secs in ((default, 1e-3), (pick, 0.5e-3)):
+        driver.commit_measurement(db, driver.workload_module(kernel, bucket, "llvm"), knobs, geom, [secs], target)
+    assert apply.previous_pick(db, kernel, bucket, False) is None  # its records are current: nothing is previous
+    monkeypatch.setitem(workloads.CASE_VERSIONS, kernel, workloads.CASE_VERSIONS[kernel] + 1)  # the kernel changes
+    assert apply.previous_pick(db, kernel, bucket, False) == pick and (kernel, bucket) not in apply.measured_records(db)
+    mod = driver.workload_module(kernel, bucket, "llvm")
+    driver.commit_measurement(db, mod, knobs, default, [1e-3], target)  # the default, measured at the new code
+
+    built = []
+
+    class Builder:
+        build_seconds = 0.0
+
+        def build(self, inputs):
+            built.extend(geometry_from(i.mod, default) for i in inputs)
+            artifact = tmp_path / "builds" / str(len(built)) / "module.tar"
+            artifact.parent.mkdir(parents=True)
+            artifact.write_bytes(b"")
+            return [types.SimpleNamespace(error_msg=None, artifact_path=str(artifact)) for _ in inputs]
+
+    class Runner:
+        def run(self, inputs):
+            result = types.SimpleNamespace(error_msg=None, run_secs=[0.6e-3] * 3)
+            return [types.SimpleNamespace(result=lambda: result) for _ in inputs]
+
+    # One trial, which the default's record fills: no search, only the previous pick is measured.
+    result = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", Builder(), Runner())
+    assert built == [pick] and result.measured == 1 and result.geometry == pick.key()
+    again = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", Builder(), Runner())
+    assert built == [pick] and again.measured == 0 and again.geometry == pick.key()
+
+
 def test_long_graphs_take_fewer_replays_per_value():
     """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: the big buckets'
     candidates (tens of ms a replay) are not replayed ten times a value."""

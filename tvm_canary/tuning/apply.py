@@ -43,28 +43,60 @@ def _records(key: str, cuda: bool) -> dict:
     return {} if work_dir is None else _chosen_geometries(str(work_dir), cuda)
 
 
-def measured_records(db, stale: set | None = None) -> dict:
-    """{(kernel, bucket): [(seconds of the case, record), ...] fastest first} of a database's valid records
-    for the current kernels (hashed for each record's target kind) and their tuning case (a time per
-    launch of it, ``launch_seconds``); the kernels of records tuned for other kernel code or another
-    case are added to ``stale``."""
+def _measured(db):
+    """((kernel, bucket), record, current) of each record of ``db`` that was measured and did not fail;
+    ``current``: tuned for the current kernel (hashed for the record's target kind) and tuning case."""
     from .workloads import CASE_LAUNCHES, bucket_of, kernel_hash, workload_kernel_hash
 
-    out: dict = {}
     for record in db.get_all_tuning_records():
         if not record.run_secs or min(float(s) for s in record.run_secs) >= FAILED_RUN_SECS:
             continue  # not measured, or failed (build error, timeout, output differing from the reference)
         func = record.workload.mod["main"]
         key = (str(func.attrs["canary.kernel"]), bucket_of(func))
-        if (workload_kernel_hash(func) != kernel_hash(*key, str(record.target.kind.name))
-                or len(record.run_secs) % CASE_LAUNCHES.get(key[0], 1)):
-            if stale is not None:
-                stale.add(key[0])
-            continue
+        current = (workload_kernel_hash(func) == kernel_hash(*key, str(record.target.kind.name))
+                   and len(record.run_secs) % CASE_LAUNCHES.get(key[0], 1) == 0)
+        yield key, record, current
+
+
+def _fastest_first(pairs) -> dict:
+    """{key: [(seconds of the case, record), ...] fastest first} of ``(key, record)`` pairs."""
+    out: dict = {}
+    for key, record in pairs:
         out.setdefault(key, []).append((sum(launch_seconds(key[0], record.run_secs)), record))
     for rows in out.values():
         rows.sort(key=lambda r: r[0])
     return out
+
+
+def measured_records(db, stale: set | None = None) -> dict:
+    """{(kernel, bucket): [(seconds of the case, record), ...] fastest first} of a database's valid records
+    for the current kernels (hashed for each record's target kind) and their tuning case (a time per
+    launch of it, ``launch_seconds``); the kernels of records tuned for other kernel code or another
+    case are added to ``stale``."""
+    current = []
+    for key, record, is_current in _measured(db):
+        if is_current:
+            current.append((key, record))
+        elif stale is not None:
+            stale.add(key[0])
+    return _fastest_first(current)
+
+
+def previous_pick(db, kernel: str, bucket: tuple, cuda: bool) -> Geometry | None:
+    """The geometry that ``db``'s stale records of a bucket (tuned for earlier kernel code, timed on a case
+    with as many launches as the current one) select by ``chosen_row``'s rule, when it is not the
+    bucket's default; else None. A re-tune after a kernel change measures it again (``driver``), so the
+    pick an earlier tune found, and an interleaved A/B may have confirmed, stays in contention whatever
+    the new search draws."""
+    from .workloads import CASE_LAUNCHES
+
+    launches = CASE_LAUNCHES.get(kernel, 1)
+    stale = [(key, record) for key, record, current in _measured(db)
+             if not current and key == (kernel, bucket) and len(record.run_secs) % launches == 0]
+    rows = _fastest_first(stale).get((kernel, bucket), [])
+    default = default_row(kernel, bucket, rows, cuda)
+    row = None if default is None else row_chosen_over(kernel, rows, default)
+    return None if row is None or row is default else record_geometry(row[1], cuda)
 
 
 def launch_seconds(kernel: str, run_secs) -> list[float]:

@@ -27,7 +27,7 @@ from ..runtime import targets
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
-from .apply import chosen, default_row, launch_seconds, measured_records
+from .apply import chosen, default_row, launch_seconds, measured_records, previous_pick, record_geometry
 
 
 @dataclasses.dataclass
@@ -116,7 +116,7 @@ def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
 
 
 def discard_build(built) -> None:
-    """Remove the artifact of a build (``build_defaults``) unless it is gone (``measure_default``
+    """Remove the artifact of a build (``build_defaults``) unless it is gone (``measure_candidate``
     removes what it ran) or there is none (None, a failed build)."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -190,10 +190,19 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         # The default competes too: a bucket's best record is then never slower than the default.
         if default_build is not None and default_build.error_msg:
             default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
-        run_secs, default_error = measure_default(builder, runner, mod, target, default_build)
+        run_secs, default_error = measure_candidate(builder, runner, mod, target, default_build)
         default_us = 1e6 * sum(launch_seconds(kernel, run_secs)) if run_secs else math.nan
         if space.has_default and run_secs:
             commit_measurement(db, mod, space.knobs, space.default, run_secs, target)
+            rows = measured_records(db).get((kernel, bucket), [])
+    # The bucket's pick at earlier kernel code competes too, whatever the search drew (a kernel change
+    # stales every record; ``previous_pick``).
+    previous = previous_pick(db, kernel, bucket, cuda)
+    if (previous is not None and knob_values_of(space.knobs, previous)
+            and all(record_geometry(record, cuda) != previous for _, record in rows)):
+        run_secs, _ = measure_candidate(builder, runner, mod, target, geometry=(space.knobs, previous))
+        if run_secs:
+            commit_measurement(db, mod, space.knobs, previous, run_secs, target)
             rows = measured_records(db).get((kernel, bucket), [])
     measured = len(rows) - before
     if not rows:
@@ -217,14 +226,20 @@ def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> No
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [float(t) for t in run_secs], target, args_info))
 
 
-def measure_default(builder, runner, mod, target, built=None) -> tuple[list, str]:
+def measure_candidate(builder, runner, mod, target, built=None, geometry=None) -> tuple[list, str]:
     """(run_secs, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without
     knob annotations, which the builder builds with the defaults; ``built``: that build, made earlier
-    by ``build_defaults``), measured and checked against the reference by ``runner`` like a candidate
-    (seconds per launch of the case, a repeat at a time); ([], the error's ``error_summary``) when
-    that failed. The build's artifact is removed."""
+    by ``build_defaults``) or, with ``geometry`` (``(knobs, Geometry)``), in that geometry (the stand-in
+    annotated as its candidate would be), measured and checked against the reference by ``runner`` like
+    a candidate (seconds per launch of the case, a repeat at a time); ([], the error's
+    ``error_summary``) when that failed. The build's artifact is removed."""
+    import tvm
     from tvm.s_tir import meta_schedule as ms
 
+    if geometry is not None:
+        sch = tvm.s_tir.Schedule(mod)
+        make_space(*geometry)(sch)
+        mod = sch.mod
     if built is None:
         (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
     if built.error_msg:
