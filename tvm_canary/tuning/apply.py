@@ -88,15 +88,14 @@ def previous_pick(db, kernel: str, bucket: tuple, cuda: bool) -> Geometry | None
     bucket's default; else None. A re-tune after a kernel change measures it again (``driver``), so the
     pick an earlier tune found, and an interleaved A/B may have confirmed, stays in contention whatever
     the new search draws."""
-    from .workloads import CASE_LAUNCHES
+    from .workloads import CASE_LAUNCHES, default_of
 
     launches = CASE_LAUNCHES.get(kernel, 1)
     stale = [(key, record) for key, record, current in _measured(db)
              if not current and key == (kernel, bucket) and len(record.run_secs) % launches == 0]
-    rows = _fastest_first(stale).get((kernel, bucket), [])
-    default = default_row(kernel, bucket, rows, cuda)
-    row = None if default is None else row_chosen_over(kernel, rows, default)
-    return None if row is None or row is default else record_geometry(row[1], cuda)
+    row = chosen_row(kernel, bucket, _fastest_first(stale).get((kernel, bucket), []), cuda)
+    pick = None if row is None else record_geometry(row[1], cuda)
+    return None if pick == default_of(kernel, bucket, "cuda" if cuda else "llvm") else pick
 
 
 def launch_seconds(kernel: str, run_secs) -> list[float]:
