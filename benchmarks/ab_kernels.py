@@ -8,11 +8,11 @@ holds a ``tvm_canary`` package (a GPU host without the repository's history: ``g
 tvm_canary | tar x -C FOLDER`` where the history is); ``head``, the working tree's; and
 each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
 ``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL): at every size of the mode, or with SCOPE
-``below`` only below the mode's size class (``schedules.CUDA_SIZE_DEFAULTS``), with ``class`` only in it
+``below`` only below the mode's first size class (``schedules.CUDA_SIZE_DEFAULTS``), with ``class`` only from it on
 (its other rows then build head's geometry, an A/A of the variant's); and each ``--package``, the
 package in FOLDER (as ``--base`` takes one: a changed copy of the kernels, e.g. an ablation). Every arm
 uses default geometries (``runtime.targets.default_geometry``, of each row's mode and size: one build
-per size class of head's ``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is
+per size class of its package's ``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is
 of the kernel code and defaults.
 TVMScript reads a kernel's macros from its package's files, so two versions cannot be built in one
 process: each arm is built in a child process from a copy of its package and exported; this process
@@ -79,7 +79,7 @@ for stem, (kernel, spec, mode, points, (overrides, scope)) in json.loads(sys.arg
     for point in points:
         size = tuple(point) if isinstance(point, list) else point
         geom = targets.default_geometry(kernel, sys.argv[1], mode, *([size] if sized else []))
-        if scope is None or (scope == "class") == targets.in_size_class(kernel, sys.argv[1], mode, size):
+        if scope is None or (scope == "class") == (targets.size_class(kernel, sys.argv[1], mode, size) > 0):
             geom = dataclasses.replace(geom, **overrides)
         path = pathlib.Path(sys.argv[2]) / f"{stem}-{geom.key()}.so"
         if not path.exists():
@@ -113,7 +113,7 @@ def holds_package(folder: str | pathlib.Path) -> bool:
 
 def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | None]]:
     """``NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]`` -> (name, (kernel, mode), ({field: int},
-    scope)): scope None (every size), ``below`` or ``class`` (the mode's size class, which it must have)."""
+    scope)): scope None (every size), ``below`` or ``class`` (the mode's size classes, which it must have)."""
     from tvm_canary.geometry import Geometry
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
 

@@ -67,22 +67,23 @@ def test_plot_tables_and_targets(tmp_path):
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
 
-def test_the_agreement_check_reaches_both_write_size_classes_and_passes_on_the_cpu():
-    """The benchmark's check before timing (``baselines/agreement.py``) launches write in both of each
-    mode's CUDA size classes (long chains and a decode step's short ones: each has its own default
-    geometry), and the CPU kernels pass it for every kernel."""
+def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cpu():
+    """The benchmark's check before timing (``baselines/agreement.py``) launches write in every CUDA size
+    class of each mode (long chains, a decode step's short ones and PARTIAL's between: each has its own
+    default geometry), and the CPU kernels pass it for every kernel."""
     from baselines import agreement
 
     import tvm_canary as tc
     from tvm_canary.runtime import packing, targets
 
-    classes, cpu = set(), torch.device("cpu")
+    reached, cpu = set(), torch.device("cpu")
     for tokens in agreement.WRITE_TOKENS:
         gen = torch.Generator().manual_seed(1234)
         kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False, tokens)
         point = packing.write_call(**kw).size  # the workload point the launch's geometry is chosen for
-        classes.add(all(targets.in_size_class("write", "cuda-sm_90", mode, point) for mode in (0, 1, 2)))
-    assert classes == {False, True}
+        reached |= {(mode, targets.size_class("write", "cuda-sm_90", mode, point)) for mode in (0, 1, 2)}
+    assert reached == {(mode, c) for mode in (0, 1, 2) for c in range(len(targets.size_classes("write", "cuda", mode)))}
+    assert len(targets.size_classes("write", "cuda", 1)) == 3
     launches = {"verify": tc.launch_canary_verify_kernel, "write": tc.launch_canary_write_kernel,
                 "plan": tc.launch_canary_plan_kernels, "scatter": tc.launch_scatter_req_token_ids_kernel}
     for kernel, launch in launches.items():
@@ -421,7 +422,8 @@ def test_default_labels_name_modes_and_size_classes():
         "2112x128m4, NONE >= 262145 2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, ALL 528x128m2wp, "
         "ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
-        "528x64u2, NONE >= 1x23 528x64u8, PARTIAL >= 1x23 528x64u8, ALL 528x128wp, ALL >= 1x128 528x256u8p")
+        "528x64u2, NONE >= 1x23 528x64u8, PARTIAL 264x32p, PARTIAL >= 1x5 528x64u2, PARTIAL >= 1x23 528x64u8, "
+        "ALL 528x128wp, ALL >= 1x128 528x256u8p")
 
 
 @pytest.mark.parametrize("capacity", [None, 16])

@@ -493,10 +493,10 @@ def test_scatter_takes_the_bucket_of_its_batch():
 
 def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
     """``apply.tuned_geometry`` takes the nearest bucket among those on the launch's side of its mode's
-    size-class bound (``targets.in_size_class``, the test its default is chosen by): 64 requests of 4
+    size-class bound (``targets.size_class``, the test its default is chosen by): 64 requests of 4
     tokens (below write ALL's (1, 128) class) take the 4096 x 1 bucket, though 64 x 512 is nearer; a verify of
     16385 entries (from ALL's class bound on) takes the 64K bucket, though the 4K bucket is as near. With
-    no bucket in its class, a launch takes the nearest of its mode."""
+    no bucket in its class, a launch takes its default (None), as PARTIAL's 5-22 tokens per request do."""
     from tvm_canary.geometry import Geometry
     from tvm_canary.runtime import targets
 
@@ -516,7 +516,13 @@ def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
     for (kernel, point), want in wants.items():
         assert apply.tuned_geometry(kernel, gpu, point, 2) == picks[want], (kernel, point)
     del tables["write"][4096, 1, 2]
-    assert apply.tuned_geometry("write", gpu, (64, 4), 2) == picks["long"]
+    assert apply.tuned_geometry("write", gpu, (64, 4), 2) is None
+    assert apply.tuned_geometry("write", gpu, (64, 130), 2) == picks["long"]
+    tables["write"] = {(4096, 1, 1): picks["short"], (64, 512, 1): picks["long"]}
+    wants = {(4096, 1): picks["short"], (256, 4): picks["short"], (256, 5): None, (128, 22): None,
+             (128, 23): picks["long"]}
+    for point, want in wants.items():
+        assert apply.tuned_geometry("write", gpu, point, 1) == want, point
 
 
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
@@ -530,7 +536,8 @@ def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
     """Verify in PARTIAL and ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``), and so has write's:
-    ALL thin lanes of 128, NONE and PARTIAL full blocks of 64 (long chains: the size classes); every
+    ALL thin lanes of 128, NONE full blocks of 64, PARTIAL 32 (from 5 tokens per request on: the size
+    classes); every
     verify and write default is a point of the design space (so ``tune`` measures it beside the
     candidates), and ahead-of-time builds cover the defaults of a
     specialization's modes; the CPU has one default."""
@@ -547,9 +554,11 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     assert "pairs" not in schedules.knobs("verify", True) and "pairs" in schedules.knobs("verify", True, 2)
     assert (none.thin, partial.thin, full.thin) == (0, 1, 1)  # thin where it measured faster (defaults.py)
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
-    assert [(g.threads, g.thin) for g in writes] == [(64, 0), (64, 0), (128, 1)]
+    assert [(g.threads, g.thin) for g in writes] == [(64, 0), (32, 0), (128, 1)]
     assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
-    assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 1, 0)  # paired where measured faster
+    assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 1, 1)  # paired where measured faster
+    assert all(knob_values_of(schedules.knobs("write", True, mode), geom)  # the size classes' too
+               for mode in (1, 2) for geom in targets.default_geometries("write", "cuda", mode))
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
     all_mode = specializations.spec("verify", num_sources=2, partial=False, check_token=False)
@@ -574,7 +583,10 @@ def test_the_default_geometry_follows_the_launch_size_class():
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
     from tvm_canary.schedules.space import knob_values_of
 
-    at_least, overrides = CUDA_SIZE_DEFAULTS[("verify", 2)]
+    for classes in CUDA_SIZE_DEFAULTS.values():  # by increasing bound, each reaching the previous one
+        bounds = [at_least for at_least, _ in classes]
+        assert all(targets.reaches(b, a) and a != b for a, b in zip(bounds, bounds[1:])), bounds
+    ((at_least, overrides),) = CUDA_SIZE_DEFAULTS[("verify", 2)]
     assert (at_least, overrides) == ((1 << 14) + 1, {"pairs": 0})
     paired = targets.default_geometry("verify", "cuda-sm_90", 2)
     single = dataclasses.replace(paired, pairs=0)
@@ -583,14 +595,14 @@ def test_the_default_geometry_follows_the_launch_size_class():
         assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 2) == [paired, single]
     # PARTIAL: thin and paired below the same boundary, full blocks and single-chain folds from it on.
-    assert CUDA_SIZE_DEFAULTS[("verify", 1)][0] == at_least
+    assert CUDA_SIZE_DEFAULTS[("verify", 1)][0][0] == at_least
     partial_small = targets.default_geometry("verify", "cuda-sm_90", 1)
     partial_large = targets.default_geometry("verify", "cuda-sm_90", 1, at_least)
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
     # NONE: 128 registers (min_blocks 4) up to 256K entries, 32 from there on.
-    none_bound, none_overrides = CUDA_SIZE_DEFAULTS[("verify", 0)]
+    ((none_bound, none_overrides),) = CUDA_SIZE_DEFAULTS[("verify", 0)]
     assert (none_bound, none_overrides) == ((1 << 18) + 1, {"min_blocks": 16})
     none_small = targets.default_geometry("verify", "cuda-sm_90", 0)
     none_large = dataclasses.replace(none_small, min_blocks=16)
@@ -601,19 +613,25 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert targets.default_geometries("verify", "cuda", 0) == [none_small, none_large]
     # write: chains of 23 tokens per request or more (ALL: 128) keep 8 entries in flight, shorter ones 2
     # (ALL: 1); NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full
-    # lanes where its short ones run 128 thin lanes.
+    # lanes where its short ones run 128 thin lanes. PARTIAL's chains of up to 4 tokens (a decode step's)
+    # run 264 x 32 lanes, 1 in flight, paired; from 5 on NONE's geometry.
+    none_short = targets.default_geometry("write", "cuda-sm_90", 0)
     long_lanes = {0: {}, 1: {}, 2: {"threads": 256, "thin": 0}}
     for mode, bound in ((0, 23), (1, 23), (2, 128)):
         short = targets.default_geometry("write", "cuda-sm_90", mode)
-        long = dataclasses.replace(short, unroll=8, **long_lanes[mode])
-        assert short.unroll == (1 if mode == 2 else 2)
-        points = (((4096, 1), short), ((64, bound - 1), short), ((1, bound), long), ((64, 512), long),
-                  ((1, 32768), long))
+        chains = none_short if mode == 1 else short  # from 5 tokens per request on
+        long = dataclasses.replace(chains, unroll=8, **long_lanes[mode])
+        assert chains.unroll == (1 if mode == 2 else 2)
+        points = (((4096, 1), short), ((64, 4), short), ((64, 5), chains), ((64, bound - 1), chains),
+                  ((1, bound), long), ((64, 512), long), ((1, 32768), long))
         for point, expected in points:
             assert targets.default_geometry("write", "cuda-sm_90", mode, point) == expected, (mode, point)
             assert workloads.default_of("write", (*point, mode), "cuda") == expected, (mode, point)
         assert targets.default_geometry("write", "cuda-sm_90", mode, 4096) == short  # requests alone: no class
-        assert targets.default_geometries("write", "cuda", mode) == [short, long]
+        assert targets.default_geometries("write", "cuda", mode) == list(dict.fromkeys([short, chains, long]))
+    partial_short = targets.default_geometry("write", "cuda-sm_90", 1)
+    assert (partial_short.blocks, partial_short.threads, partial_short.unroll, partial_short.pairs) == (264, 32, 1, 1)
+    assert [targets.size_class("write", "cuda", 1, (64, n)) for n in (4, 5, 22, 23)] == [0, 1, 1, 2]
     assert (targets.size_label(at_least), targets.size_label((1, 23))) == ("16385", "1x23")
     assert targets.reaches((64, 512), (1, 23)) and not targets.reaches((4096, 1), (1, 23))
     assert not targets.reaches(4096, (1, 23)) and not targets.reaches((4096,), (1, 23))

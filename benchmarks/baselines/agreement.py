@@ -39,9 +39,10 @@ def _context(device, mode, gen):
 
 # Write's cases, requests of ``range(*tokens)`` tokens each: 100-399 (a launch of 32 requests' capacity
 # with about 180 tokens per request: the long-chain size class of ``schedules.CUDA_SIZE_DEFAULTS`` in
-# every mode, ALL's from 128) and 1-3 (about 2 per request: the short-chain class, a decode step's), so
-# both of each mode's default geometries are checked.
-WRITE_TOKENS = ((100, 400), (1, 4))
+# every mode, ALL's from 128), 8-15 (about 11: PARTIAL's class from 5 tokens, below the long chains'
+# in every mode) and 1-3 (about 2 per request: below every class, a decode step's), so each of each
+# mode's default geometries is checked.
+WRITE_TOKENS = ((100, 400), (8, 16), (1, 4))
 
 
 def _write_kwargs(context, gen, device, input_assert, tokens):

@@ -47,23 +47,30 @@ def default_geometry(kernel: str, target: str, mode: int = 0, size: int | tuple 
     (``llvm``, ``cuda-sm_90``) or target kind (``llvm``, ``cuda``), launch ``mode`` (verify's or
     write's real-KV hash mode when it folds sources, else 0: ``runtime.packing``'s ``KernelCall.mode``, the
     tuning bucket's ``workloads.mode_of``) and workload point ``size`` (``KernelCall.size``, the tuning
-    bucket's ``workloads.point_of``; compared with the mode's size class, ``CUDA_SIZE_DEFAULTS``, by
-    ``reaches``; None: the default below any size class). Every default in the package (at
+    bucket's ``workloads.point_of``; the mode's size classes it reaches, ``size_class``, override the
+    mode's default in order; None: the default below any size class). Every default in the package (at
     launch, in tuning and in ahead-of-time builds) comes from here."""
     if not target.startswith("cuda"):
         return Geometry(gpu=False, **CPU_DEFAULTS[kernel])
     fields = {**CUDA_DEFAULTS[kernel], **CUDA_MODE_DEFAULTS.get((kernel, mode), {})}
-    if in_size_class(kernel, target, mode, size):
-        fields.update(CUDA_SIZE_DEFAULTS[kernel, mode][1])
+    for _, overrides in _classes(kernel, target, mode)[:size_class(kernel, target, mode, size)]:
+        fields.update(overrides)
     return Geometry(gpu=True, **fields)
 
 
-def in_size_class(kernel: str, target: str, mode: int, size: int | tuple | None) -> bool:
-    """Whether a launch of workload point ``size`` (None: below any class) in ``mode`` on ``target`` is in
-    its mode's size class (``CUDA_SIZE_DEFAULTS``, CUDA only): the one test of both the default
-    (``default_geometry``) and the tuning buckets a launch may take (``tuning.apply.tuned_geometry``)."""
-    size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode)) if target.startswith("cuda") else None
-    return size_class is not None and size is not None and reaches(size, size_class[0])
+def _classes(kernel: str, target: str, mode: int) -> tuple:
+    """The mode's size classes, ``((at_least, {field: value}), ...)`` by increasing bound (CUDA only)."""
+    return CUDA_SIZE_DEFAULTS.get((kernel, mode), ()) if target.startswith("cuda") else ()
+
+
+def size_class(kernel: str, target: str, mode: int, size: int | tuple | None) -> int:
+    """How many of its mode's size classes (``CUDA_SIZE_DEFAULTS``, CUDA only) a launch of workload point
+    ``size`` (None: below any class) in ``mode`` on ``target`` reaches: 0 below the first, the class's
+    number from it on. The one test of both the default (``default_geometry``) and the tuning buckets
+    a launch may take (``tuning.apply.tuned_geometry``)."""
+    if size is None:
+        return 0
+    return sum(reaches(size, at_least) for at_least, _ in _classes(kernel, target, mode))
 
 
 def reaches(size: int | tuple, at_least: int | tuple) -> bool:
@@ -82,12 +89,9 @@ def size_label(at_least: int | tuple) -> str:
 
 def size_classes(kernel: str, target: str, mode: int = 0) -> list[tuple[int | tuple | None, Geometry]]:
     """``(at_least, default)`` of each size class of ``kernel`` in launch ``mode`` on ``target``: the mode's
-    default first (``at_least`` None: below any class), then its size class's (``CUDA_SIZE_DEFAULTS``)."""
-    out = [(None, default_geometry(kernel, target, mode))]
-    size_class = CUDA_SIZE_DEFAULTS.get((kernel, mode)) if target.startswith("cuda") else None
-    if size_class is not None:
-        out.append((size_class[0], default_geometry(kernel, target, mode, size_class[0])))
-    return out
+    default first (``at_least`` None: below any class), then each of its size classes' (``CUDA_SIZE_DEFAULTS``)."""
+    return [(None, default_geometry(kernel, target, mode))] + [
+        (at_least, default_geometry(kernel, target, mode, at_least)) for at_least, _ in _classes(kernel, target, mode)]
 
 
 def distinct_defaults(kernel: str, target: str, modes) -> list[tuple[int, int | tuple | None, Geometry]]:

@@ -2,7 +2,7 @@
 ``Geometry`` defaults (1; ``thin`` and ``pairs`` 0). ``CUDA_MODE_DEFAULTS`` overrides fields for one
 launch mode of a kernel (verify's or write's real-KV hash mode when it folds sources: 1 = PARTIAL,
 2 = ALL; every other launch is mode 0); ``CUDA_SIZE_DEFAULTS`` overrides fields of a mode's default
-for launches from a size on (verify's entries, write's tokens per request).
+for launches from a size on (verify's entries, write's tokens per request), in one or more classes.
 ``tvm_canary.runtime.targets.default_geometry`` turns them into ``Geometry``.
 
 CUDA grids are grid-stride, so one size serves every GPU; the numbers suit a 132-SM Hopper (8 blocks
@@ -77,12 +77,20 @@ CUDA_MODE_DEFAULTS = {
     # 8.34 us), 2 in flight 0.932 / 0.917x (twenty-second session's GPU calls 1 and 2, interleaved; ptxas
     # sm_90: 112 registers and no spill instead of 255 and 60 bytes of spill stores).
     ("write", 2): {"threads": 128, "thin": 1, "pairs": 1, "unroll": 1},
+    # write in PARTIAL mode (a 32-byte prefix of each source folded) with up to 4 tokens per request (a
+    # decode step's; from 5 on: the size classes below): 264 x 32 lanes, 1 entry in flight, the sources'
+    # folds paired, the tuner's 4096 x 1 pick since the thirty-third session. Against the kernel's 528 x 64
+    # with 2 in flight, single-chain (H200, interleaved): 4096 x 1, 2048 x 2, 1024 x 4, 64 x 1, 16 x 1
+    # 0.947-0.970x, 256 x 4 0.992x, 128 x 16 / 128 x 22 1.067 / 1.074x (thirty-third session's call 2);
+    # 4096 x 1 0.914x (3.62 / 3.96 us; thirty-sixth session's call 2). MEASURED-BOUNDARY
+    ("write", 1): {"blocks": 264, "threads": 32, "unroll": 1, "pairs": 1},
 }
 
-# Size classes: ``{(kernel, mode): (at_least, {field: value})}``: a launch whose workload point
+# Size classes: ``{(kernel, mode): ((at_least, {field: value}), ...)}``: a launch whose workload point
 # (``runtime.packing.KernelCall.size``: verify's plan capacity; write's request capacity and tokens per
 # request) is at least ``at_least`` (a number: the leading size; a tuple: every coordinate) overrides
-# these fields of its mode's default (one class per kernel and mode). The CPU has none.
+# these fields of its mode's default, and each later class's over those (a mode's classes by increasing
+# bound, each bound reaching the previous one: ``runtime.targets.size_class``). The CPU has none.
 CUDA_SIZE_DEFAULTS = {
     # verify ALL above 16K entries: the sources fold one after another (pairs 0). 16K is the log-scale
     # midpoint of the 4K and 64K tuning buckets, and a tuned launch takes a bucket of its own class
@@ -95,7 +103,7 @@ CUDA_SIZE_DEFAULTS = {
     # single-chain, 1.16 / 1.02 / 1.01x paired. Single-chain meets every target from 64K up (chain 1M:
     # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
     # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
-    ("verify", 2): ((1 << 14) + 1, {"pairs": 0}),
+    ("verify", 2): (((1 << 14) + 1, {"pairs": 0}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
     # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
     # entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries from 1.24-1.28x to
@@ -103,14 +111,14 @@ CUDA_SIZE_DEFAULTS = {
     # 2026-11-30, session 3, docs/PERFORMANCE.md "Default geometries"). Against the mode's 128 registers
     # (min_blocks 4; twenty-seventh session's GPU call 1, interleaved): chain 1M / 4M / 16M 0.957 / 0.944 /
     # 0.918x, random 1.044 / 1.033 / 1.029x; one geometry serves both orders, so the cap stays.
-    ("verify", 0): ((1 << 18) + 1, {"min_blocks": 16}),
+    ("verify", 0): (((1 << 18) + 1, {"min_blocks": 16}),),
     # verify PARTIAL above 16K entries (the same boundary): 1056 x 128 with min_blocks 8, full blocks,
     # single-chain folds. The 32-register cap of NONE's default costs 1.2-1.5x at 1M-16M entries; this
     # grid (64 registers, 1024 threads per SM) is within 0.96-1.01x of the floor there (fifth-session
     # H200 run) and 1.00-1.05x in the seventeenth session's at 64K-16M. Since the fold's 8-word prefetch
     # ptxas reports 36 bytes of spill stores (2 sources) at this cap; on the H200 PARTIAL moved by at
     # most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
-    ("verify", 1): ((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
+    ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
     # 512-token tuning buckets' tokens per request; ALL: 128, below) keeps 8 entries of each chain in
     # flight, in every mode. The class follows tokens per request alone, the chain length the pipeline
@@ -122,13 +130,15 @@ CUDA_SIZE_DEFAULTS = {
     # per request the deeper pipeline costs 1.16 / 1.41 / 1.21x (4096 x 1), so short chains keep fewer
     # (NONE and PARTIAL 2, ALL 1, above). 16 in flight: 1 x 32768 0.943 / 0.964 / 0.989x, but 64 x 512
     # 0.956 / 1.005 / 1.057x.
-    ("write", 0): ((1, 23), {"unroll": 8}),
-    # PARTIAL's long chains run NONE's 64 full lanes too. The 128 thin lanes they ran before (64 x 512 and
+    ("write", 0): (((1, 23), {"unroll": 8}),),
+    # PARTIAL from 5 tokens per request runs NONE's 528 x 64 with 2 entries in flight and single-chain
+    # folds (its short chains' 264 x 32 paired lanes cost 1.07-1.09x at 128 x 16: above); its long
+    # chains NONE's 8 in flight. PARTIAL's long chains run NONE's 64 full lanes too. The 128 thin lanes they ran before (64 x 512 and
     # 1 x 32768 at 0.987 / 1.001x of 64 full lanes, twentieth session's call 3) cost 1.04-2.06x between the
     # benchmark's shapes: 64 full lanes against them 128 x 23 0.906x, 256 x 32 0.779x, 512 x 32 0.486x
     # (10.20 / 21.00 us), 64 x 64 0.922x, 32 x 128 0.958x, 64 x 512 1.006x, 1 x 32768 0.998x (H200,
     # twenty-third session's GPU call 3, ab_kernels.py, interleaved).
-    ("write", 1): ((1, 23), {"unroll": 8}),
+    ("write", 1): (((1, 5), {"blocks": 528, "threads": 64, "unroll": 2, "pairs": 0}), ((1, 23), {"unroll": 8})),
     # ALL's long chains run 256 full lanes, the tuner's choice for the 64 x 512 bucket: against 128 thin
     # lanes 64 x 512 0.947x (63.32 / 66.86 us), 1 x 32768 1.003x (3656.3 / 3644.3 us); at 4096 x 1 they
     # would cost 1.68x, so short chains keep 128 thin lanes (H200, twenty-first session's GPU call 1,
@@ -136,7 +146,7 @@ CUDA_SIZE_DEFAULTS = {
     # geometry (128 thin lanes, 1 in flight) against this one 128 x 23 0.580x (8.44 / 14.56 us), 256 x 32
     # 0.647x, 64 x 64 0.803x, 512 x 32 0.957x, 32 x 128 1.001x, 16 x 256 1.009x, 64 x 512 1.123x,
     # 1 x 32768 1.020x (twenty-third session's GPU call 4, interleaved).
-    ("write", 2): ((1, 128), {"unroll": 8, "threads": 256, "thin": 0}),
+    ("write", 2): (((1, 128), {"unroll": 8, "threads": 256, "thin": 0}),),
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches

@@ -218,9 +218,9 @@ def nearest(buckets: list[tuple], point: int | tuple) -> tuple:
 def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: int = 0) -> Geometry | None:
     """The geometry ``chosen`` selects in the bucket ``nearest`` to ``size`` among the kernel's buckets of
     ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's) and of the
-    launch's size class (``targets.in_size_class``: a launch takes a bucket measured on its own side of
-    the class bound, as its default is; when the database has none there, the nearest of the mode),
-    or None (no record: the default applies)."""
+    launch's size class (``targets.size_class``: a launch takes a bucket measured in its own class, as its
+    default is), or None: the default applies (no record; no bucket of the launch's class, whose default
+    was measured against the others' picks at other sizes)."""
     from ..runtime import targets
     from .workloads import mode_of, point_of
 
@@ -234,6 +234,8 @@ def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: i
             log.warning("tvm_canary: no tuned schedule for %s; using the default schedule", what)
         return None
     target = targets.tag_for(device)
-    in_class = targets.in_size_class(kernel, target, mode, size)
-    same_class = [b for b in buckets if targets.in_size_class(kernel, target, mode, point_of(kernel, b)) == in_class]
-    return records[kernel][nearest(sorted(same_class or buckets), size)]  # sorted: a tie goes to the smaller bucket
+    launch_class = targets.size_class(kernel, target, mode, size)
+    same_class = [b for b in buckets if targets.size_class(kernel, target, mode, point_of(kernel, b)) == launch_class]
+    if not same_class:
+        return None
+    return records[kernel][nearest(sorted(same_class), size)]  # sorted: a tie goes to the smaller bucket
