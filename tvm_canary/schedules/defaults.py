@@ -82,7 +82,7 @@ CUDA_MODE_DEFAULTS = {
     # folds paired, the tuner's 4096 x 1 pick since the thirty-third session. Against the kernel's 528 x 64
     # with 2 in flight, single-chain (H200, interleaved): 4096 x 1, 2048 x 2, 1024 x 4, 64 x 1, 16 x 1
     # 0.947-0.970x, 256 x 4 0.992x, 128 x 16 / 128 x 22 1.067 / 1.074x (thirty-third session's call 2);
-    # 4096 x 1 0.914x (3.62 / 3.96 us; thirty-sixth session's call 2). The class bound, 5 tokens, lies between
+    # 4096 x 1 0.912x, 256 x 4 1.015x, 128 x 16 1.086x (thirty-sixth session's call 2). The class bound, 5 tokens, lies between
     # the measured shapes: 4 tokens per request gained (1024 x 4) or broke even (256 x 4), 16 lost.
     ("write", 1): {"blocks": 264, "threads": 32, "unroll": 1, "pairs": 1},
 }
