@@ -82,8 +82,9 @@ CUDA_MODE_DEFAULTS = {
     # folds paired, the tuner's 4096 x 1 pick since the thirty-third session. Against the kernel's 528 x 64
     # with 2 in flight, single-chain (H200, interleaved): 4096 x 1, 2048 x 2, 1024 x 4, 64 x 1, 16 x 1
     # 0.947-0.970x, 256 x 4 0.992x, 128 x 16 / 128 x 22 1.067 / 1.074x (thirty-third session's call 2);
-    # 4096 x 1 0.912x, 256 x 4 1.015x, 128 x 16 1.086x (thirty-sixth session's call 2). The class bound, 5 tokens, lies between
-    # the measured shapes: 4 tokens per request gained (1024 x 4) or broke even (256 x 4), 16 lost.
+    # 4096 x 1 0.912x, 256 x 4 1.015x, 128 x 16 1.086x (thirty-sixth session's call 2). The class bound,
+    # 5 tokens, lies between the measured shapes: 4 tokens per request gained (1024 x 4) or broke even
+    # (256 x 4), 16 lost.
     ("write", 1): {"blocks": 264, "threads": 32, "unroll": 1, "pairs": 1},
 }
 
@@ -133,8 +134,8 @@ CUDA_SIZE_DEFAULTS = {
     # 0.956 / 1.005 / 1.057x.
     ("write", 0): (((1, 23), {"unroll": 8}),),
     # PARTIAL from 5 tokens per request runs NONE's 528 x 64 with 2 entries in flight and single-chain
-    # folds (its short chains' 264 x 32 paired lanes cost 1.07-1.09x at 128 x 16: above); its long
-    # chains NONE's 8 in flight. PARTIAL's long chains run NONE's 64 full lanes too. The 128 thin lanes they ran before (64 x 512 and
+    # folds (its short chains' 264 x 32 paired lanes cost 1.07-1.09x at 128 x 16: above), from 23 on
+    # NONE's 8 in flight on the same 64 full lanes. The 128 thin lanes its long chains ran before (64 x 512 and
     # 1 x 32768 at 0.987 / 1.001x of 64 full lanes, twentieth session's call 3) cost 1.04-2.06x between the
     # benchmark's shapes: 64 full lanes against them 128 x 23 0.906x, 256 x 32 0.779x, 512 x 32 0.486x
     # (10.20 / 21.00 us), 64 x 64 0.922x, 32 x 128 0.958x, 64 x 512 1.006x, 1 x 32768 0.998x (H200,

@@ -219,8 +219,8 @@ def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: i
     """The geometry ``chosen`` selects in the bucket ``nearest`` to ``size`` among the kernel's buckets of
     ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's) and of the
     launch's size class (``targets.size_class``: a launch takes a bucket measured in its own class, as its
-    default is), or None: the default applies (no record; no bucket of the launch's class, whose default
-    was measured against the others' picks at other sizes)."""
+    default is), or None: the default applies (no record; or no bucket of the launch's class, since
+    another class's pick was measured against another default)."""
     from ..runtime import targets
     from .workloads import mode_of, point_of
 
