@@ -79,7 +79,7 @@ CUDA_MODE_DEFAULTS = {
     ("write", 2): {"threads": 128, "thin": 1, "pairs": 1, "unroll": 1},
     # write in PARTIAL mode (a 32-byte prefix of each source folded) with up to 4 tokens per request (a
     # decode step's; from 5 on: the size classes below): 264 x 32 lanes, 1 entry in flight, the sources'
-    # folds paired, the tuner's 4096 x 1 pick since the thirty-third session. Against the kernel's 528 x 64
+    # folds paired, the tuner's 4096 x 1 pick in the thirty-second session. Against the kernel's 528 x 64
     # with 2 in flight, single-chain (H200, interleaved): 4096 x 1, 2048 x 2, 1024 x 4, 64 x 1, 16 x 1
     # 0.947-0.970x, 256 x 4 0.992x, 128 x 16 / 128 x 22 1.067 / 1.074x (thirty-third session's call 2);
     # 4096 x 1 0.912x, 256 x 4 1.015x, 128 x 16 1.086x (thirty-sixth session's call 2). The class bound,
