@@ -32,7 +32,7 @@ stamped per token (+ the folded source bytes). Plan: 32 B written per verify ent
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
-        [--json OUT.json [--resume]]
+        [--json OUT.json [--resume [--redo KERNEL ...]]]
 
 ``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
 every kernel that file finished (a kernel's rows are written when its sweep ends), runs the rest of
@@ -41,7 +41,9 @@ every kernel that file finished (a kernel's rows are written when its sweep ends
 model, driver, versions, defaults and options; ``parts`` records each invocation's kernels, wall time,
 empty launch and register-only chain (a row's floors are always timed in its own process). A complete
 run on a freshly started host can take longer than one call of a lent GPU allows (600 s; the twenty-first
-session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``.
+session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``. ``--redo write``
+(with ``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel
+alone (its code, defaults or database); the part that timed the dropped rows names them ``replaced``.
 
 Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
 freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
@@ -772,21 +774,24 @@ def environment() -> dict:
 RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
 
 
-def resume_run(prior: dict, now: dict, kernels: list[str]) -> tuple[list, list[str]]:
-    """(rows kept: every row of ``prior``, kernels of ``kernels`` still to run) when the run ``prior`` (a
+def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[list, list[str], list]:
+    """(rows kept, kernels of ``kernels`` still to run, ``prior``'s ``parts``) when the run ``prior`` (a
     ``--json`` file) is continued by an invocation whose environment, options and default geometries
     are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError``
     naming the first difference when it is not the same run (a kept kernel's defaults are those its
-    rows ran, ``prior``'s ``default_geometries``)."""
+    rows ran, ``prior``'s ``default_geometries``). Every row is kept but those of the kernels ``redo``
+    (``--redo``), which run again; a part that timed them names them ``replaced``."""
     for key in ("env", *RESUME_KEYS):
         if prior.get(key) != now[key]:
             raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
-    done = {row["kernel"] for row in prior["rows"]}
+    done = {row["kernel"] for row in prior["rows"]} - set(redo)
     for kernel in done & set(kernels):
         if prior["default_geometries"].get(kernel) != now["default_geometries"][kernel]:
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, this checkout's are {now['default_geometries'][kernel]!r}")
-    return list(prior["rows"]), [k for k in kernels if k not in done]
+    parts = [{**part, "replaced": replaced} if (replaced := [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())])
+             else part for part in prior.get("parts", [])]
+    return [row for row in prior["rows"] if row["kernel"] in done], [k for k in kernels if k not in done], parts
 
 
 def finish(rows):
@@ -843,6 +848,8 @@ def main(argv=None) -> int:
                     help="extra plan geometries to time, BLOCKSxTHREADS[kTILE] (tile: the default's), e.g. 528x512 2112x512k1024")
     ap.add_argument("--json", help="write the rows and the run's environment here")
     ap.add_argument("--resume", action="store_true", help="continue the run in --json: keep the kernels it finished, run the rest")
+    ap.add_argument("--redo", nargs="+", default=[], choices=("verify", "write", "plan", "scatter"), metavar="KERNEL",
+                    help="with --resume: drop these finished kernels' rows and time them again (after a change to them alone)")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -864,6 +871,8 @@ def main(argv=None) -> int:
             return fail(f"--plan-candidates {c!r}: expected BLOCKSxTHREADS[kTILE], e.g. 528x512k1024")
     if args.resume and not (args.json and os.path.exists(args.json)):
         return fail("--resume continues the run in --json: give --json a run's file")
+    if args.redo and not (args.resume and set(args.redo) <= set(args.kernels)):
+        return fail("--redo times kernels of a run again: give --resume, and --kernels including them")
 
     sys.path.insert(0, HERE)
     import floors
@@ -886,7 +895,8 @@ def main(argv=None) -> int:
         with open(args.json) as f:
             prior = json.load(f)
         try:
-            rows, kernels = resume_run(prior, {"env": env, "default_geometries": defaults, **options}, kernels)
+            rows, kernels, prior["parts"] = resume_run(prior, {"env": env, "default_geometries": defaults, **options}, kernels,
+                                                       args.redo)
         except ValueError as e:
             return fail(str(e))
         if not kernels:

@@ -196,7 +196,9 @@ def markdown(run) -> str:
         lines += [f"The run was made in {len(parts)} invocations (`bench_kernels.py --resume`), each timing its rows' "
                   "floors in its own process: " + "; ".join(
                       f"{', '.join(p['kernels']) or 'nothing'} in {p['wall_s']:.0f} s (empty launch {p['empty_us']:.2f} µs, "
-                      f"register-only chain {p['chain_ns']:.1f} ns/step)" for p in parts) + ".", ""]
+                      f"register-only chain {p['chain_ns']:.1f} ns/step"
+                      + (f"; its {', '.join(p['replaced'])} rows replaced by a later invocation's" if p.get("replaced") else "")
+                      + ")" for p in parts) + ".", ""]
     if not run.get("complete", True):
         lines += ["**Incomplete run**: only the kernels below finished before it stopped.", ""]
     baselines = [b for b in BASELINES if any(b in r.get("baselines", {}) for r in run["rows"])]

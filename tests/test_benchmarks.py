@@ -104,8 +104,18 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
     now = {"env": env, **options, "default_geometries": defaults}
     kernels = ["verify", "write", "plan", "scatter"]
-    assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], ["write", "plan", "scatter"])
-    assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"])  # a finished kernel's rows are kept
+    assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], ["write", "plan", "scatter"], [])
+    assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"], [])  # a finished kernel's rows are kept
+    # --redo: a finished kernel's rows are dropped and timed again, even at other defaults (a change to it
+    # alone); the part that timed them says so
+    parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
+    write_row = _row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", n=4096)
+    both = {**prior, "rows": [verify_row, write_row], "parts": parts,
+            "default_geometries": {"verify": defaults["verify"], "write": "528x64u4"}}
+    assert bench_kernels.resume_run(both, now, kernels, ["write"]) == (
+        [verify_row], ["write", "plan", "scatter"], [{**parts[0], "replaced": ["write"]}])
+    with pytest.raises(ValueError, match="timed write's defaults"):
+        bench_kernels.resume_run(both, now, kernels)
     refused = [({**now, "env": {**env, "driver": "575.0"}}, "env"), ({**now, "ab": False}, "ab"),
                ({**now, "baselines": []}, "baselines"),
                ({**now, "default_geometries": {**defaults, "verify": "1056x128m8"}}, "verify's defaults")]
@@ -119,6 +129,9 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     text = plot.markdown(run)
     assert ("The run was made in 2 invocations (`bench_kernels.py --resume`), each timing its rows' floors in its own "
             "process: verify in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step); write in 186 s") in text
+    run["parts"][0] = {**run["parts"][0], "kernels": ["verify", "write"], "replaced": ["write"]}
+    assert ("verify, write in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; its write rows replaced by "
+            "a later invocation's); write in 186 s") in plot.markdown(run)
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
