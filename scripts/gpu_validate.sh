@@ -2,7 +2,8 @@
 # One GPU validation session (repo root):
 #   bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [conformance] [bench] [embedding]
 # (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_SECONDS: bench's limit, default 900)
-#   tune:  MetaSchedule tuning of all kernels at 20 trials in at most 420 s, on top of tune_logs/ (databases in
+#   tune:  MetaSchedule tuning of all kernels at 20 trials in at most 420 s (no workload starts that would end past
+#          380 s of the run: exit 3, the rest listed), on top of tune_logs/ (databases in
 #          OUTDIR/tune.tgz; the committed databases are compacted, so every bucket is measured again: a
 #          whole tune at 32 trials took 481.5 s on an H200 in the sixteenth session, docs/PERFORMANCE.md "Tuning")
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
@@ -54,7 +55,8 @@ python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', tor
 if wants tune; then
   echo "== tune" | tee "$out/tune.log"
   mkdir -p /tmp/tune_logs && cp -r tune_logs/. /tmp/tune_logs/  # resume from the committed databases
-  timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --out /tmp/tune_logs ${TUNE_ARGS:-} > "$out/tune-full.log" 2>&1
+  # --time-limit: no workload starts that would end past it (exit 3), so the table and database stay whole
+  timeout 420 python3 -m tvm_canary tune --target cuda --trials 20 --time-limit 380 --out /tmp/tune_logs ${TUNE_ARGS:-} > "$out/tune-full.log" 2>&1
   check tune $?
   # the tune's table (a header, one row per workload: 24 for the whole H200 database) and its summary lines
   grep -v "INFO\|^ \|^--\|^Total\|^$" "$out/tune-full.log" | tail -32 | tee -a "$out/tune.log"

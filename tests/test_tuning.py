@@ -976,3 +976,35 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
     assert "every candidate failed (the default's: torch.OutOfMemoryError" in out
     assert "tvm-canary tune: error: nothing measured for 1 workload: scatter (8, 16)" in err
     assert (tmp_path / keys.device_key(torch.device("cpu"))).is_dir()
+
+
+def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, capsys):
+    """``--time-limit``: a workload starts only while the run's time plus its longest workload so far stays
+    within the limit; the rest are listed, keep their records, and the command exits 3 with the table
+    of the workloads it tuned (none is cut)."""
+    import types
+
+    from tvm_canary.tuning import command, driver, measure
+
+    clock = [0.0]
+    monkeypatch.setattr(command, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(measure, "CandidateBuilder", _FailingBuilder)
+    idle_runner = types.SimpleNamespace(pool=types.SimpleNamespace(shutdown=lambda: None))
+    monkeypatch.setattr(driver, "local_runner", lambda: idle_runner)
+    monkeypatch.setattr(driver, "build_defaults", lambda *args: {})
+
+    def tune_workload(kernel, bucket, *args):
+        clock[0] += 10.0
+        return driver.Result(kernel, bucket, 2, 2, 2.0, 1.0, "geometry", seconds=10.0)
+
+    monkeypatch.setattr(driver, "tune_workload", tune_workload)
+    argv = ["tune", "--target", "llvm", "--kernels", "verify", "write", "plan", "--workloads", "ci",
+            "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms")]
+    rc = main([*argv, "--time-limit", "25"])
+    out, err = capsys.readouterr()
+    assert rc == 3
+    assert "2 workloads in 20.0 s" in out  # verify (1024,) and (1024, 2): a third would end at 30 s
+    assert ("stopped at --time-limit 25 s: 2 workloads not tuned in this run, keeping their earlier records: "
+            "write (8, 16), plan (8, 16)") in err
+    clock[0] = 0.0
+    assert main(argv) == 0 and "4 workloads in 40.0 s" in capsys.readouterr().out

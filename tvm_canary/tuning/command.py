@@ -1,7 +1,7 @@
 """``tvm-canary tune``: tune the kernels' geometries on this machine's device with MetaSchedule.
 
     tvm-canary tune --target cuda|llvm [--kernels ...] [--trials N] [--workloads PRESET] [--out DIR]
-                    [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
+                    [--time-limit SECONDS] [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
 
 Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``,
 or the user's folder for an installed package); workloads already in it with at least N measured
@@ -11,7 +11,11 @@ that of their device. Ends with a table: kernel, workload, candidates, candidate
 in this run, default time, tuned time, speedup, the workload's wall seconds and the part of them spent
 waiting on builds; then the run's totals. A workload that measured nothing (every candidate and
 the default failed) shows its error there and makes the command exit 1 (the database is still
-written; that workload runs the default).
+written; that workload runs the default). ``--time-limit``: no workload starts once the run's time
+(from the defaults' builds on, after the process's start) plus its longest workload so far would pass
+the limit (a lent device's call, an outer ``timeout``);
+the workloads left are listed, keep their earlier records, and make the command exit 3 (a later run
+resumes them). A workload is never cut, so the database and the table stay whole.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
                    help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
     p.add_argument("--out", type=pathlib.Path, default=keys.default_out_dir(), help="database root (one folder per device key)")
+    p.add_argument("--time-limit", type=float, default=math.inf, metavar="SECONDS",
+                   help="start no workload that would end past SECONDS of the run (judged by its longest workload so far); "
+                        "the rest keep their records and the command exits 3")
     p.add_argument("--log-dir", type=pathlib.Path, default=None,
                    help="MetaSchedule's log folder; default: a new folder under <kernel cache>/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
@@ -78,14 +85,18 @@ def run(args: argparse.Namespace) -> int:
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
     builder, runner = CandidateBuilder(), make_runner()
-    defaults = {}
+    defaults, results, left = {}, [], []
     try:
         start = time.monotonic()
         defaults = build_defaults(jobs, tag, db, builder, args.trials)
         defaults_seconds = time.monotonic() - start
-        results = [tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose,
-                                 defaults.pop((kernel, bucket), None))
-                   for kernel, bucket in tqdm(jobs, desc=f"tune {key}")]
+        for kernel, bucket in tqdm(jobs, desc=f"tune {key}"):
+            longest = max((r.seconds for r in results), default=0.0)
+            if left or time.monotonic() - start + longest > args.time_limit:
+                left.append((kernel, bucket))
+                continue
+            results.append(tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose,
+                                         defaults.pop((kernel, bucket), None)))
     finally:
         for built in defaults.values():  # left by a run that stopped early
             discard_build(built)
@@ -116,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on {where} ({key}); rows with fewer new than candidates also show the "
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
+    if left:
+        print(f"tvm-canary tune: stopped at --time-limit {args.time_limit:g} s: {len(left)} workload{'s' if len(left) != 1 else ''} "
+              f"not tuned in this run, keeping their earlier records: {', '.join(f'{k} {b}' for k, b in left)}", file=sys.stderr)
     if failed:
         # The database is written and usable (those workloads run the default), but the run is not whole.
         print(f"tvm-canary tune: error: nothing measured for {len(failed)} workload{'s' if len(failed) != 1 else ''}: "
               f"{', '.join(failed)} (reasons in the table above)", file=sys.stderr)
         return 1
-    return 0
+    return 3 if left else 0
