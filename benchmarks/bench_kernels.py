@@ -789,8 +789,11 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[lis
         if prior["default_geometries"].get(kernel) != now["default_geometries"][kernel]:
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, this checkout's are {now['default_geometries'][kernel]!r}")
-    parts = [{**part, "replaced": replaced} if (replaced := [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())])
-             else part for part in prior.get("parts", [])]
+
+    def replaced(part) -> list[str]:  # the kernels of a part whose rows a later invocation timed again
+        return [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())]
+
+    parts = [{**part, "replaced": replaced(part)} if replaced(part) else part for part in prior.get("parts", [])]
     return [row for row in prior["rows"] if row["kernel"] in done], [k for k in kernels if k not in done], parts
 
 

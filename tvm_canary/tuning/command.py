@@ -13,9 +13,9 @@ waiting on builds; then the run's totals. A workload that measured nothing (ever
 the default failed) shows its error there and makes the command exit 1 (the database is still
 written; that workload runs the default). ``--time-limit``: no workload starts once the run's time
 (from the defaults' builds on, after the process's start) plus its longest workload so far would pass
-the limit (a lent device's call, an outer ``timeout``);
-the workloads left are listed, keep their earlier records, and make the command exit 3 (a later run
-resumes them). A workload is never cut, so the database and the table stay whole.
+the limit (a lent device's call, an outer ``timeout``); the workloads left are listed, keep their
+earlier records, and make the command exit 3 (a later run resumes them). A workload is never cut, so
+the database and the table stay whole.
 """
 
 from __future__ import annotations
