@@ -59,3 +59,19 @@ def test_specializations_are_checked_against_the_enumeration():
     assert specializations.launch_mode("verify", (0, False, True)) == 0
     with pytest.raises(TypeError, match="has_lut"):
         specializations.spec("plan", has_lut=True)
+
+
+def test_the_tracked_tree_fits_beside_the_gpu_bundle():
+    """The tracked files stay under 2 MiB: a lent GPU call carries at most 64 MiB, and the TVM compiler
+    bundle it runs with (``.gpu-bundle``, docs/gpu-validation.md) takes about 61 MiB of them. Old result
+    files and session records are retired with a ``git show <commit>:<path>`` pointer."""
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    paths = [root / name for name in listed.decode().split("\0") if name]
+    size = sum(path.stat().st_size for path in paths if path.is_file())
+    assert size < 2 * 1024 * 1024, f"the tracked tree holds {size} bytes, over 2 MiB: retire old data or records"
