@@ -217,13 +217,21 @@ def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> No
     """Commit a measurement of ``geom`` on the workload ``mod`` (``run_secs``: seconds per launch of the
     case, a repeat at a time, as ``measure.run_case`` gives them) as a tuning record (its trace
     decides every knob to ``geom``'s value); ``tune`` does it for the default geometry."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
+
+    sch = scheduled(mod, knobs, geom)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [float(t) for t in run_secs], target, args_info))
+
+
+def scheduled(mod, knobs: dict, geom):
+    """A schedule of the workload ``mod`` whose trace decides every knob to ``geom``'s value (what the
+    design space samples for that candidate)."""
+    import tvm
 
     sch = tvm.s_tir.Schedule(mod)
     make_space(knobs, geom)(sch)
-    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [float(t) for t in run_secs], target, args_info))
+    return sch
 
 
 def measure_candidate(builder, runner, mod, target, built=None, geometry=None) -> tuple[list, str]:
@@ -233,13 +241,10 @@ def measure_candidate(builder, runner, mod, target, built=None, geometry=None) -
     annotated as its candidate would be), measured and checked against the reference by ``runner`` like
     a candidate (seconds per launch of the case, a repeat at a time); ([], the error's
     ``error_summary``) when that failed. The build's artifact is removed."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     if geometry is not None:
-        sch = tvm.s_tir.Schedule(mod)
-        make_space(*geometry)(sch)
-        mod = sch.mod
+        mod = scheduled(mod, *geometry).mod
     if built is None:
         (built,) = builder.build([ms.builder.BuilderInput(mod, target)])
     if built.error_msg:
