@@ -126,17 +126,39 @@ def slot_hash(h, buf, s):
         mix3(h, buf[s, CANARY_FIELD_TOKEN], buf[s, CANARY_FIELD_POSITION])
 
 
+# The row of a slot's strip on CUDA, ``slot / page_size``, without a division when the page holds one
+# token. Written as ``page_size == 1 ? slot : slot / page_size`` (in TensorIR or in CUDA), the test is
+# folded away: slot / 1 is slot, so the optimizer keeps the division alone, and every fold then divides
+# (sm_90 SASS of the write PARTIAL and ALL kernels: an unsigned 32-bit division, about 20 dependent
+# instructions, between the slot's load and the source's). The empty ``asm`` hides that the divisor is
+# the page size, so the test stays, and so does the branch around the division (a division by an
+# unknown value cannot be executed ahead of its test). Measured with the write fold lanes' divisions
+# (kernels/write.py) in docs/PERFORMANCE-HISTORY.md, "What the thirty-seventh session changed and measured".
+STRIP_ROW = """
+__device__ __forceinline__ long long canary_strip_row(long long slot, long long page_size) {
+  if (page_size == 1) return slot;
+  long long divisor = page_size;
+  asm("" : "+l"(divisor));
+  return slot / divisor;
+}
+"""
+
+
 @T.macro
-def strip_start(rc, slot, page_size, token_words):
+def strip_start(rc, slot, page_size, token_words, gpu):
     """rc[0], rc[1] := row and first word of the slot's strip: ``slot // page_size`` and
     ``(slot % page_size) * token_words`` for slot >= 0, page_size >= 1 (one truncating division,
-    none when page_size is 1: a 64-bit division is a slow subroutine call on CUDA)."""
-    rc[0] = T.if_then_else(page_size == T.int64(1), slot, T.truncdiv(slot, page_size))
+    none when page_size is 1 on CUDA, ``STRIP_ROW``: a 64-bit division is a slow subroutine call
+    there). ``gpu``: a Python bool, whether the kernel is built for CUDA."""
+    if gpu:
+        rc[0] = T.cuda.func_call("canary_strip_row", slot, page_size, source_code=STRIP_ROW, return_type="int64")
+    else:
+        rc[0] = T.truncdiv(slot, page_size)
     rc[1] = (slot - rc[0] * page_size) * token_words
 
 
 @T.macro
-def load_head(front, at, src, page_size, token_words, slot):
+def load_head(front, at, src, page_size, token_words, slot, gpu):
     """The front at ``front[at:]`` (FRONT_WORDS) := the slot's strip start in src and its HEAD_WORDS
     (two) head words, which every fold reads (PARTIAL reads exactly these).
 
@@ -144,7 +166,7 @@ def load_head(front, at, src, page_size, token_words, slot):
     ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
     """
     rc = T.alloc_buffer((2,), "int64", scope="local")
-    strip_start(rc, slot, page_size, token_words)
+    strip_start(rc, slot, page_size, token_words, gpu)
     front[at + FRONT_ROW] = rc[0]
     front[at + FRONT_COL] = rc[1]
     front[at + FRONT_HEAD] = src[rc[0], rc[1]]
@@ -257,16 +279,17 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
 
 
 @T.macro
-def load_heads(front, base, srcs, params, num_sources, slot):
-    """Fronts ``front[base + FRONT_WORDS * j:]`` of sources j < num_sources: strip starts and head words."""
+def load_heads(front, base, srcs, params, num_sources, slot, gpu):
+    """Fronts ``front[base + FRONT_WORDS * j:]`` of sources j < num_sources: strip starts and head words
+    (``gpu``: a Python bool, whether the kernel is built for CUDA)."""
     if num_sources > 0:
-        load_head(front, base, srcs[0], params[0][0], params[0][1], slot)
+        load_head(front, base, srcs[0], params[0][0], params[0][1], slot, gpu)
     if num_sources > 1:
-        load_head(front, base + FRONT_WORDS, srcs[1], params[1][0], params[1][1], slot)
+        load_head(front, base + FRONT_WORDS, srcs[1], params[1][0], params[1][1], slot, gpu)
     if num_sources > 2:
-        load_head(front, base + 2 * FRONT_WORDS, srcs[2], params[2][0], params[2][1], slot)
+        load_head(front, base + 2 * FRONT_WORDS, srcs[2], params[2][0], params[2][1], slot, gpu)
     if num_sources > 3:
-        load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot)
+        load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot, gpu)
 
 
 def paired(j: int, num_sources: int) -> bool:

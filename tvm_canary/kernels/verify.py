@@ -110,7 +110,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
                 row[consts.VIOLATION_FIELD_EXPECTED_AUX] = T.int64(0)
             else:
                 if pairs:
-                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
+                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot, geom.gpu)
                     load_batches(front, 0, launch.srcs, launch.params, num_sources)
                 st = launch.buf[slot, consts.CANARY_FIELD_TOKEN]
                 sp = launch.buf[slot, consts.CANARY_FIELD_POSITION]
@@ -134,7 +134,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
                 if sp != ep:
                     bits[0] = bits[0] | POSITION
                 if not pairs:
-                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
+                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot, geom.gpu)
                 fold(acc, part, front, 0, launch.srcs, launch.params, num_sources)
                 if sr != T.reinterpret("int64", acc[0]):
                     bits[0] = bits[0] | REAL_KV

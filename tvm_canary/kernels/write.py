@@ -507,22 +507,40 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
         n = launch.ocl.shape[0]
         s0 = T.min(T.max(launch.offsets[r], T.int64(0)), n)
         s1 = T.min(T.max(launch.offsets[r + 1], s0), n)
+        first = T.alloc_buffer((1,), "int64", scope="local")
         if launch.seeds[r] < launch.buf.shape[0]:
-            for g in T.serial((T.max(s1 - s0 - lane, T.int64(0)) + width * U - 1) // (width * U)):
+            # a loop on the group's first entry, not over a trip count: that count's 64-bit division
+            # would sit between the offsets' load and the slots' on a short request's path
+            first[0] = s0 + lane
+            while first[0] < s1:
                 for u in T.unroll(U):
-                    i = s0 + lane + (g * U + u) * width
+                    i = first[0] + u * width
                     slot_u[u] = T.Select(i < s1, launch.ocl[T.min(i, s1 - 1)], T.int64(-1))
                 for u in T.unroll(U):
                     check_slot(ok, slot_u[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                     ok_u[u] = ok[0]
                     if ok[0] != 0:
-                        load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
+                        load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u],
+                                   geom.gpu)
                 for u in T.unroll(U):
                     if ok_u[u] != 0:
                         if pairs:
                             load_batches(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
                         fold(acc, part, front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
                         launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
+                first[0] = first[0] + width * U
+
+    @T.macro
+    def fold_lanes(fold_map, fold_lane, total, requests):
+        """fold_map := the fold phase's ``width`` lanes per request for ``requests`` requests
+        (``max(1, total // requests)`` of its ``total`` lanes; an int32 of at least 1), its request
+        stride ``total // width``, and lane ``fold_lane``'s first request ``fold_lane // width`` and rank
+        ``fold_lane % width``."""
+        width = T.max(T.truncdiv(total, requests), 1)
+        fold_map[0] = width
+        fold_map[1] = T.truncdiv(total, width)
+        fold_map[2] = T.truncdiv(fold_lane, width)
+        fold_map[3] = T.truncmod(fold_lane, width)
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
@@ -643,6 +661,8 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
             all_valid = T.alloc_buffer((1,), "int32", scope="local")
             holds_seed = T.alloc_buffer((1,), "int32", scope="local")
             saved = T.alloc_buffer((1,), "int32", scope="local")
+            if num_sources > 0:  # the fold phase's lane mapping (fold_lanes)
+                fold_map = T.alloc_buffer((4,), "int32", scope="local")
             active = T.max(T.min(T.Cast("int64", num_valid_reqs[0]), cap), T.int64(0))
             tally = T.meta_var(Tally(kernel_counter))  # its slots are counted per warp (add_written)
             for t in lanes(geom, TH):
@@ -651,18 +671,23 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
                 # Phase 0 (real-KV modes): `width` lanes per request (as many as the grid affords, so a
                 # few long requests fold in parallel) write field 3 of every slot it stamps. Fields 3
                 # and 0-2 are disjoint and the chain reads only seed slots, so phase 1 need not wait.
+                # The lanes are mapped first for the plan's capacity (a shape; active <= cap), which
+                # depends on no load: its divisions run while the active count loads, and they are the
+                # mapping whenever the active count gives the same width (a multiplication checks).
+                # Only a launch whose active requests get more lanes each divides after the load.
                 if num_sources > 0:
+                    fold_lane = T.meta_var(T.Cast("int32", (T.Cast("int64", b) - stamp_blocks * FOLD_BLOCKS)
+                                                  * block_lanes + T.Cast("int64", t)))
+                    capacity = T.meta_var(T.Cast("int32", T.max(T.min(cap, T.Cast("int64", total)), T.int64(1))))
+                    fold_lanes(fold_map, fold_lane, total, capacity)
                     if b >= stamp_blocks * FOLD_BLOCKS and works:
-                        lane = T.Cast("int32", (T.Cast("int64", b) - stamp_blocks * FOLD_BLOCKS) * block_lanes
-                                      + T.Cast("int64", t))
-                        width = T.max(T.truncdiv(total, T.max(T.Cast("int32", active), 1)), 1)
-                        stride = T.truncdiv(total, width)
-                        if lane < stride * width:
-                            r[0] = T.Cast("int64", T.truncdiv(lane, width))
+                        if active * T.Cast("int64", fold_map[0] + 1) <= T.Cast("int64", total):
+                            fold_lanes(fold_map, fold_lane, total, T.max(T.Cast("int32", active), 1))
+                        if fold_lane < fold_map[1] * fold_map[0]:
+                            r[0] = T.Cast("int64", fold_map[2])
                             while r[0] < active:
-                                fold_request(r[0], T.Cast("int64", T.truncmod(lane, width)), T.Cast("int64", width),
-                                             launch)
-                                r[0] = r[0] + T.Cast("int64", stride)
+                                fold_request(r[0], T.Cast("int64", fold_map[3]), T.Cast("int64", fold_map[0]), launch)
+                                r[0] = r[0] + T.Cast("int64", fold_map[1])
 
                 # Phase 1: each request's chain is stamped (fields 0-2; field 3 too in NONE mode) and
                 # its chunk marked if it has violation rows (or a seed save). With fewer requests than warps, each
