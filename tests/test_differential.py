@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tvm_canary.cases import CASES, LAUNCH, REFERENCE
-from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH
+from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH, RealKvHashMode
 from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS, Geometry
 from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
 from tvm_canary.runtime import compile as compile_
@@ -133,6 +133,42 @@ def test_write_request_lane_mappings(device, shape):
             run_differential("write", device, seed, shape=shape)
         except AssertionError as e:
             raise AssertionError(f"write on {device}, {requests} x {tokens}, seed {seed}: {e}") from e
+
+
+# A CPU grid of several blocks (one lane each), as CUDA's write folds: its fold lanes then number the
+# blocks (``kernels.write``, phase 0).
+FOLD_GRID_BLOCKS = 48
+
+
+def fold_lane_widths(case: dict) -> tuple[int, int]:
+    """(lanes per request for the plan's capacity, for its active requests) of write's fold phase on a
+    CPU grid of FOLD_GRID_BLOCKS blocks: ``max(1, lanes // requests)`` of ``min(max(N, cap), blocks)``
+    lanes (``kernels.common.work_grid`` with one lane per block)."""
+    cap = case["plan"].write_seed_slot_indices.shape[0]
+    active = min(max(int(case["plan"].write_num_valid_reqs[0]), 0), cap)
+    lanes = max(min(max(case["out_cache_loc"].shape[0], cap), FOLD_GRID_BLOCKS), 1)
+    return max(lanes // min(cap, lanes), 1), max(lanes // max(active, 1), 1)
+
+
+def test_write_fold_lanes_over_several_blocks(monkeypatch):
+    """Write's fold lanes map themselves for the plan's capacity, and again for the active requests
+    when those get more lanes each (``kernels.write.fold_lanes``): a CPU grid of several blocks runs
+    both mappings (the default CPU grid, one block, only the first), in the real-KV modes the seeded
+    contexts draw, and stamps the reference's bytes. The cases must reach both."""
+    monkeypatch.setitem(targets.CPU_DEFAULTS, "write", {"blocks": FOLD_GRID_BLOCKS, "unroll": 2, "pairs": 1})
+    monkeypatch.setenv("TVM_CANARY_TUNED", "0")
+    monkeypatch.setattr(compile_, "_by_launch", {})
+    same, more = 0, 0
+    for seed in range(ITERATIONS["cpu"] // 3):
+        case = CASES["write"](torch.Generator().manual_seed(seed), "cpu")
+        if case["context"].real_kv_hash_mode != RealKvHashMode.NONE and case["context"].real_kv_sources:
+            with_cap, with_active = fold_lane_widths(case)
+            same, more = same + (with_cap == with_active), more + (with_cap != with_active)
+        try:
+            run_differential("write", "cpu", seed)
+        except AssertionError as e:
+            raise AssertionError(f"write over {FOLD_GRID_BLOCKS} CPU blocks, seed {seed}: {e}") from e
+    assert same and more, (same, more)
 
 
 @pytest.mark.parametrize("device", devices())
