@@ -672,9 +672,11 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
                 # few long requests fold in parallel) write field 3 of every slot it stamps. Fields 3
                 # and 0-2 are disjoint and the chain reads only seed slots, so phase 1 need not wait.
                 # The lanes are mapped first for the plan's capacity (a shape; active <= cap), which
-                # depends on no load: its divisions run while the active count loads, and they are the
-                # mapping whenever the active count gives the same width (a multiplication checks).
-                # Only a launch whose active requests get more lanes each divides after the load.
+                # depends on no load, and that is the mapping whenever the active count gives the same
+                # width (a multiplication checks); only a launch whose active requests get more lanes
+                # each maps them again. The width's division then runs while the active count loads
+                # (sm_90: ptxas merges the request's and rank's divisions with the second mapping's, so
+                # they still follow the load).
                 if num_sources > 0:
                     fold_lane = T.meta_var(T.Cast("int32", (T.Cast("int64", b) - stamp_blocks * FOLD_BLOCKS)
                                                   * block_lanes + T.Cast("int64", t)))
