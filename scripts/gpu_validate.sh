@@ -8,7 +8,7 @@
 #          whole tune at 32 trials took 481.5 s on an H200 in the sixteenth session, docs/PERFORMANCE.md "Tuning")
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
-#   sanitize: a fuzz campaign under compute-sanitizer memcheck and racecheck (scripts/sanitize.sh; SANITIZE_SECONDS)
+#   sanitize: a fuzz campaign under compute-sanitizer memcheck, racecheck and synccheck (scripts/sanitize.sh; SANITIZE_SECONDS, SANITIZE_TOOLS)
 #   conformance: tvm-canary conformance over the CPU and every visible GPU in one process, then one process
 #          per GPU (torch.distributed.run, NCCL) with a fuzz campaign per GPU (FUZZ_SECONDS, default 30)
 #   bench: benchmarks/bench_kernels.py --ab, the run of docs/PERFORMANCE.md: every kernel's default geometry
@@ -79,7 +79,7 @@ if wants aot; then
   check aot-compiled-at-load "$compiled"
 fi
 if wants sanitize; then
-  echo "== sanitizer (compute-sanitizer memcheck, racecheck; ${SANITIZE_SECONDS:-60} s fuzz each)"
+  echo "== sanitizer (compute-sanitizer ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; ${SANITIZE_SECONDS:-60} s fuzz each)"
   bash scripts/sanitize.sh "$out"
   check sanitize $?
 fi

@@ -1,6 +1,6 @@
 """scripts/sanitize.sh (the sanitizer stage of scripts/gpu_validate.sh) passes only on a zero summary from
-both tools (memcheck's "ERROR SUMMARY: 0 errors", racecheck's "RACECHECK SUMMARY: 0 hazards displayed") and a
-passing campaign; runs with a fake ``compute-sanitizer`` and ``python3``
+each tool (memcheck's and synccheck's "ERROR SUMMARY: 0 errors", racecheck's "RACECHECK SUMMARY: 0 hazards
+displayed") and a passing campaign; runs with a fake ``compute-sanitizer`` and ``python3``
 on PATH (the real run is on a GPU host)."""
 
 from __future__ import annotations
@@ -53,9 +53,17 @@ def test_zero_errors_pass(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "memcheck: ========= ERROR SUMMARY: 0 errors | fuzz: 12 cases" in log
     assert "racecheck: ========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" in log
+    assert "synccheck: ========= ERROR SUMMARY: 0 errors | fuzz: 12 cases" in log
 
 
-@pytest.mark.parametrize("env", [{"FAKE_ERRORS_racecheck": "3"}, {"FAKE_ERRORS_memcheck": "1"}, {"FAKE_FUZZ_RC": "1"}])
+def test_tools_chosen(tmp_path):
+    done, log = sanitize(tmp_path, SANITIZE_TOOLS="synccheck")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split(":")[0] for line in log.splitlines()] == ["warm-up (no sanitizer)", "synccheck"]
+
+
+@pytest.mark.parametrize("env", [{"FAKE_ERRORS_racecheck": "3"}, {"FAKE_ERRORS_memcheck": "1"}, {"FAKE_ERRORS_synccheck": "2"},
+                                 {"FAKE_FUZZ_RC": "1"}])
 def test_errors_or_a_failed_campaign_fail(tmp_path, env):
     done, log = sanitize(tmp_path, **env)
     assert done.returncode == 1
