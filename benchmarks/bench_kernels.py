@@ -790,10 +790,11 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[lis
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, this checkout's are {now['default_geometries'][kernel]!r}")
 
-    def replaced(part) -> list[str]:  # the kernels of a part whose rows a later invocation timed again
-        return [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())]
+    def marked(part) -> dict:  # the part, naming the kernels whose rows a later invocation timed again
+        replaced = [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())]
+        return {**part, "replaced": replaced} if replaced else part
 
-    parts = [{**part, "replaced": replaced(part)} if replaced(part) else part for part in prior.get("parts", [])]
+    parts = [marked(part) for part in prior.get("parts", [])]
     return [row for row in prior["rows"] if row["kernel"] in done], [k for k in kernels if k not in done], parts
 
 
