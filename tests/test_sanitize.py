@@ -62,8 +62,8 @@ def test_tools_chosen(tmp_path):
     assert [line.split(":")[0] for line in log.splitlines()] == ["warm-up (no sanitizer)", "synccheck"]
 
 
-@pytest.mark.parametrize("env", [{"FAKE_ERRORS_racecheck": "3"}, {"FAKE_ERRORS_memcheck": "1"}, {"FAKE_ERRORS_synccheck": "2"},
-                                 {"FAKE_FUZZ_RC": "1"}])
+@pytest.mark.parametrize("env", [{"FAKE_ERRORS_racecheck": "3"}, {"FAKE_ERRORS_memcheck": "1"},
+                                 {"FAKE_ERRORS_synccheck": "2"}, {"FAKE_FUZZ_RC": "1"}])
 def test_errors_or_a_failed_campaign_fail(tmp_path, env):
     done, log = sanitize(tmp_path, **env)
     assert done.returncode == 1
