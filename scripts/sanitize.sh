@@ -14,7 +14,7 @@
 # SANITIZE_SECONDS (default 60): the campaign length under each tool; SANITIZE_WARM_CASES (default 1000): the
 # cases of the warm-up run (more than a sanitized run reaches); SANITIZE_SEED_BASE (default 7000000).
 # The warm-up compiles every kernel the campaign reaches: from an empty kernel cache (a fresh GPU host)
-# that takes minutes (0.6-0.8 cases/s on an H200 host); gpu_validate.sh runs the CUDA suite first.
+# that takes long (an H200 host reached 178 cases in 299 s), so gpu_validate.sh runs the CUDA suite first.
 set -uo pipefail
 out="${1:?usage: scripts/sanitize.sh OUTDIR}"; mkdir -p "$out"
 seconds="${SANITIZE_SECONDS:-60}"
