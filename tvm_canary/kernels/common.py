@@ -144,35 +144,6 @@ __device__ __forceinline__ long long canary_strip_row(long long slot, long long 
 """
 
 
-@T.macro
-def strip_start(rc, slot, page_size, token_words, gpu):
-    """rc[0], rc[1] := row and first word of the slot's strip: ``slot // page_size`` and
-    ``(slot % page_size) * token_words`` for slot >= 0, page_size >= 1 (one truncating division,
-    none when page_size is 1 on CUDA, ``STRIP_ROW``: a 64-bit division is a slow subroutine call
-    there). ``gpu``: a Python bool, whether the kernel is built for CUDA."""
-    if gpu:
-        rc[0] = T.cuda.func_call("canary_strip_row", slot, page_size, source_code=STRIP_ROW, return_type="int64")
-    else:
-        rc[0] = T.truncdiv(slot, page_size)
-    rc[1] = (slot - rc[0] * page_size) * token_words
-
-
-@T.macro
-def load_head(front, at, src, page_size, token_words, slot, gpu):
-    """The front at ``front[at:]`` (FRONT_WORDS) := the slot's strip start in src and its HEAD_WORDS
-    (two) head words, which every fold reads (PARTIAL reads exactly these).
-
-    src is an int64 view ``[rows, row_words]``; the strip starts at word
-    ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
-    """
-    rc = T.alloc_buffer((2,), "int64", scope="local")
-    strip_start(rc, slot, page_size, token_words, gpu)
-    front[at + FRONT_ROW] = rc[0]
-    front[at + FRONT_COL] = rc[1]
-    front[at + FRONT_HEAD] = src[rc[0], rc[1]]
-    front[at + FRONT_HEAD + 1] = src[rc[0], rc[1] + 1]
-
-
 def after_head(front, at):
     """(row, word) of src where the strip whose front is at ``front[at:]`` continues after its head."""
     return front[at + FRONT_ROW], front[at + FRONT_COL] + HEAD_WORDS
@@ -278,18 +249,50 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
     splitmix64(acc)
 
 
-@T.macro
-def load_heads(front, base, srcs, params, num_sources, slot, gpu):
-    """Fronts ``front[base + FRONT_WORDS * j:]`` of sources j < num_sources: strip starts and head words
-    (``gpu``: a Python bool, whether the kernel is built for CUDA)."""
-    if num_sources > 0:
-        load_head(front, base, srcs[0], params[0][0], params[0][1], slot, gpu)
-    if num_sources > 1:
-        load_head(front, base + FRONT_WORDS, srcs[1], params[1][0], params[1][1], slot, gpu)
-    if num_sources > 2:
-        load_head(front, base + 2 * FRONT_WORDS, srcs[2], params[2][0], params[2][1], slot, gpu)
-    if num_sources > 3:
-        load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot, gpu)
+def head_loads(geom: Geometry):
+    """Macro ``load_heads(front, base, srcs, params, num_sources, slot)``: fronts ``front[base +
+    FRONT_WORDS * j:]`` of sources j < num_sources := their strip starts and head words (``load_head``),
+    the strip's row found as ``STRIP_ROW`` on CUDA, by a plain division on CPU."""
+
+    @T.macro
+    def strip_start(rc, slot, page_size, token_words):
+        """rc[0], rc[1] := row and first word of the slot's strip: ``slot // page_size`` and
+        ``(slot % page_size) * token_words`` for slot >= 0, page_size >= 1 (one truncating division,
+        none when page_size is 1 on CUDA, ``STRIP_ROW``: a 64-bit division is a slow subroutine call
+        there)."""
+        if geom.gpu:
+            rc[0] = T.cuda.func_call("canary_strip_row", slot, page_size, source_code=STRIP_ROW, return_type="int64")
+        else:
+            rc[0] = T.truncdiv(slot, page_size)
+        rc[1] = (slot - rc[0] * page_size) * token_words
+
+    @T.macro
+    def load_head(front, at, src, page_size, token_words, slot):
+        """The front at ``front[at:]`` (FRONT_WORDS) := the slot's strip start in src and its HEAD_WORDS
+        (two) head words, which every fold reads (PARTIAL reads exactly these).
+
+        src is an int64 view ``[rows, row_words]``; the strip starts at word
+        ``(slot % page_size) * token_words`` of row ``slot // page_size`` (the caller checked the row).
+        """
+        rc = T.alloc_buffer((2,), "int64", scope="local")
+        strip_start(rc, slot, page_size, token_words)
+        front[at + FRONT_ROW] = rc[0]
+        front[at + FRONT_COL] = rc[1]
+        front[at + FRONT_HEAD] = src[rc[0], rc[1]]
+        front[at + FRONT_HEAD + 1] = src[rc[0], rc[1] + 1]
+
+    @T.macro
+    def load_heads(front, base, srcs, params, num_sources, slot):
+        if num_sources > 0:
+            load_head(front, base, srcs[0], params[0][0], params[0][1], slot)
+        if num_sources > 1:
+            load_head(front, base + FRONT_WORDS, srcs[1], params[1][0], params[1][1], slot)
+        if num_sources > 2:
+            load_head(front, base + 2 * FRONT_WORDS, srcs[2], params[2][0], params[2][1], slot)
+        if num_sources > 3:
+            load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot)
+
+    return load_heads
 
 
 def paired(j: int, num_sources: int) -> bool:

@@ -47,10 +47,10 @@ from .common import (
     emit_scratch,
     fold_sources,
     grid,
+    head_loads,
     in_ring,
     lanes,
     load_batches,
-    load_heads,
     single_launch,
     slot_hash,
     source_buffers,
@@ -78,6 +78,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
     TH = geom.threads
     sync = block_sync(geom)
     fold = fold_sources(geom)
+    load_heads = head_loads(geom)
     pairs = geom.fold_pairs()
 
     @T.macro
@@ -87,7 +88,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
         Loads are placed as early as their addresses are known (a warp issues in order, so a load
         placed after code that waits on another load costs one more round trip): the entry's plan words
         first; when the sources fold in pairs (``Geometry.fold_pairs``), as soon as the slot is checked,
-        its sources' fronts (each strip's head words and first batch: ``common.load_heads`` /
+        its sources' fronts (each strip's head words and first batch: ``common.head_loads`` /
         ``load_batches``), then its canary row, before the chain hash waits on the predecessor's row.
         Otherwise the heads are loaded when the fold starts, as few registers as possible staying live
         across the chain hash (PARTIAL's default caps them at 64)."""
@@ -110,7 +111,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
                 row[consts.VIOLATION_FIELD_EXPECTED_AUX] = T.int64(0)
             else:
                 if pairs:
-                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot, geom.gpu)
+                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
                     load_batches(front, 0, launch.srcs, launch.params, num_sources)
                 st = launch.buf[slot, consts.CANARY_FIELD_TOKEN]
                 sp = launch.buf[slot, consts.CANARY_FIELD_POSITION]
@@ -134,7 +135,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
                 if sp != ep:
                     bits[0] = bits[0] | POSITION
                 if not pairs:
-                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot, geom.gpu)
+                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
                 fold(acc, part, front, 0, launch.srcs, launch.params, num_sources)
                 if sr != T.reinterpret("int64", acc[0]):
                     bits[0] = bits[0] | REAL_KV

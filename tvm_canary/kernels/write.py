@@ -68,10 +68,10 @@ from .common import (
     emit_scratch,
     fold_sources,
     grid,
+    head_loads,
     in_ring,
     lanes,
     load_batches,
-    load_heads,
     mix3,
     single_launch,
     slot_hash,
@@ -110,6 +110,7 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
     sync = block_sync(geom)
     add = counter_add(geom)
     fold = fold_sources(geom)
+    load_heads = head_loads(geom)
     pairs = geom.fold_pairs()
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
     FOLD_BLOCKS = 1 if geom.gpu and num_sources > 0 else 0
@@ -520,8 +521,7 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
                     check_slot(ok, slot_u[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                     ok_u[u] = ok[0]
                     if ok[0] != 0:
-                        load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u],
-                                   geom.gpu)
+                        load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
                 for u in T.unroll(U):
                     if ok_u[u] != 0:
                         if pairs:
