@@ -85,6 +85,9 @@ POSITION = int(consts.FailReason.WRITE_POSITION_MISMATCH)
 STAMP, COUNT, EMIT = "stamp", "count", "emit"
 # Slots each lane of a warp loads at once when checking a request's slots (check_request).
 CHECK_UNROLL = 16
+# The fold phase's lane mapping (fold_lanes) in one int32 local of 4 elements, by index: lanes per
+# request, request stride, the lane's first request, its rank among its request's lanes.
+FOLD_WIDTH, FOLD_STRIDE, FOLD_FIRST, FOLD_RANK = range(4)
 
 
 # The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
@@ -532,15 +535,16 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
 
     @T.macro
     def fold_lanes(fold_map, fold_lane, total, requests):
-        """fold_map := the fold phase's ``width`` lanes per request for ``requests`` requests
-        (``max(1, total // requests)`` of its ``total`` lanes; an int32 of at least 1), its request
-        stride ``total // width``, and lane ``fold_lane``'s first request ``fold_lane // width`` and rank
-        ``fold_lane % width``."""
+        """fold_map := the fold phase's lane mapping for ``requests`` requests over its ``total`` lanes:
+        [FOLD_WIDTH] the lanes per request, ``max(1, total // requests)``; [FOLD_STRIDE] the request stride
+        ``total // width``; [FOLD_FIRST] and [FOLD_RANK] lane ``fold_lane``'s first request
+        ``fold_lane // width`` and its rank ``fold_lane % width``. (One array, not four locals: the
+        committed tuning records are keyed by this TensorIR.)"""
         width = T.max(T.truncdiv(total, requests), 1)
-        fold_map[0] = width
-        fold_map[1] = T.truncdiv(total, width)
-        fold_map[2] = T.truncdiv(fold_lane, width)
-        fold_map[3] = T.truncmod(fold_lane, width)
+        fold_map[FOLD_WIDTH] = width
+        fold_map[FOLD_STRIDE] = T.truncdiv(total, width)
+        fold_map[FOLD_FIRST] = T.truncdiv(fold_lane, width)
+        fold_map[FOLD_RANK] = T.truncmod(fold_lane, width)
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
@@ -683,13 +687,14 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
                     capacity = T.meta_var(T.Cast("int32", T.max(T.min(cap, T.Cast("int64", total)), T.int64(1))))
                     fold_lanes(fold_map, fold_lane, total, capacity)
                     if b >= stamp_blocks * FOLD_BLOCKS and works:
-                        if active * T.Cast("int64", fold_map[0] + 1) <= T.Cast("int64", total):
+                        if active * T.Cast("int64", fold_map[FOLD_WIDTH] + 1) <= T.Cast("int64", total):
                             fold_lanes(fold_map, fold_lane, total, T.max(T.Cast("int32", active), 1))
-                        if fold_lane < fold_map[1] * fold_map[0]:
-                            r[0] = T.Cast("int64", fold_map[2])
+                        if fold_lane < fold_map[FOLD_STRIDE] * fold_map[FOLD_WIDTH]:
+                            r[0] = T.Cast("int64", fold_map[FOLD_FIRST])
                             while r[0] < active:
-                                fold_request(r[0], T.Cast("int64", fold_map[3]), T.Cast("int64", fold_map[0]), launch)
-                                r[0] = r[0] + T.Cast("int64", fold_map[1])
+                                fold_request(r[0], T.Cast("int64", fold_map[FOLD_RANK]),
+                                             T.Cast("int64", fold_map[FOLD_WIDTH]), launch)
+                                r[0] = r[0] + T.Cast("int64", fold_map[FOLD_STRIDE])
 
                 # Phase 1: each request's chain is stamped (fields 0-2; field 3 too in NONE mode) and
                 # its chunk marked if it has violation rows (or a seed save). With fewer requests than warps, each
