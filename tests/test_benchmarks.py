@@ -67,6 +67,20 @@ def test_plot_tables_and_targets(tmp_path):
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
 
+def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
+    """A real-KV write row's NONE target divides by NONE's kernel timed in the row's own rounds on its
+    inputs (``none_us``); a row from a run before that arm compares with the NONE row of its shape."""
+    import bench_kernels
+
+    shape = dict(reqs=4096, shape="4096x1", chain_floor_us=1.0)
+    rows = [_row("write", "NONE 4096x1", 3.0, 2.8, mode="NONE", **shape),
+            _row("write", "PARTIAL 4096x1", 3.4, 2.9, mode="PARTIAL", none_us=3.2, **shape),
+            _row("write", "ALL 4096x1", 3.4, 2.9, mode="ALL", **shape)]
+    ratios = {r["case"]: [(t["what"], round(t["ratio"], 4)) for t in bench_kernels.targets_for(r, rows)] for r in rows}
+    assert ratios["PARTIAL 4096x1"] == [("floor", 1.1724), ("NONE", 1.0625)]
+    assert ratios["ALL 4096x1"] == [("floor", 1.1724), ("NONE", 1.1333)]
+
+
 def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cpu():
     """The benchmark's check before timing (``baselines/agreement.py``) launches write in every CUDA size
     class of each mode (long chains, a decode step's short ones and PARTIAL's between: each has its own
@@ -232,7 +246,7 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
 
     def interleaved(arms, iters):
         timed_arms.append(set(arms))
-        rounds = {"default": [7.0, 9.0, 8.0, 30.0], "tuned": [6.0, 6.5, 7.5, 7.0]}
+        rounds = {"default": [7.0, 9.0, 8.0, 30.0], "tuned": [6.0, 6.5, 7.5, 7.0], "none": [5.0, 5.5, 4.0, 9.0]}
         for name, (grid, us) in fastest.items():
             for g in grids:
                 rounds[(name, g)] = [us if g == grid else 10.0] * 4
@@ -249,6 +263,10 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     times = bench.timed("verify", [{}, {}], row, bench.floor_arms(names, lambda fn: [lambda: fn] * 4))
     assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids}]
     assert (row["us"], row["tuned_us"], row["tuned_geometry"], row["tuned_same_geometry"]) == (8.5, 6.75, "1056x128m8", False)
+    assert "none_us" not in row
+    none_row = {}
+    bench.timed("write", [{}, {}], none_row, {}, none_sets=[{}, {}])  # a real-KV write row: NONE in its rounds
+    assert timed_arms[-1] == {"default", "tuned", "none"} and none_row["none_us"] == 5.25
     assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
     bench.bounds(row, "gather", "ALL", times, empty_us=1.0)
     assert (row["hash_floor_us"], row["hash_floor"]) == (5.0, "hash 528x512 sources in turn")
