@@ -595,9 +595,12 @@ class Bench:
         (a real-KV write row: its inputs in NONE mode): NONE's default kernel on them is one more arm,
         ``row["none_us"]``, so the row's NONE target compares times of the same rounds. Sets the row's
         times; returns the floors' {arm: median µs}."""
-        arms = {"default": [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in kw_sets]}
+        def default_calls(sets):
+            return [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in sets]
+
+        arms = {"default": default_calls(kw_sets)}
         if none_sets:
-            arms["none"] = [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in none_sets]
+            arms["none"] = default_calls(none_sets)
         if self.ab:
             same = self.launchers.same(kernel, kw_sets[0])
             arms["tuned"] = [lambda kw=kw: self.ours(kernel, "default" if same else "tuned")(**kw) for kw in kw_sets]
