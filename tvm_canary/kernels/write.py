@@ -88,6 +88,14 @@ CHECK_UNROLL = 16
 # The fold phase's lane mapping (fold_lanes) in one int32 local of 4 elements, by index: lanes per
 # request, request stride, the lane's first request, its rank among its request's lanes.
 FOLD_WIDTH, FOLD_STRIDE, FOLD_FIRST, FOLD_RANK = range(4)
+# An int32 the CUDA compiler must materialize where it is written (an empty volatile asm): the fold
+# lanes' capacity mapping, so that NVVM cannot merge its divisions with the remap's, after the branch.
+PIN = """
+__device__ __forceinline__ int canary_pin(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+"""
 
 
 # The launch-wide arguments the macros read, as one bundle (a ``T.meta_var`` in the prim_func): the
@@ -533,6 +541,12 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
                         launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
                 first[0] = first[0] + width * U
 
+    def pin(value):
+        """``value`` itself; on CUDA kept where it is computed (``PIN``), on CPU the expression as is."""
+        if geom.gpu:
+            return T.cuda.func_call("canary_pin", value, source_code=PIN, return_type="int32")
+        return value
+
     @T.macro
     def fold_lanes(fold_map, fold_lane, total, requests):
         """fold_map := the fold phase's lane mapping for ``requests`` requests over its ``total`` lanes:
@@ -541,10 +555,10 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
         ``fold_lane // width`` and its rank ``fold_lane % width``. (One array, not four locals: the
         committed tuning records are keyed by this TensorIR.)"""
         width = T.max(T.truncdiv(total, requests), 1)
-        fold_map[FOLD_WIDTH] = width
-        fold_map[FOLD_STRIDE] = T.truncdiv(total, width)
-        fold_map[FOLD_FIRST] = T.truncdiv(fold_lane, width)
-        fold_map[FOLD_RANK] = T.truncmod(fold_lane, width)
+        fold_map[FOLD_WIDTH] = pin(width)
+        fold_map[FOLD_STRIDE] = pin(T.truncdiv(total, width))
+        fold_map[FOLD_FIRST] = pin(T.truncdiv(fold_lane, width))
+        fold_map[FOLD_RANK] = pin(T.truncmod(fold_lane, width))
 
     walk_stamp, walk_count, walk_emit = walk_macro(STAMP), walk_macro(COUNT), walk_macro(EMIT)
 
