@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU validation session (repo root):
 #   bash scripts/gpu_validate.sh OUTDIR [tune] [tests] [aot] [sanitize] [conformance] [bench] [embedding]
-# (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify"; BENCH_SECONDS: bench's limit, default 900)
+# (TUNE_ARGS / BENCH_ARGS: extra arguments, e.g. "--kernels verify", or TUNE_ARGS="--stale-only" after a kernel
+#  change; BENCH_SECONDS: bench's limit, default 900)
 #   tune:  MetaSchedule tuning of all kernels at 20 trials in at most 420 s (no workload starts that would end past
 #          380 s of the run: exit 3, the rest listed), on top of tune_logs/ (databases in
 #          OUTDIR/tune.tgz; the committed databases are compacted, so every bucket is measured again: a

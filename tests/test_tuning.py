@@ -817,6 +817,65 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
     apply._records.cache_clear()
 
 
+def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_path, monkeypatch):
+    """``tune --stale-only``'s selection: a bucket whose default has a current record is done; one with
+    only another geometry's record, one never tuned, and every bucket of a changed kernel are stale."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary import schedules
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning.driver import commit_measurement
+
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    target = targets.target_from_tag("llvm")
+    other = dataclasses.replace(targets.default_geometry("write", "llvm"), unroll=1)
+    jobs = [("write", (8, 16)), ("write", (1, 64)), ("write", (256, 1)), ("scatter", (8, 16))]
+    for (kernel, bucket), geom in zip(jobs, [None, other, "untuned", None]):
+        if geom == "untuned":
+            continue
+        mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, "llvm")})
+        default = workloads.default_of(kernel, bucket, "llvm")
+        assert geom != default
+        commit_measurement(db, mod, schedules.knobs(kernel, False), geom or default, [2e-3], target)
+    assert apply.stale_buckets(db, jobs, False) == [("write", (1, 64)), ("write", (256, 1))]
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)  # write changes
+    assert apply.stale_buckets(db, jobs, False) == jobs[:3]
+
+
+@pytest.mark.slow  # the tuned_logs fixture
+def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_logs, tmp_path, monkeypatch, capsys):
+    """After a change to verify, ``--stale-only`` on the tuned database re-tunes verify's workloads and
+    leaves write's records as they were; with nothing stale it tunes nothing."""
+    import shutil
+
+    from tvm.s_tir import meta_schedule as ms
+
+    out = tmp_path / "tune_logs"
+    shutil.copytree(tuned_logs, out)
+    def write_records():
+        """Write's valid current records in the copy: (bucket, seconds of the case) fastest first."""
+        db = ms.database.JSONDatabase(work_dir=str(out / keys.device_key(torch.device("cpu"))))
+        rows = apply.measured_records(db).items()
+        return {key: [cost for cost, _ in costs] for key, costs in rows if key[0] == "write"}
+
+    written = write_records()
+    assert written and all(written.values())
+    assert main([*TUNE_CI, "--stale-only", "--out", str(out), "--log-dir", str(tmp_path / "ms-0")]) == 0
+    stale_line = "--stale-only: {} of 3 workloads without a current record of their default"
+    assert stale_line.format(0) + "; nothing to tune" in capsys.readouterr().out
+    assert not (tmp_path / "ms-0").exists()  # MetaSchedule never ran
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "verify", workloads.CASE_VERSIONS["verify"] + 1)  # verify changes
+    assert main([*TUNE_CI, "--stale-only", "--out", str(out), "--log-dir", str(tmp_path / "ms-1")]) == 0
+    printed = capsys.readouterr().out
+    assert stale_line.format(2) + ": verify (1024,), verify (1024, 2)" in printed
+    table = printed[printed.index("kernel "):].splitlines()[1:]
+    assert [line.split()[0] for line in table if line.startswith(("write ", "verify "))] == ["verify", "verify"]
+    assert write_records() == written
+    assert main([*TUNE_CI, "--stale-only", "--out", str(out), "--log-dir", str(tmp_path / "ms-2")]) == 0
+    assert "nothing to tune" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("key", sorted(p.parent.name
                                       for p in keys.committed_tune_logs().glob("*/database_workload.json")))
 def test_committed_databases_match_the_current_kernels(key, tmp_path):

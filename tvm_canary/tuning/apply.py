@@ -132,6 +132,15 @@ def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     return next((row for row in rows if record_geometry(row[1], cuda) == default), None)
 
 
+def stale_buckets(db, jobs: list, cuda: bool) -> list:
+    """The ``(kernel, bucket)`` of ``jobs``, in order, whose default geometry has no current valid record
+    in ``db`` (``default_row`` of ``measured_records``): never tuned, or tuned for other kernel code,
+    another tuning case or another default, or the default's measurement failed. These are the buckets
+    that load cannot apply a tuned geometry to (``chosen``); ``tune --stale-only`` tunes only them."""
+    rows = measured_records(db)
+    return [(k, b) for k, b in jobs if default_row(k, b, rows.get((k, b), []), cuda) is None]
+
+
 def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     """The row (``(seconds, record)``) that a bucket's measured ``rows`` (``measured_records``, fastest
     first) select: the fastest record that is at least ``TUNED_MARGIN`` faster than the default (of the
@@ -181,11 +190,12 @@ def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
     if unmeasured:
         log.warning("tvm_canary: %s holds no valid record of the default geometry of %s; these buckets keep the "
                     "default (its measurement failed, or the defaults changed since the tuning: re-tune with "
-                    "`tvm-canary tune --kernels %s`)", work_dir, ", ".join(f"{k} {b}" for k, b in unmeasured),
+                    "`tvm-canary tune --kernels %s --stale-only`)", work_dir, ", ".join(f"{k} {b}" for k, b in unmeasured),
                     " ".join(sorted({k for k, _ in unmeasured})))
     if stale:
         log.warning("tvm_canary: %s holds records tuned for an older version of %s; they are ignored "
-                    "(re-tune with `tvm-canary tune --kernels %s`)", work_dir, ", ".join(sorted(stale)), " ".join(sorted(stale)))
+                    "(re-tune with `tvm-canary tune --kernels %s --stale-only`)", work_dir, ", ".join(sorted(stale)),
+                    " ".join(sorted(stale)))
     return out
 
 

@@ -1,7 +1,7 @@
 """``tvm-canary tune``: tune the kernels' geometries on this machine's device with MetaSchedule.
 
     tvm-canary tune --target cuda|llvm [--kernels ...] [--trials N] [--workloads PRESET] [--out DIR]
-                    [--time-limit SECONDS] [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
+                    [--time-limit SECONDS] [--stale-only] [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
 
 Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``,
 or the user's folder for an installed package); workloads already in it with at least N measured
@@ -15,7 +15,10 @@ written; that workload runs the default). ``--time-limit``: no workload starts o
 (from the defaults' builds on, after the process's start) plus its longest workload so far would pass
 the limit (a lent device's call, an outer ``timeout``); the workloads left are listed, keep their
 earlier records, and make the command exit 3 (a later run resumes them). A workload is never cut, so
-the database and the table stay whole.
+the database and the table stay whole. ``--stale-only``: tune only the workloads whose default geometry
+has no current record in the database (``apply.stale_buckets``: new buckets, and those a kernel change
+staled, as load warns), so that a re-tune after a kernel change measures nothing else; with none, the
+command says so and exits 0.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--time-limit", type=float, default=math.inf, metavar="SECONDS",
                    help="start no workload that would end past SECONDS of the run (judged by its longest workload so far); "
                         "the rest keep their records and the command exits 3")
+    p.add_argument("--stale-only", action="store_true",
+                   help="tune only the workloads whose default geometry has no current record in the database "
+                        "(never tuned, or staled by a kernel change); the others keep their records")
     p.add_argument("--log-dir", type=pathlib.Path, default=None,
                    help="MetaSchedule's log folder; default: a new folder under <kernel cache>/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime import targets
-    from . import fleet
+    from . import apply, fleet
     from .driver import build_defaults, discard_build, local_runner, tune_workload
     from .measure import CandidateBuilder
     from .merge import compact_workload_table
@@ -84,6 +90,13 @@ def run(args: argparse.Namespace) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
+    if args.stale_only:
+        stale = apply.stale_buckets(db, jobs, cuda)
+        listed = f": {', '.join(f'{k} {b}' for k, b in stale)}" if stale else "; nothing to tune"
+        print(f"--stale-only: {len(stale)} of {len(jobs)} workloads without a current record of their default{listed}")
+        if not stale:
+            return 0
+        jobs = stale
     builder, runner = CandidateBuilder(), make_runner()
     defaults, results, left = {}, [], []
     try:
