@@ -89,7 +89,8 @@ CHECK_UNROLL = 16
 # request, request stride, the lane's first request, its rank among its request's lanes.
 FOLD_WIDTH, FOLD_STRIDE, FOLD_FIRST, FOLD_RANK = range(4)
 # An int32 the CUDA compiler must materialize where it is written (an empty volatile asm): the fold
-# lanes' capacity mapping, so that NVVM cannot merge its divisions with the remap's, after the branch.
+# lanes' capacity mapping, so that NVVM cannot merge its divisions with the remap's, after the branch
+# (measured in docs/PERFORMANCE-HISTORY.md, "What the fortieth session changed and measured").
 PIN = """
 __device__ __forceinline__ int canary_pin(int x) {
   asm volatile("" : "+r"(x));
