@@ -595,15 +595,15 @@ class Bench:
         (a real-KV write row: its inputs in NONE mode): NONE's default kernel on them is one more arm,
         ``row["none_us"]``, so the row's NONE target compares times of the same rounds. Sets the row's
         times; returns the floors' {arm: median µs}."""
-        def default_calls(sets):
-            return [lambda kw=kw: self.ours(kernel, "default")(**kw) for kw in sets]
+        def launches(sets, geometry="default"):
+            return [lambda kw=kw: self.ours(kernel, geometry)(**kw) for kw in sets]
 
-        arms = {"default": default_calls(kw_sets)}
+        arms = {"default": launches(kw_sets)}
         if none_sets:
-            arms["none"] = default_calls(none_sets)
+            arms["none"] = launches(none_sets)
         if self.ab:
             same = self.launchers.same(kernel, kw_sets[0])
-            arms["tuned"] = [lambda kw=kw: self.ours(kernel, "default" if same else "tuned")(**kw) for kw in kw_sets]
+            arms["tuned"] = launches(kw_sets, "default" if same else "tuned")
         times = interleaved_us(arms | floor_arms, iters)
         times_us = medians(times)
         row["us"] = times_us["default"]
