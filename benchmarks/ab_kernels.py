@@ -50,13 +50,23 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODE_NUMBERS = {"NONE": 0, "PARTIAL": 1, "ALL": 2}  # RealKvHashMode: a launch's tuning mode
-# What each kernel launch of the benchmark compiles: (kernel, specialization axis values by name, mode) for NONE,
-# PARTIAL, ALL. By name: each arm's child builds its own package's tuple (``specializations.AXES``), and
-# an axis an older package lacks is left out (packages before the ``partial`` axis).
-BUILDS = {kernel: {mode: (kernel, {"num_sources": 0 if mode == "NONE" else 2, "partial": mode == "PARTIAL",
-                                   "check_token": False, "input_assert": False}, number)
-                   for mode, number in MODE_NUMBERS.items()}
-          for kernel in ("verify", "write")}
+KERNELS = ("verify", "write")
+
+
+def launch_builds(row_words: int) -> dict:
+    """What each kernel launch of the benchmark compiles, on token rows of ``row_words`` words per
+    source: {kernel: {mode: (kernel, specialization axis values by name, mode number)}} for NONE, PARTIAL,
+    ALL; ALL builds in the rows' word count where head's kernels have one for it
+    (``specializations.fold_words``), as the benchmark's launches do. By name: each arm's child builds
+    its own package's tuple (``specializations.AXES``), and an axis an older package lacks is left out
+    (packages before the ``partial`` or ``fold_words`` axis)."""
+    from tvm_canary.runtime.specializations import fold_words
+
+    return {kernel: {mode: (kernel, {"num_sources": 0 if mode == "NONE" else 2, "partial": mode == "PARTIAL",
+                                     "check_token": False, "input_assert": False,
+                                     "fold_words": fold_words(2, False, [row_words] * 2) if mode == "ALL" else 0}, number)
+                     for mode, number in MODE_NUMBERS.items()}
+            for kernel in KERNELS}
 FLOOR_GRID = (2112, 32)
 ROUNDS = 6
 
@@ -123,7 +133,7 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | No
         (scope,) = scope or [None]
     except ValueError:
         raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]") from None
-    if kernel not in BUILDS or mode not in MODE_NUMBERS or not arm_name(name):
+    if kernel not in KERNELS or mode not in MODE_NUMBERS or not arm_name(name):
         raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name of letters, "
                          "digits and _ other than base, head")
     unknown = set(values) - {f.name for f in dataclasses.fields(Geometry)} - {"gpu"}
@@ -171,11 +181,11 @@ def resolve_base(text: str) -> pathlib.Path | str:
     return text
 
 
-def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, points: dict) -> tuple[dict, dict]:
+def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, points: dict, builds: dict) -> tuple[dict, dict]:
     """({(arm, kernel, mode, point key): the exported function}, {(arm, kernel, mode, point key): its
     geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``) in the launch
-    modes ``modes``, each arm's default geometry of a row's mode and size; every arm built in its own
-    child process at once."""
+    modes ``modes``, each arm's default geometry of a row's mode and size, of the specializations
+    ``builds`` (``launch_builds``); every arm built in its own child process at once."""
     import tvm
 
     children = {}
@@ -183,12 +193,12 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
         folder = work / arm.name
         shutil.copytree(arm.package, folder / "tvm_canary", ignore=shutil.ignore_patterns("__pycache__"))
         wanted = {(k, m) for k in kernels for m in modes if not arm.overrides or (k, m) in arm.overrides}
-        builds = {f"{k}-{m}": [*BUILDS[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
-                                arm.overrides.get((k, m), ({}, None))] for k, m in sorted(wanted)}
+        jobs = {f"{k}-{m}": [*builds[k][m], [list(p) if isinstance(p, tuple) else p for p in points[k]],
+                             arm.overrides.get((k, m), ({}, None))] for k, m in sorted(wanted)}
         # The copy first: the rest of PYTHONPATH is how a GPU host finds TVM (scripts/gpu-env.sh).
         path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path, TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
-        children[arm.name] = subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(builds)],
+        children[arm.name] = subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(jobs)],
                                               cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     functions, geometries = {}, {}
     for name, child in children.items():
@@ -216,7 +226,7 @@ def main(argv=None) -> int:
                          "t32:verify:PARTIAL:threads=32:below (SCOPE: below or in the mode's size class; default every size)")
     ap.add_argument("--package", action="append", default=[], metavar="NAME=FOLDER",
                     help="one more arm: the tvm_canary package in FOLDER (a changed copy of the kernels), every row")
-    ap.add_argument("--kernels", nargs="+", choices=tuple(BUILDS), default=list(BUILDS))
+    ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     ap.add_argument("--modes", nargs="+", choices=tuple(MODE_NUMBERS), default=list(MODE_NUMBERS),
                     help="the launch modes whose rows are timed (default: all)")
     ap.add_argument("--write-shapes", nargs="+", metavar="RxT[cC]",
@@ -270,7 +280,8 @@ def main(argv=None) -> int:
         points = {"verify": list(sizes),  # KernelCall.size of the rows
                   "write": [packing.write_point(capacity, reqs * length) for reqs, length, capacity in write_shapes]}
         try:
-            functions, geometries = build_arms(arms, args.kernels, args.modes, launchers.tag, work, points)
+            functions, geometries = build_arms(arms, args.kernels, args.modes, launchers.tag, work, points,
+                                               launch_builds(B.KV_BYTES // 8))
         except RuntimeError as e:
             return fail(str(e))
 

@@ -74,7 +74,7 @@ if wants aot; then
   python3 -m tvm_canary build --target cuda --arch sm_90 --arch sm_80 -o /tmp/aot 2>&1 | tail -1 | tee -a "$out/aot.log"
   check aot-build "${PIPESTATUS[0]}"
   TVM_USE_RUNTIME_LIB=1 TVM_CANARY_MODULES=/tmp/aot TVM_CANARY_CACHE=/tmp/empty-cache TIMEOUT=200 \
-    run_pytest aot-runtime-only "$out/aot.log" tests/test_differential.py tests/test_cuda_graph.py -m gpu
+    run_pytest aot-runtime-only "$out/aot.log" tests/test_differential.py tests/test_fold_words.py tests/test_cuda_graph.py -m gpu
   compiled=$(ls /tmp/empty-cache 2>/dev/null | wc -l)
   echo "modules compiled at load in runtime-only mode: $compiled" | tee -a "$out/aot.log"
   check aot-compiled-at-load "$compiled"

@@ -64,7 +64,7 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path / "logs"])
     apply._records.cache_clear()
     # One specialization keeps the test to two builds (default and tuned geometry).
-    axes = (("num_sources", (0,)), ("partial", (False,)), ("input_assert", (False,)))
+    axes = (("num_sources", (0,)), ("partial", (False,)), ("input_assert", (False,)), ("fold_words", (0,)))
     monkeypatch.setitem(specializations.AXES, "write", axes)
     out = str(tmp_path / "modules")
     assert main(["build", "--target", "llvm", "--kernels", "write", "--jobs", "1", "-o", out]) == 0
@@ -80,7 +80,7 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
     monkeypatch.setattr(C, "_memory", {})
     monkeypatch.setattr(C, "_by_launch", {})
     assert C.geometry("write", cpu, 8) == tuned
-    C.get_kernel("write", (0, False, False), cpu, 8)
+    C.get_kernel("write", (0, False, False, 0), cpu, 8)
     assert [k[4] for k in C._memory] == [tuned]
     apply._records.cache_clear()
 

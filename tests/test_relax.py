@@ -56,8 +56,8 @@ def build_step(tag: str) -> tuple[tvm.IRModule, list[str]]:
     """The Relax module, whose ``main`` returns every tensor the step writes, and its parameter names."""
     bb = relax.BlockBuilder()
     plan = canary_relax.add_kernel(bb, "plan", (False, False), tag)
-    verify = canary_relax.add_kernel(bb, "verify", (1, False, False), tag)
-    write = canary_relax.add_kernel(bb, "write", (1, False, False), tag)
+    verify = canary_relax.add_kernel(bb, "verify", (1, False, False, 0), tag)
+    write = canary_relax.add_kernel(bb, "write", (1, False, False, 0), tag)
     append = bb.add_func(kv_append_kernel(tag != "llvm"), "kv_append")
     i64 = "int64"
     p = dict(
@@ -195,3 +195,13 @@ def test_relax_serving_step_equals_the_reference(device):
             corrupt(got)
     assert int(want["write_index"][0]) > 0  # the corruptions were found
     assert_same_bytes(list(got.values()), list(want.values()))
+
+
+def test_relax_add_kernel_rejects_a_tuple_that_is_not_a_specialization():
+    """A spec of another arity or value (e.g. one written before the ``fold_words`` axis) is named in a clear
+    error before any parsing."""
+    bb = relax.BlockBuilder()
+    with pytest.raises(ValueError, match=r"kv-canary: verify has no specialization \(1, False, False\)"):
+        canary_relax.add_kernel(bb, "verify", (1, False, False), "llvm")
+    with pytest.raises(ValueError, match="fold_words"):
+        canary_relax.add_kernel(bb, "write", (1, False, False, 32), "llvm")  # built in only with 2 sources

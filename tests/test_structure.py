@@ -47,16 +47,33 @@ def test_schedules_import_nothing_from_the_package():
 
 
 def test_specializations_are_checked_against_the_enumeration():
-    partial = specializations.spec("verify", num_sources=2, partial=True, check_token=True)
-    assert partial == (2, True, True) and partial in specializations.all_specs("verify")
-    assert len(specializations.all_specs("write")) == 18 and specializations.all_specs("scatter") == [()]
+    partial = specializations.spec("verify", num_sources=2, partial=True, check_token=True, fold_words=0)
+    assert partial == (2, True, True, 0) and partial in specializations.all_specs("verify")
+    # 18 without a built-in ALL fold word count, and 2 x 5 with one (two sources, input assert on or off)
+    assert len(specializations.all_specs("write")) == 28 and specializations.all_specs("scatter") == [()]
     with pytest.raises(ValueError, match="num_sources=5"):
-        specializations.spec("write", num_sources=5, partial=False, input_assert=False)
-    with pytest.raises(ValueError, match="folds no source in PARTIAL mode"):
-        specializations.spec("verify", num_sources=0, partial=True, check_token=False)
-    assert specializations.launch_mode("write", (2, True, False)) == 1
-    assert specializations.launch_mode("write", (2, False, False)) == 2
-    assert specializations.launch_mode("verify", (0, False, True)) == 0
+        specializations.spec("write", num_sources=5, partial=False, input_assert=False, fold_words=0)
+    with pytest.raises(ValueError, match="PARTIAL mode needs a source"):
+        specializations.spec("verify", num_sources=0, partial=True, check_token=False, fold_words=0)
+    for num_sources, partial_fold in ((1, False), (2, True), (0, False)):  # built in only in ALL mode with a pair
+        with pytest.raises(ValueError, match="built-in fold word count needs ALL mode with 2 sources"):
+            specializations.spec("write", num_sources=num_sources, partial=partial_fold, input_assert=False,
+                                 fold_words=32)
+    with pytest.raises(ValueError, match="fold_words=48"):
+        specializations.spec("verify", num_sources=2, partial=False, check_token=False, fold_words=48)
+    assert specializations.launch_mode("write", (2, True, False, 0)) == 1
+    assert specializations.launch_mode("write", (2, False, False, 32)) == 2
+    assert specializations.launch_mode("verify", (0, False, True, 0)) == 0
+
+
+def test_all_mode_builds_in_its_sources_common_fold_word_count_where_a_kernel_has_it():
+    """``specializations.fold_words``: a pair of sources of one listed word count in ALL mode; anything
+    else (PARTIAL, other source counts, counts that differ or are not listed) folds each source's own."""
+    choose = specializations.fold_words
+    assert [choose(2, False, [w, w]) for w in (16, 32, 64, 128, 256)] == [16, 32, 64, 128, 256]
+    assert choose(2, False, [32, 64]) == 0 and choose(2, False, [48, 48]) == 0 and choose(2, False, [512, 512]) == 0
+    assert choose(2, True, [2, 2]) == 0 and choose(1, False, [32]) == 0 and choose(3, False, [32] * 3) == 0
+    assert choose(0, False, []) == 0
     with pytest.raises(TypeError, match="has_lut"):
         specializations.spec("plan", has_lut=True)
 

@@ -414,12 +414,12 @@ def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_p
     apply._records.cache_clear()
     cpu = torch.device("cpu")
     try:
-        assert C.get_kernel("write", (0, False, False), cpu, (8, 1), 0) == ("write", _unrolled(1))
+        assert C.get_kernel("write", (0, False, False, 0), cpu, (8, 1), 0) == ("write", _unrolled(1))
         assert {k[4] for k in C._memory} == {_unrolled(1), _unrolled(2)}  # NONE's buckets, not ALL's
         loaded = dict(C._memory)
-        assert C.get_kernel("write", (0, False, False), cpu, (1, 2048), 0) == ("write", _unrolled(2))
+        assert C.get_kernel("write", (0, False, False, 0), cpu, (1, 2048), 0) == ("write", _unrolled(2))
         assert C._memory == loaded  # nothing more to load
-        C.get_kernel("verify", (0, False, False), cpu, 1024, 0)
+        C.get_kernel("verify", (0, False, False, 0), cpu, 1024, 0)
         assert len(C._memory) == len(loaded) + 1
     finally:
         apply._records.cache_clear()
@@ -440,10 +440,10 @@ def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monk
     short = targets.default_geometry("write", "cuda-sm_90", 2, (4096, 1))
     long = targets.default_geometry("write", "cuda-sm_90", 2, (1, 32768))
     assert (short.unroll, long.unroll) == (1, 8)
-    assert C.get_kernel("write", (2, False, False), gpu, (4096, 1), 2) == ("write", short)
+    assert C.get_kernel("write", (2, False, False, 0), gpu, (4096, 1), 2) == ("write", short)
     assert {k[4] for k in C._memory} == {short, long}
     loaded = dict(C._memory)
-    assert C.get_kernel("write", (2, False, False), gpu, (1, 32768), 2) == ("write", long)
+    assert C.get_kernel("write", (2, False, False, 0), gpu, (1, 32768), 2) == ("write", long)
     assert C._memory == loaded
 
 
@@ -561,13 +561,13 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
                for mode in (1, 2) for geom in targets.default_geometries("write", "cuda", mode))
     cpu = targets.default_geometry("verify", "llvm")
     assert targets.default_geometry("verify", "llvm", int(RealKvHashMode.ALL)) == cpu
-    all_mode = specializations.spec("verify", num_sources=2, partial=False, check_token=False)
-    partial_mode = specializations.spec("verify", num_sources=2, partial=True, check_token=False)
+    all_mode = specializations.spec("verify", num_sources=2, partial=False, check_token=False, fold_words=0)
+    partial_mode = specializations.spec("verify", num_sources=2, partial=True, check_token=False, fold_words=0)
     full_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL), 1 << 20)
     partial_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.PARTIAL), 1 << 20)
     assert aot.geometries("verify", partial_mode, "cuda-sm_90") == [partial, partial_large]  # every size class
     assert aot.geometries("verify", all_mode, "cuda-sm_90") == [full, full_large]
-    no_sources = specializations.spec("verify", num_sources=0, partial=False, check_token=False)
+    no_sources = specializations.spec("verify", num_sources=0, partial=False, check_token=False, fold_words=0)
     none_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.NONE), 1 << 20)
     assert aot.geometries("verify", no_sources, "cuda-sm_90") == [none, none_large]
 

@@ -31,7 +31,7 @@ import tvm
 from tvm import relax
 
 from .runtime import compile as compile_cache
-from .runtime import parse, targets
+from .runtime import parse, specializations, targets
 
 # kernel -> names of the TensorIR parameters it writes (the in-place results, in parameter order)
 WRITES = {
@@ -52,7 +52,11 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
     sources: the ``RealKvHashMode`` its calls run in, which only picks the geometry; else 0) and
     workload point ``size`` (``runtime.packing.KernelCall.size``, e.g. verify's plan capacity; None: the
     default below any size class, ``targets.default_geometry``) to ``bb``'s module, named
-    ``canary_<kernel>[_<spec>]``; returns its GlobalVar."""
+    ``canary_<kernel>[_<spec>]``; returns its GlobalVar. A ``spec`` that is not one of the kernel's
+    specializations (``specializations.all_specs``) raises ValueError."""
+    if tuple(spec) not in specializations.all_specs(kernel):
+        axes = [name for name, _ in specializations.AXES[kernel]]
+        raise ValueError(f"kv-canary: {kernel} has no specialization {tuple(spec)!r} (its axes: {axes})")
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
     attrs = {"global_symbol": name, "tirx.is_scheduled": True, _KERNEL_ATTR: kernel}
     func = kernel_ir(kernel, spec, tag, mode, size).with_attr(attrs)

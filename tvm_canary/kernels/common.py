@@ -352,13 +352,17 @@ def fold_sources(geom: Geometry):
     return fold
 
 
-def source_params(scalars, partial: bool) -> list:
+def source_params(scalars, partial: bool, fold_words: int) -> list:
     """The sources' ``(page_size, token_words, fold_words)`` triples from the kernel's scalars
     (``scalars``, one triple per source). A PARTIAL fold reads each source's first HEAD_WORDS words
     whatever its layout (SPEC 1.4; the host passes that count too): with ``partial`` the count is built
     in, so the general fold's batch loops and tails compile away (the twenty-ninth and thirty-first
-    sessions: verify PARTIAL 4096's sm_90 kernel 5840 -> 1344 SASS instructions, 218 -> 67 registers)."""
-    return [(ps, tw, T.int64(HEAD_WORDS) if partial else fw) for ps, tw, fw in scalars]
+    sessions: verify PARTIAL 4096's sm_90 kernel 5840 -> 1344 SASS instructions, 218 -> 67 registers).
+    An ALL fold reads each source's whole token row: a nonzero ``fold_words`` is that count, the same
+    for every source, built in likewise (``specializations.fold_words`` chooses it from the sources)."""
+    if partial:
+        return [(ps, tw, T.int64(HEAD_WORDS)) for ps, tw, _ in scalars]
+    return [(ps, tw, T.int64(fold_words) if fold_words else fw) for ps, tw, fw in scalars]
 
 
 def source_buffers(handles):

@@ -72,9 +72,10 @@ Launch = collections.namedtuple("Launch", "buf slots etoks epos prevs kind srcs 
 EmitState = collections.namedtuple("EmitState", "bits row launch h acc part ok sbits ring")
 
 
-def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
+def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode), PARTIAL mode's built-in
-    fold word count (``common.source_params``) and the token check."""
+    fold word count (``common.source_params``), the token check and ALL mode's built-in fold word count
+    (0: each source's own, passed at launch)."""
     TH = geom.threads
     sync = block_sync(geom)
     fold = fold_sources(geom)
@@ -188,7 +189,7 @@ def make(num_sources: int, partial: bool, check_token: bool, geom: Geometry):
         flags = T.match_buffer(flags_h, (NF,), "int32")
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var(
-            source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial))
+            source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial, fold_words))
         launch = T.meta_var(Launch(buf, slots, etoks, epos, prevs, kind, srcs, params))
         # Blocks, and the lanes of each that check entries (shape expressions: no host sync). meta_vars
         # (the expressions themselves): a bound variable would not reach the host's launch code.

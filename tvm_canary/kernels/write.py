@@ -110,9 +110,10 @@ Group = collections.namedtuple("Group", "slot tok pos et ep")
 EmitState = collections.namedtuple("EmitState", "nrows scount launch")
 
 
-def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
+def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, geom: Geometry):
     """TensorIR for one specialization: folded source count (0 = NONE mode), PARTIAL mode's built-in
-    fold word count (``common.source_params``) and the input assert."""
+    fold word count (``common.source_params``), the input assert and ALL mode's built-in fold word count
+    (0: each source's own, passed at launch)."""
     TH, U = geom.threads, geom.unroll
     # Lanes that stamp one request in lockstep (stamp_lockstep): a warp on CUDA, the thread on CPU; the
     # chain steps of a batch are unrolled U at a time.
@@ -660,7 +661,7 @@ def make(num_sources: int, partial: bool, input_assert: bool, geom: Geometry):
         flags = T.match_buffer(flags_h, (NF,), "int32")
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var(
-            source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial))
+            source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial, fold_words))
         launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, flags, kind, srcs,
                                     params))
 

@@ -28,7 +28,7 @@ from .._consts import PARTIAL_READ_BYTES
 from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
 from ..context import VerifyOrWriteContext
 from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS
-from .specializations import launch_mode, spec
+from .specializations import fold_words, launch_mode, spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +102,13 @@ def partial_fold(context: VerifyOrWriteContext) -> bool:
     return context.real_kv_hash_mode == RealKvHashMode.PARTIAL and folded_sources(context) > 0
 
 
+def built_in_fold_words(context: VerifyOrWriteContext) -> int:
+    """The ``fold_words`` axis of a verify or write launch (``specializations.fold_words``): the word
+    count its ALL-mode kernel has built in, from its sources' layouts, or 0."""
+    used = context.real_kv_sources[: folded_sources(context)]
+    return fold_words(len(used), partial_fold(context), [src.read_bytes // 8 for src in used])
+
+
 def source_args(context: VerifyOrWriteContext) -> list:
     """The 16 trailing kernel arguments: (view, page_size, token_words, fold_words) x 4."""
     args: list = []
@@ -165,7 +172,8 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
         *write_inputs(input_ids, positions, out_cache_loc, assert_on, expected_input_tokens, expected_input_positions),
         context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
-    kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context), input_assert=assert_on)
+    kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context), input_assert=assert_on,
+                       fold_words=built_in_fold_words(context))
     point = write_point(cap, input_ids.shape[0])
     return KernelCall("write", kernel_spec, point, launch_mode("write", kernel_spec), args, scratch=_positions(args, marks))
 
@@ -185,7 +193,7 @@ def verify_call(*, context, plan, check_verify_expected_token):
         *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("verify", num_sources=folded_sources(context), partial=partial_fold(context),
-                       check_token=bool(check_verify_expected_token))
+                       check_token=bool(check_verify_expected_token), fold_words=built_in_fold_words(context))
     return KernelCall("verify", kernel_spec, cap, launch_mode("verify", kernel_spec), args, scratch=_positions(args, marks))
 
 

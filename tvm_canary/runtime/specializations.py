@@ -4,8 +4,10 @@ A specialization is the tuple of leading arguments of ``tvm_canary.kernels.<kern
 each element is one *axis* with a fixed set of values:
 
 * write: ``num_sources`` (real-KV sources folded, 0 = NONE mode), ``partial`` (PARTIAL mode: each
-  source's fold word count built in, ``kernels.common.source_params``), ``input_assert``;
-* verify: ``num_sources``, ``partial``, ``check_token``;
+  source's fold word count built in, ``kernels.common.source_params``), ``input_assert``,
+  ``fold_words`` (ALL mode: the word count every source folds, built in; 0 = each source's own count,
+  passed at launch);
+* verify: ``num_sources``, ``partial``, ``check_token``, ``fold_words``;
 * plan: ``has_lut`` (SWA translation table given), ``has_pool`` (expected-token pool given);
 * scatter: none.
 
@@ -22,11 +24,21 @@ from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
 
 _SOURCES = tuple(range(MAX_REAL_KV_SOURCES + 1))
 _FLAG = (False, True)
+# ALL mode's fold word counts built in (``fold_words``): token rows of 128 B to 2 KiB (e.g. one to eight
+# heads of 128 bf16 values). Built in, the fold's batch loops and index clamps compile away: on the H200
+# (forty-first session, interleaved against the runtime count, rows of 16-256 words) verify ALL ran
+# 1K-4K entries 0.86-0.97x, 64K-1M 0.90-0.99x, write ALL 4096 one-token requests 0.85-0.99x
+# (docs/PERFORMANCE.md, "What the forty-first session changed and measured").
+_FOLD_WORDS = (0, 16, 32, 64, 128, 256)
+# Sources whose fold word count is built in: exactly a pair (K and V), the layout of every MHA and GQA
+# cache; other counts fold each source's own count (keeps the ahead-of-time build to 10 more
+# specializations per kernel).
+FOLD_WORDS_SOURCES = 2
 
 # kernel -> ((axis name, allowed values), ...) in ``make``'s argument order
 AXES: dict[str, tuple[tuple[str, tuple], ...]] = {
-    "write": (("num_sources", _SOURCES), ("partial", _FLAG), ("input_assert", _FLAG)),
-    "verify": (("num_sources", _SOURCES), ("partial", _FLAG), ("check_token", _FLAG)),
+    "write": (("num_sources", _SOURCES), ("partial", _FLAG), ("input_assert", _FLAG), ("fold_words", _FOLD_WORDS)),
+    "verify": (("num_sources", _SOURCES), ("partial", _FLAG), ("check_token", _FLAG), ("fold_words", _FOLD_WORDS)),
     "plan": (("has_lut", _FLAG), ("has_pool", _FLAG)),
     "scatter": (),
 }
@@ -45,7 +57,8 @@ def spec(kernel: str, **values) -> tuple:
             raise ValueError(f"kv-canary: {kernel} specialization {name}={values[name]!r} not in {allowed}")
         out.append(value)
     if not valid(kernel, tuple(out)):
-        raise ValueError(f"kv-canary: {kernel} specialization {values} folds no source in PARTIAL mode")
+        raise ValueError(f"kv-canary: {kernel} specialization {values}: PARTIAL mode needs a source; a built-in "
+                         f"fold word count needs ALL mode with {FOLD_WORDS_SOURCES} sources")
     return tuple(out)
 
 
@@ -56,9 +69,22 @@ def _axis_values(kernel: str, spec_: tuple) -> dict:
 
 def valid(kernel: str, spec_: tuple) -> bool:
     """Whether the axis values go together: ``partial`` only where sources are folded (PARTIAL mode
-    without sources folds nothing, as NONE does: SPEC 1.4)."""
+    without sources folds nothing, as NONE does: SPEC 1.4); a built-in ``fold_words`` only in ALL mode
+    with FOLD_WORDS_SOURCES sources."""
     values = _axis_values(kernel, spec_)
-    return not values.get("partial") or values["num_sources"] > 0
+    if values.get("partial") and not values["num_sources"]:
+        return False
+    return not values.get("fold_words") or (values["num_sources"] == FOLD_WORDS_SOURCES and not values["partial"])
+
+
+def fold_words(num_sources: int, partial: bool, source_words: list[int]) -> int:
+    """The ``fold_words`` axis value of a launch folding ``num_sources`` sources whose fold word counts
+    are ``source_words``: their common count where a kernel builds it in, else 0 (each source's own
+    count, passed at launch)."""
+    common = set(source_words)
+    if partial or num_sources != FOLD_WORDS_SOURCES or len(common) != 1:
+        return 0
+    return next(iter(common)) if common <= set(_FOLD_WORDS) else 0
 
 
 def all_specs(kernel: str) -> list[tuple]:

@@ -89,13 +89,15 @@ def default_of(kernel: str, bucket: tuple, target: str) -> Geometry:
 
 
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
-    """The specialization a workload is compiled in: no input checks, sources folded per its mode."""
+    """The specialization a workload is compiled in: no input checks, sources folded per its mode, each
+    source's fold word count passed at launch (``fold_words`` 0: the kernel whose hash keys the records;
+    an ALL launch that builds its count in runs the same bucket's geometry)."""
     mode = mode_of(kernel, bucket)
     sources = KV_SOURCES if mode else 0
     partial = mode == int(RealKvHashMode.PARTIAL)
     return {
-        "verify": lambda: spec("verify", num_sources=sources, partial=partial, check_token=False),
-        "write": lambda: spec("write", num_sources=sources, partial=partial, input_assert=False),
+        "verify": lambda: spec("verify", num_sources=sources, partial=partial, check_token=False, fold_words=0),
+        "write": lambda: spec("write", num_sources=sources, partial=partial, input_assert=False, fold_words=0),
         "plan": lambda: spec("plan", has_lut=False, has_pool=False),
         "scatter": lambda: spec("scatter"),
     }[kernel]()
