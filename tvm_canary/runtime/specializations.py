@@ -26,8 +26,9 @@ _SOURCES = tuple(range(MAX_REAL_KV_SOURCES + 1))
 _FLAG = (False, True)
 # ALL mode's fold word counts built in (``fold_words``): token rows of 128 B to 2 KiB (e.g. one to eight
 # heads of 128 bf16 values). Built in, the fold's batch loops and index clamps compile away: on the H200
-# (forty-first session, interleaved against the runtime count, rows of 16-256 words) verify ALL ran
-# 1K-4K entries 0.86-0.97x, 64K-1M 0.90-1.00x, write ALL 4096 one-token requests 0.85-1.02x
+# (forty-first session's call 3, interleaved against the runtime count, rows of 16, 64, 128 and 256
+# words) verify ALL ran 1K-4K entries 0.86-0.97x, 64K-1M 0.90-1.00x, write ALL 4096 one-token requests
+# 0.85-1.02x
 # (docs/PERFORMANCE-HISTORY.md, "What the forty-first session changed and measured").
 _FOLD_WORDS = (0, 16, 32, 64, 128, 256)
 # Sources whose fold word count is built in: exactly a pair (K and V), the layout of every MHA and GQA
