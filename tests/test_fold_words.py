@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_differential import ITERATIONS, run_differential, stamp_true_folds
 
-from tvm_canary.cases import CASES, random_source
+from tvm_canary.cases import random_source
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import packing
 
@@ -35,6 +35,7 @@ def built_in_fold_layout(seed: int, words: int):
             sources.append(random_source(gen, rows=slots // page + 1, page_size=page, nbpt=nbpt, read_bytes=8 * words,
                                          row_stride_bytes=page * nbpt + extra, device=device))
         case["context"] = dataclasses.replace(ctx, real_kv_sources=tuple(sources), real_kv_hash_mode=RealKvHashMode.ALL)
+        assert packing.built_in_fold_words(case["context"]) == words  # the launch runs the built-in kernel
         if "check_verify_expected_token" in case:
             stamp_true_folds(case)
 
@@ -46,14 +47,11 @@ def built_in_fold_layout(seed: int, words: int):
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_built_in_fold_words(kernel, words, device):
     """ALL mode over two sources of one fold word count that a kernel builds in (``fold_words``): the
-    reference's bytes and rows, on every listed count (the wide-token fuzz above draws the other layouts)."""
+    reference's bytes and rows, on every listed count (test_differential.py's wide-token fuzz draws the
+    other layouts)."""
     require(device)
     for seed in range(ITERATIONS[device] // 20):
-        prepare = built_in_fold_layout(seed, words)
-        case = CASES[kernel](torch.Generator().manual_seed(seed), "cpu")
-        prepare(case, 0)
-        assert packing.built_in_fold_words(case["context"]) == words
         try:
-            run_differential(kernel, device, seed, prepare)
+            run_differential(kernel, device, seed, built_in_fold_layout(seed, words))
         except AssertionError as e:
             raise AssertionError(f"{kernel} on {device}, {words} words built in, seed {seed}: {e}") from e
