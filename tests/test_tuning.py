@@ -739,6 +739,54 @@ def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, ca
     assert "write (8, 16)" in warning and "tvm-canary tune --kernels write" in warning
 
 
+def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_without_its_record(tmp_path, caplog):
+    """The default fallback on real CUDA records: a bucket of the committed H200 database that holds a
+    record of another geometry than its default is copied alone, its times rewritten. With the
+    default's record beside it, that geometry applies when measured clearly faster; without it, the
+    lookup keeps the default and the warning names the bucket, however fast the other record."""
+    from tvm.s_tir import meta_schedule as ms
+
+    folder = keys.committed_tune_logs() / "nvidia-h200-sm_90"
+    records = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False).get_all_tuning_records()
+    by_bucket: dict = {}
+    for record in records:
+        func = record.workload.mod["main"]
+        by_bucket.setdefault((str(func.attrs["canary.kernel"]), workloads.bucket_of(func)), []).append(record)
+
+    def split(key):
+        """(the default's record, another geometry's record and that geometry) of a bucket, or None."""
+        default = workloads.default_of(*key, "cuda")
+        geometries = [(apply.record_geometry(r, cuda=True), r) for r in by_bucket[key]]
+        mine = next((r for g, r in geometries if g == default), None)
+        other = next(((r, g) for g, r in geometries if g != default), None)
+        return (mine, *other) if mine is not None and other is not None else None
+
+    found = next(((k, s) for k in sorted(by_bucket) if (s := split(k))), None)
+    if found is None:
+        pytest.skip("the committed H200 database holds no bucket with a record of another geometry than its default")
+    key, (default_record, other_record, other) = found
+
+    launches = workloads.CASE_LAUNCHES.get(key[0], 1)
+
+    def copy_with(name, timed):
+        """A database of ``(record, seconds per launch)`` pairs of the bucket; its folder."""
+        (tmp_path / name).mkdir()
+        db = ms.database.JSONDatabase(work_dir=str(tmp_path / name))
+        for record, seconds in timed:
+            db.commit_tuning_record(ms.database.TuningRecord(record.trace, db.commit_workload(record.workload.mod),
+                                                             [seconds] * launches, record.target, record.args_info))
+        return str(tmp_path / name)
+
+    with caplog.at_level("WARNING", logger="tvm_canary"):
+        assert apply._chosen_geometries(copy_with("both", [(default_record, 1e-5), (other_record, 0.9e-5)]),
+                                        cuda=True) == {key[0]: {key[1]: other}}
+        assert not caplog.records
+        alone = copy_with("alone", [(other_record, 1e-9)])
+        assert apply._chosen_geometries(alone, cuda=True) == {key[0]: {key[1]: workloads.default_of(*key, "cuda")}}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"no valid record of the default geometry of {key[0]} {key[1]}" in warning
+
+
 def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default(tmp_path, monkeypatch):
     """``apply.chosen``: verify's case is a random-order and a chain-order launch, which one geometry
     serves; a record's times are per launch, a repeat at a time (``launch_seconds``). The fastest record
