@@ -30,6 +30,9 @@ FOLD_PREFETCH = 8
 # slower on the H200 (thirteenth session's GPU calls 6 and 7): each batch's steps no longer cover the
 # next batch's loads.
 PAIR_PREFETCH = FOLD_PREFETCH
+# ALL mode's built-in fold word counts (``fold_words``) up to which write's paired fold loads a slot's
+# whole token rows before its first step (``whole_row_pair``): 2 x 22 more live registers at 32 words.
+WHOLE_ROW_WORDS = 32
 # A fold's local scratch for one source, its *front*: the strip's row and first word (``strip_start``),
 # its HEAD_WORDS head words (``load_head``), then, for a paired fold, the first PAIR_PREFETCH words after
 # them (``load_batch``); FRONTS_PER_SLOT for all the sources of one slot. Filled ahead of the fold, so
@@ -249,6 +252,46 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
     splitmix64(acc)
 
 
+def whole_row_pair(fold_words: int):
+    """Macro with ``fold_pair``'s arguments for two sources whose fold word count is built in as
+    ``fold_words`` (a Python int, ``source_params``; at most WHOLE_ROW_WORDS): the words after each
+    front's first batch are all loaded before the first step, so a slot's loads are in flight together
+    and neither chain waits on a later batch's round trip; the steps run in ``fold_pair``'s order."""
+    rest = fold_words - HEAD_WORDS
+    first = min(rest, PAIR_PREFETCH)
+    later = rest - first
+
+    @T.macro
+    def fold_pair_whole(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
+        part_b = T.alloc_buffer((1,), "uint64", scope="local")
+        later_a = T.alloc_buffer((max(later, 1),), "int64", scope="local")
+        later_b = T.alloc_buffer((max(later, 1),), "int64", scope="local")
+        at_b = at + FRONT_WORDS
+        row_a, col_a = after_head(front, at)
+        row_b, col_b = after_head(front, at_b)
+        for w in T.unroll(later):
+            later_a[w] = src_a[row_a, col_a + first + w]
+            later_b[w] = src_b[row_b, col_b + first + w]
+        part[0] = T.reinterpret("uint64", front[at + FRONT_HEAD])
+        part_b[0] = T.reinterpret("uint64", front[at_b + FRONT_HEAD])
+        splitmix64(part)
+        splitmix64(part_b)
+        fold_step(part, front[at + FRONT_HEAD + 1])
+        fold_step(part_b, front[at_b + FRONT_HEAD + 1])
+        for u in T.unroll(first):
+            fold_step(part, front[at + FRONT_BATCH + u])
+            fold_step(part_b, front[at_b + FRONT_BATCH + u])
+        for w in T.unroll(later):
+            fold_step(part, later_a[w])
+            fold_step(part_b, later_b[w])
+        acc[0] = acc[0] ^ part[0]
+        splitmix64(acc)
+        acc[0] = acc[0] ^ part_b[0]
+        splitmix64(acc)
+
+    return fold_pair_whole
+
+
 def head_loads(geom: Geometry):
     """Macro ``load_heads(front, base, srcs, params, num_sources, slot)``: fronts ``front[base +
     FRONT_WORDS * j:]`` of sources j < num_sources := their strip starts and head words (``load_head``),
@@ -315,28 +358,33 @@ def load_batches(front, base, srcs, params, num_sources):
         load_batch(front, base + 3 * FRONT_WORDS, srcs[3], params[3][2])
 
 
-def fold_sources(geom: Geometry):
+def fold_sources(geom: Geometry, whole_rows: int = 0):
     """Macro ``fold(acc, part, front, base, srcs, params, num_sources)``: acc[0] :=
     real_kv_fold_sources(slot) over the first num_sources (a Python int) sources, whose fronts start at
     ``front[base:]`` and hold their heads (``load_heads``); srcs: Python list of 4 source buffers;
     params: Python list of 4 (page_size, token_words, fold_words) scalar triples.
 
-    With ``geom.fold_pairs()`` the sources that ``paired`` names fold in pairs (``fold_pair``), whose
-    fronts must also hold their first batches (``load_batches``); a last source without a partner folds
-    alone. Otherwise every source folds alone, one after another (``fold_one``: fewer live registers).
+    With ``geom.fold_pairs()`` the sources that ``paired`` names fold in pairs (``fold_pair``; with
+    ``whole_rows``, ALL mode's built-in fold word count, ``whole_row_pair`` when that count is at most
+    WHOLE_ROW_WORDS), whose fronts must also hold their first batches (``load_batches``); a last source
+    without a partner folds alone. Otherwise every source folds alone, one after another (``fold_one``:
+    fewer live registers). Only write passes ``whole_rows``: on the H200 (forty-second session's call
+    D, interleaved, same bytes) whole rows ran write ALL 4096 x 1 0.921x and verify ALL 1K-4K
+    1.025-1.052x (A/A 0.976-1.019; verify loads a paired fold's fronts before its chain hash already).
     """
     pairs = geom.fold_pairs()
+    pair = whole_row_pair(whole_rows) if HEAD_WORDS < whole_rows <= WHOLE_ROW_WORDS else fold_pair
 
     @T.macro
     def fold(acc, part, front, base, srcs, params, num_sources):
         acc[0] = T.uint64(0)
         if pairs:
             if paired(1, num_sources):
-                fold_pair(acc, part, front, base, srcs[0], params[0][2], srcs[1], params[1][2])
+                pair(acc, part, front, base, srcs[0], params[0][2], srcs[1], params[1][2])
             elif num_sources > 0:
                 fold_one(acc, part, front, base, srcs[0], params[0][2])
             if paired(3, num_sources):
-                fold_pair(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2], srcs[3], params[3][2])
+                pair(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2], srcs[3], params[3][2])
             elif num_sources > 2:
                 fold_one(acc, part, front, base + 2 * FRONT_WORDS, srcs[2], params[2][2])
         else:

@@ -78,7 +78,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
     (0: each source's own, passed at launch)."""
     TH = geom.threads
     sync = block_sync(geom)
-    fold = fold_sources(geom)
+    fold = fold_sources(geom)  # batches loaded ahead, whatever fold_words (``fold_sources``)
     load_heads = head_loads(geom)
     pairs = geom.fold_pairs()
 

@@ -122,7 +122,7 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
     assert WARP % STEP_UNROLL == 0, f"write: unroll {U} must divide the warp's {WARP} lanes"
     sync = block_sync(geom)
     add = counter_add(geom)
-    fold = fold_sources(geom)
+    fold = fold_sources(geom, fold_words)
     load_heads = head_loads(geom)
     pairs = geom.fold_pairs()
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
