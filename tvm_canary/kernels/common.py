@@ -205,6 +205,26 @@ def fold_one(acc, part, front, at, src, fold_words):
 
 
 @T.macro
+def start_pair(part, part_b, front, at, at_b):
+    """Two sources' fold chains started from their fronts' head words (``load_head``), in lockstep."""
+    part[0] = T.reinterpret("uint64", front[at + FRONT_HEAD])
+    part_b[0] = T.reinterpret("uint64", front[at_b + FRONT_HEAD])
+    splitmix64(part)
+    splitmix64(part_b)
+    fold_step(part, front[at + FRONT_HEAD + 1])
+    fold_step(part_b, front[at_b + FRONT_HEAD + 1])
+
+
+@T.macro
+def end_pair(acc, part, part_b):
+    """acc[0] := the two finished chains folded into it, ``part`` first (SPEC 1.4's source order)."""
+    acc[0] = acc[0] ^ part[0]
+    splitmix64(acc)
+    acc[0] = acc[0] ^ part_b[0]
+    splitmix64(acc)
+
+
+@T.macro
 def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
     """acc[0] := splitmix64(acc[0] ^ fold_one(src_a, slot)), then the same with src_b (SPEC 1.4, in
     that order), given both sources' fronts at ``front[at:]`` and ``front[at + FRONT_WORDS:]``, heads
@@ -219,12 +239,7 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
     next_a = T.alloc_buffer((PAIR_PREFETCH,), "int64", scope="local")
     next_b = T.alloc_buffer((PAIR_PREFETCH,), "int64", scope="local")
     at_b = at + FRONT_WORDS
-    part[0] = T.reinterpret("uint64", front[at + FRONT_HEAD])
-    part_b[0] = T.reinterpret("uint64", front[at_b + FRONT_HEAD])
-    splitmix64(part)
-    splitmix64(part_b)
-    fold_step(part, front[at + FRONT_HEAD + 1])
-    fold_step(part_b, front[at_b + FRONT_HEAD + 1])
+    start_pair(part, part_b, front, at, at_b)
     rest_a = fold_words_a - HEAD_WORDS
     rest_b = fold_words_b - HEAD_WORDS
     both = T.max(T.min(rest_a, rest_b), T.int64(0))
@@ -246,10 +261,7 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
             fold_step(part_b, front[at_b + FRONT_BATCH + u])
     fold_rest(part, src_a, front, at, both, rest_a)
     fold_rest(part_b, src_b, front, at_b, both, rest_b)
-    acc[0] = acc[0] ^ part[0]
-    splitmix64(acc)
-    acc[0] = acc[0] ^ part_b[0]
-    splitmix64(acc)
+    end_pair(acc, part, part_b)
 
 
 def whole_row_pair(fold_words: int):
@@ -272,22 +284,14 @@ def whole_row_pair(fold_words: int):
         for w in T.unroll(later):
             later_a[w] = src_a[row_a, col_a + first + w]
             later_b[w] = src_b[row_b, col_b + first + w]
-        part[0] = T.reinterpret("uint64", front[at + FRONT_HEAD])
-        part_b[0] = T.reinterpret("uint64", front[at_b + FRONT_HEAD])
-        splitmix64(part)
-        splitmix64(part_b)
-        fold_step(part, front[at + FRONT_HEAD + 1])
-        fold_step(part_b, front[at_b + FRONT_HEAD + 1])
+        start_pair(part, part_b, front, at, at_b)
         for u in T.unroll(first):
             fold_step(part, front[at + FRONT_BATCH + u])
             fold_step(part_b, front[at_b + FRONT_BATCH + u])
         for w in T.unroll(later):
             fold_step(part, later_a[w])
             fold_step(part_b, later_b[w])
-        acc[0] = acc[0] ^ part[0]
-        splitmix64(acc)
-        acc[0] = acc[0] ^ part_b[0]
-        splitmix64(acc)
+        end_pair(acc, part, part_b)
 
     return fold_pair_whole
 
