@@ -31,7 +31,8 @@ FOLD_PREFETCH = 8
 # next batch's loads.
 PAIR_PREFETCH = FOLD_PREFETCH
 # ALL mode's built-in fold word counts (``fold_words``) up to which write's paired fold loads a slot's
-# whole token rows before its first step (``whole_row_pair``): 2 x 22 more live registers at 32 words.
+# whole token rows before its first step (``whole_row_pair``): 2 x 22 more live int64 words at 32 words
+# (sm_90, write ALL 4096 x 1: 80 -> 95 registers, no spill).
 WHOLE_ROW_WORDS = 32
 # A fold's local scratch for one source, its *front*: the strip's row and first word (``strip_start``),
 # its HEAD_WORDS head words (``load_head``), then, for a paired fold, the first PAIR_PREFETCH words after
