@@ -23,7 +23,7 @@ def built_in_fold_layout(seed: int, words: int, shift: int = 0):
     drawn from ``seed`` alike on every device), the layout whose fold word count an ALL kernel builds in
     (``specializations.fold_words``); verify's canaries then hold the true folds. ``shift``: each source
     starts that many bytes into its rows (8: a start 8-byte but not 16-byte aligned, which a source may
-    have, docs/SPEC.md D5)."""
+    have: the launch-time rules of docs/SPEC.md section 2)."""
 
     def prepare(case: dict, launch: int) -> None:
         ctx = case["context"]
@@ -46,30 +46,23 @@ def built_in_fold_layout(seed: int, words: int, shift: int = 0):
     return prepare
 
 
+# (fold words, source start's offset in bytes): every built-in count from 16-byte aligned starts, and the
+# counts whose whole token rows write loads before its chain (``common.whole_row_pair``) also from starts
+# 8 bytes past a 16-byte boundary
+LAYOUTS = [(16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (16, 8), (32, 8)]
+
+
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("words", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("words,shift", LAYOUTS)
 @pytest.mark.parametrize("kernel", ["verify", "write"])
-def test_differential_built_in_fold_words(kernel, words, device):
+def test_differential_built_in_fold_words(kernel, words, shift, device):
     """ALL mode over two sources of one fold word count that a kernel builds in (``fold_words``): the
-    reference's bytes and rows, on every listed count (test_differential.py's wide-token fuzz draws the
-    other layouts)."""
+    reference's bytes and rows, on every listed count and source start (test_differential.py's
+    wide-token fuzz draws the other layouts)."""
     require(device)
     for seed in range(ITERATIONS[device] // 20):
         try:
-            run_differential(kernel, device, seed, built_in_fold_layout(seed, words))
+            run_differential(kernel, device, seed, built_in_fold_layout(seed, words, shift))
         except AssertionError as e:
-            raise AssertionError(f"{kernel} on {device}, {words} words built in, seed {seed}: {e}") from e
-
-
-@pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("words", [16, 32])
-@pytest.mark.parametrize("kernel", ["verify", "write"])
-def test_differential_built_in_fold_words_of_sources_not_16_byte_aligned(kernel, words, device):
-    """The same over sources whose rows start 8 bytes past a 16-byte boundary, at the counts whose
-    whole token rows write loads before its chain (``common.whole_row_pair``)."""
-    require(device)
-    for seed in range(ITERATIONS[device] // 20):
-        try:
-            run_differential(kernel, device, seed, built_in_fold_layout(seed, words, shift=8))
-        except AssertionError as e:
-            raise AssertionError(f"{kernel} on {device}, {words} words built in, 8-byte shift, seed {seed}: {e}") from e
+            where = f"{kernel} on {device}, {words} words built in, start +{shift} B, seed {seed}"
+            raise AssertionError(f"{where}: {e}") from e
