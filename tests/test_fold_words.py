@@ -34,6 +34,7 @@ def built_in_fold_layout(seed: int, words: int, shift: int = 0):
             page, pad = (int(x) for x in torch.randint(0, 3, (2,), generator=gen))
             page, extra = [1, 4, 16][page], 16 * pad
             nbpt = 8 * words + extra  # folded: the token's first 8 * words bytes
+            # shifted: rows ``shift`` bytes wider, cut at the front; the stride keeps room and a multiple of 16
             source = random_source(gen, rows=slots // page + 1, page_size=page, nbpt=nbpt, read_bytes=8 * words,
                                    row_bytes=page * nbpt + shift, row_stride_bytes=page * nbpt + extra + 2 * shift,
                                    device=device)

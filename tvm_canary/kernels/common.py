@@ -268,8 +268,10 @@ def fold_pair(acc, part, front, at, src_a, fold_words_a, src_b, fold_words_b):
 def whole_row_pair(fold_words: int):
     """Macro with ``fold_pair``'s arguments for two sources whose fold word count is built in as
     ``fold_words`` (a Python int, ``source_params``; at most WHOLE_ROW_WORDS): the words after each
-    front's first batch are all loaded before the first step, so a slot's loads are in flight together
-    and neither chain waits on a later batch's round trip; the steps run in ``fold_pair``'s order."""
+    front's first batch are all loaded, in the TensorIR, before the first step, with no batch loop, so
+    neither chain waits on a later batch's round trip; the steps run in ``fold_pair``'s order. (In sm_90
+    code NVVM sinks each of those loads to just before its step: docs/PERFORMANCE.md, "Write real-KV
+    vs NONE".)"""
     rest = fold_words - HEAD_WORDS
     first = min(rest, PAIR_PREFETCH)
     later = rest - first
