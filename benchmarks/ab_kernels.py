@@ -1,7 +1,7 @@
 """Versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]]...
-        [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--quick] [--json OUT.json]
+        [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--verify-sizes N ...] [--kv-bytes B] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -232,11 +232,16 @@ def main(argv=None) -> int:
     ap.add_argument("--write-shapes", nargs="+", metavar="RxT[cC]",
                     help="write's rows, requests x tokens per request [in a plan of capacity C] "
                          "(default: the benchmark's, bench_kernels.WRITE_SHAPES)")
+    ap.add_argument("--verify-sizes", nargs="+", type=int, metavar="N",
+                    help="verify's rows, entries per plan, some of bench_kernels.VERIFY_SIZES (default: all of them)")
+    ap.add_argument("--kv-bytes", type=int, metavar="B",
+                    help="bytes per token of each of the pool's two sources (default bench_kernels.KV_BYTES, 256; "
+                         "a multiple of 8): ALL folds B / 8 words per source")
     ap.add_argument("--quick", action="store_true", help="a smaller pool and sizes (smoke run)")
     ap.add_argument("--json", help="write the rows and the run's environment here")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
-    from bench_kernels import WRITE_SHAPES, fail
+    from bench_kernels import VERIFY_SIZES, WRITE_SHAPES, fail
 
     try:
         variants = [parse_variant(v) for v in args.variant]
@@ -248,6 +253,11 @@ def main(argv=None) -> int:
             if kernel not in args.kernels or mode not in args.modes:
                 raise ValueError(f"--variant {name}: {kernel} {mode} is not timed (--kernels {' '.join(args.kernels)}, "
                                  f"--modes {' '.join(args.modes)})")
+        known_sizes = VERIFY_SIZES["quick" if args.quick else "full"]
+        if set(args.verify_sizes or ()) - set(known_sizes):
+            raise ValueError(f"--verify-sizes: each one of {', '.join(map(str, known_sizes))}")
+        if args.kv_bytes is not None and (args.kv_bytes < 16 or args.kv_bytes % 8):
+            raise ValueError(f"--kv-bytes {args.kv_bytes}: a multiple of 8, at least 16")
         write_shapes = ([parse_write_shape(t) for t in args.write_shapes] if args.write_shapes
                         else [(reqs, length, reqs) for reqs, length in WRITE_SHAPES])
         base = resolve_base(args.base)
@@ -257,6 +267,9 @@ def main(argv=None) -> int:
         return fail("ab_kernels.py needs a CUDA GPU and torch sees none; run it on a GPU host")
     import bench_kernels as B
     import floors
+
+    if args.kv_bytes is not None:
+        B.KV_BYTES = args.kv_bytes  # the pool's rows, the ALL folds' word count and the floors' (module global)
 
     from tvm_canary.geometry import Geometry
     from tvm_canary.runtime import packing
@@ -276,7 +289,7 @@ def main(argv=None) -> int:
         arms += [Arm(name, folder / "tvm_canary", {}) for name, folder in packages]
         arms += [Arm(name, ROOT / "tvm_canary", overrides) for name, overrides in named.items()]
         launchers = B.Launchers()
-        sizes = B.VERIFY_SIZES["quick" if args.quick else "full"]
+        sizes = [n for n in known_sizes if n in (args.verify_sizes or known_sizes)]
         points = {"verify": list(sizes),  # KernelCall.size of the rows
                   "write": [packing.write_point(capacity, reqs * length) for reqs, length, capacity in write_shapes]}
         try:

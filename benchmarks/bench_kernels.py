@@ -120,17 +120,17 @@ def once_us(fn) -> float:
 
 
 def parse_geometry(text: str, tile: int = 1):
-    """``BLOCKSxTHREADS[kTILE][uUNROLL][mMIN_BLOCKS][w][p]`` (e.g. ``1056x512m1``, ``528x512k1024``,
-    ``528x128u8``, ``528x128m2wp``; ``w``: thin, ``p``: paired folds) -> a CUDA Geometry (``tile`` when the
-    text names none)."""
+    """``BLOCKSxTHREADS[kTILE][uUNROLL][mMIN_BLOCKS][w][p|pp]`` (e.g. ``1056x512m1``, ``528x512k1024``,
+    ``528x128u8``, ``528x128m2wp``, ``528x32wpp``; ``w``: thin, ``p``: paired folds, ``pp``: split folds)
+    -> a CUDA Geometry (``tile`` when the text names none)."""
     from tvm_canary.geometry import Geometry
 
-    match = re.fullmatch(r"(\d+)x(\d+)(?:k(\d+))?(?:u(\d+))?(?:m(\d+))?(w?)(p?)", text)
+    match = re.fullmatch(r"(\d+)x(\d+)(?:k(\d+))?(?:u(\d+))?(?:m(\d+))?(w?)(p{0,2})", text)
     if match is None:
-        raise ValueError(f"{text!r} is not BLOCKSxTHREADS[kTILE][uUNROLL][mMIN_BLOCKS][w][p]")
+        raise ValueError(f"{text!r} is not BLOCKSxTHREADS[kTILE][uUNROLL][mMIN_BLOCKS][w][p|pp]")
     blocks, threads, tile_text, unroll, min_blocks, thin, pairs = match.groups()
     return Geometry(gpu=True, blocks=int(blocks), threads=int(threads), tile=int(tile_text or tile),
-                    unroll=int(unroll or 1), min_blocks=int(min_blocks or 1), thin=int(bool(thin)), pairs=int(bool(pairs)))
+                    unroll=int(unroll or 1), min_blocks=int(min_blocks or 1), thin=int(bool(thin)), pairs=len(pairs))
 
 
 def geometry_label(geom) -> str:

@@ -406,6 +406,7 @@ def test_kernel_ab_variants(capsys):
             "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
     refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
             "kv-canary: --variant m4: verify NONE is not timed (--kernels write,")
+    refused(["--base", "HEAD", "--verify-sizes", "1024", "5000"], "kv-canary: --verify-sizes: each one of 1024, 4096, 65536,")
     assert ab_kernels.parse_write_shape("256x4") == (256, 4, 256)
     assert ab_kernels.parse_write_shape("8x16c256") == (8, 16, 256)  # 8 requests in a plan of capacity 256
     for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4", "8x16c4", "8x16c0", "8x16c"):
@@ -429,13 +430,16 @@ def test_geometry_labels_round_trip():
 
     for text, label in (("1056x512m1", "1056x512"), ("528x128m2w", "528x128m2w"), ("528x128m2wp", "528x128m2wp"),
                         ("2112x512m16", "2112x512m16"), ("528x128p", "528x128p"), ("264x32u16w", "264x32u16w"),
-                        ("528x512k1024u1", "528x512")):
+                        ("528x512k1024u1", "528x512"), ("528x32wpp", "528x32wpp")):
         assert bench_kernels.geometry_label(bench_kernels.parse_geometry(text)) == label
     assert bench_kernels.parse_geometry("528x128m2wp").pairs == 1
+    assert bench_kernels.parse_geometry("528x32wpp").pairs == 2  # split folds
     assert bench_kernels.parse_geometry("528x512k1024").tile == 1024
     assert bench_kernels.parse_geometry("264x32u8m2w").unroll == 8
     with pytest.raises(ValueError, match="BLOCKSxTHREADS"):
         bench_kernels.parse_geometry("528x128q")
+    with pytest.raises(ValueError, match="BLOCKSxTHREADS"):
+        bench_kernels.parse_geometry("528x128ppp")
 
 
 def test_ab_kernels_keys_rows_by_their_workload_point():
@@ -454,7 +458,7 @@ def test_default_labels_name_modes_and_size_classes():
         "ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
         "528x64u2, NONE >= 1x23 528x64u8, PARTIAL 264x32p, PARTIAL >= 1x5 528x64u2, PARTIAL >= 1x23 528x64u8, "
-        "ALL 528x128wp, ALL >= 1x128 528x256u8p")
+        "ALL 528x32wpp, ALL >= 1x128 528x256u8p")
 
 
 @pytest.mark.parametrize("capacity", [None, 16])

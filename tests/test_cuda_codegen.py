@@ -106,3 +106,23 @@ def test_work_grid(units, thin, grid):
 
 def test_every_kernel_has_codegen_tests():
     assert sorted(cls.kernel for cls in KernelCodegen.__subclasses__()) == sorted(KERNELS)
+
+
+def test_write_folds_split_where_the_specialization_allows():
+    """Write ALL's short-chain default (``pairs`` 2) folds two sources of a built-in word count split: a
+    lane per source, the odd lane's chain shuffled to the even lane within the pair
+    (``kernels.common.split_fold``); a runtime word count, another source count or the CPU folds as
+    ``pairs`` 1 does."""
+    from tvm_canary.kernels.common import splits_sources
+
+    geom = targets.default_geometry("write", "cuda", 2)
+    assert geom.pairs == 2 and all(splits_sources(geom, 2, words) for words in (16, 32, 64, 128, 256))
+    assert not any(splits_sources(geom, sources, words) for sources, words in ((2, 0), (1, 32), (3, 32), (4, 32)))
+    assert not splits_sources(Geometry(gpu=False, pairs=2), 2, 32)
+
+    def source(spec):
+        return cuda_build("write", spec, "sm_90").mod.imports[0].inspect_source("cuda")
+
+    shuffle = "__shfl_xor_sync(pair_mask"
+    assert shuffle in source((2, False, False, 32)) and shuffle in source((2, False, False, 256))
+    assert shuffle not in source((2, False, False, 0))

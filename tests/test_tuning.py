@@ -554,9 +554,12 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     assert "pairs" not in schedules.knobs("verify", True) and "pairs" in schedules.knobs("verify", True, 2)
     assert (none.thin, partial.thin, full.thin) == (0, 1, 1)  # thin where it measured faster (defaults.py)
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
-    assert [(g.threads, g.thin) for g in writes] == [(64, 0), (32, 0), (128, 1)]
+    assert [(g.threads, g.thin) for g in writes] == [(64, 0), (32, 0), (32, 1)]
     assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
-    assert (full.pairs, writes[2].pairs, partial.pairs, writes[1].pairs) == (1, 1, 1, 1)  # paired where measured faster
+    assert (full.pairs, partial.pairs, writes[1].pairs) == (1, 1, 1)  # paired where measured faster
+    assert writes[2].pairs == 2  # write ALL's short chains fold split (a lane per source)
+    long_all = targets.default_geometry("write", "cuda", int(RealKvHashMode.ALL), (1, 128))
+    assert (long_all.threads, long_all.pairs) == (256, 1)  # its long chains paired
     assert all(knob_values_of(schedules.knobs("write", True, mode), geom)  # the size classes' too
                for mode in (1, 2) for geom in targets.default_geometries("write", "cuda", mode))
     cpu = targets.default_geometry("verify", "llvm")
@@ -613,10 +616,10 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert targets.default_geometries("verify", "cuda", 0) == [none_small, none_large]
     # write: chains of 23 tokens per request or more (ALL: 128) keep 8 entries in flight, shorter ones 2
     # (ALL: 1); NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full
-    # lanes where its short ones run 128 thin lanes. PARTIAL's chains of up to 4 tokens (a decode step's)
-    # run 264 x 32 lanes, 1 in flight, paired; from 5 on NONE's geometry.
+    # lanes, paired, where its short ones run 32 thin lanes, split. PARTIAL's chains of up to 4 tokens (a
+    # decode step's) run 264 x 32 lanes, 1 in flight, paired; from 5 on NONE's geometry.
     none_short = targets.default_geometry("write", "cuda-sm_90", 0)
-    long_lanes = {0: {}, 1: {}, 2: {"threads": 256, "thin": 0}}
+    long_lanes = {0: {}, 1: {}, 2: {"threads": 256, "thin": 0, "pairs": 1}}
     for mode, bound in ((0, 23), (1, 23), (2, 128)):
         short = targets.default_geometry("write", "cuda-sm_90", mode)
         chains = none_short if mode == 1 else short  # from 5 tokens per request on

@@ -42,7 +42,9 @@ class Geometry:
         gives each block ``threads`` items. A launch of at least ``blocks * threads`` items is the same
         either way.
     pairs: 1 lets real-KV folds (verify, write) advance two sources' chains in lockstep where the
-        register cap allows it (``fold_pairs``); 0 folds the sources one after another.
+        register cap allows it (``fold_pairs``); 0 folds the sources one after another; 2 (CUDA write)
+        folds a slot's two sources in two lanes, a chain each, where the specialization allows it
+        (``kernels.common.splits_sources``; elsewhere as 1).
     """
 
     gpu: bool
@@ -66,10 +68,10 @@ class Geometry:
 
     def key(self) -> str:
         """Names the geometry in module cache keys and tuning records (its format is part of both; a thin
-        geometry adds ``-w1`` and a paired one ``-p1``, so every key of a geometry without them is as
-        before)."""
+        geometry adds ``-w1`` and a paired one ``-p1`` (``-p2``: split), so every key of a geometry
+        without them is as before)."""
         kind = "cuda" if self.gpu else "cpu"
         thin = "-w1" if self.thin else ""
-        pairs = "-p1" if self.pairs else ""
+        pairs = f"-p{self.pairs}" if self.pairs else ""
         return f"{kind}-b{self.blocks}-t{self.threads}-k{self.tile}-u{self.unroll}-m{self.min_blocks}{thin}{pairs}"
 

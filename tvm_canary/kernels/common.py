@@ -299,22 +299,28 @@ def whole_row_pair(fold_words: int):
     return fold_pair_whole
 
 
-def head_loads(geom: Geometry):
-    """Macro ``load_heads(front, base, srcs, params, num_sources, slot)``: fronts ``front[base +
-    FRONT_WORDS * j:]`` of sources j < num_sources := their strip starts and head words (``load_head``),
-    the strip's row found as ``STRIP_ROW`` on CUDA, by a plain division on CPU."""
+def strip_starts(geom: Geometry):
+    """Macro ``strip_start(rc, slot, page_size, token_words)``: rc[0], rc[1] := row and first word of
+    the slot's strip: ``slot // page_size`` and ``(slot % page_size) * token_words`` for slot >= 0,
+    page_size >= 1 (one truncating division, none when page_size is 1 on CUDA, ``STRIP_ROW``: a 64-bit
+    division is a slow subroutine call there)."""
 
     @T.macro
     def strip_start(rc, slot, page_size, token_words):
-        """rc[0], rc[1] := row and first word of the slot's strip: ``slot // page_size`` and
-        ``(slot % page_size) * token_words`` for slot >= 0, page_size >= 1 (one truncating division,
-        none when page_size is 1 on CUDA, ``STRIP_ROW``: a 64-bit division is a slow subroutine call
-        there)."""
         if geom.gpu:
             rc[0] = T.cuda.func_call("canary_strip_row", slot, page_size, source_code=STRIP_ROW, return_type="int64")
         else:
             rc[0] = T.truncdiv(slot, page_size)
         rc[1] = (slot - rc[0] * page_size) * token_words
+
+    return strip_start
+
+
+def head_loads(geom: Geometry):
+    """Macro ``load_heads(front, base, srcs, params, num_sources, slot)``: fronts ``front[base +
+    FRONT_WORDS * j:]`` of sources j < num_sources := their strip starts (``strip_starts``) and head
+    words (``load_head``)."""
+    strip_start = strip_starts(geom)
 
     @T.macro
     def load_head(front, at, src, page_size, token_words, slot):
@@ -343,6 +349,69 @@ def head_loads(geom: Geometry):
             load_head(front, base + 3 * FRONT_WORDS, srcs[3], params[3][0], params[3][1], slot)
 
     return load_heads
+
+
+def splits_sources(geom: Geometry, num_sources: int, fold_words: int) -> bool:
+    """Whether write's folds run split (``split_fold``): a CUDA geometry with ``pairs`` 2, two sources,
+    and ALL mode's fold word count built in (``fold_words``, ``source_params``); otherwise a ``pairs`` 2
+    geometry folds as ``pairs`` 1 does."""
+    return geom.gpu and geom.pairs == 2 and num_sources == 2 and fold_words > HEAD_WORDS
+
+
+def split_fold(geom: Geometry, fold_words: int):
+    """Macro ``fold(acc, part, slot, srcs, params, odd, lane)`` for ``splits_sources``: lanes 2i and
+    2i + 1 of a warp (``lane`` the caller's lane in its warp, ``odd`` 0 and 1), both calling it with the
+    same checked slot, fold the slot's two sources of ``fold_words`` words (built in; a multiple of
+    FOLD_PREFETCH): the even lane source 0's chain, the odd lane source 1's. A lane loads its token row
+    whole before the first step when it has at most WHOLE_ROW_WORDS words, else FOLD_PREFETCH words at
+    a time, the next batch loaded before the current batch's steps. The odd lane's chain reaches the
+    even lane by a shuffle within the pair, and the even lane's acc[0] := real_kv_fold_sources(slot)
+    (SPEC 1.4; the odd lane's acc[0] is not the fold).
+
+    Each lane loads one row and runs one chain, where a paired fold's lane loads two rows and runs both
+    chains interleaved: in a probe of 4096 one-token requests of two 256-byte rows at random slots (H200,
+    forty-fifth session's call B) the folds took 3.19 us a launch split, 4.17 us paired."""
+    strip_start = strip_starts(geom)
+    batch = min(fold_words, WHOLE_ROW_WORDS) if fold_words <= WHOLE_ROW_WORDS else FOLD_PREFETCH
+    batches = fold_words // batch
+
+    @T.macro
+    def load_words(words, at, srcs, rc, odd, first):
+        """words[at:at + batch] := the lane's source's strip words first, first + 1, ... (a divergent
+        branch of loads only: the chain after it runs once for both lanes)."""
+        if odd:
+            for w in T.unroll(batch):
+                words[at + w] = srcs[1][rc[0], rc[1] + first + w]
+        else:
+            for w in T.unroll(batch):
+                words[at + w] = srcs[0][rc[0], rc[1] + first + w]
+
+    @T.macro
+    def fold(acc, part, slot, srcs, params, odd, lane):
+        rc = T.alloc_buffer((2,), "int64", scope="local")
+        words = T.alloc_buffer((2 * batch,), "int64", scope="local")
+        other = T.alloc_buffer((1,), "uint64", scope="local")
+        if odd:
+            strip_start(rc, slot, params[1][0], params[1][1])
+        else:
+            strip_start(rc, slot, params[0][0], params[0][1])
+        load_words(words, 0, srcs, rc, odd, T.int64(0))
+        part[0] = T.reinterpret("uint64", words[0])
+        splitmix64(part)
+        for c in T.serial(batches):
+            if batches > 1:  # the next batch (the last batch again after the last: in bounds, unused)
+                load_words(words, batch, srcs, rc, odd, T.min(T.Cast("int64", c) + 1, batches - 1) * batch)
+            for w in T.unroll(batch):
+                if c > 0 or w > 0:
+                    fold_step(part, words[w])
+            for w in T.unroll(batch):
+                words[w] = words[batch + w]
+        pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(lane, 30)))
+        other[0] = T.cuda.__shfl_xor_sync(pair_mask, part[0], 1, 32)
+        acc[0] = T.uint64(0)
+        end_pair(acc, part, other)
+
+    return fold
 
 
 def paired(j: int, num_sources: int) -> bool:

@@ -77,6 +77,8 @@ from .common import (
     slot_hash,
     source_buffers,
     source_params,
+    split_fold,
+    splits_sources,
     work_grid,
 )
 
@@ -125,8 +127,12 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
     fold = fold_sources(geom, fold_words)
     load_heads = head_loads(geom)
     pairs = geom.fold_pairs()
-    # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains.
-    FOLD_BLOCKS = 1 if geom.gpu and num_sources > 0 else 0
+    # Split folds (``common.splits_sources``): a lane pair per slot, one source's chain in each lane.
+    split = splits_sources(geom, num_sources, fold_words)
+    fold_split = split_fold(geom, fold_words) if split else None
+    # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains;
+    # two when the folds are split, so that each pair of fold lanes takes what one lane would.
+    FOLD_BLOCKS = (2 if split else 1) if geom.gpu and num_sources > 0 else 0
 
     def record_macro(mode):
         @T.macro
@@ -508,10 +514,12 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
         return walk
 
     @T.macro
-    def fold_request(r, lane, width, launch):
+    def fold_request(r, lane, width, launch, odd, warp_lane):
         """Fields 3 of the slots request r stamps := their real-KV folds; lane `lane` of `width` takes
         entries s0 + lane, s0 + lane + width, ..., U at a time: the head words of all U slots loaded
-        first, then per slot its first batches (paired folds only: ``common.fold_sources``) and fold."""
+        first, then per slot its first batches (paired folds only: ``common.fold_sources``) and fold.
+        Split (``split``): `lane` is a lane pair, whose lanes (``odd`` 0 and 1, ``warp_lane`` their lane
+        in the warp) fold each slot together (``common.split_fold``) and the even lane stores it."""
         slot_u = T.alloc_buffer((U,), "int64", scope="local")
         ok_u = T.alloc_buffer((U,), "int32", scope="local")
         ok = T.alloc_buffer((1,), "int32", scope="local")
@@ -533,14 +541,20 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
                 for u in T.unroll(U):
                     check_slot(ok, slot_u[u], launch.buf.shape[0], launch.srcs, launch.params, num_sources)
                     ok_u[u] = ok[0]
-                    if ok[0] != 0:
-                        load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
+                    if not split:
+                        if ok[0] != 0:
+                            load_heads(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources, slot_u[u])
                 for u in T.unroll(U):
                     if ok_u[u] != 0:
-                        if pairs:
-                            load_batches(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
-                        fold(acc, part, front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
-                        launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
+                        if split:
+                            fold_split(acc, part, slot_u[u], launch.srcs, launch.params, odd, warp_lane)
+                            if not odd:
+                                launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
+                        else:
+                            if pairs:
+                                load_batches(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
+                            fold(acc, part, front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
+                            launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
                 first[0] = first[0] + width * U
 
     def pin(value):
@@ -672,6 +686,7 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
         # expressions themselves): a bound variable would not reach the host's launch code.
         stamp_blocks, block_lanes = T.meta_var(work_grid(geom, T.max(N, cap)))
         nb = T.meta_var(stamp_blocks * (1 + FOLD_BLOCKS))
+        fold_from = T.meta_var(stamp_blocks * min(FOLD_BLOCKS, 1))  # the first fold block (CPU: every block)
         for b in grid(geom, nb):
             sflag, scount, slast, last, base, marked, lane_marked, block_marked = T.meta_var(
                 emit_scratch(TH, "scount", "int64"))
@@ -697,19 +712,23 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
                 # each maps them again. The width's division then runs while the active count loads
                 # (sm_90: ptxas merges the request's and rank's divisions with the second mapping's, so
                 # they still follow the load).
+                # Split folds map lane pairs as the other folds map lanes (a pair's lanes are
+                # neighbours in one warp: block_lanes is a multiple of 32).
                 if num_sources > 0:
-                    fold_lane = T.meta_var(T.Cast("int32", (T.Cast("int64", b) - stamp_blocks * FOLD_BLOCKS)
-                                                  * block_lanes + T.Cast("int64", t)))
+                    fold_lane = T.meta_var(T.Cast("int32", (T.Cast("int64", b) - fold_from) * block_lanes
+                                                  + T.Cast("int64", t)))
+                    fold_unit = T.meta_var(T.shift_right(fold_lane, 1) if split else fold_lane)
+                    odd = T.meta_var(T.bitwise_and(fold_lane, 1) != 0 if split else None)
                     capacity = T.meta_var(T.Cast("int32", T.max(T.min(cap, T.Cast("int64", total)), T.int64(1))))
-                    fold_lanes(fold_map, fold_lane, total, capacity)
-                    if b >= stamp_blocks * FOLD_BLOCKS and works:
+                    fold_lanes(fold_map, fold_unit, total, capacity)
+                    if b >= fold_from and works:
                         if active * T.Cast("int64", fold_map[FOLD_WIDTH] + 1) <= T.Cast("int64", total):
-                            fold_lanes(fold_map, fold_lane, total, T.max(T.Cast("int32", active), 1))
-                        if fold_lane < fold_map[FOLD_STRIDE] * fold_map[FOLD_WIDTH]:
+                            fold_lanes(fold_map, fold_unit, total, T.max(T.Cast("int32", active), 1))
+                        if fold_unit < fold_map[FOLD_STRIDE] * fold_map[FOLD_WIDTH]:
                             r[0] = T.Cast("int64", fold_map[FOLD_FIRST])
                             while r[0] < active:
                                 fold_request(r[0], T.Cast("int64", fold_map[FOLD_RANK]),
-                                             T.Cast("int64", fold_map[FOLD_WIDTH]), launch)
+                                             T.Cast("int64", fold_map[FOLD_WIDTH]), launch, odd, t)
                                 r[0] = r[0] + T.Cast("int64", fold_map[FOLD_STRIDE])
 
                 # Phase 1: each request's chain is stamped (fields 0-2; field 3 too in NONE mode) and

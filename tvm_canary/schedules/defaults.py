@@ -76,7 +76,15 @@ CUDA_MODE_DEFAULTS = {
     # session's call 1). They keep 1 entry in flight: at 4096 x 1 0.879 / 0.874x the time of 4 (7.33 /
     # 8.34 us), 2 in flight 0.932 / 0.917x (twenty-second session's GPU calls 1 and 2, interleaved; ptxas
     # sm_90: 112 registers and no spill instead of 255 and 60 bytes of spill stores).
-    ("write", 2): {"threads": 128, "thin": 1, "pairs": 1, "unroll": 1},
+    # Since the forty-fifth session they fold split (pairs 2: two sources of a built-in word count, a lane
+    # per source, ``kernels.common.split_fold``) in 32-lane blocks. Against 128 thin lanes paired (H200,
+    # call D, ab_kernels.py, interleaved, same bytes; A/A 0.989-1.015): 256-byte rows 4096 x 1 0.964x,
+    # 1024 x 1 in a 4096 plan 0.829x, 2048 x 2 0.952x, 256 x 4 0.879x, 128 x 16 1.000x, 128 x 64
+    # 0.991x; 2048-byte rows 0.742-0.959x at those shapes but 2048 x 2 (not timed); 192-byte rows (no
+    # built-in count, so paired in 32-lane blocks) 0.964-1.031x at four of them (A/A 0.986-1.020). 32-lane blocks paired alone ran 4096 x 1 1.048x
+    # (call A), split in 128 thin lanes 0.990x (call C). Long chains (the class below) stay paired:
+    # split there 0.996x at 64 x 512.
+    ("write", 2): {"threads": 32, "thin": 1, "pairs": 2, "unroll": 1},
     # write in PARTIAL mode (a 32-byte prefix of each source folded) with up to 4 tokens per request (a
     # decode step's; from 5 on: the size classes below): 264 x 32 lanes, 1 entry in flight, the sources'
     # folds paired, the tuner's 4096 x 1 pick in the thirty-second session. Against the kernel's 528 x 64
@@ -147,8 +155,9 @@ CUDA_SIZE_DEFAULTS = {
     # ab_kernels.py, interleaved). ALL's class starts at 128 tokens per request: the short chains'
     # geometry (128 thin lanes, 1 in flight) against this one 128 x 23 0.580x (8.44 / 14.56 us), 256 x 32
     # 0.647x, 64 x 64 0.803x, 512 x 32 0.957x, 32 x 128 1.001x, 16 x 256 1.009x, 64 x 512 1.123x,
-    # 1 x 32768 1.020x (twenty-third session's GPU call 4, interleaved).
-    ("write", 2): (((1, 128), {"unroll": 8, "threads": 256, "thin": 0}),),
+    # 1 x 32768 1.020x (twenty-third session's GPU call 4, interleaved). They fold paired (the short
+    # chains' split folds, above, ran 64 x 512 0.996x, an A/A's spread).
+    ("write", 2): (((1, 128), {"unroll": 8, "threads": 256, "thin": 0, "pairs": 1}),),
 }
 
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches

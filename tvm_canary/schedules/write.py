@@ -3,5 +3,5 @@ a small plan a warp of requests per block), how many chain entries a thread keep
 (unroll), and whether two sources' folds advance in lockstep (pairs)."""
 
 CUDA_KNOBS = {"blocks": [132, 264, 528], "threads": [32, 64, 128, 256], "unroll": [1, 2, 4, 8, 16], "thin": [0, 1],
-              "pairs": [0, 1]}
+              "pairs": [0, 1, 2]}
 CPU_KNOBS = {"unroll": [1, 2, 4, 8]}
