@@ -58,8 +58,9 @@ class Geometry:
 
     def fold_pairs(self) -> bool:
         """Whether real-KV folds advance two sources' chains in lockstep (``kernels.common.fold_sources``):
-        with ``pairs`` 1 and a register cap of at least 128 per thread (CUDA's 64K registers per SM over
-        ``threads * min_blocks`` threads; with one lane per block on CPU, always). The paired fold
+        with ``pairs`` 1 (or 2, where a fold is not split) and a register cap of at least 128 per thread
+        (CUDA's 64K registers per SM over ``threads * min_blocks`` threads; with one lane per block on CPU,
+        always). The paired fold
         takes 215 registers on sm_90 uncapped (ptxas, two sources, verify); at a cap of 128 it spills 252
         bytes (on the H200 ALL verifies then ran 0.93-1.09x the uncapped build's time, thirteenth
         session); under a lower cap (a tuned geometry of many threads per SM) it would spill more, so

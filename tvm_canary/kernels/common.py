@@ -404,8 +404,9 @@ def split_fold(geom: Geometry, fold_words: int):
             for w in T.unroll(batch):
                 if c > 0 or w > 0:
                     fold_step(part, words[w])
-            for w in T.unroll(batch):
-                words[w] = words[batch + w]
+            if batches > 1:
+                for w in T.unroll(batch):
+                    words[w] = words[batch + w]
         pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(lane, 30)))
         other[0] = T.cuda.__shfl_xor_sync(pair_mask, part[0], 1, 32)
         acc[0] = T.uint64(0)

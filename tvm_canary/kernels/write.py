@@ -19,7 +19,8 @@ work per block for a small plan when the geometry is ``thin``), twice that on CU
    ``stamp_blocks * block_lanes`` working lanes per request stride the request's entries: field 3 of
    every slot the request stamps := the slot's real-KV fold. The fold depends on the slot alone, so
    it runs in parallel, off the serial chain, and phase 1 need not wait for it (it writes fields 0-2
-   and reads only seed slots).
+   and reads only seed slots). Split folds (``common.splits_sources``: CUDA, ``pairs`` 2) take twice
+   the blocks, and a pair of neighbouring lanes does what one lane does otherwise, a source each.
 1. *stamp* (the first ``stamp_blocks`` blocks): each request gets a warp of its own when there are
    fewer requests than warps (warp w of block b takes requests w * stamp_blocks + b + k * warps), else
    a lane of its own (lane t of block b takes request t * stamp_blocks + b when the requests fill at
