@@ -374,6 +374,7 @@ def split_fold(geom: Geometry, fold_words: int):
     strip_start = strip_starts(geom)
     batch = min(fold_words, WHOLE_ROW_WORDS) if fold_words <= WHOLE_ROW_WORDS else FOLD_PREFETCH
     batches = fold_words // batch
+    assert batches * batch == fold_words, f"split folds: {fold_words} words are not whole batches of {batch}"
 
     @T.macro
     def load_words(words, at, srcs, rc, odd, first):
