@@ -372,7 +372,7 @@ def split_fold(geom: Geometry, fold_words: int):
     chains interleaved: in a probe of 4096 one-token requests of two 256-byte rows at random slots (H200,
     forty-fifth session's call B) the folds took 3.19 us a launch split, 4.17 us paired."""
     strip_start = strip_starts(geom)
-    batch = min(fold_words, WHOLE_ROW_WORDS) if fold_words <= WHOLE_ROW_WORDS else FOLD_PREFETCH
+    batch = fold_words if fold_words <= WHOLE_ROW_WORDS else FOLD_PREFETCH
     batches = fold_words // batch
     assert batches * batch == fold_words, f"split folds: {fold_words} words are not whole batches of {batch}"
 
@@ -402,6 +402,8 @@ def split_fold(geom: Geometry, fold_words: int):
         for c in T.serial(batches):
             if batches > 1:  # the next batch (the last batch again after the last: in bounds, unused)
                 load_words(words, batch, srcs, rc, odd, T.min(T.Cast("int64", c) + 1, batches - 1) * batch)
+            # word 0's step is the splitmix64 above (a uniform chain from 0 gives other sm_90 code at 256
+            # words, not measured)
             for w in T.unroll(batch):
                 if c > 0 or w > 0:
                     fold_step(part, words[w])

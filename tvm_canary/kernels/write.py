@@ -131,6 +131,10 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
     # Split folds (``common.splits_sources``): a lane pair per slot, one source's chain in each lane.
     split = splits_sources(geom, num_sources, fold_words)
     fold_split = split_fold(geom, fold_words) if split else None
+    def stores_fold(odd):
+        """Whether a fold lane stores the fold it computed: every lane, but split only the even one."""
+        return T.Not(odd) if split else True
+
     # Blocks (per stamp block) that only fold: on CUDA in real-KV modes, so folds run beside the chains;
     # two when the folds are split, so that each pair of fold lanes takes what one lane would.
     FOLD_BLOCKS = (2 if split else 1) if geom.gpu and num_sources > 0 else 0
@@ -549,12 +553,11 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
                     if ok_u[u] != 0:
                         if split:
                             fold_split(acc, part, slot_u[u], launch.srcs, launch.params, odd, warp_lane)
-                            if not odd:
-                                launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
                         else:
                             if pairs:
                                 load_batches(front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
                             fold(acc, part, front, u * FRONTS_PER_SLOT, launch.srcs, launch.params, num_sources)
+                        if stores_fold(odd):
                             launch.buf[slot_u[u], consts.CANARY_FIELD_REAL_KV_HASH] = T.reinterpret("int64", acc[0])
                 first[0] = first[0] + width * U
 

@@ -81,9 +81,9 @@ CUDA_MODE_DEFAULTS = {
     # call D, ab_kernels.py, interleaved, same bytes; A/A 0.989-1.015): 256-byte rows 4096 x 1 0.964x,
     # 1024 x 1 in a 4096 plan 0.829x, 2048 x 2 0.952x, 256 x 4 0.879x, 128 x 16 1.000x, 128 x 64
     # 0.991x; 2048-byte rows 0.742-0.959x at those shapes but 2048 x 2 (not timed); 192-byte rows (no
-    # built-in count, so paired in 32-lane blocks) 0.964-1.031x at four of them (A/A 0.986-1.020). 32-lane blocks paired alone ran 4096 x 1 1.048x
-    # (call A), split in 128 thin lanes 0.990x (call C). Long chains (the class below) stay paired:
-    # split there 0.996x at 64 x 512.
+    # built-in count, so paired in 32-lane blocks) 0.964-1.031x at four of them (A/A 0.986-1.020).
+    # 32-lane blocks paired alone ran 4096 x 1 1.048x (call A), split in 128 thin lanes 0.990x (call C).
+    # Long chains (the class below) stay paired: split there 0.996x at 64 x 512.
     ("write", 2): {"threads": 32, "thin": 1, "pairs": 2, "unroll": 1},
     # write in PARTIAL mode (a 32-byte prefix of each source folded) with up to 4 tokens per request (a
     # decode step's; from 5 on: the size classes below): 264 x 32 lanes, 1 entry in flight, the sources'
