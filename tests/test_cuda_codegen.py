@@ -9,6 +9,7 @@ each (kernel, specialization, arch) is lowered once per run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import subprocess
@@ -126,3 +127,8 @@ def test_write_folds_split_where_the_specialization_allows():
     shuffle = "__shfl_xor_sync(pair_mask"
     assert shuffle in source((2, False, False, 32)) and shuffle in source((2, False, False, 256))
     assert shuffle not in source((2, False, False, 0))
+    # verify (branch verify-split): a pairs 2 geometry checks entries split; its default does not
+    split_verify = dataclasses.replace(targets.default_geometry("verify", "cuda", 2), pairs=2)
+    built = C.build("verify", (2, False, False, 32), "cuda-sm_90", split_verify)
+    assert shuffle in built.mod.imports[0].inspect_source("cuda")
+    assert shuffle not in cuda_build("verify", (2, False, False, 32), "sm_90").mod.imports[0].inspect_source("cuda")

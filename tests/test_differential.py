@@ -75,6 +75,25 @@ def test_differential_wide_tokens(kernel, device):
             raise AssertionError(f"{kernel} on {device}, wide tokens, seed {seed}: {e}") from e
 
 
+@pytest.mark.gpu
+def test_verify_split_folds_on_cuda(monkeypatch):
+    """Verify ALL with split folds (``Geometry.pairs`` 2: two lanes check an entry, each folding one
+    source, ``kernels.common.split_fold``) on CUDA: the seeded cases and the wide-token ones (two sources
+    of equal built-in word counts fold split, others paired), on canaries whose field 3 holds the true
+    folds, give the reference's bytes; the emit phase (one lane an entry) folds paired."""
+    require("cuda")
+    split = {**targets.CUDA_MODE_DEFAULTS[("verify", 2)], "pairs": 2}
+    monkeypatch.setitem(targets.CUDA_MODE_DEFAULTS, ("verify", 2), split)
+    monkeypatch.setenv("TVM_CANARY_TUNED", "0")
+    monkeypatch.setattr(compile_, "_by_launch", {})
+    for seed in range(ITERATIONS["cuda"] // 4):
+        for options in ({}, {"token_units": 16}):
+            try:
+                run_differential("verify", "cuda", seed, stamp_true_folds, **options)
+            except AssertionError as e:
+                raise AssertionError(f"verify with split folds, seed {seed}, {options}: {e}") from e
+
+
 @pytest.mark.parametrize("pairs_capped", [False, True])
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_sources_folded_one_after_another(kernel, pairs_capped, monkeypatch):

@@ -352,13 +352,13 @@ def head_loads(geom: Geometry):
 
 
 def splits_sources(geom: Geometry, num_sources: int, fold_words: int) -> bool:
-    """Whether write's folds run split (``split_fold``): a CUDA geometry with ``pairs`` 2, two sources,
+    """Whether folds run split (``split_fold``): a CUDA geometry with ``pairs`` 2, two sources,
     and ALL mode's fold word count built in (``fold_words``, ``source_params``); otherwise a ``pairs`` 2
     geometry folds as ``pairs`` 1 does."""
     return geom.gpu and geom.pairs == 2 and num_sources == 2 and fold_words > HEAD_WORDS
 
 
-def split_fold(geom: Geometry, fold_words: int):
+def split_fold(geom: Geometry, fold_words: int, both_lanes: bool = False):
     """Macro ``fold(acc, part, slot, srcs, params, odd, lane)`` for ``splits_sources``: lanes 2i and
     2i + 1 of a warp (``lane`` the caller's lane in its warp, ``odd`` 0 and 1), both calling it with the
     same checked slot, fold the slot's two sources of ``fold_words`` words (built in; a multiple of
@@ -366,7 +366,8 @@ def split_fold(geom: Geometry, fold_words: int):
     whole before the first step when it has at most WHOLE_ROW_WORDS words, else FOLD_PREFETCH words at
     a time, the next batch loaded before the current batch's steps. The odd lane's chain reaches the
     even lane by a shuffle within the pair, and the even lane's acc[0] := real_kv_fold_sources(slot)
-    (SPEC 1.4; the odd lane's acc[0] is not the fold).
+    (SPEC 1.4; the odd lane's acc[0] is not the fold, but with ``both_lanes`` it is too: each lane gets
+    the other's chain and combines the two in source order).
 
     Each lane loads one row and runs one chain, where a paired fold's lane loads two rows and runs both
     chains interleaved: in a probe of 4096 one-token requests of two 256-byte rows at random slots (H200,
@@ -413,7 +414,14 @@ def split_fold(geom: Geometry, fold_words: int):
         pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(lane, 30)))
         other[0] = T.cuda.__shfl_xor_sync(pair_mask, part[0], 1, 32)
         acc[0] = T.uint64(0)
-        end_pair(acc, part, other)
+        if both_lanes:
+            first = T.alloc_buffer((1,), "uint64", scope="local")
+            second = T.alloc_buffer((1,), "uint64", scope="local")
+            first[0] = T.Select(odd, other[0], part[0])
+            second[0] = T.Select(odd, part[0], other[0])
+            end_pair(acc, first, second)
+        else:
+            end_pair(acc, part, other)
 
     return fold
 

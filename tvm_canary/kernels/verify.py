@@ -55,6 +55,8 @@ from .common import (
     slot_hash,
     source_buffers,
     source_params,
+    split_fold,
+    splits_sources,
     work_grid,
 )
 
@@ -81,10 +83,25 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
     fold = fold_sources(geom)  # batches loaded ahead, whatever fold_words (``fold_sources``)
     load_heads = head_loads(geom)
     pairs = geom.fold_pairs()
+    # Split folds (``common.splits_sources``): in the check phase two lanes take each entry, both
+    # checking it, each folding one source (``common.split_fold``, the fold in both lanes); the emit
+    # phase, one lane an entry, folds paired.
+    split = splits_sources(geom, num_sources, fold_words)
+    fold_split = split_fold(geom, fold_words, both_lanes=True) if split else None
+
+    def to_entry(lanes_expr):
+        """The check phase's entries for a count of grid lanes (an index or a stride): half as many split."""
+        return T.shift_right(lanes_expr, 1) if split else lanes_expr
+
+    def odd_lane(t):
+        """Whether lane t is the odd lane of its entry's pair (split folds), else None."""
+        return T.bitwise_and(t, 1) != 0 if split else None
 
     @T.macro
-    def entry(k, bits, row, launch, h, acc, part, ok):
-        """bits[0], row := verdict and violation row (VIOLATION_FIELDS words) of entry k (bits 0: no row).
+    def entry(k, bits, row, launch, h, acc, part, ok, odd, lane):
+        """bits[0], row := verdict and violation row (VIOLATION_FIELDS words) of entry k (bits 0: no row);
+        with ``odd`` (not None: split folds) lanes ``lane`` and its neighbour (``odd`` 0 and 1) check the
+        entry together, each folding one source.
 
         Loads are placed as early as their addresses are known (a warp issues in order, so a load
         placed after code that waits on another load costs one more round trip): the entry's plan words
@@ -111,7 +128,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
                 row[consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = T.int64(0)
                 row[consts.VIOLATION_FIELD_EXPECTED_AUX] = T.int64(0)
             else:
-                if pairs:
+                if pairs and odd is None:
                     load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
                     load_batches(front, 0, launch.srcs, launch.params, num_sources)
                 st = launch.buf[slot, consts.CANARY_FIELD_TOKEN]
@@ -135,9 +152,12 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
                         bits[0] = bits[0] | TOKEN
                 if sp != ep:
                     bits[0] = bits[0] | POSITION
-                if not pairs:
-                    load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
-                fold(acc, part, front, 0, launch.srcs, launch.params, num_sources)
+                if odd is None:
+                    if not pairs:
+                        load_heads(front, 0, launch.srcs, launch.params, num_sources, slot)
+                    fold(acc, part, front, 0, launch.srcs, launch.params, num_sources)
+                else:
+                    fold_split(acc, part, slot, launch.srcs, launch.params, odd, lane)
                 if sr != T.reinterpret("int64", acc[0]):
                     bits[0] = bits[0] | REAL_KV
         row[consts.VIOLATION_FIELD_FAIL_REASON_BITS] = T.Cast("int64", bits[0])
@@ -147,7 +167,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
         """Emit phase A: the lane's verdict and row of entry ``unit`` into registers, its bits to shared."""
         st.bits[0] = 0
         if unit < active:
-            entry(unit, st.bits, st.row, st.launch, st.h, st.acc, st.part, st.ok)
+            entry(unit, st.bits, st.row, st.launch, st.h, st.acc, st.part, st.ok, None, t)
         st.sbits[t] = st.bits[0]
 
     @T.macro
@@ -193,7 +213,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
         launch = T.meta_var(Launch(buf, slots, etoks, epos, prevs, kind, srcs, params))
         # Blocks, and the lanes of each that check entries (shape expressions: no host sync). meta_vars
         # (the expressions themselves): a bound variable would not reach the host's launch code.
-        nb, block_lanes = T.meta_var(work_grid(geom, cap))
+        nb, block_lanes = T.meta_var(work_grid(geom, cap * 2 if split else cap))  # split: two lanes an entry
 
         # One launch: nb blocks check the entries (grid-stride), then the block that finishes last
         # appends the rows of the marked chunks in entry order. Every lane keeps the ring base in a
@@ -218,12 +238,12 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
                 for t in lanes(geom, TH):
                     lane_marked[0] = 0
                     if on and T.Cast("int64", t) < block_lanes:
-                        k[0] = T.Cast("int64", b) * block_lanes + T.Cast("int64", t)
+                        k[0] = to_entry(T.Cast("int64", b) * block_lanes + T.Cast("int64", t))
                         while k[0] < active:
-                            entry(k[0], bits, row, launch, h, acc, part, ok)
+                            entry(k[0], bits, row, launch, h, acc, part, ok, odd_lane(t), t)
                             if bits[0] != 0:
                                 mark(flags, lane_marked, k[0])
-                            k[0] = k[0] + nb * block_lanes
+                            k[0] = k[0] + to_entry(nb * block_lanes)
                 # Phase 2: the ticket; one block emits if any block marked.
                 for t in lanes(geom, TH):
                     draw_ticket(slast, flags, nb, b, t, lane_marked, block_marked, tally)
