@@ -66,7 +66,12 @@ CUDA_MODE_DEFAULTS = {
     # slot is known (``Geometry.pairs``; 215 registers, so 2 blocks per SM): 1K-4K entries 0.81-0.86x the
     # previous single-chain kernel's time, chain order 64K-16M 1.03-1.10x (thirteenth session's GPU
     # calls 5 and 7; min_blocks 3 or 4 spill and were slower: docs/PERFORMANCE.md).
-    ("verify", 2): {"blocks": 528, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
+    # Since the forty-sixth session they fold split (pairs 2: two lanes an entry, a source each,
+    # ``kernels.common.split_fold``) in 32-lane blocks. Against 128 thin lanes paired (H200, call B,
+    # ab_kernels.py, interleaved, same bytes; A/A 0.987-1.016): 256-byte rows random 1K / 4K 0.858x /
+    # 0.892x, chain 0.900x / 0.887x; split in 128 thin lanes 0.874-0.936x; 2048-byte rows split in 128
+    # lanes 0.869-1.003x. Above 16K (the size class below) they fold one source after another, 128 lanes.
+    ("verify", 2): {"blocks": 528, "threads": 32, "min_blocks": 2, "thin": 1, "pairs": 2},
     # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL then too),
     # the 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes instead of 256
     # of 128); NONE 4096 x 1 1.02x (eleventh session's GPU call 1).
@@ -113,7 +118,7 @@ CUDA_SIZE_DEFAULTS = {
     # single-chain, 1.16 / 1.02 / 1.01x paired. Single-chain meets every target from 64K up (chain 1M:
     # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
     # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
-    ("verify", 2): (((1 << 14) + 1, {"pairs": 0}),),
+    ("verify", 2): (((1 << 14) + 1, {"threads": 128, "pairs": 0}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
     # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
     # entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries from 1.24-1.28x to
