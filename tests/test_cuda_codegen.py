@@ -9,7 +9,6 @@ each (kernel, specialization, arch) is lowered once per run.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import shutil
 import subprocess
@@ -110,10 +109,11 @@ def test_every_kernel_has_codegen_tests():
 
 
 def test_write_folds_split_where_the_specialization_allows():
-    """Write ALL's short-chain default (``pairs`` 2) folds two sources of a built-in word count split: a
-    lane per source, the odd lane's chain shuffled to the even lane within the pair
-    (``kernels.common.split_fold``); a runtime word count, another source count or the CPU folds as
-    ``pairs`` 1 does."""
+    """Write ALL's short-chain default and verify ALL's below 16K entries (``pairs`` 2) fold two sources
+    of a built-in word count split: a lane per source, the odd lane's chain shuffled to the even lane
+    within the pair (``kernels.common.split_fold``); a runtime word count, another source count or the
+    CPU folds as ``pairs`` 1 does."""
+
     from tvm_canary.kernels.common import splits_sources
 
     geom = targets.default_geometry("write", "cuda", 2)
@@ -127,8 +127,8 @@ def test_write_folds_split_where_the_specialization_allows():
     shuffle = "__shfl_xor_sync(pair_mask"
     assert shuffle in source((2, False, False, 32)) and shuffle in source((2, False, False, 256))
     assert shuffle not in source((2, False, False, 0))
-    # verify (branch verify-split): a pairs 2 geometry checks entries split; its default does not
-    split_verify = dataclasses.replace(targets.default_geometry("verify", "cuda", 2), pairs=2)
-    built = C.build("verify", (2, False, False, 32), "cuda-sm_90", split_verify)
-    assert shuffle in built.mod.imports[0].inspect_source("cuda")
-    assert shuffle not in cuda_build("verify", (2, False, False, 32), "sm_90").mod.imports[0].inspect_source("cuda")
+    # verify ALL's default below 16K entries checks entries split; its size class from 16K on does not
+    assert shuffle in cuda_build("verify", (2, False, False, 32), "sm_90").mod.imports[0].inspect_source("cuda")
+    large = targets.default_geometry("verify", "cuda", 2, 1 << 20)
+    built = C.build("verify", (2, False, False, 32), "cuda-sm_90", large)
+    assert large.pairs == 0 and shuffle not in built.mod.imports[0].inspect_source("cuda")

@@ -77,13 +77,13 @@ def test_differential_wide_tokens(kernel, device):
 
 @pytest.mark.gpu
 def test_verify_split_folds_on_cuda(monkeypatch):
-    """Verify ALL with split folds (``Geometry.pairs`` 2: two lanes check an entry, each folding one
-    source, ``kernels.common.split_fold``) on CUDA: the seeded cases and the wide-token ones (two sources
-    of equal built-in word counts fold split, others paired), on canaries whose field 3 holds the true
-    folds, give the reference's bytes; the emit phase (one lane an entry) folds paired."""
+    """Verify ALL's default below 16K entries folds split (``Geometry.pairs`` 2: two lanes check an entry,
+    each folding one source, ``kernels.common.split_fold``). On CUDA the seeded cases and the wide-token
+    ones (two sources of equal built-in word counts fold split, others paired), on canaries whose field 3
+    holds the true folds (so a wrong fold shows as a violation the reference does not report), give the
+    reference's bytes; the emit phase (one lane an entry) folds paired."""
     require("cuda")
-    split = {**targets.CUDA_MODE_DEFAULTS[("verify", 2)], "pairs": 2}
-    monkeypatch.setitem(targets.CUDA_MODE_DEFAULTS, ("verify", 2), split)
+    assert targets.default_geometry("verify", "cuda", 2).pairs == 2
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})
     for seed in range(ITERATIONS["cuda"] // 4):

@@ -556,8 +556,8 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
     assert [(g.threads, g.thin) for g in writes] == [(64, 0), (32, 0), (32, 1)]
     assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
-    assert (full.pairs, partial.pairs, writes[1].pairs) == (1, 1, 1)  # paired where measured faster
-    assert writes[2].pairs == 2  # write ALL's short chains fold split (a lane per source)
+    assert (partial.pairs, writes[1].pairs) == (1, 1)  # paired where measured faster
+    assert (full.threads, full.pairs, writes[2].pairs) == (32, 2, 2)  # ALL's small launches fold split
     long_all = targets.default_geometry("write", "cuda", int(RealKvHashMode.ALL), (1, 128))
     assert (long_all.threads, long_all.pairs) == (256, 1)  # its long chains paired
     assert all(knob_values_of(schedules.knobs("write", True, mode), geom)  # the size classes' too
@@ -577,7 +577,7 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
 
 def test_the_default_geometry_follows_the_launch_size_class():
     """From ``CUDA_SIZE_DEFAULTS``' size on (verify ALL: 16K entries) a launch's default folds the sources
-    one after another; below it, and with no size, the mode's default (paired). The size is the
+    one after another in 128 lanes; below it, and with no size, the mode's default (split, 32 lanes). The size is the
     launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
     the tuner's default record and ahead-of-time builds agree. Write's classes bound its tokens per
     request (the point's second coordinate). Plan, scatter and the CPU have no size class."""
@@ -590,13 +590,13 @@ def test_the_default_geometry_follows_the_launch_size_class():
         bounds = [at_least for at_least, _ in classes]
         assert all(targets.reaches(b, a) and a != b for a, b in zip(bounds, bounds[1:])), bounds
     ((at_least, overrides),) = CUDA_SIZE_DEFAULTS[("verify", 2)]
-    assert (at_least, overrides) == ((1 << 14) + 1, {"pairs": 0})
-    paired = targets.default_geometry("verify", "cuda-sm_90", 2)
-    single = dataclasses.replace(paired, pairs=0)
-    assert paired.pairs == 1 and paired.fold_pairs()
-    for size, expected in ((None, paired), (1, paired), (at_least - 1, paired), (at_least, single), (1 << 24, single)):
+    assert (at_least, overrides) == ((1 << 14) + 1, {"threads": 128, "pairs": 0})
+    split = targets.default_geometry("verify", "cuda-sm_90", 2)
+    single = dataclasses.replace(split, threads=128, pairs=0)
+    assert (split.threads, split.pairs) == (32, 2) and split.fold_pairs()
+    for size, expected in ((None, split), (1, split), (at_least - 1, split), (at_least, single), (1 << 24, single)):
         assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
-    assert targets.default_geometries("verify", "cuda", 2) == [paired, single]
+    assert targets.default_geometries("verify", "cuda", 2) == [split, single]
     # PARTIAL: thin and paired below the same boundary, full blocks and single-chain folds from it on.
     assert CUDA_SIZE_DEFAULTS[("verify", 1)][0][0] == at_least
     partial_small = targets.default_geometry("verify", "cuda-sm_90", 1)
@@ -648,12 +648,12 @@ def test_the_default_geometry_follows_the_launch_size_class():
     # A tuning bucket's default is that of a launch of its size and mode.
     assert workloads.point_of("verify", (1 << 16, 2)) == 1 << 16
     assert workloads.point_of("write", (64, 512, 2)) == (64, 512)
-    assert workloads.default_of("verify", (4096, 2), "cuda") == paired
+    assert workloads.default_of("verify", (4096, 2), "cuda") == split
     assert workloads.default_of("verify", (1 << 16, 2), "cuda") == single
     assert workloads.default_of("verify", (1 << 24, 2), "cuda") == single
     assert workloads.default_of("write", (4096, 1, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
     # The class boundary is where the tuning buckets split: a launch of exactly 16K takes the 4K bucket
-    # (ties go to the smaller), whose default is paired, as the launch's own default is.
+    # (ties go to the smaller), whose default is split, as the launch's own default is.
     buckets = [(4096, 2), (1 << 16, 2)]
     for size in (at_least - 1, at_least):
         launch_default = targets.default_geometry("verify", "cuda", 2, size)
@@ -669,7 +669,7 @@ def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
     monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     device = torch.device("cuda", 0)
-    assert C.geometry("verify", device, 1024, 2).pairs == 1
+    assert C.geometry("verify", device, 1024, 2).pairs == 2
     assert C.geometry("verify", device, 1 << 20, 2) == targets.default_geometry("verify", "cuda-sm_90", 2, 1 << 20)
     assert C.geometry("verify", device, 1 << 20, 2).pairs == 0
 
