@@ -302,7 +302,7 @@ def main(argv=None) -> int:
         grid = Geometry(gpu=True, blocks=FLOOR_GRID[0], threads=FLOOR_GRID[1])
         floor_fns = {mode: {"fl-gather": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n), arch),
                             "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n, hashing=True,
-                                                                            ticket=True, fold_together=False), arch)}
+                                                                            ticket=True, fold_order="in turn"), arch)}
                      for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2)) if mode in args.modes} if "verify" in args.kernels else {}
         pool = B.Pool(B.POOL_SLOTS["quick" if args.quick else "full"])
         words = pool.canary.view(torch.int64)

@@ -247,12 +247,15 @@ def fold_words(mode: str) -> int:
     return {"NONE": 0, "PARTIAL": 2, "ALL": KV_BYTES // 8}[mode]
 
 
-def fold_orders(mode: str) -> dict:
-    """{floor name infix: fold_together} of the hashing floors of ``mode``: both source orders with two
-    sources (``floors.FOLD_ORDERS``), one order without sources."""
+def fold_orders(mode: str, family: str) -> dict:
+    """{floor name infix: fold order} of ``family``'s hashing floors in ``mode``: with two sources every
+    order of ``floors.FOLD_ORDERS`` the family builds (the gather all three, the store "together" and
+    "in turn"), without sources one."""
     import floors
 
-    return floors.FOLD_ORDERS if mode != "NONE" else {"": True}
+    if mode == "NONE":
+        return {"": "together"}
+    return {infix: order for infix, order in floors.FOLD_ORDERS.items() if family == "gather" or order != "split"}
 
 
 def floor_makers() -> dict:
@@ -268,11 +271,11 @@ def floor_makers() -> dict:
         sources = 2 if mode != "NONE" else 0
         for family, make in families.items():
             out[f"{family}-{mode}"] = lambda g, make=make, mode=mode, sources=sources: make(g, fold_words(mode), sources)
-            for infix, together in fold_orders(mode).items():
+            for infix, order in fold_orders(mode, family).items():
                 for variant, ticket in (("hash", False), ("ticket", True)):
                     out[f"{family}-{variant}-{infix}{mode}"] = (
-                        lambda g, make=make, mode=mode, sources=sources, ticket=ticket, together=together: make(
-                            g, fold_words(mode), sources, hashing=True, ticket=ticket, fold_together=together))
+                        lambda g, make=make, mode=mode, sources=sources, ticket=ticket, order=order: make(
+                            g, fold_words(mode), sources, hashing=True, ticket=ticket, fold_order=order))
     out["copy"] = floors.copy
     return out
 
@@ -566,7 +569,7 @@ class Bench:
     def bound_names(family, mode) -> list:
         """The floors that bound a small row beyond its bytes (``bounds``): the ``hash`` and ``ticket``
         variants of ``family`` in ``mode``, per fold order."""
-        return [f"{family}-{variant}-{infix}{mode}" for variant in ("hash", "ticket") for infix in fold_orders(mode)]
+        return [f"{family}-{variant}-{infix}{mode}" for variant in ("hash", "ticket") for infix in fold_orders(mode, family)]
 
     def bounds(self, row, family, mode, times, empty_us):
         """What bounds a small (latency-bound) verify or a many-request write beyond its bytes, from the
@@ -576,10 +579,12 @@ class Bench:
         the faster of that floor with the single launch's clean protocol (a block barrier, a ticket per
         block, the last block counting the launch) and that floor plus one more launch (``empty_us``),
         the cost of emitting in a second kernel. Each is the fastest of the floor grids and, with two
-        sources, of both fold orders (``fold_orders``)."""
+        sources, of every fold order the family builds (``fold_orders``)."""
+        orders = fold_orders(mode, family)
+
         def fastest_order(variant):
-            (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix) for infix in fold_orders(mode))
-            return us, grid + (" sources in turn" if infix else "")
+            (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix) for infix in orders)
+            return us, grid + ("" if orders[infix] == "together" else f" sources {orders[infix]}")
 
         row["hash_floor_us"], grid = fastest_order("hash")
         row["hash_floor"] = f"hash {grid}"

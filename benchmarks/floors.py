@@ -6,8 +6,9 @@ the kernel's own choices is built in, so every memory floor is compiled for each
 * ``gather``: reads exactly the bytes verify reads, with the same indices (plan vectors, the slot's
   four fields, the predecessor's three, the folded source words) and only XORs them; grid-stride,
   ``max(1, min(blocks, ceil(cap / threads)))`` blocks. Two variants bound more than the bytes: with
-  ``hashing`` it hashes them as SPEC 1 requires of any verify (chain link, real-KV fold), and with
-  ``ticket`` it adds the clean launch of a single launch that appends rows in entry order.
+  ``hashing`` it hashes them as SPEC 1 requires of any verify (chain link, real-KV fold: two sources
+  together, in turn, or split over two lanes an entry, ``FOLD_ORDERS``), and with ``ticket`` it adds
+  the clean launch of a single launch that appends rows in entry order.
 * ``store``: what write moves for a shape with all its tokens independent, through the plan's
   indirections: reads each request's offsets and seed (and the seed slot's three fields), then each of
   its tokens' id, position and slot (and its folded source words), and stores the slot's four fields;
@@ -58,8 +59,9 @@ from tvm_canary.kernels.common import (
 # registers, no spills (sm_90).
 FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (528, 512), (1056, 512), (2112, 512),
                (1056, 1024))
-# The hashing floors' fold orders with two sources (``fold_hash``): both are timed, the faster counts.
-FOLD_ORDERS = {"": True, "seq-": False}  # name infix -> fold_together
+# The hashing floors' fold orders with two sources, each timed, the fastest counting: "together" and
+# "in turn" (``fold_hash``), and for the gather "split" (``split_fold_hash``, two lanes an entry).
+FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name infix -> fold order
 
 
 def floor_geometries():
@@ -82,6 +84,26 @@ def ticket_protocol(geom: Geometry):
                 count(Tally(counter))
 
     return clean_append
+
+
+@T.macro
+def split_fold_hash(h, part, other, src, rows, slot, fold_words, t):
+    """h[0] := ``fold_hash``'s fold of the slot's two sources where lanes 2i and 2i + 1 of a warp (``t``'s
+    low bit) take the same slot: each folds one source (lane 2i the first), the odd lane's chain reaches
+    the even lane by a shuffle within the pair, and each lane combines the two (the even lane in SPEC
+    1.4's order), as the kernels' split folds do (``kernels.common.split_fold``): half the dependent
+    steps and loads of a lane."""
+    odd = T.Cast("int64", T.bitwise_and(t, 1))
+    part[0] = T.uint64(0)
+    for q in T.serial(fold_words):
+        part[0] = part[0] ^ T.reinterpret("uint64", src[slot + odd * (rows // 2), q])
+        splitmix64(part)
+    pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(t, 30)))
+    other[0] = T.cuda.__shfl_xor_sync(pair_mask, part[0], 1, 32)
+    h[0] = part[0]
+    splitmix64(h)
+    h[0] = h[0] ^ other[0]
+    splitmix64(h)
 
 
 @T.macro
@@ -116,18 +138,22 @@ def fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, together
 
 
 def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int, hashing: bool = False,
-           ticket: bool = False, fold_together: bool = True):
+           ticket: bool = False, fold_order: str = "together"):
     """The ``gather`` floor: verify's bytes with verify's indices, XOR-ed (sources: the first
     ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
 
     ``hashing``: the bytes are hashed as SPEC 1 requires of every verify instead of XOR-ed: the
     predecessor's chain link (``mix3`` of its fields) and the real-KV fold (``fold_hash``), so in ALL
-    mode (32 dependent steps per source) it also bounds the arithmetic; ``fold_together``: the fold's
-    source order (``fold_hash``). ``ticket``: also the least a single launch that appends rows in entry
-    order does in a clean launch (``ticket_protocol``).
+    mode (32 dependent steps per source) it also bounds the arithmetic; ``fold_order`` (``FOLD_ORDERS``):
+    the fold's source order (``fold_hash``), or "split": two lanes an entry, both gathering its fields,
+    each folding one source (``split_fold_hash``). ``ticket``: also the least a single launch that
+    appends rows in entry order does in a clean launch (``ticket_protocol``).
     """
-    assert num_sources <= 2
+    assert num_sources <= 2 and fold_order in FOLD_ORDERS.values()
     TH = geom.threads
+    split = hashing and num_sources == 2 and fold_order == "split"
+    if split:
+        assert TH % 32 == 0  # a pair's lanes in one warp
     clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
@@ -145,7 +171,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
         src = T.match_buffer(src_h, (rows, cols), "int64")
         out = T.match_buffer(out_h, (n_out,), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
-        nb = T.meta_var(blocks_for(geom, cap))
+        nb = T.meta_var(blocks_for(geom, cap * 2 if split else cap))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
@@ -156,7 +182,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                 drawn = T.alloc_buffer((1,), "int32", scope="local")
                 block_done = T.alloc_buffer((1,), "int32", scope="local")
                 acc[0] = T.int64(0)
-                k[0] = T.Cast("int64", b * TH + t)
+                k[0] = T.shift_right(T.Cast("int64", b * TH + t), 1 if split else 0)
                 while k[0] < T.Cast("int64", num_valid[0]):
                     slot = slots[k[0]]
                     prev = prevs[k[0]]
@@ -169,14 +195,17 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                             acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                         else:
                             acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
-                    if hashing:
-                        fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_together)
+                    if split:
+                        split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
+                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                    elif hashing:
+                        fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_order == "together")
                         acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                     else:
                         for s in T.serial(num_sources):
                             for q in T.serial(fold_words):
                                 acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
-                    k[0] = k[0] + nb * TH
+                    k[0] = k[0] + T.shift_right(nb * TH, 1 if split else 0)
                 if acc[0] == T.int64(123456789):  # never true in practice; keeps the loads alive
                     out[0] = acc[0]
                 if ticket:
@@ -186,19 +215,20 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
 
 
 def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = False, ticket: bool = False,
-          fold_together: bool = True):
+          fold_order: str = "together"):
     """The ``store`` floor: write's bytes through the write plan's indirections, XOR-ed (sources: the first
     ``fold_words`` words of the slot's row in each of ``num_sources`` halves of ``src``).
 
     ``hashing``: the bytes are hashed as SPEC 1 requires of every write instead of XOR-ed: the seed
     slot's chain link (``mix3`` of its fields), each lane's chain steps over its own tokens only (one
     ``mix3`` before each of its tokens but the first: fewer and shorter chains than any write runs)
-    and the real-KV fold as the gather floor hashes it (``fold_hash``, in ``fold_together``'s order). With a seed slot, a lane hashes
+    and the real-KV fold as the gather floor hashes it (``fold_hash``, in ``fold_order``: "together" or
+    "in turn"; no split form is built for the store). With a seed slot, a lane hashes
     the seed's link and then its first token's fold, one after the other, which a write may overlap
     (its folds run in other blocks): the benchmark's rows use anchor seeds (no link to hash), where
     this does not arise. ``ticket``: also the least a single launch that appends rows in request order
     does in a clean launch (``ticket_protocol``; ``flags`` and ``counter`` are unused otherwise)."""
-    assert num_sources <= 2
+    assert num_sources <= 2 and fold_order in ("together", "in turn")
     TH = geom.threads
     clean_append = ticket_protocol(geom)
 
@@ -246,7 +276,8 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                         while k[0] < offsets[r[0] + 1]:
                             slot = ocl[k[0]]
                             if hashing:
-                                fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_together)
+                                fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources,
+                                          fold_order == "together")
                                 acc[0] = T.reinterpret("int64", h[0])
                                 buf[slot, 2] = link[0]
                                 if k[0] + width < offsets[r[0] + 1]:  # the step the lane's next token needs

@@ -241,7 +241,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     grids = [bench_kernels.geometry_label(g) for g in floors.floor_geometries()]
     # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family.
     fastest = {"gather-ALL": ("2112x64", 4.0), "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
-               "gather-ticket-ALL": ("1056x256", 6.4), "gather-ticket-seq-ALL": ("2112x32", 6.3)}
+               "gather-hash-split-ALL": ("2112x32", 4.8), "gather-ticket-ALL": ("1056x256", 6.4),
+               "gather-ticket-seq-ALL": ("2112x32", 6.3), "gather-ticket-split-ALL": ("528x512", 6.6)}
     timed_arms = []
 
     def interleaved(arms, iters):
@@ -259,6 +260,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     monkeypatch.setattr(bench, "floor_kernel", lambda name, geom: None)
     names = ["gather-ALL"] + bench.bound_names("gather", "ALL")
     assert sorted(names) == sorted(fastest)
+    assert bench.bound_names("store", "ALL") == ["store-hash-ALL", "store-hash-seq-ALL", "store-ticket-ALL",
+                                                 "store-ticket-seq-ALL"]  # no split store floor
     row = {}
     times = bench.timed("verify", [{}, {}], row, bench.floor_arms(names, lambda fn: [lambda: fn] * 4))
     assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids}]
@@ -269,9 +272,9 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert timed_arms[-1] == {"default", "tuned", "none"} and none_row["none_us"] == 5.25
     assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
     bench.bounds(row, "gather", "ALL", times, empty_us=1.0)
-    assert (row["hash_floor_us"], row["hash_floor"]) == (5.0, "hash 528x512 sources in turn")
-    assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.0, "hash 528x512 sources in turn + launch")
-    bench.bounds(row, "gather", "ALL", times, empty_us=1.5)
+    assert (row["hash_floor_us"], row["hash_floor"]) == (4.8, "hash 2112x32 sources split")
+    assert (row["ordered_floor_us"], row["ordered_floor"]) == (5.8, "hash 2112x32 sources split + launch")
+    bench.bounds(row, "gather", "ALL", times, empty_us=1.6)
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.3, "hash + ticket 2112x32 sources in turn")
 
 
@@ -381,6 +384,8 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     ticket = (tmp_path / "gather-ticket-ALL.cu").read_text()
     assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
+    assert "__shfl_xor_sync" in (tmp_path / "gather-hash-split-ALL.cu").read_text()  # two lanes an entry
+    assert "__shfl_xor_sync" not in (tmp_path / "gather-hash-seq-ALL.cu").read_text()
 
 
 def test_kernel_ab_variants(capsys):
