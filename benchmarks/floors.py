@@ -36,6 +36,8 @@ from tvm_canary.kernels.common import (
     block_ticket,
     blocks_for,
     count_launch,
+    exchange_in_pair,
+    lane_pairs,
     mix3,
     slot_hash,
     splitmix64,
@@ -98,8 +100,7 @@ def split_fold_hash(h, part, other, src, rows, slot, fold_words, t):
     for q in T.serial(fold_words):
         part[0] = part[0] ^ T.reinterpret("uint64", src[slot + odd * (rows // 2), q])
         splitmix64(part)
-    pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(t, 30)))
-    other[0] = T.cuda.__shfl_xor_sync(pair_mask, part[0], 1, 32)
+    exchange_in_pair(other, part[0], t)
     h[0] = part[0]
     splitmix64(h)
     h[0] = h[0] ^ other[0]
@@ -152,8 +153,8 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     assert num_sources <= 2 and fold_order in FOLD_ORDERS.values()
     TH = geom.threads
     split = hashing and num_sources == 2 and fold_order == "split"
-    if split:
-        assert TH % 32 == 0  # a pair's lanes in one warp
+    assert TH % 32 == 0 or not split  # a pair's lanes in one warp
+    to_entry, _ = lane_pairs(split)
     clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
@@ -182,7 +183,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                 drawn = T.alloc_buffer((1,), "int32", scope="local")
                 block_done = T.alloc_buffer((1,), "int32", scope="local")
                 acc[0] = T.int64(0)
-                k[0] = T.shift_right(T.Cast("int64", b * TH + t), 1 if split else 0)
+                k[0] = to_entry(T.Cast("int64", b * TH + t))
                 while k[0] < T.Cast("int64", num_valid[0]):
                     slot = slots[k[0]]
                     prev = prevs[k[0]]
@@ -205,7 +206,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                         for s in T.serial(num_sources):
                             for q in T.serial(fold_words):
                                 acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
-                    k[0] = k[0] + T.shift_right(nb * TH, 1 if split else 0)
+                    k[0] = k[0] + to_entry(nb * TH)
                 if acc[0] == T.int64(123456789):  # never true in practice; keeps the loads alive
                     out[0] = acc[0]
                 if ticket:

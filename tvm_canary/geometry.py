@@ -42,8 +42,8 @@ class Geometry:
         gives each block ``threads`` items. A launch of at least ``blocks * threads`` items is the same
         either way.
     pairs: 1 lets real-KV folds (verify, write) advance two sources' chains in lockstep where the
-        register cap allows it (``fold_pairs``); 0 folds the sources one after another; 2 (CUDA write)
-        folds a slot's two sources in two lanes, a chain each, where the specialization allows it
+        register cap allows it (``fold_pairs``); 0 folds the sources one after another; 2 (CUDA write and
+        verify) folds a slot's two sources in two lanes, a chain each, where the specialization allows it
         (``kernels.common.splits_sources``; elsewhere as 1).
     """
 

@@ -358,6 +358,29 @@ def splits_sources(geom: Geometry, num_sources: int, fold_words: int) -> bool:
     return geom.gpu and geom.pairs == 2 and num_sources == 2 and fold_words > HEAD_WORDS
 
 
+def lane_pairs(split: bool):
+    """``(unit, odd)`` for a grid whose lanes work in pairs when ``split`` (``split_fold``: lanes 2i and
+    2i + 1 of a warp on one item): ``unit(lanes)``, the items of a lane index or a lane count (half as
+    many split, the same expression otherwise), and ``odd(lane)``, whether ``lane`` is its pair's odd
+    lane (None unsplit)."""
+
+    def unit(lanes):
+        return T.shift_right(lanes, 1) if split else lanes
+
+    def odd(lane):
+        return T.bitwise_and(lane, 1) != 0 if split else None
+
+    return unit, odd
+
+
+@T.macro
+def exchange_in_pair(other, value, lane):
+    """other[0] := ``value`` of the other lane of ``lane``'s pair (lanes 2i and 2i + 1 of a warp, both
+    calling it; ``lane`` the caller's lane in its warp, or any index of the same low five bits)."""
+    pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(lane, 30)))
+    other[0] = T.cuda.__shfl_xor_sync(pair_mask, value, 1, 32)
+
+
 def split_fold(geom: Geometry, fold_words: int, both_lanes: bool = False):
     """Macro ``fold(acc, part, slot, srcs, params, odd, lane)`` for ``splits_sources``: lanes 2i and
     2i + 1 of a warp (``lane`` the caller's lane in its warp, ``odd`` 0 and 1), both calling it with the
@@ -411,8 +434,7 @@ def split_fold(geom: Geometry, fold_words: int, both_lanes: bool = False):
             if batches > 1:
                 for w in T.unroll(batch):
                     words[w] = words[batch + w]
-        pair_mask = T.shift_left(T.uint32(3), T.Cast("uint32", T.bitwise_and(lane, 30)))
-        other[0] = T.cuda.__shfl_xor_sync(pair_mask, part[0], 1, 32)
+        exchange_in_pair(other, part[0], lane)
         acc[0] = T.uint64(0)
         if both_lanes:
             first = T.alloc_buffer((1,), "uint64", scope="local")

@@ -49,6 +49,7 @@ from .common import (
     grid,
     head_loads,
     in_ring,
+    lane_pairs,
     lanes,
     load_batches,
     single_launch,
@@ -88,14 +89,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
     # phase, one lane an entry, folds paired.
     split = splits_sources(geom, num_sources, fold_words)
     fold_split = split_fold(geom, fold_words, both_lanes=True) if split else None
-
-    def to_entry(lanes_expr):
-        """The check phase's entries for a count of grid lanes (an index or a stride): half as many split."""
-        return T.shift_right(lanes_expr, 1) if split else lanes_expr
-
-    def odd_lane(t):
-        """Whether lane t is the odd lane of its entry's pair (split folds), else None."""
-        return T.bitwise_and(t, 1) != 0 if split else None
+    to_entry, odd_lane = lane_pairs(split)  # the check phase's entries of grid lanes; a lane's parity
 
     @T.macro
     def entry(k, bits, row, launch, h, acc, part, ok, odd, lane):

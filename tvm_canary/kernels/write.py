@@ -71,6 +71,7 @@ from .common import (
     grid,
     head_loads,
     in_ring,
+    lane_pairs,
     lanes,
     load_batches,
     mix3,
@@ -131,6 +132,8 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
     # Split folds (``common.splits_sources``): a lane pair per slot, one source's chain in each lane.
     split = splits_sources(geom, num_sources, fold_words)
     fold_split = split_fold(geom, fold_words) if split else None
+    unit_of, odd_of = lane_pairs(split)  # the fold units of fold lanes; a lane's parity
+
     def stores_fold(odd):
         """Whether a fold lane stores the fold it computed: every lane, but split only the even one."""
         return T.Not(odd) if split else True
@@ -721,8 +724,8 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
                 if num_sources > 0:
                     fold_lane = T.meta_var(T.Cast("int32", (T.Cast("int64", b) - fold_from) * block_lanes
                                                   + T.Cast("int64", t)))
-                    fold_unit = T.meta_var(T.shift_right(fold_lane, 1) if split else fold_lane)
-                    odd = T.meta_var(T.bitwise_and(fold_lane, 1) != 0 if split else None)
+                    fold_unit = T.meta_var(unit_of(fold_lane))
+                    odd = T.meta_var(odd_of(fold_lane))
                     capacity = T.meta_var(T.Cast("int32", T.max(T.min(cap, T.Cast("int64", total)), T.int64(1))))
                     fold_lanes(fold_map, fold_unit, total, capacity)
                     if b >= fold_from and works:
