@@ -258,9 +258,24 @@ def fold_orders(mode: str, family: str) -> dict:
     return {infix: order for infix, order in floors.FOLD_ORDERS.items() if family == "gather" or order != "split"}
 
 
+def memory_floors(mode: str, family: str) -> dict:
+    """{floor name: fold order} of ``family``'s memory floor in ``mode``, every form timed and the
+    fastest counting: one lane an entry (order ``None``), and for the gather with two sources also
+    "split" (two lanes an entry, each reading one source, as verify ALL's split folds spread an
+    entry's bytes)."""
+    split = family == "gather" and "split" in fold_orders(mode, family).values()
+    return {f"{family}-{mode}": None} | ({f"{family}-split-{mode}": "split"} if split else {})
+
+
+def order_label(order) -> str:
+    """A floor's label suffix for its fold order: none for one lane an entry or "together"."""
+    return "" if order in (None, "together") else f" sources {order}"
+
+
 def floor_makers() -> dict:
     """{floor name: make(geom) -> TIR function}: gather per real-KV mode (verify, two sources), store per
-    mode (write), each with its ``hash`` and ``ticket`` variants (``bounds`` below), copy (plan, scatter)."""
+    mode (write), each in its memory forms (``memory_floors``) and with its ``hash`` and ``ticket``
+    variants (``bounds`` below), copy (plan, scatter)."""
     import floors
 
     # The memory floor of each family (verify: gather, its args in verify's order; write: store) and its
@@ -270,7 +285,9 @@ def floor_makers() -> dict:
     for mode in MODES:
         sources = 2 if mode != "NONE" else 0
         for family, make in families.items():
-            out[f"{family}-{mode}"] = lambda g, make=make, mode=mode, sources=sources: make(g, fold_words(mode), sources)
+            for name, order in memory_floors(mode, family).items():
+                out[name] = lambda g, make=make, mode=mode, sources=sources, order=order: make(
+                    g, fold_words(mode), sources, **({"fold_order": order} if order else {}))
             for infix, order in fold_orders(mode, family).items():
                 for variant, ticket in (("hash", False), ("ticket", True)):
                     out[f"{family}-{variant}-{infix}{mode}"] = (
@@ -548,6 +565,13 @@ class Bench:
         (µs, its label)."""
         return min((us, arm[1]) for arm, us in times.items() if isinstance(arm, tuple) and arm[0] == name)
 
+    def fastest_memory(self, times, family, mode):
+        """The fastest arm of ``family``'s memory floor in ``mode`` over its forms (``memory_floors``) in
+        ``times``: (µs, label: the family, the grid and the form)."""
+        forms = memory_floors(mode, family)
+        (us, grid), name = min((self.fastest(times, name), name) for name in forms)
+        return us, f"{family} {grid}{order_label(forms[name])}"
+
     def fastest_floor(self, name, calls_of):
         """Fastest grid of floor kernel ``name``, its grids timed interleaved: (µs, its geometry);
         ``calls_of(fn)`` -> zero-arg calls."""
@@ -584,7 +608,7 @@ class Bench:
 
         def fastest_order(variant):
             (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix) for infix in orders)
-            return us, grid + ("" if orders[infix] == "together" else f" sources {orders[infix]}")
+            return us, grid + order_label(orders[infix])
 
         row["hash_floor_us"], grid = fastest_order("hash")
         row["hash_floor"] = f"hash {grid}"
@@ -642,12 +666,11 @@ class Bench:
                                                pool.floor_flags, pool.floor_counter) for p in plans]
 
                     small = n <= SMALL_VERIFY_ENTRIES
-                    names = [f"gather-{mode}"] + (self.bound_names("gather", mode) if small else [])
+                    names = list(memory_floors(mode, "gather")) + (self.bound_names("gather", mode) if small else [])
                     floor_times = self.timed("verify", kws, row, self.floor_arms(names, calls_of))
                     if pool.flagged():
                         self.warn(f"verify {row['case']} flagged violations (the benchmark's verify is clean)")
-                    row["floor_us"], grid = self.fastest(floor_times, f"gather-{mode}")
-                    row["floor"] = f"gather {grid}"
+                    row["floor_us"], row["floor"] = self.fastest_memory(floor_times, "gather", mode)
                     if small:
                         self.bounds(row, "gather", mode, floor_times, empty_us)
                     src_bytes = n_src * (32 if mode == "PARTIAL" else KV_BYTES) if n_src else 0

@@ -5,7 +5,8 @@ the kernel's own choices is built in, so every memory floor is compiled for each
 
 * ``gather``: reads exactly the bytes verify reads, with the same indices (plan vectors, the slot's
   four fields, the predecessor's three, the folded source words) and only XORs them; grid-stride,
-  ``max(1, min(blocks, ceil(cap / threads)))`` blocks. Two variants bound more than the bytes: with
+  ``max(1, min(blocks, ceil(cap / threads)))`` blocks; with two sources also split, two lanes an entry
+  each reading one source (``FOLD_ORDERS``). Two variants bound more than the bytes: with
   ``hashing`` it hashes them as SPEC 1 requires of any verify (chain link, real-KV fold: two sources
   together, in turn, or split over two lanes an entry, ``FOLD_ORDERS``), and with ``ticket`` it adds
   the clean launch of a single launch that appends rows in entry order.
@@ -62,7 +63,8 @@ from tvm_canary.kernels.common import (
 FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (528, 512), (1056, 512), (2112, 512),
                (1056, 1024))
 # The hashing floors' fold orders with two sources, each timed, the fastest counting: "together" and
-# "in turn" (``fold_hash``), and for the gather "split" (``split_fold_hash``, two lanes an entry).
+# "in turn" (``fold_hash``), and for the gather "split" (``split_fold_hash``, two lanes an entry). The
+# gather's memory floor is timed in one lane an entry and split (its source order does not matter).
 FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name infix -> fold order
 
 
@@ -147,14 +149,15 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     predecessor's chain link (``mix3`` of its fields) and the real-KV fold (``fold_hash``), so in ALL
     mode (32 dependent steps per source) it also bounds the arithmetic; ``fold_order`` (``FOLD_ORDERS``):
     the fold's source order (``fold_hash``), or "split": two lanes an entry, both gathering its fields,
-    each folding one source (``split_fold_hash``). ``ticket``: also the least a single launch that
-    appends rows in entry order does in a clean launch (``ticket_protocol``).
+    each reading one source (XOR-ed, or with ``hashing`` folded: ``split_fold_hash``), as verify's split
+    folds spread an entry's bytes (``kernels.common.split_fold``). ``ticket``: also the least a single
+    launch that appends rows in entry order does in a clean launch (``ticket_protocol``).
     """
     assert num_sources <= 2 and fold_order in FOLD_ORDERS.values()
     TH = geom.threads
-    split = hashing and num_sources == 2 and fold_order == "split"
+    split = num_sources == 2 and fold_order == "split"
     assert TH % 32 == 0 or not split  # a pair's lanes in one warp
-    to_entry, _ = lane_pairs(split)
+    to_entry, odd_lane = lane_pairs(split)
     clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
@@ -196,12 +199,15 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                             acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                         else:
                             acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
-                    if split:
+                    if hashing and split:
                         split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
                         acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                     elif hashing:
                         fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_order == "together")
                         acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                    elif split:  # the lane's own source
+                        for q in T.serial(fold_words):
+                            acc[0] = acc[0] ^ src[slot + T.Cast("int64", odd_lane(t)) * (rows // 2), q]
                     else:
                         for s in T.serial(num_sources):
                             for q in T.serial(fold_words):

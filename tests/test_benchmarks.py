@@ -240,7 +240,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
 
     grids = [bench_kernels.geometry_label(g) for g in floors.floor_geometries()]
     # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family.
-    fastest = {"gather-ALL": ("2112x64", 4.0), "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
+    fastest = {"gather-ALL": ("2112x64", 4.0), "gather-split-ALL": ("1056x128", 3.9),
+               "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
                "gather-hash-split-ALL": ("2112x32", 4.8), "gather-ticket-ALL": ("1056x256", 6.4),
                "gather-ticket-seq-ALL": ("2112x32", 6.3), "gather-ticket-split-ALL": ("528x512", 6.6)}
     timed_arms = []
@@ -258,7 +259,7 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     bench.launchers = Launchers()
     monkeypatch.setattr(bench, "ours", lambda kernel, choice: lambda **kw: None)
     monkeypatch.setattr(bench, "floor_kernel", lambda name, geom: None)
-    names = ["gather-ALL"] + bench.bound_names("gather", "ALL")
+    names = list(bench_kernels.memory_floors("ALL", "gather")) + bench.bound_names("gather", "ALL")
     assert sorted(names) == sorted(fastest)
     assert bench.bound_names("store", "ALL") == ["store-hash-ALL", "store-hash-seq-ALL", "store-ticket-ALL",
                                                  "store-ticket-seq-ALL"]  # no split store floor
@@ -271,6 +272,11 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     bench.timed("write", [{}, {}], none_row, {}, none_sets=[{}, {}])  # a real-KV write row: NONE in its rounds
     assert timed_arms[-1] == {"default", "tuned", "none"} and none_row["none_us"] == 5.25
     assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
+    # the memory floor: the faster of one lane an entry and split
+    assert bench.fastest_memory(times, "gather", "ALL") == (3.9, "gather 1056x128 sources split")
+    assert bench.fastest_memory({**times, ("gather-split-ALL", "1056x128"): 4.1}, "gather", "ALL") == (4.0, "gather 2112x64")
+    assert list(bench_kernels.memory_floors("NONE", "gather")) == ["gather-NONE"]  # no sources to split
+    assert list(bench_kernels.memory_floors("ALL", "store")) == ["store-ALL"]
     bench.bounds(row, "gather", "ALL", times, empty_us=1.0)
     assert (row["hash_floor_us"], row["hash_floor"]) == (4.8, "hash 2112x32 sources split")
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (5.8, "hash 2112x32 sources split + launch")
@@ -385,6 +391,7 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     ticket = (tmp_path / "gather-ticket-ALL.cu").read_text()
     assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
     assert "__shfl_xor_sync" in (tmp_path / "gather-hash-split-ALL.cu").read_text()  # two lanes an entry
+    assert "__shfl_xor_sync" not in (tmp_path / "gather-split-ALL.cu").read_text()  # XOR-ed, nothing exchanged
     assert "__shfl_xor_sync" not in (tmp_path / "gather-hash-seq-ALL.cu").read_text()
 
 
