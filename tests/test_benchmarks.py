@@ -149,9 +149,10 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
-    """The hash and ordered floors of small verify rows: their own table in plot.py, a reference line in
-    report.py beside the target (which stays against the gather floor), and a row faster than any of its
-    floors by more than 5% is a floor bug."""
+    """The hash and ordered floors of small verify rows: their own table in plot.py, reference lines in
+    report.py beside the target (which stays against the gather floor; a row whose hash floor alone is
+    over the limit is past the hardware), and a row faster than any of its floors by more than 5% is a
+    floor bug."""
     import bench_kernels
     import plot
     import report
@@ -178,6 +179,9 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
     assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 2 | NONE random 1024 (1.67), ALL random 4096 (1.83) |" in lines
     assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor (gather + SPEC hashing + ordered append) "
             "| 3 | 0 | - |") in lines
+    # ALL random 4096's hashing alone is 1.333x its gather floor: past the hardware at 1.25x
+    assert ("| (for reference) verify, <= 64K entries: hash floor (gather + SPEC hashing) <= 1.25 x floor; over it the "
+            "target is past the hardware | 2 | 1 | ALL random 4096 (1.333) |") in lines
     assert ("Floors as lower bounds: FAIL, rows faster than a floor by more than 5% (default or tuned arm): "
             "verify PARTIAL chain 1024 (default 0.909).") in lines
 
