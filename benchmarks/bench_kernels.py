@@ -5,7 +5,8 @@ Per row (same inputs, same timing method for everything in the row):
   it), and with ``--ab`` its **tuned** geometry, measured interleaved with the default (A/B/A/B
   rounds in one process, so run-to-run noise cannot pass for a gain);
 * its **floor** (``floors.py``): the fastest of several grids of a kernel that moves the same bytes
-  with the same pattern (verify: gather; write: the larger of the register-only chain and the
+  with the same pattern (verify: gather, with two sources also split over two lanes an entry,
+  ``memory_floors``; write: the larger of the register-only chain and the
   gather-and-store of its tokens; plan, scatter: a dense copy); a kernel faster than its floor by more
   than noise, in either arm of the A/B, is reported as a floor bug (``BELOW FLOOR``,
   ``verdicts.py``); verify rows of at most 64K entries, which
