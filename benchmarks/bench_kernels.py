@@ -5,9 +5,9 @@ Per row (same inputs, same timing method for everything in the row):
   it), and with ``--ab`` its **tuned** geometry, measured interleaved with the default (A/B/A/B
   rounds in one process, so run-to-run noise cannot pass for a gain);
 * its **floor** (``floors.py``): the fastest of several grids of a kernel that moves the same bytes
-  with the same pattern (verify: gather, with two sources also split over two lanes an entry,
-  ``memory_floors``; write: the larger of the register-only chain and the
-  gather-and-store of its tokens; plan, scatter: a dense copy); a kernel faster than its floor by more
+  with the same pattern (verify: gather; write: the larger of the register-only chain and the
+  gather-and-store of its tokens; plan, scatter: a dense copy; the gather and the store with two
+  sources also split over two lanes an entry or token, ``memory_floors``); a kernel faster than its floor by more
   than noise, in either arm of the A/B, is reported as a floor bug (``BELOW FLOOR``,
   ``verdicts.py``); verify rows of at most 64K entries, which
   are latency-bound, also get the floors that bound them beyond their bytes (``Bench.bounds``: the
@@ -250,21 +250,18 @@ def fold_words(mode: str) -> int:
 
 def fold_orders(mode: str, family: str) -> dict:
     """{floor name infix: fold order} of ``family``'s hashing floors in ``mode``: with two sources every
-    order of ``floors.FOLD_ORDERS`` the family builds (the gather all three, the store "together" and
-    "in turn"), without sources one."""
+    order of ``floors.FOLD_ORDERS``, without sources one."""
     import floors
 
-    if mode == "NONE":
-        return {"": "together"}
-    return {infix: order for infix, order in floors.FOLD_ORDERS.items() if family == "gather" or order != "split"}
+    return {"": "together"} if mode == "NONE" else dict(floors.FOLD_ORDERS)
 
 
 def memory_floors(mode: str, family: str) -> dict:
     """{floor name: fold order} of ``family``'s memory floor in ``mode``, every form timed and the
-    fastest counting: one lane an entry (order ``None``), and for the gather with two sources also
-    "split" (two lanes an entry, each reading one source, as verify ALL's split folds spread an
-    entry's bytes)."""
-    split = family == "gather" and "split" in fold_orders(mode, family).values()
+    fastest counting: one lane an entry or token (order ``None``), and with two sources also "split"
+    (two lanes an entry or token, each reading one source, as verify's and write's split folds spread
+    its bytes)."""
+    split = "split" in fold_orders(mode, family).values()
     return {f"{family}-{mode}": None} | ({f"{family}-split-{mode}": "split"} if split else {})
 
 
@@ -708,11 +705,10 @@ class Bench:
                             for a in sets]
 
                 one_token = length == 1  # one-token requests: latency-bound, like small verifies
-                names = [f"store-{mode}"] + (self.bound_names("store", mode) if one_token else [])
+                names = list(memory_floors(mode, "store")) + (self.bound_names("store", mode) if one_token else [])
                 floor_times = self.timed("write", sets, row, self.floor_arms(names, calls_of), iters=5, none_sets=none_sets)
-                store_us, grid = self.fastest(floor_times, f"store-{mode}")
-                row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_us
-                store_floor = (store_us, f"store {grid}")
+                store_floor = self.fastest_memory(floor_times, "store", mode)
+                row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_floor[0]
                 if one_token:
                     self.bounds(row, "store", mode, floor_times, empty_us)
                     # The hash floor does the store floor's work and more, so a store floor measured above

@@ -16,7 +16,8 @@ the kernel's own choices is built in, so every memory floor is compiled for each
   as many lanes per request as the grid affords (``max(1, lanes // requests)``), so one long request
   is stored as widely as many short ones. Locating a request's tokens through its offsets is the
   plan's layout, so every write must pay that dependent load. With many short chains this bounds write
-  from below; with long chains ``chain`` does. Its ``hashing`` and ``ticket`` variants bound more than
+  from below; with long chains ``chain`` does. With two sources also split, two lanes a token each
+  reading one source (``FOLD_ORDERS``). Its ``hashing`` and ``ticket`` variants bound more than
   the bytes, as the gather's do.
 * ``copy``: a dense int64 device-to-device copy (the plan and scatter bound), beside torch's copy;
   timed over more launches per graph than the kernels (``COPY_FLOOR_LAUNCHES`` in the benchmark) so
@@ -63,8 +64,8 @@ from tvm_canary.kernels.common import (
 FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (528, 512), (1056, 512), (2112, 512),
                (1056, 1024))
 # The hashing floors' fold orders with two sources, each timed, the fastest counting: "together" and
-# "in turn" (``fold_hash``), and for the gather "split" (``split_fold_hash``, two lanes an entry). The
-# gather's memory floor is timed in one lane an entry and split (its source order does not matter).
+# "in turn" (``fold_hash``), and "split" (``split_fold_hash``, two lanes an entry or token). The memory
+# floors (gather, store) are timed in one lane an entry and split (their source order does not matter).
 FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name infix -> fold order
 
 
@@ -230,13 +231,19 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
     slot's chain link (``mix3`` of its fields), each lane's chain steps over its own tokens only (one
     ``mix3`` before each of its tokens but the first: fewer and shorter chains than any write runs)
     and the real-KV fold as the gather floor hashes it (``fold_hash``, in ``fold_order``: "together" or
-    "in turn"; no split form is built for the store). With a seed slot, a lane hashes
+    "in turn"; or "split", ``split_fold_hash``). ``fold_order`` "split" with two sources, hashing or not:
+    two lanes a token, both reading its plan words (and the seed's link), each reading one source, the
+    odd lane's XOR or fold reaching the even lane by a shuffle, which alone stores the slot's fields, as
+    write ALL's split folds spread a token's bytes. With a seed slot, a lane hashes
     the seed's link and then its first token's fold, one after the other, which a write may overlap
     (its folds run in other blocks): the benchmark's rows use anchor seeds (no link to hash), where
     this does not arise. ``ticket``: also the least a single launch that appends rows in request order
     does in a clean launch (``ticket_protocol``; ``flags`` and ``counter`` are unused otherwise)."""
-    assert num_sources <= 2 and fold_order in ("together", "in turn")
+    assert num_sources <= 2 and fold_order in FOLD_ORDERS.values()
     TH = geom.threads
+    split = num_sources == 2 and fold_order == "split"
+    assert TH % 32 == 0 or not split  # a pair's lanes in one warp
+    to_unit, odd_lane = lane_pairs(split)
     clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
@@ -253,7 +260,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
         ocl = T.match_buffer(ocl_h, (n,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
-        nb = T.meta_var(blocks_for(geom, T.max(n, cap)))
+        nb = T.meta_var(blocks_for(geom, T.max(n, cap) * 2 if split else T.max(n, cap)))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
                 acc = T.alloc_buffer((1,), "int64", scope="local")
@@ -265,9 +272,10 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                 part2 = T.alloc_buffer((1,), "uint64", scope="local")
                 drawn = T.alloc_buffer((1,), "int32", scope="local")
                 block_done = T.alloc_buffer((1,), "int32", scope="local")
-                g = T.Cast("int64", b * TH + t)
-                width = T.max(nb * TH // cap, T.int64(1))  # lanes per request
-                stride = nb * TH // width
+                g = to_unit(T.Cast("int64", b * TH + t))  # split: the pair's unit
+                width = T.max(to_unit(nb * TH) // cap, T.int64(1))  # lanes (split: pairs) per request
+                stride = to_unit(nb * TH) // width
+                stores = T.meta_var(T.bitwise_and(t, 1) == 0 if split else True)  # split: the even lane stores
                 if g < stride * width:
                     r[0] = g // width
                     while r[0] < cap:
@@ -283,23 +291,36 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                         while k[0] < offsets[r[0] + 1]:
                             slot = ocl[k[0]]
                             if hashing:
-                                fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources,
-                                          fold_order == "together")
+                                if split:
+                                    split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
+                                else:
+                                    fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources,
+                                              fold_order == "together")
                                 acc[0] = T.reinterpret("int64", h[0])
-                                buf[slot, 2] = link[0]
+                                if stores:
+                                    buf[slot, 2] = link[0]
                                 if k[0] + width < offsets[r[0] + 1]:  # the step the lane's next token needs
                                     h[0] = T.reinterpret("uint64", link[0])
                                     mix3(h, ids[k[0]], pos[k[0]])
                                     link[0] = T.reinterpret("int64", h[0])
+                            elif split:  # the lane's own source, the odd lane's XOR to the even lane
+                                acc[0] = T.int64(0)
+                                for q in T.serial(fold_words):
+                                    acc[0] = acc[0] ^ src[slot + T.Cast("int64", odd_lane(t)) * (rows // 2), q]
+                                exchange_in_pair(part2, T.reinterpret("uint64", acc[0]), t)
+                                acc[0] = acc[0] ^ T.reinterpret("int64", part2[0])
+                                if stores:
+                                    buf[slot, 2] = link[0]
                             else:
                                 acc[0] = T.int64(0)
                                 for s in T.serial(num_sources):
                                     for q in T.serial(fold_words):
                                         acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
                                 buf[slot, 2] = link[0]
-                            buf[slot, 0] = ids[k[0]]
-                            buf[slot, 1] = pos[k[0]]
-                            buf[slot, 3] = acc[0]
+                            if stores:
+                                buf[slot, 0] = ids[k[0]]
+                                buf[slot, 1] = pos[k[0]]
+                                buf[slot, 3] = acc[0]
                             k[0] = k[0] + width
                         r[0] = r[0] + stride
                 if ticket:

@@ -265,8 +265,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     monkeypatch.setattr(bench, "floor_kernel", lambda name, geom: None)
     names = list(bench_kernels.memory_floors("ALL", "gather")) + bench.bound_names("gather", "ALL")
     assert sorted(names) == sorted(fastest)
-    assert bench.bound_names("store", "ALL") == ["store-hash-ALL", "store-hash-seq-ALL", "store-ticket-ALL",
-                                                 "store-ticket-seq-ALL"]  # no split store floor
+    assert bench.bound_names("store", "ALL") == ["store-hash-ALL", "store-hash-seq-ALL", "store-hash-split-ALL",
+                                                 "store-ticket-ALL", "store-ticket-seq-ALL", "store-ticket-split-ALL"]
     row = {}
     times = bench.timed("verify", [{}, {}], row, bench.floor_arms(names, lambda fn: [lambda: fn] * 4))
     assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids}]
@@ -280,7 +280,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert bench.fastest_memory(times, "gather", "ALL") == (3.9, "gather 1056x128 sources split")
     assert bench.fastest_memory({**times, ("gather-split-ALL", "1056x128"): 4.1}, "gather", "ALL") == (4.0, "gather 2112x64")
     assert list(bench_kernels.memory_floors("NONE", "gather")) == ["gather-NONE"]  # no sources to split
-    assert list(bench_kernels.memory_floors("ALL", "store")) == ["store-ALL"]
+    assert list(bench_kernels.memory_floors("ALL", "store")) == ["store-ALL", "store-split-ALL"]
+    assert list(bench_kernels.memory_floors("NONE", "store")) == ["store-NONE"]
     bench.bounds(row, "gather", "ALL", times, empty_us=1.0)
     assert (row["hash_floor_us"], row["hash_floor"]) == (4.8, "hash 2112x32 sources split")
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (5.8, "hash 2112x32 sources split + launch")
@@ -396,6 +397,9 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert "canary_last_block_ticket" in ticket and "atomicAdd" in ticket
     assert "__shfl_xor_sync" in (tmp_path / "gather-hash-split-ALL.cu").read_text()  # two lanes an entry
     assert "__shfl_xor_sync" not in (tmp_path / "gather-split-ALL.cu").read_text()  # XOR-ed, nothing exchanged
+    for name in ("store-split-ALL", "store-hash-split-ALL"):  # the odd lane's XOR or fold to the storing lane
+        assert "__shfl_xor_sync" in (tmp_path / f"{name}.cu").read_text()
+    assert "__shfl_xor_sync" not in (tmp_path / "store-ALL.cu").read_text()
     assert "__shfl_xor_sync" not in (tmp_path / "gather-hash-seq-ALL.cu").read_text()
 
 
