@@ -248,9 +248,9 @@ def fold_words(mode: str) -> int:
     return {"NONE": 0, "PARTIAL": 2, "ALL": KV_BYTES // 8}[mode]
 
 
-def fold_orders(mode: str, family: str) -> dict:
-    """{floor name infix: fold order} of ``family``'s hashing floors in ``mode``: with two sources every
-    order of ``floors.FOLD_ORDERS``, without sources one."""
+def fold_orders(mode: str) -> dict:
+    """{floor name infix: fold order} of the hashing floors (gather and store) in ``mode``: with two
+    sources every order of ``floors.FOLD_ORDERS``, without sources one."""
     import floors
 
     return {"": "together"} if mode == "NONE" else dict(floors.FOLD_ORDERS)
@@ -261,7 +261,7 @@ def memory_floors(mode: str, family: str) -> dict:
     fastest counting: one lane an entry or token (order ``None``), and with two sources also "split"
     (two lanes an entry or token, each reading one source, as verify's and write's split folds spread
     its bytes)."""
-    split = "split" in fold_orders(mode, family).values()
+    split = "split" in fold_orders(mode).values()
     return {f"{family}-{mode}": None} | ({f"{family}-split-{mode}": "split"} if split else {})
 
 
@@ -286,7 +286,7 @@ def floor_makers() -> dict:
             for name, order in memory_floors(mode, family).items():
                 out[name] = lambda g, make=make, mode=mode, sources=sources, order=order: make(
                     g, fold_words(mode), sources, **({"fold_order": order} if order else {}))
-            for infix, order in fold_orders(mode, family).items():
+            for infix, order in fold_orders(mode).items():
                 for variant, ticket in (("hash", False), ("ticket", True)):
                     out[f"{family}-{variant}-{infix}{mode}"] = (
                         lambda g, make=make, mode=mode, sources=sources, ticket=ticket, order=order: make(
@@ -591,7 +591,7 @@ class Bench:
     def bound_names(family, mode) -> list:
         """The floors that bound a small row beyond its bytes (``bounds``): the ``hash`` and ``ticket``
         variants of ``family`` in ``mode``, per fold order."""
-        return [f"{family}-{variant}-{infix}{mode}" for variant in ("hash", "ticket") for infix in fold_orders(mode, family)]
+        return [f"{family}-{variant}-{infix}{mode}" for variant in ("hash", "ticket") for infix in fold_orders(mode)]
 
     def bounds(self, row, family, mode, times, empty_us):
         """What bounds a small (latency-bound) verify or a many-request write beyond its bytes, from the
@@ -602,7 +602,7 @@ class Bench:
         block, the last block counting the launch) and that floor plus one more launch (``empty_us``),
         the cost of emitting in a second kernel. Each is the fastest of the floor grids and, with two
         sources, of every fold order the family builds (``fold_orders``)."""
-        orders = fold_orders(mode, family)
+        orders = fold_orders(mode)
 
         def fastest_order(variant):
             (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix) for infix in orders)

@@ -275,7 +275,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                 g = to_unit(T.Cast("int64", b * TH + t))  # split: the pair's unit
                 width = T.max(to_unit(nb * TH) // cap, T.int64(1))  # lanes (split: pairs) per request
                 stride = to_unit(nb * TH) // width
-                stores = T.meta_var(T.bitwise_and(t, 1) == 0 if split else True)  # split: the even lane stores
+                stores = T.meta_var(T.Not(odd_lane(t)) if split else True)  # split: the even lane stores
                 if g < stride * width:
                     r[0] = g // width
                     while r[0] < cap:
