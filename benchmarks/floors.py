@@ -91,6 +91,13 @@ def ticket_protocol(geom: Geometry):
     return clean_append
 
 
+def own_source_row(slot, rows, lane):
+    """The row of ``slot`` in the source that a split pair's ``lane`` reads: ``src`` stacks the two
+    sources ``rows // 2`` rows apart, lane 2i reads the first, lane 2i + 1 the second (the split
+    hashing, gather and store floors)."""
+    return slot + T.Cast("int64", T.bitwise_and(lane, 1)) * (rows // 2)
+
+
 @T.macro
 def split_fold_hash(h, part, other, src, rows, slot, fold_words, t):
     """h[0] := ``fold_hash``'s fold of the slot's two sources where lanes 2i and 2i + 1 of a warp (``t``'s
@@ -98,10 +105,9 @@ def split_fold_hash(h, part, other, src, rows, slot, fold_words, t):
     the even lane by a shuffle within the pair, and each lane combines the two (the even lane in SPEC
     1.4's order), as the kernels' split folds do (``kernels.common.split_fold``): half the dependent
     steps and loads of a lane."""
-    odd = T.Cast("int64", T.bitwise_and(t, 1))
     part[0] = T.uint64(0)
     for q in T.serial(fold_words):
-        part[0] = part[0] ^ T.reinterpret("uint64", src[slot + odd * (rows // 2), q])
+        part[0] = part[0] ^ T.reinterpret("uint64", src[own_source_row(slot, rows, t), q])
         splitmix64(part)
     exchange_in_pair(other, part[0], t)
     h[0] = part[0]
@@ -158,7 +164,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     TH = geom.threads
     split = num_sources == 2 and fold_order == "split"
     assert TH % 32 == 0 or not split  # a pair's lanes in one warp
-    to_entry, odd_lane = lane_pairs(split)
+    to_entry, _ = lane_pairs(split)
     clean_append = ticket_protocol(geom)
 
     @T.prim_func(private=False)
@@ -208,7 +214,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                         acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                     elif split:  # the lane's own source
                         for q in T.serial(fold_words):
-                            acc[0] = acc[0] ^ src[slot + T.Cast("int64", odd_lane(t)) * (rows // 2), q]
+                            acc[0] = acc[0] ^ src[own_source_row(slot, rows, t), q]
                     else:
                         for s in T.serial(num_sources):
                             for q in T.serial(fold_words):
@@ -306,7 +312,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                             elif split:  # the lane's own source, the odd lane's XOR to the even lane
                                 acc[0] = T.int64(0)
                                 for q in T.serial(fold_words):
-                                    acc[0] = acc[0] ^ src[slot + T.Cast("int64", odd_lane(t)) * (rows // 2), q]
+                                    acc[0] = acc[0] ^ src[own_source_row(slot, rows, t), q]
                                 exchange_in_pair(part2, T.reinterpret("uint64", acc[0]), t)
                                 acc[0] = acc[0] ^ T.reinterpret("int64", part2[0])
                                 if stores:
