@@ -104,7 +104,8 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
         ``load_batches``), then its canary row, before the chain hash waits on the predecessor's row.
         Otherwise the heads are loaded when the fold starts, as few registers as possible staying live
         across the chain hash (PARTIAL's default caps them at 64)."""
-        front = T.alloc_buffer((FRONTS_PER_SLOT,), "int64", scope="local")
+        if odd is None:  # split lanes fold without fronts (``common.split_fold``)
+            front = T.alloc_buffer((FRONTS_PER_SLOT,), "int64", scope="local")
         slot = launch.slots[k]
         prev = launch.prevs[k]
         ep = launch.epos[k]

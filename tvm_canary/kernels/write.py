@@ -531,7 +531,8 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
         slot_u = T.alloc_buffer((U,), "int64", scope="local")
         ok_u = T.alloc_buffer((U,), "int32", scope="local")
         ok = T.alloc_buffer((1,), "int32", scope="local")
-        front = T.alloc_buffer((U * FRONTS_PER_SLOT,), "int64", scope="local")
+        if not split:  # split lanes fold without fronts (``common.split_fold``)
+            front = T.alloc_buffer((U * FRONTS_PER_SLOT,), "int64", scope="local")
         acc = T.alloc_buffer((1,), "uint64", scope="local")
         part = T.alloc_buffer((1,), "uint64", scope="local")
         n = launch.ocl.shape[0]
