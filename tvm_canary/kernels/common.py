@@ -270,8 +270,8 @@ def whole_row_pair(fold_words: int):
     ``fold_words`` (a Python int, ``source_params``; at most WHOLE_ROW_WORDS): the words after each
     front's first batch are all loaded, in the TensorIR, before the first step, with no batch loop, so
     neither chain waits on a later batch's round trip; the steps run in ``fold_pair``'s order. (In sm_90
-    code NVVM sinks each of those loads to just before its step: docs/PERFORMANCE.md, "Write real-KV
-    vs NONE".)"""
+    code NVVM sinks each of those loads to just before its step: the forty-third session's reading of
+    the SASS, ``git show b5a7d63:docs/PERFORMANCE.md``, "Write real-KV vs NONE".)"""
     rest = fold_words - HEAD_WORDS
     first = min(rest, PAIR_PREFETCH)
     later = rest - first
