@@ -16,6 +16,8 @@ OUTSIDE = re.compile("|".join([r"\.\./" + "shared", "shared/" + "SPEC", "/work/"
 ISSUE = re.compile(r"\b[Ii]ssue" + r"s? #?\d+")
 DOC_PATH = re.compile(r"\bdocs/[A-Za-z0-9_-]+\.md\b")
 CITATION = re.compile(r"\bSPEC (?:section |sections )?(D\d+|\d+(?:\.\d+)?)")
+# A doc and the section it names: docs/PERFORMANCE.md, "Tuning" / docs/TUNING.md ("Results committed")
+SECTION_CITATION = re.compile(r'\b(docs/[A-Za-z0-9_-]+\.md|README\.md)[,:]?\s+\(?"([^"]{3,100})"')
 
 
 def tracked_text_files() -> list[Path]:
@@ -75,3 +77,24 @@ def test_spec_citations_name_existing_sections():
         if s not in sections
     })
     assert unknown == []
+
+
+def headings(doc: Path) -> list[str]:
+    names = re.findall(r"^#+ (.*)$", doc.read_text(), re.MULTILINE)
+    return [" ".join(h.replace("`", "").split()).lower() for h in names]
+
+
+def test_cited_sections_exist_or_are_retired():
+    """A doc cited with a section name in quotes has a heading holding that name, unless the citation
+    says where the retired text is (``git show REV:PATH`` right after it)."""
+    missing = []
+    for p in tracked_text_files():
+        if p.parent.name == "tests":
+            continue
+        text = p.read_text(errors="replace")
+        for m in SECTION_CITATION.finditer(text):
+            doc, name = ROOT / m.group(1), " ".join(m.group(2).split()).lower()
+            retired = "git show" in text[m.end():m.end() + 160]
+            if doc.is_file() and not retired and not any(name in h for h in headings(doc)):
+                missing.append(f"{p.relative_to(ROOT)} cites {m.group(1)} \"{m.group(2)}\"")
+    assert missing == []
