@@ -176,6 +176,10 @@ def to_2d(t):
 _MISALIGNED = zeros(4, 48, dtype=U8)[:, 1:33]
 _MISALIGNED_PTR = _MISALIGNED.data_ptr()
 assert _MISALIGNED_PTR % 8 != 0
+# A contiguous canary buffer 4 bytes past an aligned start (its int64 view would need an aligned one).
+_MISALIGNED_BUF = zeros(8 * 32 + 4, dtype=U8)[4:].view(8, 32)
+_MISALIGNED_BUF_PTR = _MISALIGNED_BUF.data_ptr()
+assert _MISALIGNED_BUF_PTR % 8 != 0 and _MISALIGNED_BUF.is_contiguous()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +276,14 @@ LAUNCH_CASES = [
      f"kv-canary: real_kv_sources[0].tensor data pointer must be 8-byte aligned, got {_MISALIGNED_PTR:#x}"),
     ("source_device", W, CW, sources(source(meta(zeros(8, 32, dtype=U8)))), ValueError,
      "kv-canary: real_kv_sources[0].tensor must be on canary_buf's device cpu, got meta"),
+    ("w_canary_buf_misaligned", W, CW, ctx(canary_buf=_MISALIGNED_BUF), ValueError,
+     f"kv-canary: canary_buf data pointer must be 8-byte aligned, got {_MISALIGNED_BUF_PTR:#x}"),
+    ("v_canary_buf_misaligned", V, CV, ctx(canary_buf=_MISALIGNED_BUF), ValueError,
+     f"kv-canary: canary_buf data pointer must be 8-byte aligned, got {_MISALIGNED_BUF_PTR:#x}"),
+    ("p_swa_window_past_int64", P, CP, lambda a: dict(a, swa_window_size=2**63, full_to_swa_index_mapping=zeros(10)),
+     ValueError, "kv-canary: swa_window_size must fit in int64, got 9223372036854775808"),
+    ("p_token_offset_past_int64", P, CP, lambda a: dict(a, kv_token_id_vs_position_offset=-(2**63) - 1), ValueError,
+     "kv-canary: kv_token_id_vs_position_offset must fit in int64, got -9223372036854775809"),
     # --- write: presence rule ---
     ("w_expected_required", W, CW, lambda a: dict(a, enable_write_input_assert=True), ValueError,
      "kv-canary: expected input tensors are required when enable_write_input_assert=True"),
@@ -793,6 +805,7 @@ VALID_CASES = [
     ("plan_bs_above_4096", lambda: plan_args(bs=5000, write_cap=5000), CP, lambda a: a),
     ("plan_bs_zero", lambda: plan_args(bs=0), CP, lambda a: a),
     ("plan_draft_offset", P, CP, lambda a: dict(a, kv_token_id_vs_position_offset=1)),
+    ("plan_int64_ends", PL, CP, lambda a: dict(a, swa_window_size=2**63 - 1, kv_token_id_vs_position_offset=-(2**63))),
     ("scatter", S, CS, lambda a: a),
     ("scatter_empty", S, CS, lambda a: dict(a, offsets=zeros(1), req_pool_indices=zeros(0), flat_in=zeros(0))),
 ]

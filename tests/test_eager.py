@@ -61,11 +61,17 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
     return wide[:, 1 : 1 + t.shape[1]]
 
 
+def _shifted_by_4_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous uint8 tensor like ``t`` whose data starts 4 bytes past an aligned one."""
+    return torch.zeros(t.numel() + 4, dtype=t.dtype)[4:].view(t.shape)
+
+
 IN_PLACE = {
     "resize_": lambda a: a["plan"].verify_expected_tokens.resize_(3),
     "as_strided_": lambda a: a["context"].canary_buf.as_strided_((8, 16), (32, 2)),
     "set_ misaligned": lambda a: a["context"].real_kv_sources[0].tensor.set_(_misaligned(
         a["context"].real_kv_sources[0].tensor)),
+    "set_ misaligned canary_buf": lambda a: a["context"].canary_buf.set_(_shifted_by_4_bytes(a["context"].canary_buf)),
     ".data dtype": lambda a: setattr(a["context"].violation_ring, "data",
                                      a["context"].violation_ring.view(torch.float64)),
     ".data shorter": lambda a: setattr(a["plan"].enable, "data", a["plan"].enable.new_zeros(2)[:2]),

@@ -94,3 +94,14 @@ def test_public_launch_under_a_dispatch_mode_goes_through_the_operator():
     with FakeTensorMode() as mode:
         fake = {k: mode.from_tensor(v) for k, v in case.items()}
         tc.launch_scatter_req_token_ids_kernel(**fake)
+
+
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_operators_check_the_pointers_a_traced_caller_cannot(kernel):
+    """A traced caller's front-end checks see no data pointers, so the write and verify operators check
+    on every call that the canary buffer and each source start 8-byte aligned (docs/SEMANTICS.md)."""
+    case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
+    buf = case["context"].canary_buf
+    case["context"].canary_buf.set_(torch.zeros(buf.numel() + 4, dtype=buf.dtype)[4:].view(buf.shape))
+    with pytest.raises(ValueError, match="^kv-canary: canary_buf data pointer must be 8-byte aligned, got 0x"):
+        getattr(torch.ops.tvm_canary, kernel)(*op_args(kernel, case))

@@ -91,6 +91,21 @@ def _one(gen, lo, hi):
     return int(torch.randint(lo, hi, (1,), generator=gen))
 
 
+# int64 values at and next to the ends of the range, and -1: garbage indices, offsets and lengths take
+# them, so that a kernel's index arithmetic is checked where it could wrap. (Not 0 or 1: as slots they
+# are valid, and garbage write plans whose requests share tokens would then alias, SPEC D7.)
+INT64_EDGES = (-(2**63), -(2**63) + 1, -1, 2**63 - 2, 2**63 - 1)
+
+
+def _garbage(gen, n, device, lo=-(2**40), hi=2**40):
+    """``n`` garbage int64 values: uniform in ``[lo, hi)``, and about one in eight an ``INT64_EDGES`` value."""
+    values = torch.randint(lo, hi, (n,), generator=gen)
+    edges = torch.tensor(INT64_EDGES)
+    at_edge = torch.randint(0, 8, (n,), generator=gen) == 0
+    values[at_edge] = edges[torch.randint(0, len(INT64_EDGES), (n,), generator=gen)][at_edge]
+    return values.to(device)
+
+
 def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sources_max=4, token_units=2):
     """A random launch context; each source has 32 * k bytes per token, k in 1..token_units (the
     default 2 keeps folds within the head and one prefetch batch; wider ones reach the fold's loop)."""
@@ -134,9 +149,12 @@ def verify_case(gen, device, valid=True, token_units=2, capacity=None):
     ctx = context_for(gen, device, S, token_units=token_units)
     cap = capacity or _one(gen, 1, 3000)
     plan = VerifyPlan.allocate(verify_capacity=cap, device=device)
-    lo, hi = (-2, S) if valid else (-(2**40), 2**40)
-    plan.verify_slot_indices.copy_(_ints(gen, lo if not valid else 0, hi, cap, device))
-    plan.verify_prev_slot_indices.copy_(_ints(gen, lo, hi, cap, device))
+    if valid:
+        plan.verify_slot_indices.copy_(_ints(gen, 0, S, cap, device))
+        plan.verify_prev_slot_indices.copy_(_ints(gen, -2, S, cap, device))
+    else:
+        plan.verify_slot_indices.copy_(_garbage(gen, cap, device))
+        plan.verify_prev_slot_indices.copy_(_garbage(gen, cap, device))
     plan.verify_expected_tokens.copy_(_ints(gen, -1, 3, cap, device))
     plan.verify_expected_positions.copy_(_ints(gen, -1, 3, cap, device))
     plan.verify_num_valid.fill_(_one(gen, -3, cap + 5) if not valid else _one(gen, 0, cap + 1))
@@ -166,10 +184,10 @@ def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_se
         _store_own_seeds(gen, slots, seeds, off, own_seeds)
         slots[torch.randint(0, max(n, 1), (n // 8,), generator=gen)] = -1
     else:
-        off = torch.randint(-(2**40), 2**40, (cap + 1,), generator=gen)
+        off = _garbage(gen, cap + 1, "cpu")
         off[torch.randint(0, cap + 1, (cap // 2 + 1,), generator=gen)] %= max(n, 1)
-        seeds = torch.randint(-(2**40), 2**40, (cap,), generator=gen)
-        slots = torch.randint(-(2**40), 2**40, (n,), generator=gen)
+        seeds = _garbage(gen, cap, "cpu")
+        slots = _garbage(gen, n, "cpu")
     num_valid = _one(gen, 0, cap + 1) if valid else _one(gen, -5, cap + 10)
     assert_on = bool(_one(gen, 0, 2))
     ids = _ints(gen, 0, 5, n, device)
@@ -289,10 +307,11 @@ def plan_case(gen, device, valid=True):
         prefix, ext = _ints(gen, 0, L + 3, bs, device), _ints(gen, -1, 6, bs, device)
     else:
         rpi = _ints(gen, -5, rows + 5, bs, device)
-        prefix, ext = _ints(gen, -(2**40), 2**40, bs, device), _ints(gen, -(2**40), 2**40, bs, device)
+        prefix, ext = _garbage(gen, bs, device), _garbage(gen, bs, device)
+        L = L if _one(gen, 0, 8) else 0  # a table with no columns
         r2t = _ints(gen, -(2**31), 2**31 - 1, rows * L, device).to(torch.int32).view(rows, L)
     lut = _ints(gen, -1, 300, full + 1, device) if has_lut else None
-    pool_w = _one(gen, 1, 60)
+    pool_w = _one(gen, 1, 60) if valid or _one(gen, 0, 8) else 0
     pool = _ints(gen, -(2**31), 2**31 - 1, rows * pool_w, device).to(torch.int32).view(rows, pool_w) if has_pool else None
     vlens = _ints(gen, -2, 70, bs, device) if has_pool else None
     vcap = _one(gen, 1, 400)
@@ -310,7 +329,7 @@ def plan_case(gen, device, valid=True):
         "prefix_lens": prefix,
         "extend_seq_lens": ext,
         "req_to_token": r2t,
-        "swa_window_size": _one(gen, 0, 8) if has_lut else 0,
+        "swa_window_size": (_one(gen, 0, 8) if valid or _one(gen, 0, 4) else 2**63 - 1) if has_lut else 0,
         "full_to_swa_index_mapping": lut,
         "verify_capacity": vcap,
         "req_to_verify_expected_tokens": pool,
@@ -335,7 +354,8 @@ def scatter_case(gen, device, valid=True):
         "flat_in": _ints(gen, -(2**40), 2**40, n, device),
         "offsets": off.to(device),
         "req_pool_indices": rpi.to(device),
-        "pool_out": torch.full((rows, _one(gen, 1, 30)), -5, dtype=torch.int32, device=device),
+        "pool_out": torch.full((rows, _one(gen, 1, 30) if valid or _one(gen, 0, 8) else 0), -5, dtype=torch.int32,
+                               device=device),
     }
 
 

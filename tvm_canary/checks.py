@@ -128,6 +128,11 @@ def _require_non_negative(value: int, what: str) -> None:
         raise ValueError(f"kv-canary: {what} must be non-negative, got {value}")
 
 
+def _require_int64(value: int, name: str) -> None:
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"kv-canary: {name} must fit in int64, got {value}")
+
+
 def _require_vector(tensor: torch.Tensor, name: str, dtype: torch.dtype, length: Optional[int] = None) -> None:
     """dtype, then 1-D (and the exact length when given)."""
     _require_dtype(tensor, name, dtype)
@@ -178,13 +183,14 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
                 f"num_bytes_per_token={source.num_bytes_per_token} needs {needed}"
             )
         if not torch.compiler.is_compiling():  # no data pointer while tracing: the operator checks it
-            check_real_kv_source_pointer(tensor, name)
+            check_word_aligned(tensor, name)
         _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
 
 
-def check_real_kv_source_pointer(tensor: torch.Tensor, name: str) -> None:
-    """A source's data pointer is 8-byte aligned. Run by ``check_real_kv_sources`` in eager code, and
-    by the write/verify operators on every call (a traced caller's checks cannot see pointers)."""
+def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
+    """``tensor``'s data pointer is 8-byte aligned, as the kernels' int64 view of it needs (canary_buf,
+    real-KV sources; docs/SEMANTICS.md). Run by the front-end checks in eager code, and by the
+    write/verify operators on every call (a traced caller's checks cannot see pointers)."""
     ptr = tensor.data_ptr()
     if ptr % 8 != 0:
         raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
@@ -215,6 +221,8 @@ def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bo
         raise ValueError(
             f"kv-canary: canary_buf slot stride must hold at least {consts.CANARY_FIELDS_PER_SLOT} int64 fields, got {fields}"
         )
+    if not torch.compiler.is_compiling():  # no data pointer while tracing: the operator checks it
+        check_word_aligned(buf, "canary_buf")
 
     ring = context.violation_ring
     _require_dtype(ring, "violation_ring", torch.int64)
@@ -460,11 +468,13 @@ def check_plan(
             req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens, bs, slot_indices
         )
 
-    # Integer scalars (SPEC D9): after every contract check, which all pass for e.g. a float 8.0.
-    require_integer(swa_window_size, "swa_window_size")
+    # Integer scalars (SPEC D9): after every contract check, which all pass for e.g. a float 8.0. The
+    # kernels take the two offsets as int64 arguments, so every backend rejects a value outside int64.
+    _require_int64(require_integer(swa_window_size, "swa_window_size"), "swa_window_size")
     require_integer(verify_capacity, "verify_capacity")
-    # Any int is valid: 0 for target pools, +1 for EAGLE draft pools.
-    require_integer(kv_token_id_vs_position_offset, "kv_token_id_vs_position_offset")
+    # Any int64 is valid: 0 for target pools, +1 for EAGLE draft pools.
+    _require_int64(require_integer(kv_token_id_vs_position_offset, "kv_token_id_vs_position_offset"),
+                   "kv_token_id_vs_position_offset")
 
 
 def _check_expected_token_pool(

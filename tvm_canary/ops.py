@@ -82,8 +82,9 @@ def _context(canary_buf, violation_ring, violation_write_index, slot_run_counter
              enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout, real_kv_hash_mode):
     """Inverse of ``_context_args``; ``real_kv_layout`` is ``(page_size, num_bytes_per_token, read_bytes)``
     per source, flattened."""
+    checks.check_word_aligned(canary_buf, "canary_buf")
     for i, t in enumerate(real_kv_tensors):
-        checks.check_real_kv_source_pointer(t, f"real_kv_sources[{i}].tensor")
+        checks.check_word_aligned(t, f"real_kv_sources[{i}].tensor")
     sources = tuple(
         RealKvSource(tensor=t, page_size=real_kv_layout[3 * i], num_bytes_per_token=real_kv_layout[3 * i + 1],
                      read_bytes=real_kv_layout[3 * i + 2])

@@ -92,7 +92,10 @@ def canary_plan_ref(
     num_req_rows, table_len = rtt.shape
 
     active = (rp >= 1) & (rp < num_req_rows)
-    win_start = (prefix - swa_window_size).clamp(min=0) if swa_window_size > 0 else torch.zeros_like(prefix)
+    # max(0, P - W) for W > 0, with P - W formed only where it is positive (no int64 wrap, as the kernels)
+    win_start = torch.zeros_like(prefix)
+    if swa_window_size > 0:
+        win_start = torch.where(prefix > swa_window_size, prefix - swa_window_size, 0)
     verify_lens = torch.where(active, (prefix.clamp(max=table_len) - win_start).clamp(min=0), 0)
     total = int(verify_lens.sum())
     fits = total <= cap
@@ -110,7 +113,7 @@ def canary_plan_ref(
     write_lens = torch.where(active & (extend > 0), extend, 0)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(write_lens, 0)])
     num_seeds = min(bs, write_plan_out.write_seed_slot_indices.shape[0])
-    seeded = (active & (extend > 0) & (prefix > 0))[:num_seeds]
+    seeded = (active & (extend > 0) & (prefix > 0))[:num_seeds] & (table_len > 0)
     seed_pos = (prefix[:num_seeds] - 1).clamp(max=table_len - 1)
     seeds = torch.full((num_seeds,), -1, dtype=torch.int64)
     seeds[seeded] = _translate(rtt[rp[:num_seeds][seeded], seed_pos[seeded]].to(torch.int64), lut)

@@ -210,9 +210,9 @@ def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
         verify_plan_out.verify_expected_positions, verify_plan_out.verify_prev_slot_indices,
         verify_plan_out.verify_num_valid, verify_plan_out.enable,
         write_plan_out.write_offsets, write_plan_out.write_seed_slot_indices, write_plan_out.write_num_valid_reqs,
-        req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+        req_pool_indices, prefix_lens, extend_seq_lens, table(req_to_token),
         full_to_swa_index_mapping if has_lut else placeholder(device, torch.int64, (1,)),
-        req_to_verify_expected_tokens if has_pool else placeholder(device, torch.int32, (1, 1)),
+        table(req_to_verify_expected_tokens) if has_pool else placeholder(device, torch.int32, (1, 1)),
         req_to_verify_expected_tokens_valid_lens if has_pool else req_pool_indices,
         offsets,
         int(swa_window_size), int(kv_token_id_vs_position_offset),
@@ -225,7 +225,15 @@ def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
     """None (nothing to launch) for an empty batch or no tokens (SPEC 3.4)."""
     if req_pool_indices.shape[0] == 0 or flat_in.shape[0] == 0:
         return None
-    return KernelCall("scatter", spec("scatter"), req_pool_indices.shape[0], 0, (flat_in, offsets, req_pool_indices, pool_out))
+    return KernelCall("scatter", spec("scatter"), req_pool_indices.shape[0], 0,
+                      (flat_in, offsets, req_pool_indices, table(pool_out)))
+
+
+def table(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous 2-D table as the kernels take it: one with no columns (``[R, 0]``, whose strides
+    torch reports as ``(1, 1)``) viewed with the compact strides ``(0, 1)`` that tvm-ffi checks for;
+    the kernels read and write no element of it."""
+    return tensor if tensor.shape[1] else tensor.as_strided(tensor.shape, (0, 1))
 
 
 def _positions(args: tuple, scratch: torch.Tensor) -> frozenset:
