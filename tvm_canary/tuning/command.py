@@ -54,7 +54,7 @@ def add_parser(subparsers) -> None:
                    help="tune only the workloads whose default geometry has no current record in the database "
                         "(never tuned, or staled by a kernel change); the others keep their records")
     p.add_argument("--log-dir", type=pathlib.Path, default=None,
-                   help="MetaSchedule's log folder; default: a new folder under <kernel cache>/tune-runs/")
+                   help="MetaSchedule's log folder; default: a new folder under $TVM_CANARY_CACHE/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
                    help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), not here")
