@@ -266,3 +266,25 @@ def test_write_ticket_over_many_blocks(monkeypatch):
 
     for seed in range(2):
         run_differential("write", "cuda", seed, prepare, launches=len(TICKET_GRIDS), shape=(8192, 1))
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("start, end", [(-2, INT64_MAX), (-1, INT64_MAX), (INT64_MIN, INT64_MAX), (3, INT64_MIN),
+                                        (INT64_MAX - 1, INT64_MAX), (INT64_MAX, INT64_MIN), (-6, 3), (4, 2)])
+def test_scatter_offsets_at_the_int64_ends(device, start, end):
+    """A scatter row's length ``min(end - start, width)`` and its sources ``start + c`` are exact for
+    offsets anywhere in int64 (a wrapped difference skipped the first two rows on the kernels)."""
+    require(device)
+    cases = {}
+    for side in ("want", "got"):
+        cases[side] = {"flat_in": torch.arange(1, 9, dtype=torch.int64, device=device),
+                       "offsets": torch.tensor([start, end], dtype=torch.int64, device=device),
+                       "req_pool_indices": torch.tensor([1], dtype=torch.int64, device=device),
+                       "pool_out": torch.full((2, 6), -7, dtype=torch.int32, device=device)}
+    REFERENCE["scatter"](**cases["want"])
+    with use_backend("tvm"):
+        LAUNCH["scatter"](**cases["got"])
+    assert cases["got"]["pool_out"].tolist() == cases["want"]["pool_out"].tolist()

@@ -345,8 +345,8 @@ def scatter_case(gen, device, valid=True):
         off = torch.zeros(bs + 1, dtype=torch.int64)
         off[1:] = lens.cumsum(0)
     else:
-        off = torch.randint(-(2**40), 2**40, (bs + 1,), generator=gen)
-        off[::2] %= 50
+        off = _garbage(gen, bs + 1, "cpu")
+        off[torch.randint(0, 2, (bs + 1,), generator=gen) == 0] %= 50
     rows = _one(gen, bs + 1, bs + 10)
     # Valid batches address distinct pool rows (duplicates race on GPUs, as in the original).
     rpi = torch.randperm(rows, generator=gen)[:bs] if valid else torch.randint(-3, rows + 3, (bs,), generator=gen)

@@ -5,6 +5,10 @@ Arguments: ``flat_in int64[n]``, ``offsets int64[bs+1]``, ``req_pool_indices int
 ``L_r = min(offsets[r+1] - offsets[r], width)``; only elements whose source index lies in
 ``[0, n)``; rows outside ``[0, rows)`` are skipped). Blocks stride over requests, threads over columns,
 so the work is proportional to the tokens copied, with no cap on bs.
+
+Whatever the offsets hold, no int64 difference or sum wraps: a row is copied only when its start lies in
+``[-width, n)`` (no other start has a column whose source is in ``[0, n)``), and ``L_r`` is formed from
+comparisons first (``row_length``), so it is exact even for offsets at the ends of int64.
 """
 
 from __future__ import annotations
@@ -12,6 +16,12 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from .common import Geometry, grid, lanes
+
+
+def row_length(start, end, width):
+    """``min(end - start, width)``, at least 0, for a ``start`` in ``[-width, n)``: ``start + width``
+    cannot wrap there, and ``end - start`` is formed only when it lies in ``(0, width)``."""
+    return T.Select(end >= start + width, width, T.Select(end > start, end - start, T.int64(0)))
 
 
 def make(geom: Geometry):
@@ -36,10 +46,10 @@ def make(geom: Geometry):
                 for it in T.serial((bs - b + G - 1) // G):
                     r = b + it * G
                     start = offsets[r]
-                    length = T.min(offsets[r + 1] - start, width)
                     rp = rpi[r]
-                    if T.int64(0) <= rp and rp < rows:
-                        for c in T.serial((T.max(length, T.int64(0)) - t + TH - 1) // TH):
+                    if T.int64(0) <= rp and rp < rows and -width <= start and start < n:
+                        length = row_length(start, offsets[r + 1], width)
+                        for c in T.serial((length - t + TH - 1) // TH):
                             col = t + c * TH
                             src = start + col
                             if T.int64(0) <= src and src < n:
