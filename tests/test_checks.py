@@ -707,7 +707,11 @@ TYPE_CONSTRUCTION_CASES = [
      "kv-canary: RealKvSource.read_bytes must be an int, got NoneType"),
     ("t_source_tensor_numpy", lambda: source(np.zeros((8, 32), dtype=np.uint8)), TypeError,
      "kv-canary: RealKvSource.tensor must be a torch.Tensor, got numpy.ndarray"),
-    # --- VerifyOrWriteContext: hash mode and sources ---
+    # --- VerifyOrWriteContext: launch tag (any int64 is stamped as it is), hash mode and sources ---
+    ("t_context_kind_float", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=2.5)), TypeError,
+     "kv-canary: kernel_kind must be an int, got float 2.5"),
+    ("t_context_kind_past_int64", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=2**63)), ValueError,
+     "kv-canary: kernel_kind must fit in int64, got 9223372036854775808"),
     ("t_context_mode_7", lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=7)), ValueError,
      "kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got 7"),
     ("t_context_mode_str", lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode="ALL")), TypeError,

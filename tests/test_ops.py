@@ -8,6 +8,7 @@ byte for byte against the torch reference.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -105,3 +106,17 @@ def test_operators_check_the_pointers_a_traced_caller_cannot(kernel):
     case["context"].canary_buf.set_(torch.zeros(buf.numel() + 4, dtype=buf.dtype)[4:].view(buf.shape))
     with pytest.raises(ValueError, match="^kv-canary: canary_buf data pointer must be 8-byte aligned, got 0x"):
         getattr(torch.ops.tvm_canary, kernel)(*op_args(kernel, case))
+
+
+def test_an_unknown_launch_tag_is_stamped_as_it_is_through_the_operator():
+    """A context takes any int64 as its kernel_kind; the operator path (torch.compile, dispatch modes)
+    stamps it as the eager launch does."""
+    got = CASES["verify"](torch.Generator().manual_seed(3), "cpu")
+    want = CASES["verify"](torch.Generator().manual_seed(3), "cpu")
+    for case in (got, want):
+        case["context"] = dataclasses.replace(case["context"], kernel_kind=99)
+    with use_backend("tvm"):
+        torch.ops.tvm_canary.verify(*op_args("verify", got))
+        tc.launch_canary_verify_kernel(**want)
+    assert 99 in got["context"].violation_ring[:, 0].tolist()
+    assert_same_bytes(tensors(got), tensors(want))

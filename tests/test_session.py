@@ -117,9 +117,14 @@ def test_capacities_raise():
 def test_verify_capacity_overflow_warns_and_skips_verify():
     session, kv = make_session(verify_capacity=4)
     step(session, kv, 0, 4)
-    with pytest.warns(RuntimeWarning, match="per-forward verify skipped this step due to overflow"):
+    with pytest.warns(RuntimeWarning, match="per-forward verify skipped this step due to overflow \\(step 2\\)"):
         step(session, kv, 4, 1)
     assert session.slot_run_counters[Tag.HEAD_K_FULL] == 8 + 2  # writes only: the 8 entries did not fit
+    with pytest.warns(RuntimeWarning) as caught:  # every skipped step warns, not only the first
+        step(session, kv, 5, 1)
+        step(session, kv, 6, 1)
+    assert [str(w.message) for w in caught] == [
+        f"kv-canary: per-forward verify skipped this step due to overflow (step {n})" for n in (3, 4)]
 
 
 def test_session_argument_errors():
@@ -133,6 +138,33 @@ def test_session_argument_errors():
 
 
 # ---------------------------------------------------------------------- detection through the session
+
+
+def test_session_input_errors():
+    session, kv = make_session(enable_v=False)
+    with pytest.raises(KeyError, match="kv-canary: no HEAD V canary buffer in this session"):
+        session.canary_buffer("HEAD", "V")
+    step(session, kv, 0, 3)
+    with pytest.raises(ValueError, match=r"kv-canary: sweep chains must be \[n, 3\] .*got shape \(3, 2\)"):
+        session.sweep(torch.tensor([[slot(1, p), p] for p in range(3)]))
+    with pytest.raises(ValueError, match="kv-canary: real_kv_hash_mode must be one of NONE .* got 5"):
+        make_session(real_kv_hash_mode=5)
+    pooled, _ = make_session(expected_token_pool_shape=(3, MAX_LEN))
+    with pytest.raises(ValueError, match="kv-canary: token_lens has 3 entries for a batch of 2 requests"):
+        pooled.before_forward(req_pool_indices=list(ROWS), prefix_lens=[0, 0], extend_seq_lens=[1, 1],
+                              input_ids=[1, 2], positions=[0, 0], out_cache_loc=[slot(1, 0), slot(2, 0)],
+                              req_to_token=TABLE, token_ids=[1] * 6, token_lens=[2, 2, 2])
+
+
+def test_swa_slots_past_the_table_are_clamped_as_the_kernels_do():
+    """An SWA group translates the step's slots through its table on the device, taking the last entry
+    for a slot past it (the plan kernels' clamp, SPEC D4), never indexing out of it."""
+    lut = torch.arange(NUM_SLOTS // 2, dtype=torch.int64) + NUM_SLOTS  # shorter than the pool
+    session, kv = make_session(swa_lut=lut, enable_v=False)
+    session.before_forward(req_pool_indices=[1], prefix_lens=[0], extend_seq_lens=[1], input_ids=[7], positions=[0],
+                           out_cache_loc=[NUM_SLOTS - 1], req_to_token=TABLE)
+    session.after_forward()
+    assert session.canary_buffer("HEAD", "K", "SWA").view(torch.int64)[int(lut[-1]), 0] == 7
 
 
 def test_chain_position_assert_is_off_until_init_finished():
@@ -205,6 +237,25 @@ def test_reads_only_new_rows_and_reports_overflow():
     step(session, kv, 5, 1)
     report = session.violations()
     assert (report.records, report.total, report.dropped) == ((), 8, 4)
+
+
+def test_violations_are_counted_past_the_write_index_wrap():
+    """The int32 write index wraps negative after 2^31 - 1 violations and keeps counting (SPEC D4):
+    the session's count goes on (here from 2^31 - 2, set as if after a long run of violations)."""
+    session, kv = make_session(ring_capacity=2)
+    step(session, kv, 0, 4)
+    for p in range(3):
+        poke(session, "HEAD", "K", slot(1, p), 1, 100)
+    step(session, kv, 4, 1)  # 4 violations, 2 of them stored
+    assert len(session.violations().records) == 2
+    session.violation_log.violation_write_index.fill_(2**31 - 2)
+    step(session, kv, 5, 1)  # 4 more: the index wraps to -2^31 + 2
+    assert int(session.violation_log.violation_write_index[0]) == -(2**31) + 2
+    report = session.violations()
+    assert (report.records, report.total, report.dropped, bool(report)) == ((), 2**31 + 2, 2**31 - 2, True)
+    step(session, kv, 6, 1)  # 4 more
+    report = session.violations()
+    assert (report.total, report.dropped, bool(report)) == (2**31 + 6, 4, True)
 
 
 def test_log_mode_warns_each_row():

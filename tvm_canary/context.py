@@ -81,13 +81,23 @@ class RealKvSource:
             require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
+def hash_mode(value: object) -> RealKvHashMode:
+    """``value`` as a ``RealKvHashMode``: an int (not a bool) naming one of the three modes (SPEC D9)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"kv-canary: real_kv_hash_mode must be a RealKvHashMode, got {type_name(value)}")
+    if value not in RealKvHashMode._value2member_map_:
+        raise ValueError(f"kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got {value}")
+    return RealKvHashMode(value)
+
+
 @dataclasses.dataclass(**RECORD)
 class VerifyOrWriteContext:
     """Everything one endpoint's verify/write launch shares (SPEC 2.3).
 
     Fields:
         canary_buf: uint8 ``[num_slots, slot_stride_bytes]`` contiguous; read by verify, written by write.
-        kernel_kind: the tag stamped into violation rows.
+        kernel_kind: the tag stamped into violation rows: a ``CanaryLaunchTag``, or any int64 (stamped as
+            it is; ``Violation.tag_name`` reads an unknown one as ``unknown(<kind>)``).
         violation_ring: int64 ``[ring_capacity, 8]``; rows appended in reference order (SPEC D3).
         violation_write_index: int32 ``[1]``; count of violations ever recorded.
         slot_run_counter, kernel_run_counter: int64 ``[1]`` health counters.
@@ -107,19 +117,18 @@ class VerifyOrWriteContext:
     enable_chain_position_assert: torch.Tensor
 
     def __post_init__(self) -> None:
-        """The hash mode is one of the three modes, and ALL mode has sources to hash (SPEC D9)."""
+        """The launch tag is an int64, the hash mode is one of the three modes, and ALL mode has sources
+        to hash (SPEC D9)."""
+        if not isinstance(self.kernel_kind, CanaryLaunchTag):  # any other int64 is stamped as it is
+            kind = require_integer(self.kernel_kind, "kernel_kind")
+            if not -(2**63) <= kind < 2**63:
+                raise ValueError(f"kv-canary: kernel_kind must fit in int64, got {kind}")
         sources = self.real_kv_sources
         if not isinstance(sources, (tuple, list)):
             raise TypeError(f"kv-canary: real_kv_sources must be a tuple of RealKvSource, got {type_name(sources)}")
         for i, source in enumerate(sources):
             require_instance(source, RealKvSource, f"real_kv_sources[{i}]")
-        mode = self.real_kv_hash_mode
-        if not isinstance(mode, int) or isinstance(mode, bool):
-            raise TypeError(f"kv-canary: real_kv_hash_mode must be a RealKvHashMode, got {type_name(mode)}")
-        if mode not in RealKvHashMode._value2member_map_:
-            raise ValueError(
-                f"kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got {mode}"
-            )
+        mode = hash_mode(self.real_kv_hash_mode)
         if mode == RealKvHashMode.ALL and not sources:
             raise ValueError(
                 "kv-canary: real_kv_hash_mode=ALL hashes every byte of the real-KV sources but "

@@ -91,11 +91,17 @@ def _context(canary_buf, violation_ring, violation_write_index, slot_run_counter
         for i, t in enumerate(real_kv_tensors)
     )
     return VerifyOrWriteContext(
-        canary_buf=canary_buf, kernel_kind=CanaryLaunchTag(kernel_kind), violation_ring=violation_ring,
+        canary_buf=canary_buf, kernel_kind=_launch_tag(kernel_kind), violation_ring=violation_ring,
         violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
         kernel_run_counter=kernel_run_counter, real_kv_sources=sources,
         real_kv_hash_mode=RealKvHashMode(real_kv_hash_mode), enable_chain_position_assert=enable_chain_position_assert,
     )
+
+
+def _launch_tag(kernel_kind: int) -> CanaryLaunchTag | int:
+    """The context's ``kernel_kind`` from the operator's int: its tag, or the int itself when it names
+    none (a context takes any int64 and stamps it as it is)."""
+    return CanaryLaunchTag(kernel_kind) if kernel_kind in CanaryLaunchTag._value2member_map_ else kernel_kind
 
 
 def _verify_plan_args(plan: VerifyPlan) -> tuple:

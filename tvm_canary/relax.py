@@ -10,7 +10,8 @@ Arguments are the kernel's TensorIR parameters, by name (see ``parameters(gvar)`
 int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view ``[S, stride / 8]``, a
 real-KV source is its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``fw`` = page size,
 token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are
-Python ints. Unused source slots may be left out. ``flags`` (verify, write) is an int32 scratch the
+Python ints. Unused source slots may be left out (all four of a slot's parameters; a given ``src<i>``
+needs its ``ps<i>``, ``tw<i>`` and ``fw<i>``). ``flags`` (verify, write) is an int32 scratch the
 caller allocates zeroed, one per violation ring (``runtime.packing.flags_for(ring, capacity,
 seed_saves=write_capacity)``: write keeps a seed save per request in it); the kernels leave it zero
 again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
@@ -91,10 +92,11 @@ def call_kernel(bb: relax.BlockBuilder, gvar: relax.GlobalVar, **args) -> dict[s
     func = bb.get()[gvar]
     written = WRITES[str(func.attrs[_KERNEL_ATTR])]
     call_args, inplace, out_ty = [], [], []
+    given_sources = {name[3:] for name in args if name.startswith("src") and name[3:].isdigit()}
     for i, param in enumerate(func.params):
         value = args.pop(param.name, None)
         if value is None:
-            value = _unused_source(param.name)
+            value = _unused_source(param.name, given_sources)
         if isinstance(param.ty, tvm.ir.PrimType):
             value = relax.prim_value(tvm.tirx.IntImm(param.ty.dtype, int(value)))
         if param.name in written:
@@ -109,10 +111,12 @@ def call_kernel(bb: relax.BlockBuilder, gvar: relax.GlobalVar, **args) -> dict[s
     return {name: bb.emit(relax.TupleGetItem(result, k)) for k, name in enumerate(written)}
 
 
-def _unused_source(name: str):
-    """The value of a left-out parameter of an unused real-KV source slot (``src<i>``, ``ps<i>`` ...)."""
+def _unused_source(name: str, given_sources: set[str]):
+    """The value of a left-out parameter of an unused real-KV source slot (``src<i>``, ``ps<i>`` ...);
+    ``given_sources``: the slots whose ``src<i>`` the call gives, which are used, so their parameters
+    cannot be left out."""
     if name.startswith("src") and name[3:].isdigit():
         return relax.const(np.zeros((1, 1), dtype="int64"), "int64")
-    if name[:2] in _UNUSED_SOURCE and name[2:].isdigit():
+    if name[:2] in _UNUSED_SOURCE and name[2:].isdigit() and name[2:] not in given_sources:
         return _UNUSED_SOURCE[name[:2]]
     raise TypeError(f"kv-canary: missing argument {name!r}")

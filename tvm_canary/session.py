@@ -30,7 +30,7 @@ import torch
 
 from ._consts import CANARY_SLOT_BYTES
 from .consts import RealKvHashMode
-from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .launch import (
     launch_canary_plan_kernels,
     launch_canary_verify_kernel,
@@ -113,7 +113,7 @@ class _Snapshot:
 
     host: torch.Tensor
     event: object
-    overflow_check: bool  # taken at the end of a step: warn if a group's plan overflowed
+    overflow_step: int | None  # taken at the end of this step: warn if a group's plan overflowed
     health_done: int | None  # taken for the health check after this many steps
 
 
@@ -174,7 +174,7 @@ class CanarySession:
         self.write_req_capacity = write_req_capacity
         self.write_entry_capacity = write_entry_capacity
         self.verify_capacity = verify_capacity if verify_capacity is not None else 3 * full.num_slots
-        self.real_kv_hash_mode = RealKvHashMode(real_kv_hash_mode)
+        self.real_kv_hash_mode = hash_mode(real_kv_hash_mode)
         self.halves = ("K", "V") if enable_v else ("K",)
         self.enable_write_input_assert = enable_write_input_assert
         self.kv_token_id_vs_position_offset = kv_token_id_vs_position_offset
@@ -250,8 +250,13 @@ class CanarySession:
     # ------------------------------------------------------------------ introspection
 
     def canary_buffer(self, endpoint: str, half: str, group: str = "FULL") -> torch.Tensor:
-        """The canary buffer an endpoint ("HEAD", "TAIL" or "SWEEP") reads and writes."""
-        return self._group(group).contexts[endpoint, half].canary_buf
+        """The canary buffer an endpoint ("HEAD", "TAIL" or "SWEEP") reads and writes for a half ("K",
+        or "V" when ``enable_v``)."""
+        contexts = self._group(group).contexts
+        if (endpoint, half) not in contexts:
+            raise KeyError(f"kv-canary: no {endpoint} {half} canary buffer in this session (endpoints HEAD, TAIL, "
+                           f"SWEEP; halves {', '.join(self.halves)})")
+        return contexts[endpoint, half].canary_buf
 
     def _group(self, name: str) -> _Group:
         for g in self._groups:
@@ -304,7 +309,7 @@ class CanarySession:
         Raises RuntimeError when the batch exceeds the write capacities or the health check fails.
         """
         self._begin_step()
-        self._check_expected_tokens(token_ids, token_lens)
+        self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
                      token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                      expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
@@ -364,7 +369,11 @@ class CanarySession:
         ``chains`` is int64 ``[n, 3]`` of full-pool ``(slot, position, prev_slot)``; ``prev_slot`` -1 marks
         a chain head. SWA groups translate slots and predecessors through their LUT.
         """
-        chains = self._on_device(chains).reshape(-1, 3)
+        chains = self._on_device(chains)
+        if chains.numel() and (chains.ndim != 2 or chains.shape[1] != 3):
+            raise ValueError(f"kv-canary: sweep chains must be [n, 3] (slot, position, prev_slot), got shape "
+                             f"{tuple(chains.shape)}")
+        chains = chains.reshape(-1, 3)
         n = chains.shape[0]
         for g in self._groups:
             plan = self._sweep_plan(g.name, n)
@@ -421,7 +430,7 @@ class CanarySession:
         self._poll()
 
     def _end_step(self) -> None:
-        self._snapshot(overflow_check=True)
+        self._snapshot(overflow_step=self.step)
         self._poll()
 
     def _step_work(self, batch: _Batch, forward: Callable[[], None] | None) -> None:
@@ -498,7 +507,7 @@ class CanarySession:
 
     # ------------------------------------------------------------------ host side: snapshots, reports
 
-    def _snapshot(self, *, overflow_check: bool = False, health_done: int | None = None) -> None:
+    def _snapshot(self, *, overflow_step: int | None = None, health_done: int | None = None) -> None:
         """Copy the status buffer (write index, enable flags, kernel run counters) to a pinned slot without
         waiting (one copy); if all slots are in flight (the host is SNAPSHOT_SLOTS snapshots ahead), wait for
         the oldest first."""
@@ -506,7 +515,7 @@ class CanarySession:
             self._poll(wait_for_one=True)
         host = self._free_snapshots.pop()
         host.copy_(self._status, non_blocking=True)
-        self._snapshots.append(_Snapshot(host=host, event=record_event(self.device), overflow_check=overflow_check,
+        self._snapshots.append(_Snapshot(host=host, event=record_event(self.device), overflow_step=overflow_step,
                                          health_done=health_done))
         self._dirty = False
 
@@ -526,8 +535,9 @@ class CanarySession:
         counters = snap.host[1 + groups :].tolist()
         self._free_snapshots.append(snap.host)
         self.violation_log.fetch(flags[0])
-        if snap.overflow_check and min(flags[1:]) == 0:
-            warnings.warn(OVERFLOW_WARNING, RuntimeWarning, stacklevel=4)
+        if snap.overflow_step is not None and min(flags[1:]) == 0:
+            # the step in the text: Python shows a repeated text once, and every such step is reported
+            warnings.warn(f"{OVERFLOW_WARNING} (step {snap.overflow_step})", RuntimeWarning, stacklevel=4)
         if snap.health_done is not None:
             self._health_check(counters, snap.health_done)
 
@@ -569,12 +579,17 @@ class CanarySession:
             plan = self._sweep_plans[group] = VerifyPlan.allocate(verify_capacity=capacity, device=self.device)
         return plan
 
-    def _check_expected_tokens(self, token_ids, token_lens) -> None:
+    def _check_expected_tokens(self, token_ids, token_lens, batch_size: int) -> None:
+        """``token_ids`` and ``token_lens`` given exactly when the session has an expected-token pool, and
+        then one length per batch row (read from shapes: no host synchronisation)."""
         if (token_ids is None) != (token_lens is None) or (token_ids is None) != (self.expected_token_pool is None):
             raise ValueError(
                 "kv-canary: token_ids and token_lens are required exactly when the session has an "
                 "expected-token pool (expected_token_pool_shape)"
             )
+        if token_lens is not None and len(token_lens) != batch_size:
+            raise ValueError(
+                f"kv-canary: token_lens has {len(token_lens)} entries for a batch of {batch_size} requests")
 
     def _check_capacities(self, bs: int, num_tokens: int) -> None:
         if bs > self.write_req_capacity:
@@ -670,7 +685,7 @@ class StepGraph:
         session = self.session
         if session._batch is not None:
             raise RuntimeError("kv-canary: StepGraph.replay() between before_forward() and after_forward()")
-        session._check_expected_tokens(token_ids, token_lens)
+        session._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
         if expected_input_tokens is not None and self.inputs.expected_input_tokens is None:

@@ -122,7 +122,7 @@ class ViolationReport:
 
     Fields:
         records: ring rows stored since the previous read, in ring order.
-        total: the write index (violations counted since the ring was allocated).
+        total: violations counted since the ring was allocated (the write index, unwrapped past 2^31 - 1).
         dropped: violations counted since the previous read that did not fit in the ring.
         ring_capacity: rows the ring holds.
     """
@@ -191,13 +191,20 @@ class ViolationLog:
         self._copied = 0  # ring rows whose copy has been started
         self._in_flight: collections.deque = collections.deque()  # (event, stored rows, total) per fetch
         self._arrived_rows = 0  # ring rows whose copies have arrived
-        self._total = 0  # write index of the last arrived fetch
+        self._total = 0  # violations counted (the write index unwrapped) at the last arrived fetch
+        self._fetched = 0  # violations counted at the last fetch
         self._read = 0  # ring rows already returned
         self._dropped = 0  # dropped violations already reported
 
-    def fetch(self, total: int) -> None:
-        """The write index was ``total`` at the current point of the stream: copy the new rows."""
+    def fetch(self, write_index: int) -> None:
+        """The write index was ``write_index`` at the current point of the stream: copy the new rows.
+
+        The int32 index wraps negative after 2^31 - 1 violations and keeps counting (SPEC D4), so the
+        count is the index unwrapped: the previous fetch's count plus the index's advance modulo 2^32
+        (fewer than 2^32 violations between two fetches)."""
         self._collect(wait=False)
+        total = self._fetched + (write_index - self._fetched) % 2**32
+        self._fetched = total
         capacity = self.violation_ring.shape[0]
         stored = min(total, capacity)
         if stored > self._copied:
