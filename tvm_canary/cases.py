@@ -128,7 +128,9 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
     sources = tuple(sources)
     if not sources and mode == RealKvHashMode.ALL:
         mode = RealKvHashMode.NONE  # ALL needs sources (SPEC D9); PARTIAL without sources folds nothing
-    buf = torch.randint(0, 256, (num_slots, 32), generator=gen, dtype=torch.uint8).to(device)
+    # slots of 32 bytes, or one in four wider (40-64 bytes: the fields are the first 32, SPEC 2.1)
+    stride = 32 if _one(gen, 0, 4) else 8 * _one(gen, 5, 9)
+    buf = torch.randint(0, 256, (num_slots, stride), generator=gen, dtype=torch.uint8).to(device)
     return VerifyOrWriteContext(
         canary_buf=buf,
         kernel_kind=CanaryLaunchTag(_one(gen, 0, 12)),
