@@ -109,3 +109,26 @@ def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkey
 def test_build_names_a_missing_tuning_database(tmp_path):
     with pytest.raises(SystemExit, match="tvm-canary build: error: no tuning database for no-such-device"):
         main(["build", "--target", "llvm", "--tuning", "no-such-device", "-o", str(tmp_path)])
+
+
+def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch):
+    from tvm_canary.runtime import compile as C
+    from tvm_canary.runtime import targets
+
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    (tmp_path / f"{C.module_key('scatter', (), 'llvm', geom)}.so").write_bytes(b"")
+    monkeypatch.setenv("TVM_CANARY_MODULES", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"^kv-canary: cannot load the prebuilt module .*scatter.*\.so: "):
+        C._load_or_build("scatter", (), torch.device("cpu"), geom)
+
+
+def test_a_module_missing_from_the_prebuilt_folders_is_compiled_with_a_warning(tmp_path, monkeypatch, caplog):
+    from tvm_canary.runtime import compile as C
+    from tvm_canary.runtime import targets
+
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    monkeypatch.setenv("TVM_CANARY_MODULES", str(tmp_path))  # an empty folder (e.g. built from other sources)
+    monkeypatch.setattr(C, "_missing_prebuilt", set())
+    with caplog.at_level("WARNING", logger="tvm_canary"):
+        assert C._load_or_build("scatter", (), torch.device("cpu"), geom) is not None
+    assert "has no module scatter-" in caplog.text and "compiling it" in caplog.text

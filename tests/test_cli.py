@@ -116,3 +116,36 @@ def test_other_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setattr(selftest, "run", bug)
     with pytest.raises(ValueError, match="an internal bug"):
         cli.main(["selftest", "--device", "cpu"])
+
+
+BAD_VALUES = [
+    (["fuzz", "--device", "cpu", "--cases", "0"], "argument --cases: must be at least 1, got 0"),
+    (["fuzz", "--device", "cpu", "--seconds", "-1"], "argument --seconds: must be above 0, got -1"),
+    (["fuzz", "--device", "cpu", "--cases", "1", "--out", "/nonexistent-folder/f.json"],
+     "argument --out: /nonexistent-folder/f.json: folder /nonexistent-folder does not exist"),
+    (["fuzz", "--device", "cpu", "--cases", "1", "--seed-base", str(2**64)],
+     "argument --seed-base: must be below 2**62"),
+    (["conformance", "--devices", "cpu,cpu"], "argument --devices: kv-canary: device 'cpu' named twice"),
+    (["conformance", "--devices", ","], "argument --devices: kv-canary: no device in ','"),
+    (["conformance", "--cases", "-1"], "argument --cases: must be at least 0, got -1"),
+    (["conformance", "--json", "/"], "argument --json: / is a folder, not a file"),
+    (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
+    (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_VALUES, ids=[" ".join(a[:1] + a[-2:-1]) for a, _ in BAD_VALUES])
+def test_bad_values_are_one_line_usage_errors(argv, message, capsys):
+    """Counts, durations, seeds, devices, archs and output paths are checked before a command runs."""
+    status, out, err = run_main(argv, capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"tvm-canary {argv[0]}: error: {message}"), err
+
+
+def test_output_paths_must_be_of_the_right_kind(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    with pytest.raises(Exception, match="is a file, not a folder"):
+        cliargs.output_folder(str(a_file))
+    assert cliargs.output_folder(str(tmp_path / "new")) == tmp_path / "new"
+    assert cliargs.output_file(str(tmp_path / "out.json")) == tmp_path / "out.json"

@@ -120,3 +120,18 @@ def test_bad_arguments(argv, capsys):
 def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):
     status, report = conform(tmp_path, "--case", "golden:write-anchor", "--devices", "cpu")
     assert status == 0 and list(report["kernels"]) == ["write"]
+
+
+def test_a_failure_judged_against_another_device_replays_on_both():
+    """Where the reference defines no result (a garbage case it leaves undefined), a device is compared
+    with the first device: its replay command names both, in that order, so that it compares them again
+    (on the failing device alone it would compare that device with itself and pass)."""
+    def row(device, digest):
+        case = {"case": "garbage:50001", "digest": digest, "tensors": [digest], "error": None}
+        return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
+
+    ranks = [{"rank": 0, "host": "h", "devices": [row(conformance.REFERENCE_DEVICE, None), row("cpu", "d1"),
+                                                  row("cuda:1", "d2")]}]
+    (failure,) = conformance.compare(ranks, ["plan"])["failures"]
+    assert failure["device"] == "cuda:1" and "digest differs from cpu (reference undefined)" in failure["why"]
+    assert failure["replay"] == "python -m tvm_canary conformance --devices cpu,cuda:1 --kernels plan --case garbage:50001"

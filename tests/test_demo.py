@@ -101,3 +101,13 @@ def test_notice_lands_above_the_progress_bar(capsys):
     err = capsys.readouterr().err
     (line,) = [ln for ln in err.replace("\r", "\n").splitlines() if "a notice" in ln]
     assert line.strip() == "tvm_canary: a notice"
+
+
+def test_a_demo_that_checked_no_fault_fails(capsys):
+    """With two slots no fault finds a target: nothing was checked, so the run does not pass."""
+    assert cli.main(["demo", "--slots", "2", "--steps", "30", "--device", "cpu", "--no-progress"]) == 1
+    assert "no injected fault took effect in time to be checked" in capsys.readouterr().err
+
+
+def test_a_demo_without_faults_needs_no_spare_steps(capsys):
+    assert cli.main(["demo", "--steps", "5", "--faults-per-kind", "0", "--device", "cpu", "--no-progress"]) == 0

@@ -1114,7 +1114,7 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
     out, err = capsys.readouterr()
     assert rc == 3
     assert "2 workloads in 20.0 s" in out  # verify (1024,) and (1024, 2): a third would end at 30 s
-    assert ("stopped at --time-limit 25 s: 2 workloads not tuned in this run, keeping their earlier records: "
-            "write (8, 16), plan (8, 16)") in err
+    assert ("stopped at --time-limit 25 s: 2 workloads not tuned in this run (their earlier records, if any, are "
+            "kept): write (8, 16), plan (8, 16)") in err
     clock[0] = 0.0
     assert main(argv) == 0 and "4 workloads in 40.0 s" in capsys.readouterr().out

@@ -19,7 +19,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from .cliargs import int_at_least
+from .cliargs import cuda_arch, int_at_least, output_folder
 from .runtime import compile as C
 from .runtime.aot import build_all
 from .runtime.specializations import KERNELS
@@ -29,12 +29,12 @@ from .tuning import keys
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules", description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU code per --arch; llvm: the CPU")
-    p.add_argument("--arch", action="append", default=[], help="CUDA arch such as sm_90 (repeatable; cuda only)")
+    p.add_argument("--arch", type=cuda_arch, action="append", default=[], help="CUDA arch such as sm_90 (repeatable; cuda only)")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to build")
     p.add_argument("--tuning", action="append", default=None, metavar="DEVICE_KEY",
                    help="also build the geometries of this device key's tuning database (repeatable); default: the "
                         "databases found for the target (see `tvm-canary info`); `--tuning none` builds defaults only")
-    p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument("-o", "--out", type=output_folder, required=True, help="output directory")
     p.add_argument("--jobs", type=int_at_least(1), default=C.usable_cpus(),
                    help="processes compiling modules side by side (default: one per CPU this process may use)")
     p.set_defaults(func=run)
@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             C.ensure_cuda_runtime()
         except RuntimeError as e:
             print(f"note: {e}; artifacts will carry CUDA source compiled by NVRTC at load")
+    elif args.arch:
+        raise SystemExit("tvm-canary build: error: --arch is for --target cuda")
     else:
         tags = ["llvm"]
     if args.tuning is None:

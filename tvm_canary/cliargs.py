@@ -4,13 +4,17 @@
 usage errors are one line (no usage block), and option help shows each default that the help text
 does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
 GPU visible to torch is a usage error, not a traceback from inside torch; ``int_at_least(low)`` that of
-counts (steps, trials, workers).
+counts (steps, trials, workers), ``positive_seconds`` of durations, ``seed`` of seeds (torch takes
+int64), ``output_file`` and ``output_folder`` of paths a command writes (checked before it runs, so a
+long run is not lost to a bad path at its end).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import pathlib
+import re
 
 import torch
 
@@ -70,3 +74,49 @@ def int_at_least(low: int):
         return value
 
     return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type`` accepting a duration in seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def seed(text: str) -> int:
+    """An argparse ``type`` accepting a seed torch takes: an int64 (a seed a run adds case numbers to
+    stays one)."""
+    value = int_at_least(-(2**63))(text)
+    if value >= 2**62:
+        raise argparse.ArgumentTypeError(f"must be below 2**62, got {value}")
+    return value
+
+
+def cuda_arch(text: str) -> str:
+    """An argparse ``type`` for a CUDA arch: ``sm_`` and a compute capability of two or more digits
+    (``sm_90``, ``sm_100a``), as nvcc and NVRTC name them."""
+    if not re.fullmatch(r"sm_\d{2,3}[af]?", text):
+        raise argparse.ArgumentTypeError(f"expected a CUDA arch such as sm_90, got {text!r}")
+    return text
+
+
+def output_file(text: str) -> pathlib.Path:
+    """An argparse ``type`` for a file a command writes: its folder exists and it is not a folder."""
+    path = pathlib.Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: folder {path.parent} does not exist")
+    return path
+
+
+def output_folder(text: str) -> pathlib.Path:
+    """An argparse ``type`` for a folder a command writes into (created when missing): not a file."""
+    path = pathlib.Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path

@@ -28,6 +28,7 @@ import sys
 import torch
 
 from . import cases as C
+from .cliargs import int_at_least, output_file, seed
 from .runtime import use_backend
 from .tuning.keys import cpu_model
 
@@ -154,8 +155,11 @@ def combined(records: list[dict], defined: list[bool]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def replay(device: str, kernel: str, case: str) -> str:
-    return f"python -m tvm_canary conformance --devices {device if device != REFERENCE_DEVICE else 'cpu'} --kernels {kernel} --case {case}"
+def replay(devices: list[str], kernel: str, case: str) -> str:
+    """The command that runs ``case`` of ``kernel`` on ``devices`` again (the failing one, and the one it
+    was compared with where the reference defines no result)."""
+    names = ",".join(dict.fromkeys(d if d != REFERENCE_DEVICE else "cpu" for d in devices))
+    return f"python -m tvm_canary conformance --devices {names} --kernels {kernel} --case {case}"
 
 
 def compare(ranks: list[dict], kernels: list[str]) -> dict:
@@ -182,7 +186,8 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
                         bad += 1
                         failures.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                                          "kernel": kernel, "case": got["case"], "why": why,
-                                         "replay": replay(row["device"], kernel, got["case"])})
+                                         "replay": replay([row["device"]] if against is ref_row
+                                                          else [against["device"], row["device"]], kernel, got["case"])})
                 rows.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                              "model": row["model"], "arch": row["arch"], "kernel": kernel, "cases": len(mine),
                              "combined": combined(mine, defined), "mismatches": bad})
@@ -257,12 +262,16 @@ def parse_devices(text: str | None) -> list[str]:
         return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     out = []
     for name in filter(None, (s.strip() for s in text.split(","))):
+        if name in out:
+            raise argparse.ArgumentTypeError(f"kv-canary: device {name!r} named twice")
         dev = torch.device(name)  # raises on garbage
         if dev.type not in ("cpu", "cuda"):
             raise argparse.ArgumentTypeError(f"kv-canary: unsupported device {name!r} (cpu, cuda, cuda:N)")
         if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
             raise argparse.ArgumentTypeError(f"kv-canary: {name}: torch sees {torch.cuda.device_count()} CUDA devices")
         out.append(name)
+    if not out:
+        raise argparse.ArgumentTypeError(f"kv-canary: no device in {text!r} (cpu, cuda, cuda:N)")
     return out
 
 
@@ -280,11 +289,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--devices", type=device_list, default=None,
                    help="comma-separated cpu,cuda:0,... (default: the CPU and every visible GPU; under torchrun each "
                         "process's own GPU, or the CPU)")
-    p.add_argument("--cases", type=int, default=20, help="differential and garbage cases per kernel")
-    p.add_argument("--seed", type=int, default=0, help="first differential seed")
+    p.add_argument("--cases", type=int_at_least(0), default=20,
+                   help="differential and garbage cases per kernel (0: the golden cases only)")
+    p.add_argument("--seed", type=seed, default=0, help="first differential seed")
     p.add_argument("--kernels", type=kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--case", type=case_id, default=None, help="run only this case id (replay), e.g. diff:17 or garbage:50017")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON (rank 0)")
+    p.add_argument("--json", type=output_file, default=None, metavar="OUT", help="write the results as JSON (rank 0)")
     p.set_defaults(func=run)
 
 
@@ -303,7 +313,7 @@ def case_id(text: str) -> str:
 
 def kernel_list(text: str) -> list[str]:
     """argparse ``type=`` of ``--kernels``: a comma-separated subset of ``cases.KERNELS``."""
-    kernels = [k for k in text.split(",") if k]
+    kernels = list(dict.fromkeys(k for k in text.split(",") if k))  # each once, in order
     unknown = sorted(set(kernels) - set(C.KERNELS))
     if unknown or not kernels:
         raise argparse.ArgumentTypeError(f"kv-canary: unknown kernels {unknown} (choose from {', '.join(C.KERNELS)})")
@@ -324,6 +334,8 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     rank, size, local_rank = world()
     devices = args.devices if args.devices is not None else parse_devices(None)
     ids = {k: [args.case] if args.case else case_ids(k, args.cases, args.seed) for k in kernels}
+    if not any(ids.values()):
+        raise ValueError(f"kv-canary: no case to run: --cases 0 and no golden case for {','.join(kernels)}")
     mine = {"rank": rank, "local_rank": local_rank, **run_local(devices, kernels, ids, launches)}
     ranks = gather(mine, group)
     verdict = compare(ranks, kernels)

@@ -19,6 +19,7 @@ import time
 
 from . import cases as C
 from . import conformance as X
+from .cliargs import int_at_least, output_file, positive_seconds, seed
 
 RANK_SEED_STRIDE = 1_000_000_000
 PROGRESS_SECONDS = 10.0
@@ -55,7 +56,7 @@ def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | No
         why = check(kernel, case, device, launches)
         if why:
             failures.append({"device": device, "kernel": kernel, "case": case, "why": why,
-                             "replay": X.replay(device, kernel, case)})
+                             "replay": X.replay([device], kernel, case)})
             print(f"fuzz{tag} {device}: FAIL {kernel} {case}: {why}\n  replay: {failures[-1]['replay']}",
                   file=sys.stderr, flush=True)
         index += 1
@@ -84,11 +85,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", type=one_device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK under torchrun or when a GPU is visible, else cpu)")
     stop = p.add_mutually_exclusive_group(required=True)
-    stop.add_argument("--seconds", type=float, help="run for this long")
-    stop.add_argument("--cases", type=int, help="run this many cases")
+    stop.add_argument("--seconds", type=positive_seconds, help="run for this long")
+    stop.add_argument("--cases", type=int_at_least(1), help="run this many cases")
     p.add_argument("--kernels", type=X.kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
-    p.add_argument("--seed-base", type=int, default=1_000_000, help="first seed (rank r adds r * 1e9)")
-    p.add_argument("--out", default="fuzz-failures.json", metavar="FAILS.json",
+    p.add_argument("--seed-base", type=seed, default=1_000_000, help="first seed (rank r adds r * 1e9)")
+    p.add_argument("--out", type=output_file, default="fuzz-failures.json", metavar="FAILS.json",
                    help="JSON of the campaign and its failing cases with replay commands (rank 0)")
     p.set_defaults(func=run)
 

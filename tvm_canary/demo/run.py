@@ -1,8 +1,9 @@
 """``tvm-canary demo``: serve a simulated workload with the canary on, inject faults, report.
 
 Exit status 0 only if every fault that took effect in time to be checked was detected and no other
-row was recorded. A fault that found no target, or whose slot was never handed out again (or only too
-late to be checked), is listed with the reason and not counted.
+row was recorded, and (when faults were asked for) at least one took effect: a run that checked no
+fault has shown nothing. A fault that found no target, or whose slot was never handed out again (or
+only too late to be checked), is listed with the reason and not counted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import default_device, int_at_least, torch_device
+from ..cliargs import default_device, int_at_least, seed, torch_device
 from ..consts import RealKvHashMode
 from ..runtime.backend import current_backend
 from ..session import CanaryGroup, CanarySession
@@ -36,7 +37,7 @@ def add_parser(subparsers) -> None:
                     "detected and nothing else was flagged.",
     )
     p.add_argument("--steps", type=int_at_least(1), default=200, help="engine steps")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the faults")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the workload and the faults")
     p.add_argument("--device", type=torch_device, choices=("cpu", "cuda"), default=default_device(),
                    help="device of the KV pool and the canary (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--swa", action="store_true", help="add an SWA buffer group")
@@ -62,7 +63,7 @@ def _schedule(args: argparse.Namespace, rng: random.Random) -> list[tuple[int, s
             for kind in KINDS for _ in range(args.faults_per_kind)]
     rng.shuffle(jobs)
     last = args.steps - args.sweep_interval - 2
-    if last - WARMUP_STEPS < len(jobs):
+    if jobs and last - WARMUP_STEPS < len(jobs):
         raise SystemExit(f"tvm-canary demo: --steps {args.steps} leaves too few steps for {len(jobs)} faults")
     steps = sorted(rng.sample(range(WARMUP_STEPS, last), len(jobs)))
     return [(s, kind, group) for s, (kind, group) in zip(steps, jobs)]
@@ -162,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
     counted = [f for f in tracker.faults if _counted(f, args)]
     print(_report(args, tracker, counted, not_injected, canary_seconds))
     ok = not tracker.false_positives and all(f.detected_at is not None for f in counted)
+    if args.faults_per_kind and not counted:
+        print("tvm-canary demo: no injected fault took effect in time to be checked, so the run checked none "
+              "(more --steps or --slots)", file=sys.stderr)
+        ok = False
     return 0 if ok else 1
 
 

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import pathlib
 import tempfile
@@ -152,11 +153,24 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     if device.type == "cuda":
         ensure_cuda_runtime()
     tag = targets.tag_for(device)
+    key = module_key(name, spec, tag, geom)
     for directory in prebuilt_dirs():
-        path = directory / f"{module_key(name, spec, tag, geom)}.so"
+        path = directory / f"{key}.so"
         if path.exists():
-            return tvm.runtime.load_module(str(path))[f"canary_{name}"]
+            try:
+                return tvm.runtime.load_module(str(path))[f"canary_{name}"]
+            except Exception as e:  # a truncated or foreign file: name it in one line
+                first_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+                raise RuntimeError(f"kv-canary: cannot load the prebuilt module {path}: {first_line}") from None
+    if prebuilt_dirs() and compiler_available() and key not in _missing_prebuilt:
+        _missing_prebuilt.add(key)
+        logging.getLogger("tvm_canary").warning(
+            "tvm_canary: TVM_CANARY_MODULES=%r has no module %s.so (built from other sources or for other "
+            "geometries?); compiling it", os.environ.get("TVM_CANARY_MODULES", ""), key)
     return tvm.runtime.load_module(str(cached_module(name, spec, tag, geom)))[f"canary_{name}"]
+
+
+_missing_prebuilt: set = set()  # module keys the prebuilt folders lacked (warned once per process)
 
 
 def cache_path(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:

@@ -33,7 +33,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import int_at_least
+from ..cliargs import int_at_least, output_folder
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import keys, workloads
@@ -46,7 +46,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trials", type=int_at_least(1), default=32, help="measured candidates per workload (at most the design space's size)")
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
                    help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
-    p.add_argument("--out", type=pathlib.Path, default=keys.default_out_dir(), help="database root (one folder per device key)")
+    p.add_argument("--out", type=output_folder, default=keys.default_out_dir(), help="database root (one folder per device key)")
     p.add_argument("--time-limit", type=float, default=math.inf, metavar="SECONDS",
                    help="start no workload that would end past SECONDS of the run (judged by its longest workload so far); "
                         "the rest keep their records and the command exits 3")
@@ -133,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"builds: {builder.built} candidates in {builder.max_workers} worker processes, "
               f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
     new = sum(r.measured for r in results)
-    if new == 0:
+    if new == 0 and not results:
+        print(f"\nnothing measured: --time-limit {args.time_limit:g} s left no time for a workload.")
+    elif new == 0:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
               f"database's, measured when it was tuned on a device with key {key} (not necessarily {where}).")
     else:
@@ -142,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
         print(f"tvm-canary tune: stopped at --time-limit {args.time_limit:g} s: {len(left)} workload{'s' if len(left) != 1 else ''} "
-              f"not tuned in this run, keeping their earlier records: {', '.join(f'{k} {b}' for k, b in left)}", file=sys.stderr)
+              f"not tuned in this run (their earlier records, if any, are kept): {', '.join(f'{k} {b}' for k, b in left)}",
+              file=sys.stderr)
     if failed:
         # The database is written and usable (those workloads run the default), but the run is not whole.
         print(f"tvm-canary tune: error: nothing measured for {len(failed)} workload{'s' if len(failed) != 1 else ''}: "
