@@ -692,6 +692,22 @@ def test_plan_lut_index_past_end(impl):
     assert write_state(wplan)["seeds"] == [111, POISON_I64]
 
 
+def test_plan_lut_checked_only_where_stored(impl):
+    """The reference checks the LUT range of what it stores (docs/SEMANTICS.md "Plan"): an overflowing
+    plan stores no verify entry, so a slot past the table there raises nothing, and every backend leaves
+    the same bytes; a seed past the table still raises in the reference."""
+    lut = list(range(10))
+    rtt = [[0, 0], [5, 99]]  # row 1: position 1's slot is past the table
+    vplan, wplan = poisoned_plans(impl.device, 1, 1)
+    run_plan(impl, vplan, wplan, rpi=[1], prefix=[2], extend=[0], rtt=rtt, lut=lut)  # 2 entries, capacity 1
+    assert (verify_state(vplan)["num_valid"], verify_state(vplan)["enable"]) == (1, 0)
+    assert write_state(wplan) == {"offsets": [0, 0], "seeds": [-1], "num_reqs": 1}
+    if impl.name == "reference":  # the seed, slot 99, is stored: checked
+        message = r"^kv-canary: SWA slot 99 is outside full_to_swa_index_mapping length 10$"
+        with pytest.raises(ValueError, match=message):
+            run_plan(impl, *poisoned_plans(impl.device, 1, 1), rpi=[1], prefix=[2], extend=[1], rtt=rtt, lut=lut)
+
+
 @pytest.mark.parametrize("offset", [0, 1, -1])
 def test_plan_expected_token_pool(impl, offset):
     """pool[rp, q] with q = pos + offset iff 0 <= q < valid_len, q < pool width, rp < pool rows."""
