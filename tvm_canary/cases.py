@@ -500,15 +500,22 @@ def outputs(kernel: str, kw: dict) -> list[torch.Tensor]:
 
 def guarded_case(kernel: str, device, seed: int) -> tuple[dict, list[Guarded], list]:
     """The garbage case of ``seed`` re-homed between guard bands (band bytes from ``seed + 1``), its
-    bands, and (name, tensor, bytes before the launch) of every input the launch must leave alone."""
+    bands, and (name, tensor, bytes before the launch) of every input the launch must leave alone (of a
+    real-KV source, its whole storage: sources are not re-homed)."""
     case = CASES[kernel](torch.Generator().manual_seed(seed), device, valid=False)
     guarded: list[Guarded] = []
     kw = rehome(case, "", torch.Generator().manual_seed(seed + 1), guarded)
     out_ids = {id(t) for t in outputs(kernel, kw)}
     inputs = [(g.name, g.view) for g in guarded if id(g.view) not in out_ids]
     sources = kw["context"].real_kv_sources if "context" in kw else ()
-    inputs += [(f"real_kv_sources[{i}].tensor", s.tensor) for i, s in enumerate(sources)]
+    inputs += [(f"real_kv_sources[{i}].tensor's storage", storage_bytes(s.tensor)) for i, s in enumerate(sources)]
     return kw, guarded, [(name, t, raw_bytes(t)) for name, t in inputs]
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of ``t``'s storage as a uint8 vector (a source that is a column slice of a wider
+    tensor: also the bytes between and after its rows, which no kernel may write either)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 def guard_violations(guarded: list[Guarded], inputs: list[tuple[str, torch.Tensor, torch.Tensor]]) -> list[str]:
