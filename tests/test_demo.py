@@ -9,6 +9,7 @@ import pytest
 
 from tvm_canary import cli
 from tvm_canary.testing import KINDS, Engine
+from tvm_canary.violations import Violation
 
 SHORT = ["--steps", "30", "--slots", "128", "--max-running", "6", "--device", "cpu", "--no-progress"]
 
@@ -111,3 +112,28 @@ def test_a_demo_that_checked_no_fault_fails(capsys):
 
 def test_a_demo_without_faults_needs_no_spare_steps(capsys):
     assert cli.main(["demo", "--steps", "5", "--faults-per-kind", "0", "--device", "cpu", "--no-progress"]) == 0
+
+
+def test_a_row_goes_to_the_fault_that_hit_its_slot():
+    """Two undetected faults whose victims' chains both hold a slot (one victim was handed the other
+    fault's slot): the row goes to the fault that corrupted that slot and whose victim still holds it,
+    not to the older fault, which would then pass as detected by a row it did not cause."""
+    import types
+
+    from tvm_canary.testing.faults import Fault, FaultTracker
+    from tvm_canary.violations import ViolationReport
+
+    def holder(*slots):
+        return types.SimpleNamespace(live=True, slots=list(slots), held=list(slots))
+
+    older = Fault(kind="kv_flip", group="FULL", injected_at=1, target="", victims=[holder(24, 30)], slot=24)
+    stale = Fault(kind="stale_chain", group="FULL", injected_at=2, target="", victims=[holder(30)], slot=30)
+    stale.victims[0].held.remove(30)  # the entry keeps the slot in its chain but no longer holds it
+    newer = Fault(kind="double_alloc", group="FULL", injected_at=3, target="", victims=[holder(30)], slot=30)
+    tracker = FaultTracker()
+    tracker.faults = [older, stale, newer]
+    row = [1, 30, 5, 0, 0, 0, 0, 2]  # kernel_kind, slot 30, position, ..., fail bits
+    report = ViolationReport(records=(Violation.from_row(row),), total=1, dropped=0, ring_capacity=4)
+    engine = types.SimpleNamespace(owner_slot=lambda group, slot: slot)
+    assert tracker.attribute(report, engine, step=4) == [newer]
+    assert older.detected_at is None and stale.detected_at is None and not tracker.false_positives

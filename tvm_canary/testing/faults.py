@@ -54,6 +54,7 @@ class Fault:
     injected_at: int  # injected between steps injected_at and injected_at + 1
     target: str
     victims: list[Holder]
+    slot: int | None = None  # the full slot the fault corrupts or hands out again (None: wrong_seed)
     reuse_slot: int | None = None  # the fault takes effect when the engine hands this slot out again
     active_from: int | None = None  # first step the fault is in place (None: not yet)
     detected_at: int | None = None
@@ -63,6 +64,12 @@ class Fault:
     def covers(self, slot: int) -> bool:
         """Whether a live victim's chain holds ``slot`` (a victim that left undetected explains nothing)."""
         return any(v.live and slot in v.slots for v in self.victims)
+
+    def explains(self, slot: int) -> tuple[bool, bool]:
+        """How closely the fault explains a row at ``slot`` it covers, as a sort key: it corrupted that
+        slot and a live victim still holds it (the slot's owner was hit), and it corrupted that slot."""
+        hit = self.slot == slot
+        return hit and any(v.live and slot in v.held for v in self.victims), hit
 
 
 def _owned_positions(engine: Engine, group: str, back: int) -> list[tuple[Request, int]]:
@@ -97,7 +104,7 @@ def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: r
         req = rng.choice(reqs)
         engine.short_prefix = req
         return _fault(kind, group, engine, f"req {req.rid}: seed = slot of pos {req.cached - 2}, not {req.cached - 1}",
-                      req)
+                      req, None)
     cands = _owned_positions(engine, group, back=2 if kind == "double_alloc" else 1)
     if not cands:
         where = "inside the SWA window " if group == "SWA" else ""
@@ -107,7 +114,7 @@ def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: r
     where = f"req {req.rid} pos {pos} slot {slot}"
     if kind == "double_alloc":
         engine.handout = slot
-        return _fault(kind, group, engine, f"{where} handed out again", req, reuse_slot=slot)
+        return _fault(kind, group, engine, f"{where} handed out again", req, slot, reuse_slot=slot)
     cslot = _canary_slot(engine, group, slot)
     half = rng.choice(session.halves)
     if group == "SWA":
@@ -118,11 +125,11 @@ def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: r
         byte = rng.randrange(PARTIAL_READ_BYTES if partial else engine.cfg.bytes_per_token)
         pool = engine.full_kv if group == "FULL" else engine.swa_kv
         pool.flip(half, layer, cslot, byte, rng.randrange(1, 256))
-        return _fault(kind, group, engine, f"{where} {half} layer {layer} byte {byte}", req)
+        return _fault(kind, group, engine, f"{where} {half} layer {layer} byte {byte}", req, slot)
     endpoint = rng.choice(("HEAD", "TAIL"))
     field = CANARY_FIELD_TOKEN if kind == "token_overwrite" else CANARY_FIELD_POSITION
     session.canary_buffer(endpoint, half, group).view(torch.int64)[cslot, field] += rng.randrange(1, 1000)
-    return _fault(kind, group, engine, f"{where} {endpoint} {half} buffer", req)
+    return _fault(kind, group, engine, f"{where} {endpoint} {half} buffer", req, slot)
 
 
 def _stale_chain(engine: Engine, rng: random.Random) -> Fault:
@@ -136,12 +143,13 @@ def _stale_chain(engine: Engine, rng: random.Random) -> Fault:
     entry.held.remove(slot)
     engine.free_slot(slot, front=True)
     return _fault("stale_chain", "FULL", engine, f"cache entry pos {pos} slot {slot} freed, entry kept", entry,
-                  reuse_slot=slot)
+                  slot, reuse_slot=slot)
 
 
-def _fault(kind: str, group: str, engine: Engine, target: str, victim: Holder, reuse_slot: int | None = None) -> Fault:
+def _fault(kind: str, group: str, engine: Engine, target: str, victim: Holder, slot: int | None,
+           reuse_slot: int | None = None) -> Fault:
     victim.pinned = True
-    return Fault(kind=kind, group=group, injected_at=engine.step, target=target, victims=[victim],
+    return Fault(kind=kind, group=group, injected_at=engine.step, target=target, victims=[victim], slot=slot,
                  reuse_slot=reuse_slot, active_from=engine.step + 1 if reuse_slot is None else None)
 
 
@@ -159,13 +167,17 @@ class FaultTracker:
                 f.active_from = engine.step
 
     def attribute(self, report: ViolationReport, engine: Engine, step: int) -> list[Fault]:
-        """Match each row to the undetected (or just detected) fault whose victim holds the row's slot;
-        returns the faults first detected now. Unmatched and dropped rows are false positives."""
+        """Match each row to the undetected (or just detected) fault whose victim's chain holds the row's
+        slot, the one that explains it best (``Fault.explains``; the oldest among equals): a victim may be
+        handed another fault's slot, or a stale entry keep one a later fault hit, so the oldest covering
+        fault alone could take a row another fault caused. Returns the faults first detected now.
+        Unmatched and dropped rows are false positives."""
         newly = []
         for v in report.records:
             group = "SWA" if v.tag_name.endswith("_SWA") else "FULL"
             slot = engine.owner_slot(group, v.slot)
-            fault = next((f for f in self.faults if f.detected_at in (None, step) and f.covers(slot)), None)
+            covering = [f for f in self.faults if f.detected_at in (None, step) and f.covers(slot)]
+            fault = max(covering, key=lambda f: f.explains(slot), default=None)  # max keeps the first of equals
             if fault is None:
                 self.false_positives.append((step, v.line()))
                 continue
