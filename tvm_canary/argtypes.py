@@ -48,6 +48,14 @@ def require_number(value: object, name: str) -> None:
         raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
 
 
+def require_int64(value: object, name: str) -> int:
+    """``value`` as an int (``require_integer``) that fits in int64, as a kernel argument must."""
+    value = require_integer(value, name)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"kv-canary: {name} must fit in int64, got {value}")
+    return value
+
+
 def require_integer(value: object, name: str) -> int:
     """``value`` as an int; Python and numpy ints (anything with ``__index__``) are accepted."""
     try:

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from . import consts
-from .argtypes import require_instance, require_integer, require_number, require_tensor
+from .argtypes import require_instance, require_int64, require_integer, require_number, require_tensor
 from .context import VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
 
@@ -126,11 +126,6 @@ def _require_positive(value: int, what: str) -> None:
 def _require_non_negative(value: int, what: str) -> None:
     if value < 0:
         raise ValueError(f"kv-canary: {what} must be non-negative, got {value}")
-
-
-def _require_int64(value: int, name: str) -> None:
-    if not -(2**63) <= value < 2**63:
-        raise ValueError(f"kv-canary: {name} must fit in int64, got {value}")
 
 
 def _require_vector(tensor: torch.Tensor, name: str, dtype: torch.dtype, length: Optional[int] = None) -> None:
@@ -470,11 +465,10 @@ def check_plan(
 
     # Integer scalars (SPEC D9): after every contract check, which all pass for e.g. a float 8.0. The
     # kernels take the two offsets as int64 arguments, so every backend rejects a value outside int64.
-    _require_int64(require_integer(swa_window_size, "swa_window_size"), "swa_window_size")
+    require_int64(swa_window_size, "swa_window_size")
     require_integer(verify_capacity, "verify_capacity")
     # Any int64 is valid: 0 for target pools, +1 for EAGLE draft pools.
-    _require_int64(require_integer(kv_token_id_vs_position_offset, "kv_token_id_vs_position_offset"),
-                   "kv_token_id_vs_position_offset")
+    require_int64(kv_token_id_vs_position_offset, "kv_token_id_vs_position_offset")
 
 
 def _check_expected_token_pool(

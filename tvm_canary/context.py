@@ -12,7 +12,15 @@ import enum
 
 import torch
 
-from .argtypes import RECORD, require_instance, require_integer, require_number, require_tensor, type_name
+from .argtypes import (
+    RECORD,
+    require_instance,
+    require_int64,
+    require_integer,
+    require_number,
+    require_tensor,
+    type_name,
+)
 from .consts import RealKvHashMode
 
 
@@ -120,9 +128,7 @@ class VerifyOrWriteContext:
         """The launch tag is an int64, the hash mode is one of the three modes, and ALL mode has sources
         to hash (SPEC D9)."""
         if not isinstance(self.kernel_kind, CanaryLaunchTag):  # any other int64 is stamped as it is
-            kind = require_integer(self.kernel_kind, "kernel_kind")
-            if not -(2**63) <= kind < 2**63:
-                raise ValueError(f"kv-canary: kernel_kind must fit in int64, got {kind}")
+            require_int64(self.kernel_kind, "kernel_kind")
         sources = self.real_kv_sources
         if not isinstance(sources, (tuple, list)):
             raise TypeError(f"kv-canary: real_kv_sources must be a tuple of RealKvSource, got {type_name(sources)}")

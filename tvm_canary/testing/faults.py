@@ -114,7 +114,7 @@ def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: r
     where = f"req {req.rid} pos {pos} slot {slot}"
     if kind == "double_alloc":
         engine.handout = slot
-        return _fault(kind, group, engine, f"{where} handed out again", req, slot, reuse_slot=slot)
+        return _fault(kind, group, engine, f"{where} handed out again", req, slot, reuses_slot=True)
     cslot = _canary_slot(engine, group, slot)
     half = rng.choice(session.halves)
     if group == "SWA":
@@ -143,11 +143,13 @@ def _stale_chain(engine: Engine, rng: random.Random) -> Fault:
     entry.held.remove(slot)
     engine.free_slot(slot, front=True)
     return _fault("stale_chain", "FULL", engine, f"cache entry pos {pos} slot {slot} freed, entry kept", entry,
-                  slot, reuse_slot=slot)
+                  slot, reuses_slot=True)
 
 
 def _fault(kind: str, group: str, engine: Engine, target: str, victim: Holder, slot: int | None,
-           reuse_slot: int | None = None) -> Fault:
+           reuses_slot: bool = False) -> Fault:
+    """The fault, its victim pinned; ``reuses_slot``: it takes effect when ``slot`` is handed out again."""
+    reuse_slot = slot if reuses_slot else None
     victim.pinned = True
     return Fault(kind=kind, group=group, injected_at=engine.step, target=target, victims=[victim], slot=slot,
                  reuse_slot=reuse_slot, active_from=engine.step + 1 if reuse_slot is None else None)
