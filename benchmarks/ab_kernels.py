@@ -334,10 +334,10 @@ def main(argv=None) -> int:
 
         for mode in args.modes if "verify" in args.kernels else ():
             for order in ("random", "chain"):
-                slots_2d, ids = B.stamp_chains(Stamper, pool, mode, order)
+                slots_2d, _ = B.stamp_chains(Stamper, pool, mode, order)
                 context = pool.context(mode)
                 for n in sizes:
-                    plans = B.verify_plans(slots_2d, ids, n, order, 4)
+                    plans = B.verify_plans(slots_2d, n, order, 4)
                     calls = [launchers.call("verify", {"context": context, "plan": p, "check_verify_expected_token": False})
                              for p in plans]
                     extra = {name: [lambda c=c, f=f: f(words, *c.args[1:6], pool.kv, pool.counters, pool.floor_flags,

@@ -331,7 +331,7 @@ def stamp_chains(bench, pool, mode, order):
     return slots_2d, ids
 
 
-def verify_plans(slots_2d, ids, n, order, sets):
+def verify_plans(slots_2d, n, order, sets):
     import tvm_canary as tc
 
     chains, length = slots_2d.shape
@@ -395,8 +395,7 @@ def baseline_launches(name: str) -> dict:
     if name == "torch":
         from tvm_canary import reference
 
-        return {"verify": reference.canary_verify_ref, "write": reference.canary_write_ref,
-                "plan": reference.canary_plan_ref, "scatter": reference.scatter_req_token_ids_ref}
+        return reference.REFERENCE
     import importlib
 
     return importlib.import_module(BASELINE_MODULES[name]).LAUNCHES
@@ -650,11 +649,11 @@ class Bench:
         words = pool.canary.view(torch.int64)
         for mode in MODES:
             for order in ("random", "chain"):
-                slots_2d, ids = stamp_chains(self, pool, mode, order)
+                slots_2d, _ = stamp_chains(self, pool, mode, order)
                 ctx = pool.context(mode)
                 n_src = len(ctx.real_kv_sources)
                 for n in sizes:
-                    plans = verify_plans(slots_2d, ids, n, order, 4 if n <= (1 << 20) else 2)
+                    plans = verify_plans(slots_2d, n, order, 4 if n <= (1 << 20) else 2)
                     kws = [{"context": ctx, "plan": p, "check_verify_expected_token": False} for p in plans]
                     row = {"kernel": "verify", "case": f"{mode} {order} {n}", "mode": mode, "order": order, "n": n}
 

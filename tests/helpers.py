@@ -91,12 +91,20 @@ def py_fold(sources: tuple[RealKvSource, ...], mode: RealKvHashMode, slot: int) 
     """Signed ``real_kv_fold_sources`` of SPEC 1.4 on Python ints."""
     if mode == RealKvHashMode.NONE:
         return 0
+    return fold_strips([source_strip(src, slot, fold_bytes(src, mode)) for src in sources])
+
+
+def fold_bytes(src: RealKvSource, mode: RealKvHashMode) -> int:
+    """Bytes of a slot's strip that ``mode`` folds (SPEC 1.4): the first 16 in PARTIAL, ``read_bytes`` in ALL."""
+    return _consts.PARTIAL_READ_BYTES if mode == RealKvHashMode.PARTIAL else src.read_bytes
+
+
+def fold_strips(strips: list[bytes]) -> int:
+    """Signed SPEC 1.4 fold of one slot's strips, one per source, on Python ints."""
     acc = 0
-    for src in sources:
-        n = 16 if mode == RealKvHashMode.PARTIAL else src.read_bytes
-        strip = source_strip(src, slot, n)
+    for strip in strips:
         one = 0
-        for w in range(n // 8):
+        for w in range(len(strip) // 8):
             one = _consts.splitmix64(one ^ int.from_bytes(strip[8 * w : 8 * w + 8], "little"))
         acc = _consts.splitmix64(acc ^ one)
     return I64(acc)

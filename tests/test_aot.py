@@ -106,11 +106,6 @@ def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkey
     assert sorted(p.name for p in (tmp_path / "cache-2").rglob("*.so")) == names
 
 
-def test_build_names_a_missing_tuning_database(tmp_path):
-    with pytest.raises(SystemExit, match="tvm-canary build: error: no tuning database for no-such-device"):
-        main(["build", "--target", "llvm", "--tuning", "no-such-device", "-o", str(tmp_path)])
-
-
 def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch):
     from tvm_canary.runtime import compile as C
     from tvm_canary.runtime import targets

@@ -131,6 +131,13 @@ BAD_VALUES = [
     (["conformance", "--json", "/"], "argument --json: / is a folder, not a file"),
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
     (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
+    # found after parsing (cliargs.UsageError)
+    (["build", "--target", "cuda", "-o", "x"], "--target cuda needs at least one --arch"),
+    (["build", "--target", "llvm", "--arch", "sm_90", "-o", "x"], "--arch is for --target cuda"),
+    (["build", "--target", "llvm", "--tuning", "no-such-device", "-o", "x"], "no tuning database for no-such-device"),
+    (["tune", "--target", "llvm", "--rpc-tracker", "127.0.0.1:9190"], "--rpc-tracker and --rpc-key go together"),
+    (["demo", "--device", "cpu", "--cuda-graph"], "--cuda-graph needs --device cuda"),
+    (["demo", "--device", "cpu", "--steps", "10"], "--steps 10 leaves too few steps for 6 faults"),
 ]
 
 

@@ -75,11 +75,6 @@ def test_preflight_refuses_what_would_hang(tracker):
         fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
 
 
-def test_tune_rpc_flags_go_together(capsys):
-    with pytest.raises(SystemExit, match="--rpc-tracker and --rpc-key go together"):
-        main(["tune", "--target", "llvm", "--rpc-tracker", "127.0.0.1:9190"])
-
-
 # -- tune-merge ----------------------------------------------------------------------------------------
 
 

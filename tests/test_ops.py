@@ -15,18 +15,13 @@ import pytest
 import torch
 
 import tvm_canary as tc
-from tvm_canary import ops, reference
+from tvm_canary import ops
+from tvm_canary.reference import REFERENCE
 from tvm_canary.runtime import use_backend
 
 from cases import CASES
 from tree import assert_same_bytes, devices, require, tensors
 
-REFERENCE = {
-    "verify": reference.canary_verify_ref,
-    "write": reference.canary_write_ref,
-    "plan": reference.canary_plan_ref,
-    "scatter": reference.scatter_req_token_ids_ref,
-}
 SEEDS = (1, 2)
 
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 import tvm_canary as tc
-from tvm_canary import _consts
 from tvm_canary import session as session_module
 from tvm_canary.consts import FailReason, RealKvHashMode
 from tvm_canary.context import CanaryLaunchTag
@@ -34,6 +33,8 @@ from helpers import (
     ANCHOR,
     POISON_I64,
     expected_ring,
+    fold_bytes,
+    fold_strips,
     get_slot,
     link,
     py_fold,
@@ -89,16 +90,11 @@ class Folder:
         self.parts = [(s.tensor.view(torch.uint8).cpu().tolist(), s) for s in sources]
 
     def __call__(self, slot: int) -> int:
-        acc = 0
+        strips = []
         for rows, src in self.parts:
-            n = 16 if self.mode == PARTIAL else src.read_bytes
             col = (slot % src.page_size) * src.num_bytes_per_token
-            strip = bytes(rows[slot // src.page_size][col : col + n])
-            one = 0
-            for w in range(n // 8):
-                one = _consts.splitmix64(one ^ int.from_bytes(strip[8 * w : 8 * w + 8], "little"))
-            acc = _consts.splitmix64(acc ^ one)
-        return _consts.to_signed_int64(acc)
+            strips.append(bytes(rows[slot // src.page_size][col : col + fold_bytes(src, self.mode)]))
+        return fold_strips(strips)
 
 
 @dataclasses.dataclass

@@ -696,7 +696,7 @@ def write_bucket_database(folder):
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
-    """``record_default`` stores the default's measurement with a trace that replays to the default; a
+    """``driver.commit_measurement`` stores the default's measurement with a trace that replays to the default; a
     record MetaSchedule marked failed (1e10 s) is not a measurement."""
     db, commit, default = write_bucket_database(tmp_path)
     failed = dataclasses.replace(default, unroll=1)
@@ -966,9 +966,12 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
-def test_tune_cuda_without_a_gpu_is_a_one_line_error():
-    with pytest.raises(SystemExit, match="tvm-canary tune: error: --target cuda needs a CUDA GPU"):
+def test_tune_cuda_without_a_gpu_is_a_one_line_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_status:
         main(["tune", "--target", "cuda"])
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("tvm-canary tune: error: --target cuda needs a CUDA GPU"), err
 
 
 def test_candidate_artifacts_have_file_names_of_their_own():

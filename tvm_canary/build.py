@@ -19,7 +19,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from .cliargs import cuda_arch, int_at_least, output_folder
+from .cliargs import UsageError, cuda_arch, int_at_least, output_folder
 from .runtime import compile as C
 from .runtime.aot import build_all
 from .runtime.specializations import KERNELS
@@ -56,14 +56,14 @@ def default_tuning_keys(tag: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.target == "cuda":
         if not args.arch:
-            raise SystemExit("tvm-canary build: error: --target cuda needs at least one --arch (e.g. sm_90)")
+            raise UsageError("--target cuda needs at least one --arch (e.g. sm_90)")
         tags = [f"cuda-{arch}" for arch in args.arch]
         try:
             C.ensure_cuda_runtime()
         except RuntimeError as e:
             print(f"note: {e}; artifacts will carry CUDA source compiled by NVRTC at load")
     elif args.arch:
-        raise SystemExit("tvm-canary build: error: --arch is for --target cuda")
+        raise UsageError("--arch is for --target cuda")
     else:
         tags = ["llvm"]
     if args.tuning is None:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         tuning = [key for key in args.tuning if key != "none"]
     missing = [key for key in tuning if keys.database_dir(key) is None]
     if missing:
-        raise SystemExit(f"tvm-canary build: error: no tuning database for {', '.join(missing)} (see `tvm-canary info`)")
+        raise UsageError(f"no tuning database for {', '.join(missing)} (`tvm-canary info` lists them)")
     print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning else "geometries: defaults (no tuning database)")
     files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
                       progress=lambda builds, total: tqdm(builds, total=total, desc="build"), workers=args.jobs)

@@ -28,19 +28,14 @@ from .launch import (
 )
 from .plans import VerifyPlan, WritePlan
 
-KERNELS = ("verify", "write", "plan", "scatter")
 LAUNCH = {
     "verify": launch_canary_verify_kernel,
     "write": launch_canary_write_kernel,
     "plan": launch_canary_plan_kernels,
     "scatter": launch_scatter_req_token_ids_kernel,
 }
-REFERENCE = {
-    "verify": reference.canary_verify_ref,
-    "write": reference.canary_write_ref,
-    "plan": reference.canary_plan_ref,
-    "scatter": reference.scatter_req_token_ids_ref,
-}
+KERNELS = tuple(LAUNCH)  # the order campaigns take the kernels in
+REFERENCE = reference.REFERENCE
 GUARD_BYTES = 4096
 GARBAGE_SEED_BASE = 50_000  # garbage cases use seeds away from the differential ones
 

@@ -2,9 +2,13 @@
 
 Every public launch function calls the matching ``check_*`` function here before it dispatches to
 the LLVM, CUDA or torch-reference backend, so the same bad argument raises the same error with the
-same text everywhere. All functions are keyword-only (``check_real_kv_sources`` takes the context
-positionally), return None, and raise ``ValueError`` except where SPEC 4 says ``TypeError``
-(scatter dtypes).
+same text everywhere. The one exception is a memoised eager launch (``tvm_canary.eager``), which
+repeats an earlier checked launch on the same context and plan tensors: verify's runs no check again,
+write's runs only ``check_write_inputs`` (its per-step tensors). The launch checks ``check_write``,
+``check_verify``, ``check_plan`` and ``check_scatter`` are keyword-only (the helpers
+``check_real_kv_sources``, ``check_write_inputs`` and ``check_word_aligned`` take positional
+arguments); all return None and raise ``ValueError`` except where SPEC 4 says ``TypeError`` (scatter
+dtypes).
 
 Tensor names in messages follow the original front ends: ``plan.write_offsets`` / ``plan.verify_*``
 for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors (the names of the
@@ -24,7 +28,7 @@ import torch
 
 from . import consts
 from .argtypes import require_instance, require_int64, require_integer, require_number, require_tensor
-from .context import VerifyOrWriteContext
+from .context import SINK_FIELDS, VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
 
 NamedTensor = tuple[torch.Tensor, str]
@@ -182,6 +186,9 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
         _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
 
 
+EXPECTED_INPUTS_UNUSED = "kv-canary: expected input tensors must be None when enable_write_input_assert=False"
+
+
 def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
     """``tensor``'s data pointer is 8-byte aligned, as the kernels' int64 view of it needs (canary_buf,
     real-KV sources; docs/SEMANTICS.md). Run by the front-end checks in eager code, and by the
@@ -192,12 +199,7 @@ def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
 
 
 def _context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bool) -> list[NamedTensor]:
-    tensors = [
-        (context.violation_ring, "violation_ring"),
-        (context.violation_write_index, "violation_write_index"),
-        (context.slot_run_counter, "slot_run_counter"),
-        (context.kernel_run_counter, "kernel_run_counter"),
-    ]
+    tensors = [(getattr(context, name), name) for name in SINK_FIELDS]
     if with_chain_flag:
         tensors.append((context.enable_chain_position_assert, "enable_chain_position_assert"))
     return tensors
@@ -280,7 +282,7 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
         if expected_input_tokens is None or expected_input_positions is None:
             raise ValueError("kv-canary: expected input tensors are required when enable_write_input_assert=True")
     elif expected_input_tokens is not None or expected_input_positions is not None:
-        raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
+        raise ValueError(EXPECTED_INPUTS_UNUSED)
 
     token_tensors = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
     expected_tensors = (
@@ -321,7 +323,8 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
 def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
     """Arguments of ``launch_canary_verify_kernel`` (SPEC 3.2, 4 "Shared" and "Verify").
 
-    ``check_verify_expected_token`` is accepted for signature parity; any truthy value is allowed.
+    ``check_verify_expected_token`` is accepted for signature parity; any value is accepted (the
+    launch reads it as a truth value).
     """
     del check_verify_expected_token
     require_instance(context, VerifyOrWriteContext, "context")

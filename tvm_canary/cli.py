@@ -3,7 +3,8 @@
 A subcommand module provides ``add_parser(subparsers)``, which registers its parser and sets
 ``func`` to a callable taking the parsed namespace and returning the exit status.
 
-Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``) and
+Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``, also
+for a ``cliargs.UsageError`` a subcommand raises after parsing) and
 the package's own ``kv-canary:`` errors raised while a subcommand runs (exit status 1). Anything
 else is a bug and keeps its traceback.
 """
@@ -16,7 +17,7 @@ import re
 import sys
 
 from . import build, conformance, demo, fuzz, info, selftest
-from .cliargs import Parser
+from .cliargs import Parser, UsageError
 from .console import print_notices_above_progress_bars
 from .tuning import command as tune
 from .tuning import fleet, merge
@@ -44,15 +45,19 @@ def build_parser() -> Parser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
+    parser.subcommands = subparsers.choices  # name -> its parser (usage errors found after parsing)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the process arguments), run the subcommand, return its exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     print_notices_above_progress_bars()
     try:
         return args.func(args)
+    except UsageError as e:
+        parser.subcommands[args.command].error(str(e))
     except (ValueError, TypeError, RuntimeError, KeyError) as e:
         message = str(e.args[0]) if e.args else ""
         if not message.startswith("kv-canary:"):

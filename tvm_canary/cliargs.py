@@ -36,6 +36,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: %(default)s)".lstrip()
 
 
+class UsageError(Exception):
+    """A usage error found after parsing (options that go together, a value that fits no other
+    option's): ``cli.main`` reports it as the subcommand's parser reports its own (exit status 2)."""
+
+
 class Parser(argparse.ArgumentParser):
     """ArgumentParser with one-line usage errors and defaults shown in help."""
 

@@ -29,7 +29,7 @@ import torch
 
 from . import cases as C
 from .cliargs import int_at_least, output_file, seed
-from .runtime import use_backend
+from .runtime import targets, use_backend
 from .tuning.keys import cpu_model
 
 REFERENCE_DEVICE = "reference"
@@ -123,9 +123,8 @@ def describe(device: str) -> dict:
     """Device name, model, arch (``sm_90``, ``x86_64``) of a device string."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        return {"device": device, "model": torch.cuda.get_device_name(index), "arch": f"sm_{major}{minor}"}
+        index = targets.device_index(dev)
+        return {"device": device, "model": torch.cuda.get_device_name(index), "arch": targets.cuda_arch(index)}
     return {"device": device, "model": cpu_model(), "arch": platform.machine()}
 
 

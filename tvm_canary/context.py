@@ -98,6 +98,10 @@ def hash_mode(value: object) -> RealKvHashMode:
     return RealKvHashMode(value)
 
 
+# The context's fields that every verify and write launch updates: the violation sink and the counters.
+SINK_FIELDS = ("violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter")
+
+
 @dataclasses.dataclass(**RECORD)
 class VerifyOrWriteContext:
     """Everything one endpoint's verify/write launch shares (SPEC 2.3).

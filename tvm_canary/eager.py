@@ -41,8 +41,8 @@ import torch
 import tvm_ffi
 
 from . import checks, reference
-from .context import RealKvSource, VerifyOrWriteContext
-from .plans import VerifyPlan, WritePlan
+from .context import SINK_FIELDS, RealKvSource, VerifyOrWriteContext
+from .plans import VerifyPlan, WritePlan, plan_tensors
 from .runtime import get_kernel, packing, use_reference
 
 _Tensor = torch.Tensor
@@ -92,7 +92,7 @@ def verify(context, plan, check_verify_expected_token) -> None:
         return
     call = packing.verify_call(**kwargs)
     fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
-    _remember(key, context, plan, _verify_plan_tensors(plan), fn, call.args, ())
+    _remember(key, context, plan, plan_tensors(plan), fn, call.args, ())
     fn(*call.args)
 
 
@@ -121,7 +121,7 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
     fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
     end = packing.WRITE_INPUTS + 5
     kernel = _WriteKernel(call.spec, call.device, call.size[0], call.mode, input_ids.shape[0], fn)
-    _remember(key, context, plan, _write_plan_tensors(plan) + (context.enable_chain_position_assert,), kernel,
+    _remember(key, context, plan, plan_tensors(plan) + (context.enable_chain_position_assert,), kernel,
               call.args[: packing.WRITE_INPUTS], call.args[end:])
     fn(*call.args)
 
@@ -144,15 +144,6 @@ class _WriteKernel:
         return self.fn
 
 
-def _verify_plan_tensors(plan: VerifyPlan) -> tuple:
-    return (plan.verify_slot_indices, plan.verify_expected_tokens, plan.verify_expected_positions,
-            plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable)
-
-
-def _write_plan_tensors(plan: WritePlan) -> tuple:
-    return (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs)
-
-
 def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tuple, tail: tuple) -> None:
     """Keep a checked launch under ``key`` unless the contract (module docstring) cannot vouch for it.
     ``own_tensors``: the plan's tensors and any other the kernel's checks read besides the context's."""
@@ -165,8 +156,8 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
         return
     if type(plan) is not (VerifyPlan if key[0] == "verify" else WritePlan):
         return
-    tensors = (context.canary_buf, context.violation_ring, context.violation_write_index, context.slot_run_counter,
-               context.kernel_run_counter, *own_tensors, *(s.tensor for s in sources))
+    tensors = (context.canary_buf, *(getattr(context, name) for name in SINK_FIELDS), *own_tensors,
+               *(s.tensor for s in sources))
     if any(type(t) is not _Tensor or t.data_ptr() == 0 for t in tensors):
         return
     forget = functools.partial(_memo.pop, key)  # called with the dead weak reference as pop's default

@@ -36,30 +36,20 @@ import torch
 from . import checks, reference
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
-from .plans import VerifyPlan, WritePlan
+from .plans import VerifyPlan, WritePlan, plan_tensors
 from .runtime import get_kernel, packing, use_reference
 
 NAMESPACE = "tvm_canary"
 _lib = torch.library.Library(NAMESPACE, "DEF")
 
-# kernel -> (torch reference, packing of the compiled function's arguments); both take the public
-# launch function's keyword arguments.
-_BACKENDS = {
-    "write": (reference.canary_write_ref, packing.write_call),
-    "verify": (reference.canary_verify_ref, packing.verify_call),
-    "plan": (reference.canary_plan_ref, packing.plan_call),
-    "scatter": (reference.scatter_req_token_ids_ref, packing.scatter_call),
-}
-
 
 def run(kernel: str, launch_kwargs: dict) -> None:
     """Run ``kernel`` on the public launch's keyword arguments: the reference when chosen, else the
     compiled module on the ``runtime.packing`` call (None: nothing to launch)."""
-    ref, pack = _BACKENDS[kernel]
     if use_reference():
-        ref(**launch_kwargs)
+        reference.REFERENCE[kernel](**launch_kwargs)
         return
-    call = pack(**launch_kwargs)
+    call = packing.CALLS[kernel](**launch_kwargs)
     if call is not None:
         get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)(*call.args)
 
@@ -104,32 +94,23 @@ def _launch_tag(kernel_kind: int) -> CanaryLaunchTag | int:
     return CanaryLaunchTag(kernel_kind) if kernel_kind in CanaryLaunchTag._value2member_map_ else kernel_kind
 
 
-def _verify_plan_args(plan: VerifyPlan) -> tuple:
-    return (plan.verify_slot_indices, plan.verify_expected_tokens, plan.verify_expected_positions,
-            plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable)
-
-
-def _write_plan_args(plan: WritePlan) -> tuple:
-    return (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs)
-
-
 # The public launch's keyword arguments -> the operator's positional arguments.
 
 
 def write_args(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
                expected_input_tokens, expected_input_positions) -> tuple:
-    return (*_context_args(context), *_write_plan_args(plan), input_ids, positions, out_cache_loc,
+    return (*_context_args(context), *plan_tensors(plan), input_ids, positions, out_cache_loc,
             bool(enable_write_input_assert), expected_input_tokens, expected_input_positions)
 
 
 def verify_args(*, context, plan, check_verify_expected_token) -> tuple:
-    return (*_context_args(context), *_verify_plan_args(plan), bool(check_verify_expected_token))
+    return (*_context_args(context), *plan_tensors(plan), bool(check_verify_expected_token))
 
 
 def plan_args(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
               swa_window_size, full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens,
               req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset) -> tuple:
-    return (*_verify_plan_args(verify_plan_out), *_write_plan_args(write_plan_out), req_pool_indices, prefix_lens,
+    return (*plan_tensors(verify_plan_out), *plan_tensors(write_plan_out), req_pool_indices, prefix_lens,
             extend_seq_lens, req_to_token, int(swa_window_size), full_to_swa_index_mapping, int(verify_capacity),
             req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
             int(kv_token_id_vs_position_offset))

@@ -108,3 +108,8 @@ class WritePlan:
         self.write_seed_slot_indices.zero_()
         self.write_num_valid_reqs.zero_()
         return self
+
+
+def plan_tensors(plan: VerifyPlan | WritePlan) -> tuple[torch.Tensor, ...]:
+    """The plan's tensors in field order (the order the operators take them in)."""
+    return tuple(getattr(plan, field.name) for field in dataclasses.fields(plan))

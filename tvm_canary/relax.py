@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 
 from .runtime import compile as compile_cache
-from .runtime import parse, specializations, targets
+from .runtime import packing, parse, specializations, targets
 
 # kernel -> names of the TensorIR parameters it writes (the in-place results, in parameter order)
 WRITES = {
@@ -43,7 +43,6 @@ WRITES = {
     "scatter": ("pool",),
 }
 _KERNEL_ATTR = "tvm_canary.kernel"
-_UNUSED_SOURCE = {"ps": 1, "tw": 0, "fw": 0}  # parameters of an unused real-KV source slot (never read)
 
 
 def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm",
@@ -60,11 +59,12 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
         raise ValueError(f"kv-canary: {kernel} has no specialization {tuple(spec)!r} (its axes: {axes})")
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
     attrs = {"global_symbol": name, "tirx.is_scheduled": True, _KERNEL_ATTR: kernel}
-    func = kernel_ir(kernel, spec, tag, mode, size).with_attr(attrs)
+    func = _default_ir(kernel, spec, tag, mode, size).with_attr(attrs)
     return bb.add_func(func, name)
 
 
-def kernel_ir(kernel: str, spec: tuple, tag: str, mode: int = 0, size: int | tuple | None = None) -> tvm.tirx.PrimFunc:
+def _default_ir(kernel: str, spec: tuple, tag: str, mode: int = 0,
+                size: int | tuple | None = None) -> tvm.tirx.PrimFunc:
     """The kernel's TensorIR with the default geometry of the tag, launch mode and size. Parsing the
     TVMScript takes seconds, so the IR is kept as JSON beside the compiled modules in the disk cache
     (same key, so a changed kernel source is never reused)."""
@@ -117,6 +117,6 @@ def _unused_source(name: str, given_sources: set[str]):
     cannot be left out."""
     if name.startswith("src") and name[3:].isdigit():
         return relax.const(np.zeros((1, 1), dtype="int64"), "int64")
-    if name[:2] in _UNUSED_SOURCE and name[2:].isdigit() and name[2:] not in given_sources:
-        return _UNUSED_SOURCE[name[:2]]
+    if name[:2] in packing.UNUSED_SOURCE and name[2:].isdigit() and name[2:] not in given_sources:
+        return packing.UNUSED_SOURCE[name[:2]]
     raise TypeError(f"kv-canary: missing argument {name!r}")

@@ -28,7 +28,9 @@ from collections.abc import Callable
 
 import torch
 
+from . import checks
 from ._consts import CANARY_SLOT_BYTES
+from .argtypes import RECORD
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .launch import (
@@ -59,7 +61,7 @@ class CanaryViolationError(RuntimeError):
         self.report = report
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(**RECORD)
 class CanaryGroup:
     """One KV buffer group.
 
@@ -689,7 +691,7 @@ class StepGraph:
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
         if expected_input_tokens is not None and self.inputs.expected_input_tokens is None:
-            raise ValueError("kv-canary: expected input tensors must be None when enable_write_input_assert=False")
+            raise ValueError(checks.EXPECTED_INPUTS_UNUSED)
         bs, n = len(req_pool_indices), len(input_ids)
         if bs > self.batch_size or n > self.num_tokens:
             raise RuntimeError(

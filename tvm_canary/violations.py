@@ -178,15 +178,13 @@ class ViolationLog:
     safe.
     """
 
-    def __init__(self, *, ring_capacity: int, device: torch.device, write_index: torch.Tensor | None = None) -> None:
+    def __init__(self, *, ring_capacity: int, device: torch.device, write_index: torch.Tensor) -> None:
         """``write_index``: a zeroed int32 ``[1]`` tensor on ``device`` to use as the write index (the
-        session keeps it inside its status buffer); a new one when None."""
+        session keeps it inside its status buffer)."""
         if ring_capacity <= 0:
             raise ValueError(f"kv-canary: ring_capacity must be positive, got {ring_capacity}")
         self.violation_ring = torch.zeros(ring_capacity, consts.VIOLATION_FIELDS, dtype=torch.int64, device=device)
-        self.violation_write_index = (
-            torch.zeros(1, dtype=torch.int32, device=device) if write_index is None else write_index
-        )
+        self.violation_write_index = write_index
         self._mirror = host_buffer(self.violation_ring)
         self._copied = 0  # ring rows whose copy has been started
         self._in_flight: collections.deque = collections.deque()  # (event, stored rows, total) per fetch

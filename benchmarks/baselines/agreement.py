@@ -145,7 +145,7 @@ def _scatter_kwargs(gen, device):
                 "pool_out": torch.zeros(13, 1200, dtype=torch.int32, device=device)}
 
 
-def _twins(make, device):
+def _twins(make):
     """Two identical argument sets (same generator seed): one for the reference, one for the launch."""
     return make(torch.Generator().manual_seed(1234)), make(torch.Generator().manual_seed(1234))
 
@@ -178,7 +178,7 @@ def check(kernel: str, launch, device: torch.device) -> None:
                     return _verify_kwargs(context, gen, device, flag)
                 return _write_kwargs(context, gen, device, flag, tokens)
 
-            ref_kw, kw = _twins(make, device)
+            ref_kw, kw = _twins(make)
             getattr(reference, f"canary_{kernel}_ref")(**ref_kw)
             launch(**kw)
             if device.type == "cuda":
@@ -190,7 +190,7 @@ def check(kernel: str, launch, device: torch.device) -> None:
                 case = f", requests of {tokens[0]}-{tokens[1] - 1} tokens" if tokens else ""
                 raise AssertionError(f"{kernel} ({mode.name}, flag {flag}{case}): {e}") from None
     elif kernel == "plan":
-        ref_kw, kw = _twins(lambda gen: _plan_kwargs(gen, device), device)
+        ref_kw, kw = _twins(lambda gen: _plan_kwargs(gen, device))
         reference.canary_plan_ref(**ref_kw)
         launch(**kw)
         total = int(ref_kw["verify_plan_out"].verify_num_valid)
@@ -201,7 +201,7 @@ def check(kernel: str, launch, device: torch.device) -> None:
         for field in ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"):
             _same(field, getattr(ref_kw["write_plan_out"], field), getattr(kw["write_plan_out"], field))
     elif kernel == "scatter":
-        ref_kw, kw = _twins(lambda gen: _scatter_kwargs(gen, device), device)
+        ref_kw, kw = _twins(lambda gen: _scatter_kwargs(gen, device))
         reference.scatter_req_token_ids_ref(**ref_kw)
         launch(**kw)
         _same("pool_out", ref_kw["pool_out"], kw["pool_out"])

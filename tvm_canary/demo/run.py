@@ -17,7 +17,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import default_device, int_at_least, seed, torch_device
+from ..cliargs import UsageError, default_device, int_at_least, seed, torch_device
 from ..consts import RealKvHashMode
 from ..runtime.backend import current_backend
 from ..session import CanaryGroup, CanarySession
@@ -64,7 +64,7 @@ def _schedule(args: argparse.Namespace, rng: random.Random) -> list[tuple[int, s
     rng.shuffle(jobs)
     last = args.steps - args.sweep_interval - 2
     if jobs and last - WARMUP_STEPS < len(jobs):
-        raise SystemExit(f"tvm-canary demo: --steps {args.steps} leaves too few steps for {len(jobs)} faults")
+        raise UsageError(f"--steps {args.steps} leaves too few steps for {len(jobs)} faults")
     steps = sorted(rng.sample(range(WARMUP_STEPS, last), len(jobs)))
     return [(s, kind, group) for s, (kind, group) in zip(steps, jobs)]
 
@@ -102,11 +102,11 @@ def _session(args: argparse.Namespace, engine: Engine) -> CanarySession:
 
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
+    if args.cuda_graph and device.type != "cuda":
+        raise UsageError("--cuda-graph needs --device cuda")
     cfg = EngineConfig(num_slots=args.slots, max_running=args.max_running, swa_window=args.window if args.swa else 0)
     engine = Engine(cfg, seed=args.seed, device=device)
     session = _session(args, engine)
-    if args.cuda_graph and device.type != "cuda":
-        raise SystemExit("tvm-canary demo: --cuda-graph needs --device cuda")
     graph = None
     if args.cuda_graph:
         graph = session.capture_step(batch_size=cfg.max_running, num_tokens=cfg.max_running * cfg.chunk_size,
@@ -179,7 +179,7 @@ def _counted(fault: Fault, args: argparse.Namespace) -> bool:
 
 def _why_not_counted(fault: Fault) -> str:
     if fault.active_from is None:
-        return f"not counted: slot {fault.reuse_slot} was never handed out again"
+        return f"not counted: slot {fault.slot} was never handed out again"
     return f"not counted: took effect at step {fault.active_from}, too late to be checked"
 
 

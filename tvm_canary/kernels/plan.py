@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from .. import consts
 from .common import Geometry, block_sync, blocks_for, grid, lanes
 
 # Fields of the entries phase's per-thread row state (a local int64 vector, see ``enter_row``).
@@ -58,7 +59,7 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
     def row_lengths(vlen, wlen, r, rpi, prefix, ext, r2t, window):
         """vlen/wlen := verify entries and written tokens of batch row r (0 for inactive rows)."""
         rp = rpi[r]
-        active = T.int64(1) <= rp and rp < r2t.shape[0]
+        active = T.int64(consts.REQ_POOL_IDX_PADDING + 1) <= rp and rp < r2t.shape[0]  # past the padding row
         p = prefix[r]
         vlen[0] = T.Select(active, T.max(T.int64(0), T.min(p, r2t.shape[1]) - window_start(p, window)), T.int64(0))
         wlen[0] = T.Select(active and ext[r] > T.int64(0), ext[r], T.int64(0))

@@ -111,7 +111,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
         ep = launch.epos[k]
         et = launch.etoks[k] if check_token else T.int64(-1)
         bits[0] = 0
-        if slot != T.int64(0):
+        if slot != T.int64(consts.TOKEN_TO_KV_SLOT_PADDING):
             check_slot(ok, slot, launch.buf.shape[0], launch.srcs, launch.params, num_sources)
             row[consts.VIOLATION_FIELD_KERNEL_KIND] = launch.kind
             row[consts.VIOLATION_FIELD_SLOT_IDX] = slot
@@ -134,7 +134,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
                 row[consts.VIOLATION_FIELD_STORED_TOKEN] = st
                 row[consts.VIOLATION_FIELD_STORED_CHAIN_HASH] = sh
                 row[consts.VIOLATION_FIELD_EXPECTED_AUX] = sh
-                if prev != T.int64(0):
+                if prev != T.int64(consts.TOKEN_TO_KV_SLOT_PADDING):
                     if prev >= launch.buf.shape[0]:
                         bits[0] = bits[0] | INVALID_INDEX
                     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import consts
 from ..plans import VerifyPlan, WritePlan
 from .swa import to_group_slots
 
@@ -91,7 +92,7 @@ def canary_plan_ref(
     bs = rp.shape[0]
     num_req_rows, table_len = rtt.shape
 
-    active = (rp >= 1) & (rp < num_req_rows)
+    active = (rp > consts.REQ_POOL_IDX_PADDING) & (rp < num_req_rows)
     # max(0, P - W) for W > 0, with P - W formed only where it is positive (no int64 wrap, as the kernels)
     win_start = torch.zeros_like(prefix)
     if swa_window_size > 0:

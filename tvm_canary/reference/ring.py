@@ -8,6 +8,23 @@ import torch
 
 from .. import consts
 
+# violation field name (``consts.VIOLATION_FIELD_<NAME>`` in lower case) -> its column
+_COLUMN = {name.removeprefix("VIOLATION_FIELD_").lower(): getattr(consts, name)
+           for name in dir(consts) if name.startswith("VIOLATION_FIELD_")}
+
+
+def violation_row(**fields):
+    """A violation row from its SPEC 1.2 fields, each placed in its ``consts.VIOLATION_FIELD_*`` column
+    (keywords ``kernel_kind``, ``slot_idx``, ``position``, ``stored_token``, ``expected_token``,
+    ``stored_chain_hash``, ``expected_aux``, ``fail_reason_bits``; all eight are needed). Ints give a
+    list of 8 ints; int64 tensors of one length ``n`` give the ``[n, 8]`` tensor of ``n`` rows."""
+    if set(fields) != set(_COLUMN):
+        raise TypeError(f"kv-canary: a violation row takes the fields {sorted(_COLUMN)}, got {sorted(fields)}")
+    columns = [None] * consts.VIOLATION_FIELDS
+    for name, value in fields.items():
+        columns[_COLUMN[name]] = value
+    return torch.stack(columns, dim=1) if isinstance(columns[0], torch.Tensor) else columns
+
 
 def append_violation_rows(
     violation_ring: torch.Tensor,

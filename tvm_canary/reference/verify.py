@@ -12,7 +12,7 @@ from ..consts import FailReason
 from ..context import VerifyOrWriteContext
 from ..plans import VerifyPlan
 from .hashing import chain_hash_t, read_slot_fields, real_kv_fold_t, valid_slot_mask
-from .ring import append_violation_rows
+from .ring import append_violation_rows, violation_row
 
 
 def _bit(mask: torch.Tensor, flag: FailReason) -> torch.Tensor:
@@ -57,7 +57,7 @@ def canary_verify_ref(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_
     sr = fields[:, consts.CANARY_FIELD_REAL_KV_HASH]
 
     prev_invalid = prev >= buf.shape[0]
-    chained = ok & (prev != 0) & ~prev_invalid
+    chained = ok & (prev != consts.TOKEN_TO_KV_SLOT_PADDING) & ~prev_invalid
     eh = sh.clone()
     eh[chained] = chain_hash_t(buf, prev[chained])
     er = torch.zeros_like(slot)
@@ -72,5 +72,6 @@ def canary_verify_ref(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_
     )
     bits = torch.where(ok, bits, int(FailReason.INVALID_INDEX))
     kind = torch.full_like(slot, int(context.kernel_kind))
-    rows = torch.stack([kind, slot, sp, st, exp_tok, sh, eh, bits], dim=1)
+    rows = violation_row(kernel_kind=kind, slot_idx=slot, position=sp, stored_token=st, expected_token=exp_tok,
+                         stored_chain_hash=sh, expected_aux=eh, fail_reason_bits=bits)
     append_violation_rows(context.violation_ring, context.violation_write_index, rows[bits != 0])

@@ -9,7 +9,7 @@ from ..consts import FailReason
 from ..context import VerifyOrWriteContext
 from ..plans import WritePlan
 from .hashing import le_bytes, read_slot_fields, real_kv_fold_t, valid_slot_mask
-from .ring import append_violation_rows
+from .ring import append_violation_rows, violation_row
 
 _INVALID = int(FailReason.INVALID_INDEX)
 _TOKEN_MISMATCH = int(FailReason.WRITE_TOKEN_MISMATCH)
@@ -112,7 +112,8 @@ def canary_write_ref(
             continue
         seed = seeds[r]
         if seed >= num_slots:
-            rows.append([kind, seed, 0, 0, 0, 0, 0, _INVALID])
+            rows.append(violation_row(kernel_kind=kind, slot_idx=seed, position=0, stored_token=0, expected_token=0,
+                                      stored_chain_hash=0, expected_aux=0, fail_reason_bits=_INVALID))
             continue
         h = _chain_hash(work, seed)
         check_pos = seed >= 0 and cpa
@@ -124,17 +125,23 @@ def canary_write_ref(
             tok, pos = toks[i], poss[i]
             h_i64 = _consts.to_signed_int64(h)
             if not slot_ok[i]:
-                rows.append([kind, slot, pos, tok, tok, h_i64, pos, _INVALID])
+                rows.append(violation_row(kernel_kind=kind, slot_idx=slot, position=pos, stored_token=tok,
+                                          expected_token=tok, stored_chain_hash=h_i64, expected_aux=pos,
+                                          fail_reason_bits=_INVALID))
                 continue
             if enable_write_input_assert:
                 et, ep = exp_toks[i], exp_poss[i]
                 bits = (_TOKEN_MISMATCH if tok != et else 0) | (_POSITION_MISMATCH if pos != ep else 0)
                 if bits:
-                    rows.append([kind, slot, pos, tok, et, h_i64, ep, bits])
+                    rows.append(violation_row(kernel_kind=kind, slot_idx=slot, position=pos, stored_token=tok,
+                                              expected_token=et, stored_chain_hash=h_i64, expected_aux=ep,
+                                              fail_reason_bits=bits))
             if check_pos:
                 want_pos = _consts.to_signed_int64(prev_pos + 1)
                 if pos != want_pos:
-                    rows.append([kind, slot, pos, tok, tok, h_i64, want_pos, _POSITION_MISMATCH])
+                    rows.append(violation_row(kernel_kind=kind, slot_idx=slot, position=pos, stored_token=tok,
+                                              expected_token=tok, stored_chain_hash=h_i64, expected_aux=want_pos,
+                                              fail_reason_bits=_POSITION_MISMATCH))
                 prev_pos = pos
             work.store(slot, [tok, pos, h_i64, real_kv[i]])
             h = _consts.splitmix64_mix3(h, tok, pos)

@@ -7,7 +7,8 @@ when there is nothing to launch).
 * The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
 * A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
   ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
-  Unused source slots get a 1x1 dummy on the device and zero parameters; kernels never read them.
+  Unused source slots get a 1x1 placeholder on the device and ``UNUSED_SOURCE`` parameters; kernels
+  never read them.
 * Scratch ``flags`` (int32, per ring, shared by write and verify): ``[0]`` = any chunk marked,
   ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows or (write) a seed
   save, write's seed saves follow write's own chunk marks (``SEED_SAVE_WORDS`` per request,
@@ -26,7 +27,7 @@ import torch
 
 from .._consts import PARTIAL_READ_BYTES
 from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
-from ..context import VerifyOrWriteContext
+from ..context import SINK_FIELDS, VerifyOrWriteContext
 from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS
 from .specializations import fold_words, launch_mode, spec
 
@@ -58,7 +59,6 @@ class KernelCall:
     def device(self) -> torch.device:
         return self.args[0].device
 
-_dummies: dict[tuple, torch.Tensor] = {}
 _flags: dict[tuple, list[torch.Tensor]] = {}
 
 
@@ -82,13 +82,6 @@ def source_view(tensor: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _dummy(device: torch.device) -> torch.Tensor:
-    key = (device.type, device.index)
-    if key not in _dummies:
-        _dummies[key] = torch.zeros((1, 1), dtype=torch.int64, device=device)
-    return _dummies[key]
-
-
 def folded_sources(context: VerifyOrWriteContext) -> int:
     """Number of sources the kernels fold: 0 in NONE mode (a compile-time specialization)."""
     if context.real_kv_hash_mode == RealKvHashMode.NONE:
@@ -109,6 +102,10 @@ def built_in_fold_words(context: VerifyOrWriteContext) -> int:
     return fold_words(len(used), partial_fold(context), [src.read_bytes // 8 for src in used])
 
 
+# (page_size, token_words, fold_words) of an unused source slot, by the kernels' parameter prefixes
+UNUSED_SOURCE = {"ps": 1, "tw": 0, "fw": 0}
+
+
 def source_args(context: VerifyOrWriteContext) -> list:
     """The 16 trailing kernel arguments: (view, page_size, token_words, fold_words) x 4."""
     args: list = []
@@ -117,9 +114,9 @@ def source_args(context: VerifyOrWriteContext) -> list:
     for src in used:
         fold_bytes = PARTIAL_READ_BYTES if partial else src.read_bytes
         args += [source_view(src.tensor), src.page_size, src.num_bytes_per_token // 8, fold_bytes // 8]
-    dummy = _dummy(context.canary_buf.device)
+    unused = placeholder(context.canary_buf.device, torch.int64, (1, 1))
     for _ in range(MAX_REAL_KV_SOURCES - len(used)):
-        args += [dummy, 1, 0, 0]
+        args += [unused, *UNUSED_SOURCE.values()]
     return args
 
 
@@ -146,8 +143,8 @@ def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Te
     return owned[-1]
 
 
-def _context_args(context: VerifyOrWriteContext) -> list:
-    return [context.violation_ring, context.violation_write_index, context.slot_run_counter, context.kernel_run_counter]
+def _sink_args(context: VerifyOrWriteContext) -> list:
+    return [getattr(context, name) for name in SINK_FIELDS]
 
 
 def write_inputs(input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
@@ -170,7 +167,7 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
     args = (
         canary_words(context.canary_buf), plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs,
         *write_inputs(input_ids, positions, out_cache_loc, assert_on, expected_input_tokens, expected_input_positions),
-        context.enable_chain_position_assert, *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
+        context.enable_chain_position_assert, *_sink_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context), input_assert=assert_on,
                        fold_words=built_in_fold_words(context))
@@ -190,7 +187,7 @@ def verify_call(*, context, plan, check_verify_expected_token):
     args = (
         canary_words(context.canary_buf), plan.verify_slot_indices, plan.verify_expected_tokens,
         plan.verify_expected_positions, plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable,
-        *_context_args(context), marks, int(context.kernel_kind), *source_args(context),
+        *_sink_args(context), marks, int(context.kernel_kind), *source_args(context),
     )
     kernel_spec = spec("verify", num_sources=folded_sources(context), partial=partial_fold(context),
                        check_token=bool(check_verify_expected_token), fold_words=built_in_fold_words(context))
@@ -250,3 +247,7 @@ def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch
     if key not in _placeholders:
         _placeholders[key] = torch.zeros(shape, dtype=dtype, device=device)
     return _placeholders[key]
+
+
+# kernel -> its ``*_call``
+CALLS = {"write": write_call, "verify": verify_call, "plan": plan_call, "scatter": scatter_call}

@@ -16,11 +16,13 @@ from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS, CUDA_SI
 
 @functools.lru_cache(maxsize=None)
 def cuda_arch(device_index: int) -> str:
+    """``sm_XY`` of the GPU of that index."""
     major, minor = torch.cuda.get_device_capability(device_index)
     return f"sm_{major}{minor}"
 
 
 def device_index(device: torch.device) -> int:
+    """A CUDA device's index; torch's current device for ``cuda`` with none."""
     return device.index if device.index is not None else torch.cuda.current_device()
 
 

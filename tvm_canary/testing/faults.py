@@ -55,7 +55,7 @@ class Fault:
     target: str
     victims: list[Holder]
     slot: int | None = None  # the full slot the fault corrupts or hands out again (None: wrong_seed)
-    reuse_slot: int | None = None  # the fault takes effect when the engine hands this slot out again
+    reuses_slot: bool = False  # the fault takes effect when the engine hands ``slot`` out again
     active_from: int | None = None  # first step the fault is in place (None: not yet)
     detected_at: int | None = None
     tags: set[str] = dataclasses.field(default_factory=set)
@@ -149,10 +149,9 @@ def _stale_chain(engine: Engine, rng: random.Random) -> Fault:
 def _fault(kind: str, group: str, engine: Engine, target: str, victim: Holder, slot: int | None,
            reuses_slot: bool = False) -> Fault:
     """The fault, its victim pinned; ``reuses_slot``: it takes effect when ``slot`` is handed out again."""
-    reuse_slot = slot if reuses_slot else None
     victim.pinned = True
     return Fault(kind=kind, group=group, injected_at=engine.step, target=target, victims=[victim], slot=slot,
-                 reuse_slot=reuse_slot, active_from=engine.step + 1 if reuse_slot is None else None)
+                 reuses_slot=reuses_slot, active_from=None if reuses_slot else engine.step + 1)
 
 
 class FaultTracker:
@@ -165,7 +164,7 @@ class FaultTracker:
     def after_schedule(self, engine: Engine) -> None:
         """Mark the faults whose slot the step just scheduled handed to a new owner as in place."""
         for f in self.faults:
-            if f.active_from is None and engine.refs[f.reuse_slot] > 0 and engine.handout != f.reuse_slot:
+            if f.active_from is None and engine.refs[f.slot] > 0 and engine.handout != f.slot:
                 f.active_from = engine.step
 
     def attribute(self, report: ViolationReport, engine: Engine, step: int) -> list[Fault]:

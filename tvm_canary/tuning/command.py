@@ -33,7 +33,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import int_at_least, output_folder
+from ..cliargs import UsageError, int_at_least, output_folder
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import keys, workloads
@@ -74,13 +74,13 @@ def run(args: argparse.Namespace) -> int:
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
-        raise SystemExit("tvm-canary tune: error: --rpc-tracker and --rpc-key go together (and --rpc-workers needs them)")
+        raise UsageError("--rpc-tracker and --rpc-key go together (and --rpc-workers needs them)")
     if args.rpc_tracker:
         remote = fleet.connect(args.rpc_tracker, args.rpc_key, args.target, args.rpc_workers)
         key, tag, make_runner, where = remote.device_key, remote.tag, remote.runner, f"{remote.workers} RPC server(s)"
     else:
         if cuda and not torch.cuda.is_available():
-            raise SystemExit("tvm-canary tune: error: --target cuda needs a CUDA GPU, and torch sees none (use --target llvm)")
+            raise UsageError("--target cuda needs a CUDA GPU, and torch sees none (use --target llvm)")
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         key, tag, make_runner, where = keys.device_key(device), targets.tag_for(device), local_runner, "this host"
     preset = workloads.PRESETS[args.workloads or ("gpu" if cuda else "cpu")]

@@ -11,6 +11,8 @@ import re
 
 import torch
 
+from ..runtime import targets
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
@@ -30,9 +32,8 @@ def cpu_model() -> str:
 def device_key(device: torch.device) -> str:
     """``nvidia-h200-sm_90`` for a GPU (name and arch), the processor model for the CPU."""
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        return f"{_slug(torch.cuda.get_device_name(index))}-sm_{major}{minor}"
+        index = targets.device_index(device)
+        return f"{_slug(torch.cuda.get_device_name(index))}-{targets.cuda_arch(index)}"
     return _slug(cpu_model())
 
 

@@ -218,7 +218,7 @@ class Case:
 
     def __init__(self, kernel: str, launch_kwargs: list[dict]):
         self.kernel = kernel
-        calls = [getattr(packing, f"{kernel}_call")(**kwargs) for kwargs in launch_kwargs]
+        calls = [packing.CALLS[kernel](**kwargs) for kwargs in launch_kwargs]
         self.launches = [call.args for call in calls]
         # Each region of memory once: the launches' views of their shared context are new tensor objects
         # over the same bytes (at 16M ALL entries, 16 GB of K/V sources), snapshot and compared once.
@@ -232,8 +232,8 @@ class Case:
         self.initial = {key: (a, a.clone()) for key, (_, _, a, _) in regions.items()}
         ref_launches = _copy(launch_kwargs, {})  # the reference runs on the same device, on copies
         for kwargs in ref_launches:
-            getattr(reference, _REFERENCE[kernel])(**kwargs)
-        self.expected = [getattr(packing, f"{kernel}_call")(**kwargs).args for kwargs in ref_launches]
+            reference.REFERENCE[kernel](**kwargs)
+        self.expected = [packing.CALLS[kernel](**kwargs).args for kwargs in ref_launches]
 
     def reset(self) -> None:
         for a, a0 in self.initial.values():
@@ -244,7 +244,6 @@ class Case:
         return all(torch.equal(t, self.expected[n][i].to(t.device)) for n, i, t in self.tensors)
 
 
-_REFERENCE = {"verify": "canary_verify_ref", "write": "canary_write_ref", "plan": "canary_plan_ref", "scatter": "scatter_req_token_ids_ref"}
 
 
 def _copy(obj, memo: dict):
