@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import filecmp
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -49,6 +50,10 @@ def test_runtime_only_host_runs_prebuilt_modules(tmp_path):
                TVM_CANARY_CACHE=str(tmp_path / "cache"))
     res = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout + res.stderr
+    # the command line starts too (it imported the TVMScript builder of the tuner)
+    res = subprocess.run([sys.executable, "-m", "tvm_canary", "info"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "runtime only" in res.stdout, res.stdout + res.stderr
 
 
 def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatch, capsys):
@@ -106,15 +111,54 @@ def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkey
     assert sorted(p.name for p in (tmp_path / "cache-2").rglob("*.so")) == names
 
 
-def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch):
-    from tvm_canary.runtime import compile as C
-    from tvm_canary.runtime import targets
-
+@pytest.mark.parametrize("kept", [0, 100, 5000, 0.5, -1], ids=["empty", "100B", "5000B", "half", "last-byte"])
+def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch, kept):
+    """A module cut short anywhere is refused before it is loaded (loading maps it past its end: the
+    process died of SIGBUS with nothing printed when 2-15 KB of a 26 KB module were kept)."""
     geom = targets.default_geometry("scatter", "llvm", 0, None)
-    (tmp_path / f"{C.module_key('scatter', (), 'llvm', geom)}.so").write_bytes(b"")
+    whole = C.cached_module("scatter", (), "llvm", geom).read_bytes()
+    kept = int(len(whole) * kept) if isinstance(kept, float) else kept % len(whole)  # -1: all but the last byte
+    (tmp_path / f"{C.module_key('scatter', (), 'llvm', geom)}.so").write_bytes(whole[:kept])
     monkeypatch.setenv("TVM_CANARY_MODULES", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"^kv-canary: cannot load the prebuilt module .*scatter.*\.so: "):
         C._load_or_build("scatter", (), torch.device("cpu"), geom)
+
+
+def test_a_damaged_kernel_cache_entry_is_compiled_again(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    path = C.cached_module("scatter", (), "llvm", geom)
+    whole = path.read_bytes()
+    for kept in (0, 5000):
+        damaged = path.with_suffix(".damaged")  # a new file: the loaded module's pages stay mapped
+        damaged.write_bytes(whole[:kept])
+        os.replace(damaged, path)
+        with caplog.at_level("WARNING", logger="tvm_canary"):
+            assert C._load_or_build("scatter", (), torch.device("cpu"), geom) is not None
+        assert "is damaged" in caplog.text and path.read_bytes() == whole
+        caplog.clear()
+
+
+def test_kernel_hashes_need_no_writable_cache_and_survive_a_damaged_memo(tmp_path, monkeypatch):
+    """The kernel-hash memo is a cache: a read-only kernel cache (prebuilt modules) or a damaged memo
+    file computes the hashes again instead of failing every launch that reads a tuning database."""
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache"))
+    workloads._hash_table.cache_clear()  # the memo is read once per process
+    want = workloads.kernel_hash("scatter", (256, 1024), "llvm")
+    memo = next((tmp_path / "cache").rglob("structural*.json"))
+    memo.write_text(memo.read_text()[:10])
+    workloads._hash_table.cache_clear()
+    assert workloads.kernel_hash("scatter", (256, 1024), "llvm") == want
+    memo.unlink()
+    workloads._hash_table.cache_clear()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(pathlib.Path, "write_text", read_only)
+    assert workloads.kernel_hash("scatter", (256, 1024), "llvm") == want
+    assert not memo.exists()
+    workloads._hash_table.cache_clear()
 
 
 def test_a_module_missing_from_the_prebuilt_folders_is_compiled_with_a_warning(tmp_path, monkeypatch, caplog):

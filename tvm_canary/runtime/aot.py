@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import pathlib
 import shutil
 
@@ -55,7 +56,9 @@ def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), pr
     written = []
     for tag, kernel, spec, geom in jobs:
         path = out / f"{C.module_key(kernel, spec, tag, geom)}.so"
-        shutil.copyfile(C.cached_module(kernel, spec, tag, geom), path)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # an interrupted build leaves no module cut short
+        shutil.copyfile(C.cached_module(kernel, spec, tag, geom), tmp)
+        os.replace(tmp, path)
         written.append(path)
     manifest = {"tvm_version": tvm.__version__, "source_hash": C.source_hash(), "tags": tags,
                 "tuning_databases": list(tuning_keys), "modules": [p.name for p in written]}

@@ -19,6 +19,8 @@ import hashlib
 import logging
 import os
 import pathlib
+import struct
+import sys
 import tempfile
 import threading
 
@@ -157,6 +159,9 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     for directory in prebuilt_dirs():
         path = directory / f"{key}.so"
         if path.exists():
+            damage = damaged_module(path)
+            if damage:
+                raise RuntimeError(f"kv-canary: cannot load the prebuilt module {path}: {damage}")
             try:
                 return tvm.runtime.load_module(str(path))[f"canary_{name}"]
             except Exception as e:  # a truncated or foreign file: name it in one line
@@ -182,7 +187,7 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
     """The module file of a build in the disk cache, compiled (``build``) and stored first if missing."""
     path = cache_path(name, spec, tag, geom)
     filename = path.name
-    if path.exists():
+    if path.exists() and not damaged_module(path):
         return path
     if not compiler_available():
         raise RuntimeError(
@@ -190,9 +195,40 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
             "and this TVM has no compiler (runtime-only); build it with `tvm-canary build` on a host with the compiler"
         )
     with _build_lock(path):  # another process building the same module: wait for its file instead
-        if not path.exists():
+        damage = damaged_module(path) if path.exists() else None
+        if damage:
+            logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s is damaged (%s); compiling it "
+                                                    "again", path, damage)
+        if damage or not path.exists():
             export(build(name, spec, tag, geom), path)
     return path
+
+
+_ELF_HEADER = {1: "<HHIIIIIHHHHHH", 2: "<HHIQQQIHHHHHH"}  # after e_ident, by EI_CLASS (32 / 64 bit), little-endian
+_PROGRAM_HEADER = {1: ("<IIIIIIII", 1, 4), 2: ("<IIQQQQQQ", 2, 5)}  # format, index of p_offset, of p_filesz
+
+
+def damaged_module(path: pathlib.Path) -> str | None:
+    """Why the module file at ``path`` cannot be whole, or None. On Linux a module is an ELF shared
+    library: it must start with the ELF magic and hold every byte its program and section headers
+    name (a file cut short, by an interrupted copy or a full disk, is mapped past its end when loaded,
+    and the process dies of SIGBUS). Elsewhere (other formats) nothing is checked."""
+    if not sys.platform.startswith("linux"):
+        return None
+    data = path.read_bytes()
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] not in _ELF_HEADER or data[5] != 1:
+        return f"not a little-endian ELF shared library ({len(data)} bytes)"
+    fields = struct.unpack_from(_ELF_HEADER[data[4]], data, 16)
+    phoff, shoff, phentsize, phnum, shentsize, shnum = fields[4], fields[5], fields[8], fields[9], fields[10], fields[11]
+    needed = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    fmt, offset_at, size_at = _PROGRAM_HEADER[data[4]]
+    if phoff + phentsize * phnum <= len(data):
+        for k in range(phnum):
+            header = struct.unpack_from(fmt, data, phoff + k * phentsize)
+            needed = max(needed, header[offset_at] + header[size_at])
+    if needed > len(data):
+        return f"cut short: {len(data)} bytes, its headers name {needed}"
+    return None
 
 
 @contextlib.contextmanager
@@ -240,6 +276,7 @@ def ensure_cuda_runtime() -> None:
         try:
             ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
-            raise RuntimeError(f"kv-canary: TVM's CUDA runtime could not be loaded ({e}); a CUDA 13 libcudart is required") from e
+            raise RuntimeError(f"kv-canary: TVM's CUDA runtime could not be loaded ({e}); it needs a CUDA 13 "
+                               "runtime (libcudart.so.13) and the NVIDIA driver (libcuda.so.1)") from e
     if not tvm.cuda(0).exist:
         raise RuntimeError("kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)")

@@ -27,8 +27,6 @@ import pathlib
 
 import torch
 import tvm_ffi
-from tvm.script.ir_builder import IRBuilder
-from tvm.script.ir_builder import tirx as Tb
 
 import tvm_canary as tc
 from tvm_canary import reference
@@ -39,7 +37,6 @@ from tvm_canary.geometry import Geometry
 from tvm_canary.reference.hashing import mix3_t, real_kv_fold_t
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
-from tvm_canary.runtime.parse import kernel_ir
 from tvm_canary.runtime.specializations import launch_mode, spec, spec_id
 from tvm_canary.runtime.targets import default_geometry
 
@@ -145,10 +142,13 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     name = f"{kernel}/{spec_id(kernel_spec)}/{target_kind}"
     if name not in table:
         table[name] = _script_hash(kernel, kernel_spec, target_kind)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        tmp.replace(path)
+        try:  # a memo only: a read-only cache (prebuilt modules) computes the hash again next time
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            tmp.replace(path)
+        except OSError:
+            pass
     if kernel not in CASE_VERSIONS:
         return table[name]
     return hashlib.sha256(f"{table[name]} case {CASE_VERSIONS[kernel]}".encode()).hexdigest()[:16]
@@ -156,14 +156,20 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _hash_table(path: pathlib.Path) -> dict:
-    """The kernel hashes remembered in ``path`` (``{kernel/spec/target kind: hash}``), loaded once."""
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The kernel hashes remembered in ``path`` (``{kernel/spec/target kind: hash}``); none when it is
+    missing or unreadable (they are computed again)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
     unpaired, paired = _HASH_GEOMETRIES[target_kind]
     folds = launch_mode(kernel, kernel_spec) != 0
     hashes = []
+    from tvm_canary.runtime.parse import kernel_ir  # the TVMScript parser: compiler hosts only
+
     for geom in (unpaired, paired) if folds else (unpaired,):
         func = kernel_ir(kernel, kernel_spec, geom)
         for attr in _IGNORED_ATTRS:
@@ -181,6 +187,9 @@ def descriptor(kernel: str, bucket: tuple, target_kind: str):
     ``canary``; one buffer per bucket dimension (its length: ``x``, ``y``, ``z``), so each (kernel,
     bucket) is its own MetaSchedule workload whose argument shapes give the bucket
     (``measure.alloc_bucket``); attributes name the kernel, the bucket and the kernel hash."""
+    from tvm.script.ir_builder import IRBuilder  # TVMScript's builder: compiler hosts only
+    from tvm.script.ir_builder import tirx as Tb
+
     assert len(bucket) < 3 or bucket[2] in (1, 2), f"{bucket}: a write bucket's mode is PARTIAL or ALL (NONE has none)"
     attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket), "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
     n = bucket[0]
