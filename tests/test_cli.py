@@ -131,6 +131,8 @@ BAD_VALUES = [
     (["conformance", "--json", "/"], "argument --json: / is a folder, not a file"),
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
     (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
+    (["tune", "--target", "llvm", "--time-limit", "-5"], "argument --time-limit: must be at least 0, got -5"),
+    (["tune", "--target", "llvm", "--time-limit", "nan"], "argument --time-limit: must be at least 0, got nan"),
     # found after parsing (cliargs.UsageError)
     (["build", "--target", "cuda", "-o", "x"], "--target cuda needs at least one --arch"),
     (["build", "--target", "llvm", "--arch", "sm_90", "-o", "x"], "--arch is for --target cuda"),

@@ -689,10 +689,18 @@ def write_bucket_database(folder):
     mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
 
-    def commit(geom, run_secs):
-        commit_measurement(db, mod, knobs, geom, run_secs, target)
+    def commit(geom, run_secs, space=knobs):
+        commit_measurement(db, mod, space, geom, run_secs, target)
 
     return db, commit, targets.default_geometry("write", "llvm")
+
+
+def chosen_in(folder, cuda: bool) -> dict:
+    """``apply._chosen_geometries`` of the database in ``folder``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return apply._chosen_geometries(ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False), str(folder),
+                                    cuda)
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
@@ -737,9 +745,70 @@ def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, ca
     cost, geom = apply.chosen("write", (8, 16), rows, cuda=False)
     assert math.isnan(cost) and geom == default
     with caplog.at_level("WARNING", logger="tvm_canary"):
-        assert apply._chosen_geometries(str(tmp_path), cuda=False) == {"write": {(8, 16): default}}
+        assert chosen_in(tmp_path, cuda=False) == {"write": {(8, 16): default}}
     (warning,) = [r.getMessage() for r in caplog.records if "no valid record of the default" in r.getMessage()]
-    assert "write (8, 16)" in warning and "tvm-canary tune --kernels write" in warning
+    assert "write (8, 16)" in warning
+    assert f"`tvm-canary tune --target llvm --kernels write --stale-only --out {tmp_path.parent}`" in warning
+
+
+def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
+    """A record selecting a geometry the design space cannot (edited by hand, or tuned with another
+    space: unroll 0 divided by zero in every write launch) is passed over for the fastest valid one."""
+    from tvm_canary import schedules
+
+    db, commit, default = write_bucket_database(tmp_path)
+    wider = {**schedules.knobs("write", False), "unroll": [0, 1, 2, 4, 8]}
+    commit(default, [1e-3])
+    commit(dataclasses.replace(default, unroll=0), [1e-6], space=wider)
+    rows = apply.measured_records(db)[("write", (8, 16))]
+    assert apply.chosen("write", (8, 16), rows, cuda=False) == (1e-3, default)
+    valid = dataclasses.replace(default, unroll=1)
+    assert apply.in_design_space("write", (8, 16), valid, cuda=False)
+    commit(valid, [0.5e-3])
+    rows = apply.measured_records(db)[("write", (8, 16))]
+    assert apply.chosen("write", (8, 16), rows, cuda=False) == (0.5e-3, valid)
+    assert not apply.in_design_space("write", (8, 16), dataclasses.replace(valid, blocks=7), cuda=False)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision"])
+def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage):
+    """A tuning database that cannot be read (truncated, a file missing, a record whose decision is not
+    among its candidates) or that holds another device's records gives the defaults and one warning
+    naming it at load, a kv-canary line in ``info`` and a refused merge; it raised TVM's errors in every
+    launch on its device (a CUDA database under the CPU's key passed as usable)."""
+    import shutil
+
+    from tvm_canary import info
+    from tvm_canary.cli import main
+
+    key = keys.device_key(torch.device("cpu"))
+    folder = tmp_path / "logs" / key
+    if damage == "another-device":
+        shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", folder)
+        want = "holds records for target cuda sm_90, not for device key"
+    else:
+        shutil.copytree(keys.committed_tune_logs() / key, folder)
+        records = folder / "database_tuning_record.json"
+        want = "cannot read the tuning database"
+        if damage == "truncated":
+            records.write_text(records.read_text()[:-60])
+        elif damage == "no-records-file":
+            records.unlink()
+        else:
+            # every record that samples the unroll knob decides candidate 9 of 4
+            records.write_text(re.sub(r"\]\],\[\[1,\d+\]\]\]", "]],[[1,9]]]", records.read_text()))
+            assert "[[1,9]]]" in records.read_text(), "no sampled decision to edit"
+            want = "Wrong decision value"
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path / "logs"])
+    apply._records.cache_clear()
+    with caplog.at_level("WARNING", logger="tvm_canary"):
+        assert apply.tuned_geometry("write", torch.device("cpu"), 8) is None
+    assert any(want in r.getMessage() and str(folder) in r.getMessage() for r in caplog.records), caplog.text
+    apply._records.cache_clear()
+    assert any(want in line and "none usable" in line for line in info.lines()), info.lines()
+    (tmp_path / "out").mkdir()
+    assert main(["tune-merge", str(folder), "--out", str(tmp_path / "out" / key)]) == 1
+    assert f"kv-canary: refusing to merge {folder}" in capsys.readouterr().err
 
 
 def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_without_its_record(tmp_path, caplog):
@@ -781,11 +850,11 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
         return str(tmp_path / name)
 
     with caplog.at_level("WARNING", logger="tvm_canary"):
-        assert apply._chosen_geometries(copy_with("both", [(default_record, 1e-5), (other_record, 0.9e-5)]),
-                                        cuda=True) == {key[0]: {key[1]: other}}
+        assert chosen_in(copy_with("both", [(default_record, 1e-5), (other_record, 0.9e-5)]),
+                         cuda=True) == {key[0]: {key[1]: other}}
         assert not caplog.records
         alone = copy_with("alone", [(other_record, 1e-9)])
-        assert apply._chosen_geometries(alone, cuda=True) == {key[0]: {key[1]: workloads.default_of(*key, "cuda")}}
+        assert chosen_in(alone, cuda=True) == {key[0]: {key[1]: workloads.default_of(*key, "cuda")}}
     (warning,) = [r.getMessage() for r in caplog.records]
     assert f"no valid record of the default geometry of {key[0]} {key[1]}" in warning
 
@@ -864,7 +933,8 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
         assert apply.tuned_geometry("write", torch.device("cpu"), 1) is None
         assert apply.tuned_geometry("scatter", torch.device("cpu"), 8) is not None  # unchanged kernel: still applies
     stale = [r.getMessage() for r in caplog.records if "older version" in r.getMessage()]
-    assert len(stale) == 1 and "of write;" in stale[0] and "tvm-canary tune --kernels write" in stale[0], stale
+    assert len(stale) == 1 and "of write;" in stale[0], stale
+    assert "tvm-canary tune --target llvm --kernels write --stale-only --out" in stale[0], stale
     apply._records.cache_clear()
 
 
@@ -1087,6 +1157,7 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
     out, err = capsys.readouterr()
     assert rc == 1
     assert "every candidate failed (the default's: torch.OutOfMemoryError" in out
+    assert "already had its candidates" not in out  # it said so of a run whose every workload failed
     assert "tvm-canary tune: error: nothing measured for 1 workload: scatter (8, 16)" in err
     assert (tmp_path / keys.device_key(torch.device("cpu"))).is_dir()
 

@@ -4,7 +4,7 @@
 usage errors are one line (no usage block), and option help shows each default that the help text
 does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
 GPU visible to torch is a usage error, not a traceback from inside torch; ``int_at_least(low)`` that of
-counts (steps, trials, workers), ``positive_seconds`` of durations, ``seed`` of seeds (torch takes
+counts (steps, trials, workers), ``duration(zero=...)`` of durations, ``seed`` of seeds (torch takes
 int64), ``output_file`` and ``output_folder`` of paths a command writes (checked before it runs, so a
 long run is not lost to a bad path at its end).
 """
@@ -81,15 +81,19 @@ def int_at_least(low: int):
     return parse
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse ``type`` accepting a duration in seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
+def duration(*, zero: bool):
+    """An argparse ``type`` accepting a duration in seconds: above 0, or from 0 on when ``zero``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        if not (value >= 0 if zero else value > 0):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"must be {'at least' if zero else 'above'} 0, got {text}")
+        return value
+
+    return parse
 
 
 def seed(text: str) -> int:

@@ -19,7 +19,7 @@ import time
 
 from . import cases as C
 from . import conformance as X
-from .cliargs import int_at_least, output_file, positive_seconds, seed
+from .cliargs import duration, int_at_least, output_file, seed
 
 RANK_SEED_STRIDE = 1_000_000_000
 PROGRESS_SECONDS = 10.0
@@ -85,7 +85,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", type=one_device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK under torchrun or when a GPU is visible, else cpu)")
     stop = p.add_mutually_exclusive_group(required=True)
-    stop.add_argument("--seconds", type=positive_seconds, help="run for this long")
+    stop.add_argument("--seconds", type=duration(zero=False), help="run for this long")
     stop.add_argument("--cases", type=int_at_least(1), help="run this many cases")
     p.add_argument("--kernels", type=X.kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--seed-base", type=seed, default=1_000_000, help="first seed (rank r adds r * 1e9)")

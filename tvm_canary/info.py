@@ -32,18 +32,23 @@ def _version(dist: str) -> str:
 
 def _records(folder: pathlib.Path) -> str:
     """``N records`` and, where the TVM compiler can read the database, how many are usable (measured
-    for the current kernels) and which kernels' records are stale."""
+    for the current kernels, on the folder's device, in the design space) and which kernels' records are
+    stale; why none is when the database cannot be read or holds another device's records."""
     path = folder / "database_tuning_record.json"
     text = f"{sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0:5} records"
     if not C.compiler_available():
         return text
-    from tvm.s_tir import meta_schedule as ms
-
-    from .tuning.apply import measured_records
+    from .tuning.apply import in_design_space, measured_records, open_database, record_geometry
 
     stale: set = set()
-    usable = measured_records(ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False), stale)
-    text += f", {sum(len(rows) for rows in usable.values()):4} usable"
+    try:
+        rows = measured_records(open_database(folder, folder.name), stale)
+        usable = sum(in_design_space(*workload, record_geometry(record, cuda), cuda)
+                     for workload, kept in rows.items() for _, record in kept
+                     for cuda in [record.target.kind.name == "cuda"])
+    except ValueError as e:
+        return f"{text}, none usable: {str(e).removeprefix('kv-canary: ')}"
+    text += f", {usable:4} usable"
     return text + (f" (stale, re-tune: {' '.join(sorted(stale))})" if stale else "")
 
 

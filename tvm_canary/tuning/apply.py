@@ -38,9 +38,40 @@ TUNED_MARGIN = 0.03
 
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
-    """{kernel: {bucket: Geometry}} of the first database found for ``key`` (``chosen`` per bucket)."""
+    """{kernel: {bucket: Geometry}} of the first database found for ``key`` (``chosen`` per bucket); none,
+    with a warning, when that database cannot be read or holds another device's records."""
     work_dir = keys.database_dir(key)
-    return {} if work_dir is None else _chosen_geometries(str(work_dir), cuda)
+    if work_dir is None:
+        return {}
+    try:
+        return _chosen_geometries(open_database(work_dir, key), str(work_dir), cuda)
+    except ValueError as e:  # open_database's kv-canary errors
+        log.warning("tvm_canary: %s; using the default schedules", str(e).removeprefix("kv-canary: "))
+        return {}
+
+
+def open_database(folder, device_key: str):
+    """The MetaSchedule database in ``folder`` (a ``<device key>`` folder), after checking that it can be
+    read and that every record was measured for the target of ``device_key`` (``keys.expected_target``);
+    else ``ValueError`` with a ``kv-canary:`` message naming the folder."""
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+        records = db.get_all_tuning_records()
+    except Exception as e:  # TVM's errors of a missing or truncated file, or of a trace that does not replay
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise ValueError(f"kv-canary: cannot read the tuning database {folder}: {first_line}") from None
+    expected = keys.expected_target(device_key)
+    for record in records:
+        kind = str(record.target.kind.name)
+        arch = record.target.attrs.get("arch") if kind == "cuda" else None
+        found = (kind, None if arch is None else str(arch))
+        if found != expected:
+            raise ValueError(f"kv-canary: the tuning database {folder} holds records for target "
+                             f"{found[0]}{' ' + found[1] if found[1] else ''}, not for device key {device_key!r} "
+                             "(a database applies only to its own device)")
+    return db
 
 
 def _measured(db):
@@ -150,19 +181,38 @@ def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     which ``tune`` reports, or the defaults changed after the tuning): no record was measured against
     the default, so the bucket keeps it (``chosen``)."""
     default = default_row(kernel, bucket, rows, cuda)
-    return None if default is None else row_chosen_over(kernel, rows, default)
+    return None if default is None else row_chosen_over(kernel, bucket, rows, default, cuda)
 
 
-def row_chosen_over(kernel: str, rows: list, default: tuple) -> tuple:
+def row_chosen_over(kernel: str, bucket: tuple, rows: list, default: tuple, cuda: bool) -> tuple:
     """``chosen_row`` for a bucket whose ``default_row`` is ``default`` (not None): the fastest of ``rows``
-    at least ``TUNED_MARGIN`` faster than it in every launch of the case, else ``default``."""
+    at least ``TUNED_MARGIN`` faster than it in every launch of the case whose geometry lies in the
+    bucket's design space (``in_design_space``), else ``default``."""
     default_launches = launch_seconds(kernel, default[1].run_secs)
     for cost, record in rows:
         if cost > (1 - TUNED_MARGIN) * default[0]:
             break  # no record slower over the case is faster enough in every launch
-        if all(t <= (1 - TUNED_MARGIN) * d for t, d in zip(launch_seconds(kernel, record.run_secs), default_launches)):
+        if (all(t <= (1 - TUNED_MARGIN) * d for t, d in zip(launch_seconds(kernel, record.run_secs), default_launches))
+                and in_design_space(kernel, bucket, record_geometry(record, cuda), cuda)):
             return cost, record
     return default
+
+
+def in_design_space(kernel: str, bucket: tuple, geom: Geometry, cuda: bool) -> bool:
+    """Whether the bucket's design space can select ``geom``: each of the kernel's knobs in its mode
+    (``schedules.knobs``) at one of its choices, every other field at the bucket's default. A record
+    selecting anything else (edited by hand, or tuned with another design space) is never applied: the
+    kernels assume their geometry's limits (a zero unroll divides by zero, too many threads cannot
+    launch)."""
+    import dataclasses
+
+    from ..schedules import knobs
+    from .workloads import default_of, mode_of
+
+    default = default_of(kernel, bucket, "cuda" if cuda else "llvm")
+    space = knobs(kernel, cuda, mode_of(kernel, bucket))
+    return all(getattr(geom, f.name) in space[f.name] if f.name in space else getattr(geom, f.name) == getattr(default, f.name)
+               for f in dataclasses.fields(geom))
 
 
 def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
@@ -175,10 +225,7 @@ def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, G
     return row[0], record_geometry(row[1], cuda)
 
 
-def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
-    from tvm.s_tir import meta_schedule as ms
-
-    db = ms.database.JSONDatabase(work_dir=work_dir, allow_missing=False)
+def _chosen_geometries(db, work_dir: str, cuda: bool) -> dict:
     stale: set = set()
     out: dict = {}
     unmeasured: list = []  # buckets without a valid record of their default geometry
@@ -189,14 +236,23 @@ def _chosen_geometries(work_dir: str, cuda: bool) -> dict:
             unmeasured.append((kernel, bucket))
     if unmeasured:
         log.warning("tvm_canary: %s holds no valid record of the default geometry of %s; these buckets keep the "
-                    "default (its measurement failed, or the defaults changed since the tuning: re-tune with "
-                    "`tvm-canary tune --kernels %s --stale-only`)", work_dir, ", ".join(f"{k} {b}" for k, b in unmeasured),
-                    " ".join(sorted({k for k, _ in unmeasured})))
+                    "default (its measurement failed, or the defaults changed since the tuning: re-tune with `%s`)",
+                    work_dir, ", ".join(f"{k} {b}" for k, b in unmeasured),
+                    retune_command({k for k, _ in unmeasured}, work_dir, cuda))
     if stale:
         log.warning("tvm_canary: %s holds records tuned for an older version of %s; they are ignored "
-                    "(re-tune with `tvm-canary tune --kernels %s --stale-only`)", work_dir, ", ".join(sorted(stale)),
-                    " ".join(sorted(stale)))
+                    "(re-tune with `%s`)", work_dir, ", ".join(sorted(stale)), retune_command(stale, work_dir, cuda))
     return out
+
+
+def retune_command(kernels, work_dir: str, cuda: bool) -> str:
+    """The ``tvm-canary tune`` command that re-tunes ``kernels``' stale buckets of the database in
+    ``work_dir`` (a ``<device key>`` folder), in place."""
+    import pathlib
+
+    root = pathlib.Path(work_dir).parent
+    return (f"tvm-canary tune --target {'cuda' if cuda else 'llvm'} --kernels {' '.join(sorted(kernels))} "
+            f"--stale-only --out {root}")
 
 
 def selected_geometries(kernel: str, key: str, cuda: bool, mode: int) -> list[Geometry]:

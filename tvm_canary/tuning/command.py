@@ -33,7 +33,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import UsageError, int_at_least, output_folder
+from ..cliargs import UsageError, duration, int_at_least, output_folder
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import keys, workloads
@@ -47,7 +47,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
                    help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
     p.add_argument("--out", type=output_folder, default=keys.default_out_dir(), help="database root (one folder per device key)")
-    p.add_argument("--time-limit", type=float, default=math.inf, metavar="SECONDS",
+    p.add_argument("--time-limit", type=duration(zero=True), default=math.inf, metavar="SECONDS",
                    help="start no workload that would end past SECONDS of the run (judged by its longest workload so far); "
                         "the rest keep their records and the command exits 3")
     p.add_argument("--stale-only", action="store_true",
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     new = sum(r.measured for r in results)
     if new == 0 and not results:
         print(f"\nnothing measured: --time-limit {args.time_limit:g} s left no time for a workload.")
-    elif new == 0:
+    elif new == 0 and all(r.candidates for r in results):
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
               f"database's, measured when it was tuned on a device with key {key} (not necessarily {where}).")
     else:

@@ -37,6 +37,12 @@ def device_key(device: torch.device) -> str:
     return _slug(cpu_model())
 
 
+def expected_target(device_key: str) -> tuple[str, str | None]:
+    """(target kind, CUDA arch or None) of the records a database of ``device_key`` may hold."""
+    arch = re.search(r"-(sm_\d+)$", device_key)
+    return ("cuda", arch.group(1)) if arch else ("llvm", None)
+
+
 def tune_logs_dirs() -> list[pathlib.Path]:
     """Where databases are looked up, first match per device key wins: ``$TVM_CANARY_TUNE_LOGS``
     (``os.pathsep``-separated), the user's folder (``user_tune_logs``: what ``tune`` writes outside a

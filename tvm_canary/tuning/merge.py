@@ -26,12 +26,11 @@ import dataclasses
 import json
 import os
 import pathlib
-import re
 import shutil
 import struct
 import tempfile
 
-from .apply import default_row, measured_records, row_chosen_over
+from .apply import default_row, measured_records, open_database, row_chosen_over
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -45,32 +44,18 @@ class Merged:
     records_read: dict
 
 
-def expected_target(device_key: str) -> tuple[str, str | None]:
-    """(target kind, CUDA arch or None) of the records a database of ``device_key`` may hold."""
-    arch = re.search(r"-(sm_\d+)$", device_key)
-    return ("cuda", arch.group(1)) if arch else ("llvm", None)
-
-
 def _check_database(folder: pathlib.Path, device_key: str):
     """Open ``folder``'s database after checking its device key (folder name) and its records' target."""
-    from tvm.s_tir import meta_schedule as ms
-
     if not (folder / DATABASE_FILES[0]).is_file():
         raise ValueError(f"kv-canary: {folder} is not a tuning database (no {DATABASE_FILES[0]}; "
                          "pass the <device key> folder that `tvm-canary tune` wrote)")
     if folder.name != device_key:
         raise ValueError(f"kv-canary: refusing to merge {folder}: it is the database of device key {folder.name!r}, "
                          f"the output is for {device_key!r} (a database applies only to its own device)")
-    db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
-    kind, arch = expected_target(device_key)
-    for record in db.get_all_tuning_records():
-        found_kind = str(record.target.kind.name)
-        found_arch = record.target.attrs.get("arch") if found_kind == "cuda" else None
-        found = (found_kind, None if found_arch is None else str(found_arch))
-        if found != (kind, arch):
-            raise ValueError(f"kv-canary: refusing to merge {folder}: it holds records for target "
-                             f"{found[0]}{' ' + found[1] if found[1] else ''}, not for device key {device_key!r}")
-    return db
+    try:
+        return open_database(folder, device_key)
+    except ValueError as e:
+        raise ValueError(f"kv-canary: refusing to merge {folder}: {str(e).removeprefix('kv-canary: ')}") from None
 
 
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
@@ -95,7 +80,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
             cuda = rows[0][1].target.kind.name == "cuda"
             own_default = default_row(*workload, rows, cuda)
             # without a default record an input selects nothing; its fastest record stands in for it
-            own_choice = rows[0] if own_default is None else row_chosen_over(workload[0], rows, own_default)
+            own_choice = rows[0] if own_default is None else row_chosen_over(*workload, rows, own_default, cuda)
             held = best.get(workload)
             if held is None or (own_default is not None, -own_choice[0]) > (held[1] is not None, -held[0][0]):
                 best[workload] = own_choice, own_default
