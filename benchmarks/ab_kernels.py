@@ -1,7 +1,8 @@
 """Versions of the verify and write kernels timed against each other in one process (CUDA GPU).
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]]...
-        [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...] [--verify-sizes N ...] [--kv-bytes B] [--quick] [--json OUT.json]
+        [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...]
+        [--verify-sizes N ...] [--kv-bytes B] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -64,7 +65,8 @@ def launch_builds(row_words: int) -> dict:
 
     return {kernel: {mode: (kernel, {"num_sources": 0 if mode == "NONE" else 2, "partial": mode == "PARTIAL",
                                      "check_token": False, "input_assert": False,
-                                     "fold_words": fold_words(2, False, [row_words] * 2) if mode == "ALL" else 0}, number)
+                                     "fold_words": fold_words(2, False, [row_words] * 2) if mode == "ALL" else 0},
+                            number)
                      for mode, number in MODE_NUMBERS.items()}
             for kernel in KERNELS}
 FLOOR_GRID = (2112, 32)
@@ -132,14 +134,16 @@ def parse_variant(text: str) -> tuple[str, tuple[str, str], tuple[dict, str | No
         values = {f: int(v) for f, v in (item.split("=") for item in fields.split(","))}
         (scope,) = scope or [None]
     except ValueError:
-        raise ValueError(f"--variant {text!r}: expected NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]") from None
+        raise ValueError(f"--variant {text!r}: expected "
+                         "NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]") from None
     if kernel not in KERNELS or mode not in MODE_NUMBERS or not arm_name(name):
         raise ValueError(f"--variant {text!r}: kernel verify or write, mode NONE, PARTIAL or ALL, a name of letters, "
                          "digits and _ other than base, head")
     unknown = set(values) - {f.name for f in dataclasses.fields(Geometry)} - {"gpu"}
     if unknown:
         raise ValueError(f"--variant {text!r}: {sorted(unknown)} are not Geometry fields")
-    if scope is not None and (scope not in ("below", "class") or (kernel, MODE_NUMBERS[mode]) not in CUDA_SIZE_DEFAULTS):
+    if scope is not None and (scope not in ("below", "class")
+                              or (kernel, MODE_NUMBERS[mode]) not in CUDA_SIZE_DEFAULTS):
         raise ValueError(f"--variant {text!r}: SCOPE is below or class, of a mode with a size class")
     return name, (kernel, mode), (values, scope)
 
@@ -164,8 +168,8 @@ def parse_package(text: str) -> tuple[str, pathlib.Path]:
     """``--package NAME=FOLDER`` -> (name, folder): FOLDER holds a ``tvm_canary`` package."""
     name, _, folder = text.partition("=")
     if not arm_name(name) or not holds_package(folder):
-        raise ValueError(f"--package {text!r}: expected NAME=FOLDER, a name of letters, digits and _ other than base, head, "
-                         "and a folder holding a tvm_canary package")
+        raise ValueError(f"--package {text!r}: expected NAME=FOLDER, a name of letters, digits and _ "
+                         "other than base, head, and a folder holding a tvm_canary package")
     return name, pathlib.Path(folder)
 
 
@@ -181,7 +185,8 @@ def resolve_base(text: str) -> pathlib.Path | str:
     return text
 
 
-def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, points: dict, builds: dict) -> tuple[dict, dict]:
+def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, points: dict,
+               builds: dict) -> tuple[dict, dict]:
     """({(arm, kernel, mode, point key): the exported function}, {(arm, kernel, mode, point key): its
     geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``) in the launch
     modes ``modes``, each arm's default geometry of a row's mode and size, of the specializations
@@ -199,7 +204,8 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
         path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path, TVM_CANARY_CACHE=str(folder / "cache"), TVM_CANARY_TUNE_LOGS="none")
         children[arm.name] = subprocess.Popen([sys.executable, "-c", CHILD, tag, str(folder), json.dumps(jobs)],
-                                              cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                              cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True)
     functions, geometries = {}, {}
     for name, child in children.items():
         out, _ = child.communicate()
@@ -220,10 +226,12 @@ def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, po
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", required=True, help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
+    ap.add_argument("--base", required=True,
+                    help="the base arm: a git revision (e.g. HEAD, a commit), or a folder holding a tvm_canary package")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME:KERNEL:MODE:FIELD=VALUE[,...][:SCOPE], e.g. m4:verify:ALL:min_blocks=4 or "
-                         "t32:verify:PARTIAL:threads=32:below (SCOPE: below or in the mode's size class; default every size)")
+                         "t32:verify:PARTIAL:threads=32:below (SCOPE: below or in the mode's size class; "
+                         "default every size)")
     ap.add_argument("--package", action="append", default=[], metavar="NAME=FOLDER",
                     help="one more arm: the tvm_canary package in FOLDER (a changed copy of the kernels), every row")
     ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
@@ -278,7 +286,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ab-kernels-") as tmp:
         work = pathlib.Path(tmp)
         if isinstance(base, str):  # a revision: its package, extracted
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", base, "tvm_canary"], capture_output=True, check=True)
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", base, "tvm_canary"], capture_output=True,
+                                     check=True)
             base = work / "base-src"
             base.mkdir()
             subprocess.run(["tar", "x", "-C", str(base)], input=archive.stdout, check=True)
@@ -300,10 +309,12 @@ def main(argv=None) -> int:
 
         arch = launchers.tag.split("-", 1)[1]
         grid = Geometry(gpu=True, blocks=FLOOR_GRID[0], threads=FLOOR_GRID[1])
-        floor_fns = {mode: {"fl-gather": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n), arch),
-                            "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n, hashing=True,
-                                                                            ticket=True, fold_order="in turn"), arch)}
-                     for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2)) if mode in args.modes} if "verify" in args.kernels else {}
+        floor_fns = ({mode: {"fl-gather": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n), arch),
+                             "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n,
+                                                                             hashing=True, ticket=True,
+                                                                             fold_order="in turn"), arch)}
+                      for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2)) if mode in args.modes}
+                     if "verify" in args.kernels else {})
         pool = B.Pool(B.POOL_SLOTS["quick" if args.quick else "full"])
         words = pool.canary.view(torch.int64)
 
@@ -324,7 +335,8 @@ def main(argv=None) -> int:
             times = interleaved_us(arms_calls, iters=15 if kernel == "verify" else 7, rounds=ROUNDS)
             row = {"kernel": kernel, "case": case, "us": {k: statistics.median(v) for k, v in times.items()},
                    "rounds": times, "problem": check(),
-                   "geometries": {arm.name: geometries[(arm.name, *key)] for arm in arms if (arm.name, *key) in geometries}}
+                   "geometries": {arm.name: geometries[(arm.name, *key)] for arm in arms
+                                  if (arm.name, *key) in geometries}}
             rows.append(row)
             print(case, {k: round(v, 2) for k, v in row["us"].items()}, row["problem"] or "", flush=True)
 
@@ -338,7 +350,8 @@ def main(argv=None) -> int:
                 context = pool.context(mode)
                 for n in sizes:
                     plans = B.verify_plans(slots_2d, n, order, 4)
-                    calls = [launchers.call("verify", {"context": context, "plan": p, "check_verify_expected_token": False})
+                    calls = [launchers.call("verify", {"context": context, "plan": p,
+                                                       "check_verify_expected_token": False})
                              for p in plans]
                     extra = {name: [lambda c=c, f=f: f(words, *c.args[1:6], pool.kv, pool.counters, pool.floor_flags,
                                                        pool.floor_counter) for c in calls]
@@ -346,8 +359,10 @@ def main(argv=None) -> int:
                     time_row("verify", mode, f"verify {mode} {order} {n}", calls, extra, flagged)
         for reqs, length, capacity in write_shapes if "write" in args.kernels else ():
             for mode in args.modes:
-                sets = [B.write_args(pool, mode, (torch.randperm(pool.slots - 1, device=B.DEV)[: reqs * length] + 1).view(reqs, length),
-                                     torch.randint(0, 150000, (reqs, length), device=B.DEV), capacity) for _ in range(4)]
+                sets = [B.write_args(pool, mode, (torch.randperm(pool.slots - 1, device=B.DEV)[: reqs * length] + 1)
+                                     .view(reqs, length),
+                                     torch.randint(0, 150000, (reqs, length), device=B.DEV), capacity)
+                        for _ in range(4)]
                 calls = [launchers.call("write", a) for a in sets]
                 slots = torch.cat([a["out_cache_loc"] for a in sets])
 
@@ -373,8 +388,10 @@ def main(argv=None) -> int:
         print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):11.2f}" for n in names)
               + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base, "variants": args.variant, "packages": args.package, "modes": args.modes,
-                                                       "write_shapes": write_shapes, "floor_grid": FLOOR_GRID, "rounds": ROUNDS,
+        pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base,
+                                                       "variants": args.variant, "packages": args.package,
+                                                       "modes": args.modes, "write_shapes": write_shapes,
+                                                       "floor_grid": FLOOR_GRID, "rounds": ROUNDS,
                                                        "rows": rows}, indent=1))
     return 1 if any(r["problem"] for r in rows) else 0
 

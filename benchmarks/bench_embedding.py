@@ -197,7 +197,8 @@ class Workload:
                     mode = RealKvHashMode(ctx.real_kv_hash_mode).name
                     canary = ctx.canary_buf.view(torch.int64)
                     in_order.append(Operator(
-                        f"verify {endpoint} {half} {name}", (24 + 8 + 64 + src_bytes) * entries[name], f"gather-token-{mode}",
+                        f"verify {endpoint} {half} {name}", (24 + 8 + 64 + src_bytes) * entries[name],
+                        f"gather-token-{mode}",
                         (canary, vp.verify_slot_indices, vp.verify_expected_tokens, vp.verify_expected_positions,
                          vp.verify_prev_slot_indices, vp.verify_num_valid, kv[half], *scratch)))
                     in_order.append(Operator(
@@ -229,7 +230,8 @@ def floor_of(bench, op: Operator) -> dict:
     us, geom = bench.fastest_floor(op.floor, lambda fn: [lambda: fn(*op.args)] * FLOOR_REPEATS)
     fn = bench.floor_kernel(op.floor, geom)
     device_us = sum(e["us"] for e in device_ops(lambda: fn(*op.args)))
-    return dict(what=op.what, floor_us=us, floor=f"{op.floor} {bench_kernels.geometry_label(geom)}", device_us=device_us)
+    return dict(what=op.what, floor_us=us, floor=f"{op.floor} {bench_kernels.geometry_label(geom)}",
+                device_us=device_us)
 
 
 def hbm_bytes_per_us() -> float:
@@ -352,8 +354,8 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     host = host_overhead(host_iters, DEV)
     cols = ["bs", "groups", "eager_wall_us", "eager_stream_us", "graph_wall_us", "graph_stream_us", "graph_only_us",
-            "device_ops", "graph_ops", "ops_x_empty_us", "operators", "floor_sum_us", "graph_over_floor", "model_floor_us",
-            "graph_over_model", "below_floor"]
+            "device_ops", "graph_ops", "ops_x_empty_us", "operators", "floor_sum_us", "graph_over_floor",
+            "model_floor_us", "graph_over_model", "below_floor"]
     print(f"{torch.cuda.get_device_name(0)}: empty launch {empty_us:.2f} us, HBM copy {bytes_per_us / 1e3:.0f} GB/s")
     print("  ".join(f"{c.removesuffix('_us'):>15}" for c in cols))
     for r in rows:

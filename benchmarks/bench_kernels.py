@@ -30,8 +30,8 @@ same state of the GPU; the baselines are timed after them.
 
 Byte model, verify: 24 B of plan vectors + the slot's 32 B + the predecessor's 32 B + per source one
 32 B sector (PARTIAL) or ``read_bytes`` (ALL). Write: 16 B of offsets and seed per request, 24 B of token vectors + 32 B
-stamped per token (+ the folded source bytes). Plan: 32 B written per verify entry + 4 B of table read. Scatter: 8 B read
-+ 4 B written per token.
+stamped per token (+ the folded source bytes). Plan: 32 B written per verify entry + 4 B of table read.
+Scatter: 8 B read + 4 B written per token.
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
@@ -76,7 +76,8 @@ DEV = torch.device("cuda", 0)
 KV_BYTES = 256  # bytes per token per source (K and V)
 MODES = ("NONE", "PARTIAL", "ALL")
 POOL_SLOTS = {"full": 1 << 25, "quick": 1 << 22}  # canary slots (the K/V pool is 512 B per slot)
-VERIFY_SIZES = {"full": (1 << 10, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24), "quick": (1 << 10, 1 << 12, 1 << 16, 1 << 20)}
+VERIFY_SIZES = {"full": (1 << 10, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24),
+                "quick": (1 << 10, 1 << 12, 1 << 16, 1 << 20)}
 WRITE_SHAPES = ((4096, 1), (64, 512), (1, 32768))  # (requests, tokens per request)
 PLAN_SHAPES = ((64, 2048), (1024, 2048), (4096, 2048))  # (bs, prefix)
 SCATTER_SHAPES = ((256, 1024), (4096, 1024))  # (bs, tokens per request)
@@ -149,7 +150,8 @@ def default_labels(kernel: str, tag: str) -> str:
 
     labels = []
     for mode, at_least, geom in targets.distinct_defaults(kernel, tag, [int(m) for m in RealKvHashMode]):
-        name = "" if not labels else f"{RealKvHashMode(mode).name} " + ("" if at_least is None else f">= {targets.size_label(at_least)} ")
+        name = "" if not labels else f"{RealKvHashMode(mode).name} " + ("" if at_least is None
+                                                                        else f">= {targets.size_label(at_least)} ")
         labels.append(name + geometry_label(geom))
     return ", ".join(labels)
 
@@ -200,7 +202,8 @@ class Launchers:
     def same(self, kernel, kw) -> bool:
         """Whether the tuned geometry of this launch is the default one (of its launch mode and size)."""
         call = self.call(kernel, kw)
-        return self.geometry(kernel, "tuned", call.size, call.mode) == self.geometry(kernel, "default", call.size, call.mode)
+        return (self.geometry(kernel, "tuned", call.size, call.mode)
+                == self.geometry(kernel, "default", call.size, call.mode))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,7 +221,8 @@ class Pool:
         self.widx = torch.zeros(1, dtype=torch.int32, device=DEV)
         self.counters = torch.zeros(2, dtype=torch.int64, device=DEV)
         self.cpa = torch.zeros(1, dtype=torch.int32, device=DEV)
-        self.floor_flags = torch.zeros(1, dtype=torch.int32, device=DEV)  # the ticket floor's arrivals (zero between launches)
+        # the ticket floor's arrivals (zero between launches)
+        self.floor_flags = torch.zeros(1, dtype=torch.int32, device=DEV)
         self.floor_counter = torch.zeros(1, dtype=torch.int64, device=DEV)
 
     def context(self, mode: str):
@@ -278,7 +282,8 @@ def floor_makers() -> dict:
 
     # The memory floor of each family (verify: gather, its args in verify's order; write: store) and its
     # hashing variants (``hash``, and ``ticket`` = hash + the ordered append's clean path) per fold order.
-    families = {"gather": lambda g, fw, sources, **kw: floors.gather(g, fw, False, sources, **kw), "store": floors.store}
+    families = {"gather": lambda g, fw, sources, **kw: floors.gather(g, fw, False, sources, **kw),
+                "store": floors.store}
     out = {}
     for mode in MODES:
         sources = 2 if mode != "NONE" else 0
@@ -374,7 +379,8 @@ def targets_for(row, rows) -> list[dict]:
         if row["mode"] != "NONE":
             # NONE's kernel on the row's own inputs in the same rounds (``Bench.timed``); a run from before
             # that arm existed compares with the NONE row of the same shape, timed in other rounds
-            none_us = row.get("none_us") or next((r["us"] for r in rows if r["kernel"] == "write" and r["mode"] == "NONE"
+            none_us = row.get("none_us") or next((r["us"] for r in rows
+                                                  if r["kernel"] == "write" and r["mode"] == "NONE"
                                                   and r["shape"] == row["shape"]), None)
             if none_us is not None:
                 out.append({"what": "NONE", "ratio": row["us"] / none_us, "limit": 1.10})
@@ -454,7 +460,8 @@ class Bench:
         for name in self.baselines:
             if name != "torch":
                 cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--kernels", *kernels]
-                self.probes[name] = (time.time(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                self.probes[name] = (time.time(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                                   text=True))
 
     def load_baselines(self, kernels):
         """Keep the baselines' kernels that agree with the reference (``start_probes``); check our own
@@ -510,7 +517,8 @@ class Bench:
                 continue
             calls = calls_of(launch)
             try:
-                out[name] = once_us(calls[0]) if name == "torch" else graph_time_us(calls, iters=7 if not graphable else 15)
+                out[name] = (once_us(calls[0]) if name == "torch"
+                             else graph_time_us(calls, iters=7 if not graphable else 15))
             except Exception as e:  # noqa: BLE001
                 self.warn(f"{name} {kernel} {row['case']}: {type(e).__name__}: {e}")
                 out[name] = float("nan")
@@ -604,7 +612,8 @@ class Bench:
         orders = fold_orders(mode)
 
         def fastest_order(variant):
-            (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix) for infix in orders)
+            (us, grid), infix = min((self.fastest(times, f"{family}-{variant}-{infix}{mode}"), infix)
+                                    for infix in orders)
             return us, grid + order_label(orders[infix])
 
         row["hash_floor_us"], grid = fastest_order("hash")
@@ -658,7 +667,8 @@ class Bench:
                     row = {"kernel": "verify", "case": f"{mode} {order} {n}", "mode": mode, "order": order, "n": n}
 
                     def calls_of(fn, plans=plans):
-                        return [lambda p=p: fn(words, p.verify_slot_indices, p.verify_expected_tokens, p.verify_expected_positions,
+                        return [lambda p=p: fn(words, p.verify_slot_indices, p.verify_expected_tokens,
+                                               p.verify_expected_positions,
                                                p.verify_prev_slot_indices, p.verify_num_valid, pool.kv, pool.counters,
                                                pool.floor_flags, pool.floor_counter) for p in plans]
 
@@ -676,8 +686,10 @@ class Bench:
                         row["candidates"] = {}
                         for name, geom in candidates:
                             launch = self.ours("verify", geom)
-                            row["candidates"][name] = graph_time_us([lambda kw=kw, launch=launch: launch(**kw) for kw in kws])
-                    self.baseline_times("verify", lambda launch, kws=kws: [lambda kw=kw: launch(**kw) for kw in kws], row)
+                            row["candidates"][name] = graph_time_us([lambda kw=kw, launch=launch: launch(**kw)
+                                                                     for kw in kws])
+                    self.baseline_times("verify", lambda launch, kws=kws: [lambda kw=kw: launch(**kw) for kw in kws],
+                                        row)
                     if pool.flagged():
                         self.warn(f"a baseline flagged violations on verify {row['case']}")
                     rows.append(row)
@@ -694,18 +706,22 @@ class Bench:
                 inputs = [((torch.randperm(n, device=DEV)[: reqs * length] + 1).view(reqs, length),
                            torch.randint(0, 150000, (reqs, length), device=DEV)) for _ in range(4)]
                 sets = [write_args(pool, mode, *slots_and_ids) for slots_and_ids in inputs]
-                none_sets = [write_args(pool, "NONE", *slots_and_ids) for slots_and_ids in inputs] if mode != "NONE" else ()
-                row = {"kernel": "write", "case": f"{mode} {reqs}x{length}", "mode": mode, "reqs": reqs, "shape": f"{reqs}x{length}"}
+                none_sets = ([write_args(pool, "NONE", *slots_and_ids) for slots_and_ids in inputs] if mode != "NONE"
+                             else ())
+                row = {"kernel": "write", "case": f"{mode} {reqs}x{length}", "mode": mode, "reqs": reqs,
+                       "shape": f"{reqs}x{length}"}
                 chain_floor = chain_ns * length / 1000 + empty_us
 
                 def calls_of(fn, sets=sets):
-                    return [lambda a=a: fn(words, a["plan"].write_offsets, a["plan"].write_seed_slot_indices, a["input_ids"],
-                                           a["positions"], a["out_cache_loc"], pool.kv, pool.floor_flags, pool.floor_counter)
+                    return [lambda a=a: fn(words, a["plan"].write_offsets, a["plan"].write_seed_slot_indices,
+                                           a["input_ids"], a["positions"], a["out_cache_loc"], pool.kv,
+                                           pool.floor_flags, pool.floor_counter)
                             for a in sets]
 
                 one_token = length == 1  # one-token requests: latency-bound, like small verifies
                 names = list(memory_floors(mode, "store")) + (self.bound_names("store", mode) if one_token else [])
-                floor_times = self.timed("write", sets, row, self.floor_arms(names, calls_of), iters=5, none_sets=none_sets)
+                floor_times = self.timed("write", sets, row, self.floor_arms(names, calls_of), iters=5,
+                                         none_sets=none_sets)
                 store_floor = self.fastest_memory(floor_times, "store", mode)
                 row["chain_floor_us"], row["store_floor_us"] = chain_floor, store_floor[0]
                 if one_token:
@@ -715,9 +731,11 @@ class Bench:
                     # hash 3.38 µs, the same work with anchor seeds): the lower of the two bounds the row.
                     store_floor = min(store_floor, (row["hash_floor_us"], row["hash_floor"]))
                 row["floor_us"], row["floor"] = max((chain_floor, f"chain {chain_ns:.1f}ns/step"), store_floor)
-                row["bytes"] = reqs * 16 + reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES) if mode != "NONE" else 0))
+                row["bytes"] = reqs * 16 + reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES)
+                                                                  if mode != "NONE" else 0))
                 self.check_write_bytes(sets[0], row)
-                self.baseline_times("write", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row, graphable=False)
+                self.baseline_times("write", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row,
+                                    graphable=False)
                 if pool.flagged():
                     self.warn(f"write {row['case']} flagged violations")
                 rows.append(row)
@@ -749,15 +767,18 @@ class Bench:
             r2t = torch.randint(1, 1 << 24, (bs + 1, 4096), dtype=torch.int32, device=DEV)
             total = bs * prefix
             kw = {
-                "req_pool_indices": torch.arange(1, bs + 1, device=DEV), "prefix_lens": torch.full((bs,), prefix, device=DEV),
-                "extend_seq_lens": torch.ones(bs, dtype=torch.int64, device=DEV), "req_to_token": r2t, "swa_window_size": 0,
+                "req_pool_indices": torch.arange(1, bs + 1, device=DEV),
+                "prefix_lens": torch.full((bs,), prefix, device=DEV),
+                "extend_seq_lens": torch.ones(bs, dtype=torch.int64, device=DEV), "req_to_token": r2t,
+                "swa_window_size": 0,
                 "full_to_swa_index_mapping": None, "verify_capacity": total, "req_to_verify_expected_tokens": None,
                 "req_to_verify_expected_tokens_valid_lens": None, "kv_token_id_vs_position_offset": 0,
             }
             sets = [dict(kw, verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=DEV),
                          write_plan_out=tc.WritePlan.allocate(write_req_capacity=bs, device=DEV)) for _ in range(2)]
             row = {"kernel": "plan", "case": f"bs{bs} prefix{prefix}", "bytes": total * 36}
-            row["floor_us"], row["floor"] = self.fastest_copy(self.timed("plan", sets, row, self.copy_arms(row["bytes"])))
+            row["floor_us"], row["floor"] = self.fastest_copy(self.timed("plan", sets, row,
+                                                                         self.copy_arms(row["bytes"])))
             if self.plan_candidates:
                 row["plan_candidates"] = {}
                 for name in self.plan_candidates:
@@ -777,7 +798,8 @@ class Bench:
             sets = [{"flat_in": flat, "offsets": offsets, "req_pool_indices": rpi,
                          "pool_out": torch.zeros(bs + 1, length, dtype=torch.int32, device=DEV)} for _ in range(2)]
             row = {"kernel": "scatter", "case": f"bs{bs}x{length}", "bytes": bs * length * 12}
-            row["floor_us"], row["floor"] = self.fastest_copy(self.timed("scatter", sets, row, self.copy_arms(row["bytes"])))
+            row["floor_us"], row["floor"] = self.fastest_copy(self.timed("scatter", sets, row,
+                                                                         self.copy_arms(row["bytes"])))
             self.baseline_times("scatter", lambda launch, sets=sets: [lambda a=a: launch(**a) for a in sets], row)
             rows.append(row)
             self.progress(row)
@@ -785,7 +807,8 @@ class Bench:
 
     def progress(self, row):
         extra = "".join(f"  {name} {us:.1f} us" for name, us in row.get("plan_candidates", {}).items())
-        print(f"  {row['kernel']:8} {row['case']:24} {row['us']:10.1f} us  floor {row['floor_us']:10.1f} us{extra}", flush=True)
+        print(f"  {row['kernel']:8} {row['case']:24} {row['us']:10.1f} us  floor {row['floor_us']:10.1f} us{extra}",
+              flush=True)
 
 
 def environment() -> dict:
@@ -794,7 +817,8 @@ def environment() -> dict:
     import tvm_ffi
 
     env = {"gpu": torch.cuda.get_device_name(0), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-               "torch": torch.__version__, "cuda": torch.version.cuda, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__}
+               "torch": torch.__version__, "cuda": torch.version.cuda, "tvm": tvm.__version__,
+               "tvm_ffi": tvm_ffi.__version__}
     try:
         import triton
 
@@ -828,7 +852,8 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[lis
     for kernel in done & set(kernels):
         if prior["default_geometries"].get(kernel) != now["default_geometries"][kernel]:
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
-                             f"{prior['default_geometries'].get(kernel)!r}, this checkout's are {now['default_geometries'][kernel]!r}")
+                             f"{prior['default_geometries'].get(kernel)!r}, "
+                             f"this checkout's are {now['default_geometries'][kernel]!r}")
 
     def marked(part) -> dict:  # the part, naming the kernels whose rows a later invocation timed again
         replaced = [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())]
@@ -847,11 +872,13 @@ def finish(rows):
         r["below_floor"] = bool(verdicts.below_floor(r))  # a floor that is not a lower bound
         r["speedup"] = {name: t / r["us"] for name, t in r.get("baselines", {}).items()}
         r["targets"] = targets_for(r, rows)
-        r["status"] = ("PASS" if all(t["ratio"] <= t["limit"] for t in r["targets"]) else "FAIL") if r["targets"] else ""
+        r["status"] = ("PASS" if all(t["ratio"] <= t["limit"] for t in r["targets"])
+                       else "FAIL") if r["targets"] else ""
 
 
 def print_table(meta, rows, baselines):
-    print(f"\n{meta['env']['gpu']} ({meta['arch']}, driver {meta['env']['driver']}); empty launch {meta['empty_us']:.2f} us; "
+    print(f"\n{meta['env']['gpu']} ({meta['arch']}, driver {meta['env']['driver']}); "
+          f"empty launch {meta['empty_us']:.2f} us; "
           f"register-only chain {meta['chain_ns']:.1f} ns/step; default geometries")
     head = f"{'kernel':8} {'case':24} {'us':>9} {'floor':>22} {'floor us':>9} {'ratio':>6} {'target':>14} {'':4}"
     head += "".join(f" {b + ' us':>10} {'x':>6}" for b in baselines)
@@ -860,7 +887,8 @@ def print_table(meta, rows, baselines):
     print(head)
     for r in rows:
         tg = " ".join(f"{t['what']}<={t['limit']:.2f}" for t in r["targets"])
-        line = f"{r['kernel']:8} {r['case']:24} {r['us']:9.1f} {r['floor']:>22} {r['floor_us']:9.1f} {r['ratio']:6.2f} {tg:>14} {r['status']:4}"
+        line = (f"{r['kernel']:8} {r['case']:24} {r['us']:9.1f} {r['floor']:>22} {r['floor_us']:9.1f} "
+                f"{r['ratio']:6.2f} {tg:>14} {r['status']:4}")
         for b in baselines:
             t = r.get("baselines", {}).get(b)
             line += f" {t:10.1f} {t / r['us']:6.2f}" if t is not None else f" {'-':>10} {'-':>6}"
@@ -885,15 +913,21 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
     ap.add_argument("--ab", action="store_true", help="also time the tuned geometry, interleaved with the default "
                     "(with TVM_CANARY_TUNED=0 the tuned geometry is the default: an A/A run)")
-    ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"), default=["verify", "write", "plan", "scatter"])
-    ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"), default=["original", "triton", "torch"])
-    ap.add_argument("--candidates", nargs="*", default=[], help="extra verify geometries to time, e.g. 1056x512m1 528x128m2wp (w: thin, p: paired folds)")
+    ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"),
+                    default=["verify", "write", "plan", "scatter"])
+    ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"),
+                    default=["original", "triton", "torch"])
+    ap.add_argument("--candidates", nargs="*", default=[],
+                    help="extra verify geometries to time, e.g. 1056x512m1 528x128m2wp (w: thin, p: paired folds)")
     ap.add_argument("--plan-candidates", nargs="*", default=[],
-                    help="extra plan geometries to time, BLOCKSxTHREADS[kTILE] (tile: the default's), e.g. 528x512 2112x512k1024")
+                    help="extra plan geometries to time, BLOCKSxTHREADS[kTILE] (tile: the default's), "
+                         "e.g. 528x512 2112x512k1024")
     ap.add_argument("--json", help="write the rows and the run's environment here")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --json: keep the kernels it finished, run the rest")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --json: keep the kernels it finished, run the rest")
     ap.add_argument("--redo", nargs="+", default=[], choices=("verify", "write", "plan", "scatter"), metavar="KERNEL",
-                    help="with --resume: drop these finished kernels' rows and time them again (after a change to them alone)")
+                    help="with --resume: drop these finished kernels' rows and time them again "
+                         "(after a change to them alone)")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -939,8 +973,8 @@ def main(argv=None) -> int:
         with open(args.json) as f:
             prior = json.load(f)
         try:
-            rows, kernels, prior["parts"] = resume_run(prior, {"env": env, "default_geometries": defaults, **options}, kernels,
-                                                       args.redo)
+            rows, kernels, prior["parts"] = resume_run(prior, {"env": env, "default_geometries": defaults, **options},
+                                                       kernels, args.redo)
         except ValueError as e:
             return fail(str(e))
         if not kernels:
@@ -957,7 +991,8 @@ def main(argv=None) -> int:
     acc = torch.zeros(1, dtype=torch.int64, device=DEV)
     chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
-    sweeps = {"verify": lambda: bench.verify_rows(pool, empty_us), "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
+    sweeps = {"verify": lambda: bench.verify_rows(pool, empty_us),
+              "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
 
     def report(done: list[str]) -> dict:
@@ -970,7 +1005,8 @@ def main(argv=None) -> int:
         timing = part if "write" in done else next((p for p in prior["parts"] if "write" in p["kernels"]), part)
         meta = {"env": env, **options, "empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"],
                 "ab_rounds": AB_ROUNDS, "default_geometries": {**prior.get("default_geometries", {}), **defaults},
-                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts), "parts": parts,
+                "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),
+                "parts": parts,
                 "complete": set(args.kernels) <= {row["kernel"] for row in rows}}  # what this invocation was asked for
         if args.json:
             with open(args.json, "w") as f:

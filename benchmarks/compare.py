@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
     slower = []
     print(f"{a.get('gpu') or a['env']['gpu']}: {a_path} vs {b_path}")
-    print(f"{'kernel':8} {'case':24} {'first us':>11} {'second us':>10} {'2nd/1st':>9} {'1st/floor':>9} {'2nd/floor':>11}")
+    print(f"{'kernel':8} {'case':24} {'first us':>11} {'second us':>10} {'2nd/1st':>9} "
+          f"{'1st/floor':>9} {'2nd/floor':>11}")
     for ra in a["rows"]:
         rb = rows_b.get((ra["kernel"], ra["case"]))
         if rb is None:
@@ -36,7 +37,8 @@ def main(argv=None) -> int:
     print(f"second run more than {verdicts.TUNED_SLOWER_PERCENT} slower: {', '.join(slower) if slower else 'none'}")
     below = [f"{path}: {label}" for path, run in ((a_path, a), (b_path, b)) for r in run["rows"]
              if (label := verdicts.below_floor_label(r))]
-    print(f"rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT}: {'; '.join(below) if below else 'none'}")
+    print(f"rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT}: "
+          f"{'; '.join(below) if below else 'none'}")
     return 0
 
 

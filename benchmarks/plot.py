@@ -44,7 +44,8 @@ def load(path: str, reader: str) -> dict | None:
     the earlier bench (no baselines, targets or environment)."""
     run = read_run(path)
     if "env" not in run:
-        print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)", file=sys.stderr)
+        print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)",
+              file=sys.stderr)
         return None
     return run
 
@@ -76,7 +77,8 @@ def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.
             n = [r["n"] for r in sel]
             ax.plot(n, [r["us"] for r in sel], dash, color="tab:blue", marker="o", label=f"tvm_canary default, {order}")
             if all("tuned_us" in r for r in sel):
-                ax.plot(n, [r["tuned_us"] for r in sel], dash, color="tab:cyan", marker=".", label=f"tvm_canary tuned, {order}")
+                ax.plot(n, [r["tuned_us"] for r in sel], dash, color="tab:cyan", marker=".",
+                        label=f"tvm_canary tuned, {order}")
             ax.plot(n, [r["floor_us"] for r in sel], dash, color="black", linewidth=1, label=f"gather floor, {order}")
             bounded = [r for r in sel if "ordered_floor_us" in r]  # small rows: what bounds them beyond their bytes
             if bounded:
@@ -93,7 +95,8 @@ def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.
                     color, marker = STYLE[name]
                     ax.plot(n, ys, dash, color=color, marker=marker, alpha=0.8, label=f"{name}, {order}")
                     if name != "torch":
-                        ratio_ax.plot(n, [y / r["floor_us"] for y, r in zip(ys, sel)], dash, color=color, marker=marker, alpha=0.8)
+                        ratio_ax.plot(n, [y / r["floor_us"] for y, r in zip(ys, sel)], dash, color=color, marker=marker,
+                                      alpha=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("active entries")
@@ -185,7 +188,8 @@ def markdown(run) -> str:
     tuned (interleaved A/B) when measured."""
     env = run.get("env", {})
     lines = [
-        (f"Run: {env.get('gpu')} ({run.get('arch')}, {env.get('sms')} SMs), driver {env.get('driver')}, torch {env.get('torch')} "
+        (f"Run: {env.get('gpu')} ({run.get('arch')}, {env.get('sms')} SMs), driver {env.get('driver')}, "
+        f"torch {env.get('torch')} "
         f"(CUDA {env.get('cuda')}), TVM {env.get('tvm')}, tvm-ffi {env.get('tvm_ffi')}, Triton {env.get('triton')}; "
         f"empty launch {_fmt(run.get('empty_us'), 2)} µs, register-only chain {_fmt(run.get('chain_ns'))} ns/step; "
         f"default geometries {run.get('default_geometries')}; wall time {_fmt(run.get('wall_s'), 0)} s."),
@@ -195,9 +199,11 @@ def markdown(run) -> str:
     if len(parts) > 1:
         lines += [f"The run was made in {len(parts)} invocations (`bench_kernels.py --resume`), each timing its rows' "
                   "floors in its own process: " + "; ".join(
-                      f"{', '.join(p['kernels']) or 'nothing'} in {p['wall_s']:.0f} s (empty launch {p['empty_us']:.2f} µs, "
+                      f"{', '.join(p['kernels']) or 'nothing'} in {p['wall_s']:.0f} s "
+                      f"(empty launch {p['empty_us']:.2f} µs, "
                       f"register-only chain {p['chain_ns']:.1f} ns/step"
-                      + (f"; its {', '.join(p['replaced'])} rows replaced by a later invocation's" if p.get("replaced") else "")
+                      + (f"; its {', '.join(p['replaced'])} rows replaced by a later invocation's" if p.get("replaced")
+                         else "")
                       + ")" for p in parts) + ".", ""]
     if not run.get("complete", True):
         lines += ["**Incomplete run**: only the kernels below finished before it stopped.", ""]
@@ -213,8 +219,8 @@ def markdown(run) -> str:
         lines += [f"### {kernel}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         for r in rows:
             target = ", ".join(f"{t['what']} {t['ratio']:.2f} <= {t['limit']:.2f}" for t in r.get("targets", []))
-            cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _fmt(r["us"] / r["floor_us"], 2), target,
-                     r.get("status", "") + (" BELOW FLOOR" if verdicts.below_floor(r) else "")]
+            cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _fmt(r["us"] / r["floor_us"], 2),
+                     target, r.get("status", "") + (" BELOW FLOOR" if verdicts.below_floor(r) else "")]
             for b in baselines:
                 t = r.get("baselines", {}).get(b)
                 cells.append(f"{_fmt(t)} ({_fmt(t / r['us'] if t else None, 2)})")
@@ -224,19 +230,23 @@ def markdown(run) -> str:
                 cells += [_fmt(t), _fmt(t / r["us"] if t else None, 3), r.get("tuned_geometry", "-") + same]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    for kernel, title, floor in (("verify", "verify, small plans", "gather"), ("write", "write, one-token requests", "store")):
+    for kernel, title, floor in (("verify", "verify, small plans", "gather"),
+                                 ("write", "write, one-token requests", "store")):
         bounded = [r for r in run["rows"] if r["kernel"] == kernel and "ordered_floor_us" in r]
         if not bounded:
             continue
         lines += [f"### {title}: what bounds it beyond its bytes", "",
-                  f"Latency-bound rows (`bench_kernels.Bench.bounds`): the {floor} floor; `hash`, the {floor} that also "
+                  f"Latency-bound rows (`bench_kernels.Bench.bounds`): the {floor} floor; "
+                  f"`hash`, the {floor} that also "
                   "hashes as SPEC 1 requires; `ordered`, the least on top of that for rows appended in order "
                   "(one launch with the clean protocol, or one more launch). Ratios are the kernel's time over each.",
                   "", f"| case | µs | {floor} µs (ratio) | hash µs (ratio) | ordered | ordered µs (ratio) |",
                   "|" + " --- |" * 6]
         for r in bounded:
-            lines.append(f"| {r['case']} | {_fmt(r['us'])} | {_fmt(r['floor_us'])} ({_fmt(r['us'] / r['floor_us'], 2)}) | "
-                         f"{_fmt(r['hash_floor_us'])} ({_fmt(r['us'] / r['hash_floor_us'], 2)}) | {r['ordered_floor']} | "
+            lines.append(f"| {r['case']} | {_fmt(r['us'])} | "
+                         f"{_fmt(r['floor_us'])} ({_fmt(r['us'] / r['floor_us'], 2)}) | "
+                         f"{_fmt(r['hash_floor_us'])} ({_fmt(r['us'] / r['hash_floor_us'], 2)}) | "
+                         f"{r['ordered_floor']} | "
                          f"{_fmt(r['ordered_floor_us'])} ({_fmt(r['us'] / r['ordered_floor_us'], 2)}) |")
         lines.append("")
     if any("candidates" in r for r in run["rows"]):
@@ -245,7 +255,8 @@ def markdown(run) -> str:
                   "| case | default | " + " | ".join(cands) + " |", "|" + " --- |" * (2 + len(cands))]
         for r in run["rows"]:
             if "candidates" in r:
-                lines.append(f"| {r['case']} | {_fmt(r['us'])} | " + " | ".join(_fmt(r["candidates"].get(c)) for c in cands) + " |")
+                lines.append(f"| {r['case']} | {_fmt(r['us'])} | "
+                             + " | ".join(_fmt(r["candidates"].get(c)) for c in cands) + " |")
         lines.append("")
     passed = sum(r.get("status") == "PASS" for r in run["rows"])
     failed = [f"{r['kernel']} {r['case']}" for r in run["rows"] if r.get("status") == "FAIL"]
@@ -258,17 +269,20 @@ def markdown(run) -> str:
     lines.append(f"Rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT} (default or tuned arm): "
                  f"{', '.join(below) if below else 'none'}.")
     if run.get("agreement"):
-        lines += ["", "Agreement with the reference before timing: " + "; ".join(f"{k}: {v}" for k, v in run["agreement"].items()) + "."]
+        lines += ["", "Agreement with the reference before timing: "
+                  + "; ".join(f"{k}: {v}" for k, v in run["agreement"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", help="a bench_kernels.py --json file")
-    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent.parent / "docs"), help="folder for the PNGs")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent.parent / "docs"),
+                    help="folder for the PNGs")
     ap.add_argument("--markdown", help="write the tables here (default: print them)")
     ap.add_argument("--no-png", action="store_true", help="tables only")
-    ap.add_argument("--dpi", type=int, default=DEFAULT_DPI, help="PNG resolution (lower: smaller files for the repository)")
+    ap.add_argument("--dpi", type=int, default=DEFAULT_DPI,
+                    help="PNG resolution (lower: smaller files for the repository)")
     args = ap.parse_args(argv)
     run = load(args.run, "plot.py")
     if run is None:

@@ -53,14 +53,16 @@ def summary(run) -> str:
         if not bounded:
             continue
         limit = next(t["limit"] for t in bounded[0]["targets"] if t["what"] == "floor")
-        over = [f"{r['case']} ({r['us'] / r['ordered_floor_us']:.2f})" for r in bounded if r["us"] > limit * r["ordered_floor_us"]]
+        over = [f"{r['case']} ({r['us'] / r['ordered_floor_us']:.2f})" for r in bounded
+                if r["us"] > limit * r["ordered_floor_us"]]
         lines.append(f"| (for reference) {kernel}, {rows_of}: <= {limit:.2f} x ordered floor ({floor} + SPEC hashing + "
                      f"ordered append) | {len(bounded) - len(over)} | {len(over)} | {', '.join(over) or '-'} |")
         # a row whose hash floor alone is over the limit: no kernel that hashes as SPEC requires meets it
         past = [f"{r['case']} ({r['hash_floor_us'] / r['floor_us']:.3f})" for r in bounded
                 if r["hash_floor_us"] > limit * r["floor_us"]]
-        lines.append(f"| (for reference) {kernel}, {rows_of}: hash floor ({floor} + SPEC hashing) <= {limit:.2f} x floor; "
-                     f"over it the target is past the hardware | {len(bounded) - len(past)} | {len(past)} | {', '.join(past) or '-'} |")
+        lines.append(f"| (for reference) {kernel}, {rows_of}: hash floor ({floor} + SPEC hashing) "
+                     f"<= {limit:.2f} x floor; over it the target is past the hardware | "
+                     f"{len(bounded) - len(past)} | {len(past)} | {', '.join(past) or '-'} |")
     rows_failed = sum(r.get("status") == "FAIL" for r in run["rows"])
     rows_passed = sum(r.get("status") == "PASS" for r in run["rows"])
     lines += ["", f"Rows with targets: {rows_passed} PASS, {rows_failed} FAIL."]

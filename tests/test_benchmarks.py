@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
-@pytest.mark.parametrize("script, args", [("bench_kernels.py", []), ("ab_kernels.py", ["--base", "HEAD"]), ("hold_probe.py", [])])
+@pytest.mark.parametrize("script, args", [("bench_kernels.py", []), ("ab_kernels.py", ["--base", "HEAD"]),
+                                          ("hold_probe.py", [])])
 def test_gpu_benchmarks_without_gpu_fail_in_one_line(script, args):
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                          check=False, timeout=120)
@@ -36,10 +37,12 @@ def test_plot_tables_and_targets(tmp_path):
     import report
 
     rows = [
-        _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20, baselines={"original": 60.0}),
+        _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20,
+             baselines={"original": 60.0}),
         _row("verify", "ALL random 4096", 11.0, 10.0, mode="ALL", order="random", n=4096, baselines={"original": 40.0}),
         _row("write", "NONE 1x32768", 4000.0, 3400.0, mode="NONE", reqs=1, shape="1x32768", chain_floor_us=3400.0),
-        _row("write", "PARTIAL 1x32768", 4800.0, 3400.0, mode="PARTIAL", reqs=1, shape="1x32768", chain_floor_us=3400.0),
+        _row("write", "PARTIAL 1x32768", 4800.0, 3400.0, mode="PARTIAL", reqs=1, shape="1x32768",
+             chain_floor_us=3400.0),
     ]
     bench_kernels.finish(rows)
     status = {r["case"]: (r["status"], [round(t["ratio"], 3) for t in r["targets"]]) for r in rows}
@@ -49,13 +52,15 @@ def test_plot_tables_and_targets(tmp_path):
         "NONE 1x32768": ("FAIL", [1.176]),  # 1.15 x the register-only chain
         "PARTIAL 1x32768": ("FAIL", [1.2]),  # real-KV modes 1.10 x NONE
     }
-    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 2.0, "chain_ns": 100.0, "rows": rows, "complete": True}
+    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 2.0, "chain_ns": 100.0, "rows": rows,
+           "complete": True}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     out = tmp_path / "tables.md"
     assert plot.main([str(path), "--markdown", str(out), "--no-png"]) == 0
     text = out.read_text()
-    assert "| NONE chain 1048576 | 30.0 | gather 1056x128 | 20.0 | 1.50 | floor 1.50 <= 1.10 | FAIL | 60.0 (2.00) |" in text
+    assert ("| NONE chain 1048576 | 30.0 | gather 1056x128 | 20.0 | 1.50 | floor 1.50 <= 1.10 | FAIL | "
+            "60.0 (2.00) |") in text
     assert "Targets: 1 PASS, 3 FAIL" in text
     summary = tmp_path / "summary.md"
     assert report.main([str(path), "--markdown", str(summary)]) == 0
@@ -93,7 +98,8 @@ def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cp
     reached, cpu = set(), torch.device("cpu")
     for tokens in agreement.WRITE_TOKENS:
         gen = torch.Generator().manual_seed(1234)
-        kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False, tokens)
+        kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False,
+                                     tokens)
         point = packing.write_call(**kw).size  # the workload point the launch's geometry is chosen for
         reached |= {(mode, targets.size_class("write", "cuda-sm_90", mode, point)) for mode in (0, 1, 2)}
     assert reached == {(mode, c) for mode in (0, 1, 2) for c in range(len(targets.size_classes("write", "cuda", mode)))}
@@ -111,7 +117,8 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     import bench_kernels
     import plot
 
-    options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": ["original"], "candidates": [], "plan_candidates": []}
+    options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": ["original"], "candidates": [],
+               "plan_candidates": []}
     env = {"gpu": "test GPU", "driver": "580.1", "tvm": "0.27"}
     defaults = {"verify": "2112x128m16", "write": "528x64u2", "plan": "2112x512", "scatter": "1056x256"}
     verify_row = _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20)
@@ -119,7 +126,8 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     now = {"env": env, **options, "default_geometries": defaults}
     kernels = ["verify", "write", "plan", "scatter"]
     assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], ["write", "plan", "scatter"], [])
-    assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"], [])  # a finished kernel's rows are kept
+    # a finished kernel's rows are kept
+    assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"], [])
     # --redo: a finished kernel's rows are dropped and timed again, even at other defaults (a change to it
     # alone); the part that timed them says so
     parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
@@ -142,10 +150,11 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     bench_kernels.finish(run["rows"])
     text = plot.markdown(run)
     assert ("The run was made in 2 invocations (`bench_kernels.py --resume`), each timing its rows' floors in its own "
-            "process: verify in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step); write in 186 s") in text
+            "process: verify in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step); "
+            "write in 186 s") in text
     run["parts"][0] = {**run["parts"][0], "kernels": ["verify", "write"], "replaced": ["write"]}
-    assert ("verify, write in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; its write rows replaced by "
-            "a later invocation's); write in 186 s") in plot.markdown(run)
+    assert ("verify, write in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; "
+            "its write rows replaced by a later invocation's); write in 186 s") in plot.markdown(run)
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
@@ -167,18 +176,21 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
     ]
     bench_kernels.finish(rows)
     assert [(r["status"], r["below_floor"]) for r in rows] == [("FAIL", False), ("FAIL", False), ("PASS", True)]
-    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0, "rows": rows, "complete": True}
+    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0, "rows": rows,
+           "complete": True}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     out = tmp_path / "tables.md"
     assert plot.main([str(path), "--markdown", str(out), "--no-png"]) == 0
-    assert "| NONE random 1024 | 5.0 | 3.0 (1.67) | 3.2 (1.56) | hash 2112x64 + launch | 4.2 (1.19) |" in out.read_text()
+    assert ("| NONE random 1024 | 5.0 | 3.0 (1.67) | 3.2 (1.56) | hash 2112x64 + launch | 4.2 (1.19) |"
+            in out.read_text())
     summary = tmp_path / "summary.md"
     assert report.main([str(path), "--markdown", str(summary)]) == 0
     lines = summary.read_text().splitlines()
-    assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 2 | NONE random 1024 (1.67), ALL random 4096 (1.83) |" in lines
-    assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor (gather + SPEC hashing + ordered append) "
-            "| 3 | 0 | - |") in lines
+    assert ("| verify, <= 64K entries: <= 1.25 x floor | 1 | 2 | NONE random 1024 (1.67), ALL random 4096 (1.83) |"
+            in lines)
+    assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor "
+            "(gather + SPEC hashing + ordered append) | 3 | 0 | - |") in lines
     # ALL random 4096's hashing alone is 1.333x its gather floor: past the hardware at 1.25x
     assert ("| (for reference) verify, <= 64K entries: hash floor (gather + SPEC hashing) <= 1.25 x floor; over it the "
             "target is past the hardware | 2 | 1 | ALL random 4096 (1.333) |") in lines
@@ -270,7 +282,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     row = {}
     times = bench.timed("verify", [{}, {}], row, bench.floor_arms(names, lambda fn: [lambda: fn] * 4))
     assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids}]
-    assert (row["us"], row["tuned_us"], row["tuned_geometry"], row["tuned_same_geometry"]) == (8.5, 6.75, "1056x128m8", False)
+    assert (row["us"], row["tuned_us"], row["tuned_geometry"],
+            row["tuned_same_geometry"]) == (8.5, 6.75, "1056x128m8", False)
     assert "none_us" not in row
     none_row = {}
     bench.timed("write", [{}, {}], none_row, {}, none_sets=[{}, {}])  # a real-KV write row: NONE in its rounds
@@ -278,7 +291,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
     # the memory floor: the faster of one lane an entry and split
     assert bench.fastest_memory(times, "gather", "ALL") == (3.9, "gather 1056x128 sources split")
-    assert bench.fastest_memory({**times, ("gather-split-ALL", "1056x128"): 4.1}, "gather", "ALL") == (4.0, "gather 2112x64")
+    assert (bench.fastest_memory({**times, ("gather-split-ALL", "1056x128"): 4.1}, "gather", "ALL")
+            == (4.0, "gather 2112x64"))
     assert list(bench_kernels.memory_floors("NONE", "gather")) == ["gather-NONE"]  # no sources to split
     assert list(bench_kernels.memory_floors("ALL", "store")) == ["store-ALL", "store-split-ALL"]
     assert list(bench_kernels.memory_floors("NONE", "store")) == ["store-NONE"]
@@ -358,14 +372,17 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
         assert len(func.params) == len(op.args), op.what
         sizes = {}  # the signature's shape variables, bound as the launch would bind them
         for param, arg in zip(func.params, op.args):
-            assert str(arg.dtype).removeprefix("torch.") == str(param.dtype) and arg.dim() == len(param.ty.shape), (op.what, param)
+            assert (str(arg.dtype).removeprefix("torch.") == str(param.dtype)
+                    and arg.dim() == len(param.ty.shape)), (op.what, param)
             for dim, size in zip(param.ty.shape, arg.shape):
                 expected = int(dim) if isinstance(dim, tvm.tirx.IntImm) else sizes.setdefault(str(dim), size)
                 assert expected == size, (op.what, param, dim)
     tail_verify = next(op for op in operators if op.what == "verify TAIL K FULL")
-    assert tail_verify.floor == "gather-token-PARTIAL" and tail_verify.args[0].data_ptr() == w.session.canary_buffer("TAIL", "K").data_ptr()
+    assert (tail_verify.floor == "gather-token-PARTIAL"
+            and tail_verify.args[0].data_ptr() == w.session.canary_buffer("TAIL", "K").data_ptr())
     tail_write = next(op for op in operators if op.what == "write TAIL K FULL")
-    assert tail_write.floor == "store-PARTIAL" and tail_write.args[0].data_ptr() != w.session.canary_buffer("TAIL", "K").data_ptr()
+    assert (tail_write.floor == "store-PARTIAL"
+            and tail_write.args[0].data_ptr() != w.session.canary_buffer("TAIL", "K").data_ptr())
 
 
 @pytest.mark.nvcc
@@ -416,8 +433,8 @@ def test_kernel_ab_variants(capsys):
                                                                               ({"threads": 32}, "below"))
     assert ab_kernels.parse_variant("u4:write:NONE:unroll=4:class")[2] == ({"unroll": 4}, "class")
     for bad in ("m4:verify:ALL", "m4:plan:ALL:min_blocks=4", "m4:verify:FULL:min_blocks=4", "head:verify:ALL:pairs=0",
-                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x", "fl-gather:verify:ALL:pairs=0", "a/b:verify:ALL:pairs=0",
-                "m4:verify:ALL:pairs=0:small", "m4:verify:ALL:pairs=0:below:class"):
+                "m4:verify:ALL:fold=2", "m4:verify:ALL:min_blocks=x", "fl-gather:verify:ALL:pairs=0",
+                "a/b:verify:ALL:pairs=0", "m4:verify:ALL:pairs=0:small", "m4:verify:ALL:pairs=0:below:class"):
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     refused(["--base", "HEAD", "--variant", "m4:verify:ALL"], "kv-canary: --variant 'm4:verify:ALL': expected")
@@ -426,7 +443,8 @@ def test_kernel_ab_variants(capsys):
             "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
     refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
             "kv-canary: --variant m4: verify NONE is not timed (--kernels write,")
-    refused(["--base", "HEAD", "--verify-sizes", "1024", "5000"], "kv-canary: --verify-sizes: each one of 1024, 4096, 65536,")
+    refused(["--base", "HEAD", "--verify-sizes", "1024", "5000"],
+            "kv-canary: --verify-sizes: each one of 1024, 4096, 65536,")
     assert ab_kernels.parse_write_shape("256x4") == (256, 4, 256)
     assert ab_kernels.parse_write_shape("8x16c256") == (8, 16, 256)  # 8 requests in a plan of capacity 256
     for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4", "8x16c4", "8x16c0", "8x16c"):

@@ -44,7 +44,8 @@ def test_cpu_matches_reference(tmp_path, capsys):
     assert report["mismatches"] == 0 and len(report["ranks"]) == 1
     assert [d["device"] for d in report["devices"]] == ["reference", "cpu"]
     assert set(report["kernels"]) == set(C.KERNELS)
-    assert report["kernels"]["write"]["cases"] == ["golden:write-anchor", "diff:0", "diff:1", "garbage:50000", "garbage:50001"]
+    assert report["kernels"]["write"]["cases"] == ["golden:write-anchor", "diff:0", "diff:1", "garbage:50000",
+                                                   "garbage:50001"]
     for kernel, entry in report["kernels"].items():
         combined = {row["combined"] for row in entry["combined"]}
         assert len(combined) == 1, (kernel, entry["combined"])  # device and reference agree
@@ -58,7 +59,8 @@ def test_corrupted_kernel_is_named_with_a_replay_command(tmp_path, capsys):
     assert report["mismatches"] == 3  # golden, diff:0, garbage:50000
     first = report["failures"][0]
     assert (first["device"], first["kernel"], first["case"]) == ("cpu", "verify", "golden:verify-anchor")
-    assert first["replay"] == "python -m tvm_canary conformance --devices cpu --kernels verify --case golden:verify-anchor"
+    assert first["replay"] == ("python -m tvm_canary conformance --devices cpu --kernels verify "
+                               "--case golden:verify-anchor")
     err = capsys.readouterr().err
     assert "conformance: FAILED, 3 mismatching cases" in err and "replay: " + first["replay"] in err
 
@@ -94,7 +96,8 @@ def test_rank_mismatch_fails(tmp_path):
 
 def test_two_gloo_ranks_under_torchrun(tmp_path):
     out = tmp_path / "ranks.json"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tvm_canary",
          "conformance", "--cases", "1", "--kernels", "scatter,write", "--json", str(out)],
@@ -104,7 +107,8 @@ def test_two_gloo_ranks_under_torchrun(tmp_path):
     report = json.loads(out.read_text())
     assert report["mismatches"] == 0
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
-    assert [(d["rank"], d["device"]) for d in report["devices"]] == [(0, "reference"), (0, "cpu"), (1, "reference"), (1, "cpu")]
+    assert [(d["rank"], d["device"]) for d in report["devices"]] == [(0, "reference"), (0, "cpu"),
+                                                                     (1, "reference"), (1, "cpu")]
     assert proc.stdout.count("conformance: OK") == 1  # rank 0 alone reports
 
 
@@ -134,4 +138,5 @@ def test_a_failure_judged_against_another_device_replays_on_both():
                                                   row("cuda:1", "d2")]}]
     (failure,) = conformance.compare(ranks, ["plan"])["failures"]
     assert failure["device"] == "cuda:1" and "digest differs from cpu (reference undefined)" in failure["why"]
-    assert failure["replay"] == "python -m tvm_canary conformance --devices cpu,cuda:1 --kernels plan --case garbage:50001"
+    assert failure["replay"] == ("python -m tvm_canary conformance --devices cpu,cuda:1 --kernels plan "
+                                 "--case garbage:50001")

@@ -67,7 +67,8 @@ def test_stray_write_into_a_guard_band_is_caught(tmp_path):
         if end < storage.numel():
             storage[end] ^= 1
 
-    status, report = campaign(tmp_path, "--cases", "4", "--kernels", "scatter", launches={**C.LAUNCH, "scatter": past_the_end})
+    status, report = campaign(tmp_path, "--cases", "4", "--kernels", "scatter",
+                              launches={**C.LAUNCH, "scatter": past_the_end})
     assert status == 1
     assert [(f["case"], f["why"]) for f in report["failures"]] == [
         ("garbage:1", "guard band after pool_out was written"), ("garbage:3", "guard band after pool_out was written")

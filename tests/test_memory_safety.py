@@ -3,7 +3,8 @@
 Each launch argument tensor (except RealKvSource tensors, which are read-only and kept as they are)
 is re-homed into the middle of a larger buffer whose head and tail are guard bands of random bytes;
 the view keeps its shape, dtype and contiguity (``tvm_canary.cases.rehome``). The garbage cases of
-tvm_canary/cases.py (``valid=False``: huge and negative indices, inconsistent offsets, negative and over-capacity counts) then run through
+tvm_canary/cases.py (``valid=False``: huge and negative indices, inconsistent offsets, negative and
+over-capacity counts) then run through
 the public API on the tvm backend. The launch must not crash or raise, every guard band must be
 byte-unchanged, and every input tensor (plans for write/verify, the tables for plan, the sources, the
 canary buffer for verify) must be byte-unchanged.

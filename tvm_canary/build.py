@@ -4,7 +4,8 @@
     tvm-canary build --target llvm -o DIR [--jobs N]
 
 Each specialization is built in its default geometries (each launch mode's, each size class's) and in
-every geometry the tuning databases of the target select (by default: for cuda, every database whose device key ends in the arch, such as
+every geometry the tuning databases of the target select (by default: for cuda, every database whose
+device key ends in the arch, such as
 ``nvidia-h200-sm_90``; for llvm, this CPU's), so a host loading with those databases compiles nothing.
 A host with only torch, apache-tvm-ffi and the TVM runtime loads them when ``TVM_CANARY_MODULES=DIR``.
 CUDA device code is compiled for each arch at build time when TVM's CUDA runtime loads on the
@@ -27,9 +28,11 @@ from .tuning import keys
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules", description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules",
+                              description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU code per --arch; llvm: the CPU")
-    p.add_argument("--arch", type=cuda_arch, action="append", default=[], help="CUDA arch such as sm_90 (repeatable; cuda only)")
+    p.add_argument("--arch", type=cuda_arch, action="append", default=[],
+                   help="CUDA arch such as sm_90 (repeatable; cuda only)")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to build")
     p.add_argument("--tuning", action="append", default=None, metavar="DEVICE_KEY",
                    help="also build the geometries of this device key's tuning database (repeatable); default: the "
@@ -73,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     missing = [key for key in tuning if keys.database_dir(key) is None]
     if missing:
         raise UsageError(f"no tuning database for {', '.join(missing)} (`tvm-canary info` lists them)")
-    print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning else "geometries: defaults (no tuning database)")
+    print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning
+          else "geometries: defaults (no tuning database)")
     files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
                       progress=lambda builds, total: tqdm(builds, total=total, desc="build"), workers=args.jobs)
     print(f"wrote {len(files)} modules and manifest.json to {args.out}")

@@ -130,7 +130,8 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
         canary_buf=buf,
         kernel_kind=CanaryLaunchTag(_one(gen, 0, 12)),
         violation_ring=torch.full((ring_rows or _one(gen, 1, 64), 8), -7777, dtype=torch.int64, device=device),
-        violation_write_index=torch.tensor([write_index if write_index is not None else _one(gen, 0, 8)], dtype=torch.int32, device=device),
+        violation_write_index=torch.tensor([write_index if write_index is not None else _one(gen, 0, 8)],
+                                           dtype=torch.int32, device=device),
         slot_run_counter=torch.tensor([_one(gen, 0, 100)], dtype=torch.int64, device=device),
         kernel_run_counter=torch.tensor([_one(gen, 0, 100)], dtype=torch.int64, device=device),
         real_kv_sources=sources,
@@ -261,7 +262,8 @@ def long_write_case(gen, device, token_units=2):
     ids = _ints(gen, 0, 5, n, device)
     pos = pos.to(device)
     off_by = (torch.rand(n, generator=gen) < 0.05).long().to(device)
-    return _write_launch(ctx, off, seeds, cap, ids, pos, slots, (ids + off_by, pos + off_by.flip(0)) if assert_on else None)
+    return _write_launch(ctx, off, seeds, cap, ids, pos, slots,
+                         (ids + off_by, pos + off_by.flip(0)) if assert_on else None)
 
 
 def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
@@ -309,7 +311,8 @@ def plan_case(gen, device, valid=True):
         r2t = _ints(gen, -(2**31), 2**31 - 1, rows * L, device).to(torch.int32).view(rows, L)
     lut = _ints(gen, -1, 300, full + 1, device) if has_lut else None
     pool_w = _one(gen, 1, 60) if valid or _one(gen, 0, 8) else 0
-    pool = _ints(gen, -(2**31), 2**31 - 1, rows * pool_w, device).to(torch.int32).view(rows, pool_w) if has_pool else None
+    pool = (_ints(gen, -(2**31), 2**31 - 1, rows * pool_w, device).to(torch.int32).view(rows, pool_w) if has_pool
+            else None)
     vlens = _ints(gen, -2, 70, bs, device) if has_pool else None
     vcap = _one(gen, 1, 400)
     vp = VerifyPlan.allocate(verify_capacity=vcap, device=device)
@@ -400,7 +403,8 @@ def golden_write_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
 
     def pinned(kw: dict) -> str | None:
         link = int(kw["context"].canary_buf[1].cpu().view(torch.int64)[2])
-        return None if link == SPEC_ANCHOR_HASH else f"slot 1 chain link {link:#x}, SPEC 1.5 anchor hash {SPEC_ANCHOR_HASH:#x}"
+        return (None if link == SPEC_ANCHOR_HASH
+                else f"slot 1 chain link {link:#x}, SPEC 1.5 anchor hash {SPEC_ANCHOR_HASH:#x}")
 
     return kw, pinned
 

@@ -216,7 +216,8 @@ def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bo
     fields = stride_bytes // 8
     if fields < consts.CANARY_FIELDS_PER_SLOT:
         raise ValueError(
-            f"kv-canary: canary_buf slot stride must hold at least {consts.CANARY_FIELDS_PER_SLOT} int64 fields, got {fields}"
+            f"kv-canary: canary_buf slot stride must hold at least {consts.CANARY_FIELDS_PER_SLOT} int64 fields, "
+            f"got {fields}"
         )
     if not torch.compiler.is_compiling():  # no data pointer while tracing: the operator checks it
         check_word_aligned(buf, "canary_buf")

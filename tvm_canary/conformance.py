@@ -186,7 +186,8 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
                         failures.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                                          "kernel": kernel, "case": got["case"], "why": why,
                                          "replay": replay([row["device"]] if against is ref_row
-                                                          else [against["device"], row["device"]], kernel, got["case"])})
+                                                          else [against["device"], row["device"]],
+                                                          kernel, got["case"])})
                 rows.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                              "model": row["model"], "arch": row["arch"], "kernel": kernel, "cases": len(mine),
                              "combined": combined(mine, defined), "mismatches": bad})
@@ -283,7 +284,8 @@ def device_list(text: str) -> list[str]:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("conformance", help="compare every kernel's output bytes across devices and the reference",
+    p = subparsers.add_parser("conformance",
+                              help="compare every kernel's output bytes across devices and the reference",
                               description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=device_list, default=None,
                    help="comma-separated cpu,cuda:0,... (default: the CPU and every visible GPU; under torchrun each "
@@ -291,8 +293,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cases", type=int_at_least(0), default=20,
                    help="differential and garbage cases per kernel (0: the golden cases only)")
     p.add_argument("--seed", type=seed, default=0, help="first differential seed")
-    p.add_argument("--kernels", type=kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
-    p.add_argument("--case", type=case_id, default=None, help="run only this case id (replay), e.g. diff:17 or garbage:50017")
+    p.add_argument("--kernels", type=kernel_list, default=",".join(C.KERNELS),
+                   help="comma-separated subset of " + ",".join(C.KERNELS))
+    p.add_argument("--case", type=case_id, default=None,
+                   help="run only this case id (replay), e.g. diff:17 or garbage:50017")
     p.add_argument("--json", type=output_file, default=None, metavar="OUT", help="write the results as JSON (rank 0)")
     p.set_defaults(func=run)
 
@@ -302,7 +306,8 @@ def case_id(text: str) -> str:
     (write's ``cases.long_write_case``)."""
     kind, _, arg = text.partition(":")
     golden = {name for by_name in C.GOLDEN.values() for name in by_name}
-    if not ((kind == "golden" and arg in golden) or (kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit())):
+    if not ((kind == "golden" and arg in golden)
+            or (kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit())):
         raise argparse.ArgumentTypeError(
             f"kv-canary: case id {text!r}: expected golden:NAME (NAME in {', '.join(sorted(golden))}), diff:SEED, "
             "garbage:SEED or long:SEED (write)"

@@ -83,11 +83,13 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fuzz", help="differential and guard-band fuzz campaign on one device",
                               description=__doc__.splitlines()[0])
     p.add_argument("--device", type=one_device, default=None,
-                   help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK under torchrun or when a GPU is visible, else cpu)")
+                   help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK under torchrun or when a GPU is visible, "
+                        "else cpu)")
     stop = p.add_mutually_exclusive_group(required=True)
     stop.add_argument("--seconds", type=duration(zero=False), help="run for this long")
     stop.add_argument("--cases", type=int_at_least(1), help="run this many cases")
-    p.add_argument("--kernels", type=X.kernel_list, default=",".join(C.KERNELS), help="comma-separated subset of " + ",".join(C.KERNELS))
+    p.add_argument("--kernels", type=X.kernel_list, default=",".join(C.KERNELS),
+                   help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--seed-base", type=seed, default=1_000_000, help="first seed (rank r adds r * 1e9)")
     p.add_argument("--out", type=output_file, default="fuzz-failures.json", metavar="FAILS.json",
                    help="JSON of the campaign and its failing cases with replay commands (rank 0)")

@@ -69,7 +69,8 @@ def _write_kwargs(context, gen, device, input_assert, tokens):
     expected_ids[torch.randint(0, total, (6,), generator=gen)] += 1
     expected_pos[torch.randint(0, total, (6,), generator=gen)] += 1
     return {
-        "context": context, "plan": plan, "input_ids": ids.to(device), "positions": pos.to(device), "out_cache_loc": slots.to(device),
+        "context": context, "plan": plan, "input_ids": ids.to(device), "positions": pos.to(device),
+        "out_cache_loc": slots.to(device),
         "enable_write_input_assert": input_assert,
         "expected_input_tokens": expected_ids.to(device) if input_assert else None,
         "expected_input_positions": expected_pos.to(device) if input_assert else None,
@@ -86,7 +87,8 @@ def _stamp(context, gen, device):
     plan.write_seed_slot_indices.fill_(-1)
     plan.write_num_valid_reqs.fill_(chains)
     reference.canary_write_ref(
-        context=context, plan=plan, input_ids=ids.reshape(-1).to(device), positions=torch.arange(length).repeat(chains).to(device),
+        context=context, plan=plan, input_ids=ids.reshape(-1).to(device),
+        positions=torch.arange(length).repeat(chains).to(device),
         out_cache_loc=slots.reshape(-1).to(device), enable_write_input_assert=False, expected_input_tokens=None,
         expected_input_positions=None,
     )
@@ -129,7 +131,8 @@ def _plan_kwargs(gen, device):
         "req_pool_indices": rpi.to(device), "prefix_lens": torch.randint(0, 400, (bs,), generator=gen).to(device),
         "extend_seq_lens": torch.randint(0, 5, (bs,), generator=gen).to(device),
         "req_to_token": torch.randint(1, 1 << 20, (61, width), dtype=torch.int32, generator=gen).to(device),
-        "swa_window_size": 0, "full_to_swa_index_mapping": None, "verify_capacity": total, "req_to_verify_expected_tokens": None,
+        "swa_window_size": 0, "full_to_swa_index_mapping": None, "verify_capacity": total,
+        "req_to_verify_expected_tokens": None,
         "req_to_verify_expected_tokens_valid_lens": None, "kv_token_id_vs_position_offset": 0,
     }
     return dict(kw, verify_plan_out=tc.VerifyPlan.allocate(verify_capacity=total, device=device).zero_for_testing_(),
@@ -141,7 +144,8 @@ def _scatter_kwargs(gen, device):
     offsets = torch.zeros(10, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
     return {"flat_in": torch.randint(-(2**40), 2**40, (int(offsets[-1]),), generator=gen).to(device),
-                "offsets": offsets.to(device), "req_pool_indices": (torch.randperm(12, generator=gen)[:9] + 1).to(device),
+                "offsets": offsets.to(device),
+                "req_pool_indices": (torch.randperm(12, generator=gen)[:9] + 1).to(device),
                 "pool_out": torch.zeros(13, 1200, dtype=torch.int32, device=device)}
 
 
@@ -171,7 +175,8 @@ def _same_sink(context_ref, context):
 def check(kernel: str, launch, device: torch.device) -> None:
     """Raise AssertionError unless ``launch`` matches the reference for ``kernel`` on ``device``."""
     if kernel in ("verify", "write"):
-        for mode, flag, tokens in itertools.product(MODES, (False, True), WRITE_TOKENS if kernel == "write" else (None,)):
+        for mode, flag, tokens in itertools.product(MODES, (False, True),
+                                                    WRITE_TOKENS if kernel == "write" else (None,)):
             def make(gen, mode=mode, flag=flag, tokens=tokens):
                 context = _context(device, mode, gen)
                 if kernel == "verify":
@@ -194,8 +199,10 @@ def check(kernel: str, launch, device: torch.device) -> None:
         reference.canary_plan_ref(**ref_kw)
         launch(**kw)
         total = int(ref_kw["verify_plan_out"].verify_num_valid)
-        for field in ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices"):
-            _same(field, getattr(ref_kw["verify_plan_out"], field)[:total], getattr(kw["verify_plan_out"], field)[:total])
+        for field in ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                      "verify_prev_slot_indices"):
+            _same(field, getattr(ref_kw["verify_plan_out"], field)[:total],
+                  getattr(kw["verify_plan_out"], field)[:total])
         for field in ("verify_num_valid", "enable"):
             _same(field, getattr(ref_kw["verify_plan_out"], field), getattr(kw["verify_plan_out"], field))
         for field in ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"):

@@ -52,7 +52,8 @@ def _build_without_ninja(ldflags: list[str]):
     exports = "".join(f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({f}, {f});\n" for f in FUNCTIONS)
     text = "#include <tvm/ffi/container/tensor.h>\n#include <tvm/ffi/function.h>\n" + SOURCE.read_text() + exports
     major, minor = os.environ["TVM_FFI_CUDA_ARCH_LIST"].split()[0].split(".")
-    out = pathlib.Path.home() / ".cache" / "tvm-ffi" / f"canary_original_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    out = (pathlib.Path.home() / ".cache" / "tvm-ffi"
+           / f"canary_original_{hashlib.sha256(text.encode()).hexdigest()[:16]}")
     lib = out / "canary_original_baseline.so"
     if not lib.exists():
         out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,8 @@ def _build_without_ninja(ldflags: list[str]):
 
 def _cudart_dir() -> str:
     """A directory holding ``libcudart.so`` for the link (tvm-ffi links ``-lcudart``): under $CUDA_HOME,
-    next to nvcc, /usr/local/cuda*, or torch's CUDA runtime wheels; a bare ``libcudart.so.N`` gets an unversioned link in a private folder."""
+    next to nvcc, /usr/local/cuda*, or torch's CUDA runtime wheels; a bare ``libcudart.so.N`` gets an
+    unversioned link in a private folder."""
     import glob
     import tempfile
 
@@ -85,7 +87,8 @@ def _cudart_dir() -> str:
             link_dir = pathlib.Path(tempfile.mkdtemp(prefix="canary-cudart-"))
             (link_dir / "libcudart.so").symlink_to(versioned)
             return str(link_dir)
-    raise RuntimeError("kv-canary: no libcudart found (next to nvcc or in torch's nvidia wheels) to link the CUDA baseline")
+    raise RuntimeError("kv-canary: no libcudart found (next to nvcc or in torch's nvidia wheels) "
+                       "to link the CUDA baseline")
 
 
 def _stream(device: torch.device) -> int:

@@ -160,7 +160,8 @@ def _write_kernel(canary, fields, offsets, seeds, num_valid_reqs, cap, input_ids
             _record(ring, ring_rows, write_index, seq & (pos != prev_pos + 1), kind, slot, pos, tok, tok, _i64(h),
                     prev_pos + 1, tl.full((), 16, tl.int64))
             prev_pos = tl.where(seq, pos, prev_pos)
-            rk = _i64(_fold(src0, rw0, ps0, tw0, src1, rw1, ps1, tw1, tl.maximum(slot, 0), live, NUM_SOURCES, FOLD_WORDS))
+            rk = _i64(_fold(src0, rw0, ps0, tw0, src1, rw1, ps1, tw1, tl.maximum(slot, 0), live,
+                            NUM_SOURCES, FOLD_WORDS))
             row = canary + slot * fields
             tl.store(row + 0, tok, mask=live)
             tl.store(row + 1, pos, mask=live)

@@ -15,8 +15,8 @@ when there is nothing to launch).
   kernels/write.py; they may share words with a longer verify's marks: each launch leaves them zero),
   and the LAST element ``[NF - 1]`` is the last-block ticket counter of write's and verify's single
   launch (always past every chunk mark, since ``need`` reserves it). Zero between launches, because
-  each launch clears what it marked and the last block resets the ticket. They only grow, and old ones stay referenced so that CUDA graphs captured with
-  them stay valid.
+  each launch clears what it marked and the last block resets the ticket. They only grow, and old ones
+  stay referenced so that CUDA graphs captured with them stay valid.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Te
     need = 2 + -(-max(entries, seed_saves) // FLAG_CHUNK) + SEED_SAVE_WORDS * seed_saves
     owned = _flags.setdefault(_ring_key(ring), [])
     if not owned or owned[-1].numel() < need:
-        owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32, device=ring.device))
+        owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32,
+                                 device=ring.device))
     return owned[-1]
 
 
@@ -167,12 +168,14 @@ def write_call(*, context, plan, input_ids, positions, out_cache_loc, enable_wri
     args = (
         canary_words(context.canary_buf), plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs,
         *write_inputs(input_ids, positions, out_cache_loc, assert_on, expected_input_tokens, expected_input_positions),
-        context.enable_chain_position_assert, *_sink_args(context), marks, int(context.kernel_kind), *source_args(context),
+        context.enable_chain_position_assert, *_sink_args(context), marks, int(context.kernel_kind),
+        *source_args(context),
     )
-    kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context), input_assert=assert_on,
-                       fold_words=built_in_fold_words(context))
+    kernel_spec = spec("write", num_sources=folded_sources(context), partial=partial_fold(context),
+                       input_assert=assert_on, fold_words=built_in_fold_words(context))
     point = write_point(cap, input_ids.shape[0])
-    return KernelCall("write", kernel_spec, point, launch_mode("write", kernel_spec), args, scratch=_positions(args, marks))
+    return KernelCall("write", kernel_spec, point, launch_mode("write", kernel_spec), args,
+                      scratch=_positions(args, marks))
 
 
 def write_point(request_capacity: int, tokens: int) -> tuple:
@@ -191,7 +194,8 @@ def verify_call(*, context, plan, check_verify_expected_token):
     )
     kernel_spec = spec("verify", num_sources=folded_sources(context), partial=partial_fold(context),
                        check_token=bool(check_verify_expected_token), fold_words=built_in_fold_words(context))
-    return KernelCall("verify", kernel_spec, cap, launch_mode("verify", kernel_spec), args, scratch=_positions(args, marks))
+    return KernelCall("verify", kernel_spec, cap, launch_mode("verify", kernel_spec), args,
+                      scratch=_positions(args, marks))
 
 
 def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
@@ -215,7 +219,8 @@ def plan_call(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
         int(swa_window_size), int(kv_token_id_vs_position_offset),
     )
     kernel_spec = spec("plan", has_lut=has_lut, has_pool=has_pool)
-    return KernelCall("plan", kernel_spec, write_plan_out.write_seed_slot_indices.shape[0], 0, args, scratch=_positions(args, offsets))
+    return KernelCall("plan", kernel_spec, write_plan_out.write_seed_slot_indices.shape[0], 0, args,
+                      scratch=_positions(args, offsets))
 
 
 def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):

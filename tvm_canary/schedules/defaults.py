@@ -168,4 +168,5 @@ CUDA_SIZE_DEFAULTS = {
 # The CPU runs the paired folds at every size (as CUDA's write ALL and its verify PARTIAL and ALL launches
 # of up to 16K entries do; the CPU has no size classes); tests/test_differential.py also checks the single-chain
 # folds on the CPU.
-CPU_DEFAULTS = {kernel: {"unroll": 4, **({"pairs": 1} if kernel in ("verify", "write") else {})} for kernel in CUDA_DEFAULTS}
+CPU_DEFAULTS = {kernel: {"unroll": 4, **({"pairs": 1} if kernel in ("verify", "write") else {})}
+                for kernel in CUDA_DEFAULTS}

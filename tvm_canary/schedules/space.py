@@ -23,7 +23,8 @@ def make_space(knobs: dict[str, list[int]], fixed=None):
         for name, choices in knobs.items():
             if len(choices) > 1:
                 decision = None if fixed is None else list(choices).index(getattr(fixed, name))
-                value = sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices), decision=decision)
+                value = sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices),
+                                               decision=decision)
                 sch.annotate(block, f"canary.{name}", value)
 
     return space

@@ -211,7 +211,8 @@ def in_design_space(kernel: str, bucket: tuple, geom: Geometry, cuda: bool) -> b
 
     default = default_of(kernel, bucket, "cuda" if cuda else "llvm")
     space = knobs(kernel, cuda, mode_of(kernel, bucket))
-    return all(getattr(geom, f.name) in space[f.name] if f.name in space else getattr(geom, f.name) == getattr(default, f.name)
+    return all(getattr(geom, f.name) in space[f.name] if f.name in space
+               else getattr(geom, f.name) == getattr(default, f.name)
                for f in dataclasses.fields(geom))
 
 

@@ -40,16 +40,19 @@ from . import keys, workloads
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule", description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule",
+                              description=__doc__.splitlines()[0])
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU 0; llvm: this CPU")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to tune")
-    p.add_argument("--trials", type=int_at_least(1), default=32, help="measured candidates per workload (at most the design space's size)")
+    p.add_argument("--trials", type=int_at_least(1), default=32,
+                   help="measured candidates per workload (at most the design space's size)")
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
                    help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
-    p.add_argument("--out", type=output_folder, default=keys.default_out_dir(), help="database root (one folder per device key)")
+    p.add_argument("--out", type=output_folder, default=keys.default_out_dir(),
+                   help="database root (one folder per device key)")
     p.add_argument("--time-limit", type=duration(zero=True), default=math.inf, metavar="SECONDS",
-                   help="start no workload that would end past SECONDS of the run (judged by its longest workload so far); "
-                        "the rest keep their records and the command exits 3")
+                   help="start no workload that would end past SECONDS of the run (judged by its longest workload "
+                        "so far); the rest keep their records and the command exits 3")
     p.add_argument("--stale-only", action="store_true",
                    help="tune only the workloads whose default geometry has no current record in the database "
                         "(never tuned, or staled by a kernel change); the others keep their records")
@@ -57,9 +60,11 @@ def add_parser(subparsers) -> None:
                    help="MetaSchedule's log folder; default: a new folder under $TVM_CANARY_CACHE/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
-                   help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), not here")
+                   help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), "
+                        "not here")
     p.add_argument("--rpc-key", default=None, help="the RPC key of those servers (one key per device model)")
-    p.add_argument("--rpc-workers", type=int_at_least(1), default=None, help="servers measuring at once; default: every server of the key")
+    p.add_argument("--rpc-workers", type=int_at_least(1), default=None,
+                   help="servers measuring at once; default: every server of the key")
     p.set_defaults(func=run)
 
 
@@ -117,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     del db
     compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
-    print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} {'speedup':>8} "
-          f"{'seconds':>8} {'builds s':>8}  tuned geometry")
+    print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} "
+          f"{'speedup':>8} {'seconds':>8} {'builds s':>8}  tuned geometry")
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
         if r.candidates and math.isnan(r.default_us):
@@ -126,8 +131,10 @@ def run(args: argparse.Namespace) -> int:
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")
-    print(f"\n{len(results)} workload{'s' if len(results) != 1 else ''} in {defaults_seconds + sum(r.seconds for r in results):.1f} s "
-          f"(the defaults built first: {defaults_seconds:.1f} s; waiting on builds {builder.build_seconds:.1f} s in all; "
+    print(f"\n{len(results)} workload{'s' if len(results) != 1 else ''} in "
+          f"{defaults_seconds + sum(r.seconds for r in results):.1f} s "
+          f"(the defaults built first: {defaults_seconds:.1f} s; "
+          f"waiting on builds {builder.build_seconds:.1f} s in all; "
           f"the rest measures on {where} and searches)")
     if builder.built:
         print(f"builds: {builder.built} candidates in {builder.max_workers} worker processes, "
@@ -139,12 +146,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
               f"database's, measured when it was tuned on a device with key {key} (not necessarily {where}).")
     else:
-        print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on {where} ({key}); rows with fewer new than candidates also show the "
+        print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on {where} ({key}); "
+              "rows with fewer new than candidates also show the "
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
-        print(f"tvm-canary tune: stopped at --time-limit {args.time_limit:g} s: {len(left)} workload{'s' if len(left) != 1 else ''} "
-              f"not tuned in this run (their earlier records, if any, are kept): {', '.join(f'{k} {b}' for k, b in left)}",
+        print(f"tvm-canary tune: stopped at --time-limit {args.time_limit:g} s: "
+              f"{len(left)} workload{'s' if len(left) != 1 else ''} "
+              "not tuned in this run (their earlier records, if any, are kept): "
+              f"{', '.join(f'{k} {b}' for k, b in left)}",
               file=sys.stderr)
     if failed:
         # The database is written and usable (those workloads run the default), but the run is not whole.

@@ -139,7 +139,8 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
         result = _tune(kernel, bucket, tag, db, trials, log_dir, builder, runner, verbose, default_build)
     finally:
         discard_build(default_build)  # not run: the search drew the default, or the workload failed
-    return dataclasses.replace(result, seconds=time.monotonic() - start, build_seconds=builder.build_seconds - built_before)
+    return dataclasses.replace(result, seconds=time.monotonic() - start,
+                               build_seconds=builder.build_seconds - built_before)
 
 
 def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path, builder, runner,
@@ -221,7 +222,8 @@ def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> No
 
     sch = scheduled(mod, knobs, geom)
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [float(t) for t in run_secs], target, args_info))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [float(t) for t in run_secs],
+                                                     target, args_info))
 
 
 def scheduled(mod, knobs: dict, geom):

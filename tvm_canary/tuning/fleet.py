@@ -86,7 +86,8 @@ def _server_info(session, rpc_key: str, device_type: str) -> dict:
     ours = measure.protocol()
     if info.get("protocol") != ours:
         raise RuntimeError(f"kv-canary: an RPC server under key {rpc_key!r} runs tvm_canary with another measurement "
-                           f"protocol ({info.get('protocol')}, this host {ours}): start the servers from this host's tvm_canary")
+                           f"protocol ({info.get('protocol')}, this host {ours}): start the servers from this host's "
+                           "tvm_canary")
     return info
 
 
@@ -237,7 +238,8 @@ def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
                                f"{TRACKER_TIMEOUT_S} s (all taken by other clients, or gone)")
         time.sleep(0.5)
     return _bounded(f"a session on key {rpc_key!r}",
-                    lambda: rpc.connect_tracker(host, port).request(rpc_key, priority=1, session_timeout=session_timeout))
+                    lambda: rpc.connect_tracker(host, port).request(rpc_key, priority=1,
+                                                                    session_timeout=session_timeout))
 
 
 def _server_function(session, rpc_key: str, name: str):
@@ -264,7 +266,8 @@ def _held_session(device_key: str, device_type: str, rpc_config):
             return session
         except Exception:  # noqa: BLE001 - a dead session: open another
             _held.clear()
-    session = _request(rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key, rpc_config.session_timeout_sec)
+    session = _request(rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key,
+                       rpc_config.session_timeout_sec)
     found = _server_info(session, rpc_config.tracker_key, device_type)["key"]
     if found != device_key:
         raise RuntimeError(f"kv-canary: an RPC server under key {rpc_config.tracker_key!r} has device key {found}, "
@@ -284,7 +287,8 @@ def _run_remote(device_type, session, rt_mod, _device, config, repeated_args):
     """Check and time the candidate on the server (``_run_case``)."""
     (bucket,) = repeated_args[0]
     run = session.get_function("tvm_canary.fleet.run_case")
-    return json.loads(run(rt_mod, json.dumps(list(bucket)), device_type, config.number, config.repeat, config.min_repeat_ms))
+    return json.loads(run(rt_mod, json.dumps(list(bucket)), device_type, config.number, config.repeat,
+                          config.min_repeat_ms))
 
 
 def _cleanup_remote(session, remote_path) -> None:
@@ -298,7 +302,8 @@ def _cleanup_remote(session, remote_path) -> None:
 
 
 @contextlib.contextmanager
-def local_fleet(rpc_key: str, server_envs: list[dict], log_dir: pathlib.Path | None = None, start_timeout_s: float = 120):
+def local_fleet(rpc_key: str, server_envs: list[dict], log_dir: pathlib.Path | None = None,
+                start_timeout_s: float = 120):
     """Start an RPC tracker on 127.0.0.1 and one ``tvm-canary rpc-server`` per entry of ``server_envs``
     (extra environment of that server, e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``), wait until every server
     is registered, yield the tracker's ``HOST:PORT``, and stop them all (process groups: TERM, then KILL)
@@ -320,9 +325,11 @@ def local_fleet(rpc_key: str, server_envs: list[dict], log_dir: pathlib.Path | N
     port = _free_port()
     address = f"127.0.0.1:{port}"
     try:
-        start("tracker", ["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)], {})
+        start("tracker", ["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                          "--port-end", str(port + 1)], {})
         for i, extra_env in enumerate(server_envs):
-            start(f"server-{i}", ["-m", "tvm_canary", "rpc-server", "--tracker", address, "--key", rpc_key, "--host", "127.0.0.1",
+            start(f"server-{i}", ["-m", "tvm_canary", "rpc-server", "--tracker", address, "--key", rpc_key,
+                                  "--host", "127.0.0.1",
                                   "--port", str(_free_port()), "--port-end", "65535"], extra_env)
         deadline = time.monotonic() + start_timeout_s
         while True:
@@ -332,7 +339,8 @@ def local_fleet(rpc_key: str, server_envs: list[dict], log_dir: pathlib.Path | N
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"kv-canary: the RPC tracker or a server exited at start (logs: {log_dir})")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"kv-canary: {len(server_envs)} RPC servers not registered within {start_timeout_s} s")
+                raise RuntimeError(f"kv-canary: {len(server_envs)} RPC servers not registered "
+                                   f"within {start_timeout_s} s")
             time.sleep(0.5)
         yield address
     finally:

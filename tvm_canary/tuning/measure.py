@@ -44,7 +44,9 @@ from . import workloads
 # Per wave of builds (a round of n candidates on w workers is ceil(n / w) waves): a build that hangs fails
 # its round instead of the run. A build takes seconds; the first wave also starts the workers.
 BUILD_TIMEOUT_S = 120
-GRAPH_LAUNCHES = 4  # copies of a case's launch per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold 2-4 launches)
+# copies of a case's launch per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold
+# 2-4 launches)
+GRAPH_LAUNCHES = 4
 # A value spans at least this much GPU time (``replays_per_value``): a long graph needs fewer replays
 # than the evaluator's ``number`` to be as steady.
 VALUE_MIN_US = 20_000.0
@@ -78,7 +80,8 @@ def _build_exported(job: tuple) -> tuple[str, float]:
 @derived_object
 class CandidateBuilder(ms.builder.PyBuilder):
     """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
-    per CPU this process may use, ``compile.usable_cpus``) spawned processes that live until ``shutdown()``. ``build_seconds``: the wall time its
+    per CPU this process may use, ``compile.usable_cpus``) spawned processes that live until ``shutdown()``.
+    ``build_seconds``: the wall time its
     callers have spent waiting in ``build`` (rounds of builds, pool start-ups included); ``built`` and
     ``worker_seconds``: the candidates built and the seconds the workers spent building them, which
     tell a slow build from a pool that builds fewer at once than it has workers."""
@@ -98,7 +101,8 @@ class CandidateBuilder(ms.builder.PyBuilder):
         start = time.monotonic()
         if self._pool is None:
             # spawn: the tuning process may hold a CUDA context, which a forked worker could not use
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.max_workers,
+                                                                mp_context=multiprocessing.get_context("spawn"))
         futures = [self._submit(_job(i.mod, i.target)) for i in build_inputs]
         waves = -(-len(futures) // self.max_workers)
         _, pending = concurrent.futures.wait(futures, timeout=BUILD_TIMEOUT_S * max(waves, 1))
@@ -220,7 +224,9 @@ def run_case(rt_mod, device, config, repeated_args):
         # won there lost in the benchmark (docs/TUNING.md).
         graphs = [timing.capture([lambda args=args: function(*args)] * GRAPH_LAUNCHES) for args in case.launches]
         replays = [replays_per_value(timing.median_us(graph.replay, 1), config.number) for graph in graphs]
-        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, n) for _ in range(config.repeat) for graph, n in zip(graphs, replays)]
-    timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
+        return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, n) for _ in range(config.repeat)
+                for graph, n in zip(graphs, replays)]
+    timer = rt_mod.time_evaluator(name, device, number=config.number, repeat=config.repeat,
+                                  min_repeat_ms=config.min_repeat_ms)
     per_launch = [timer(*args).results for args in case.launches]
     return [value for values in zip(*per_launch) for value in values]

@@ -29,7 +29,8 @@ def restamp(work_dir: pathlib.Path) -> int:
 
     from .workloads import bucket_of, descriptor
 
-    records = [json.loads(line) for line in (work_dir / "database_tuning_record.json").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in (work_dir / "database_tuning_record.json").read_text().splitlines()
+               if line.strip()]
     kinds = {record[1][2]["kind"] for record in records}
     if len(kinds) != 1:
         raise SystemExit(f"restamp: {work_dir} has records for target kinds {sorted(kinds)}; expected one")
