@@ -3,9 +3,9 @@ geometry a launch can ask for.
 
 ``build_all(tags, out_dir, tuning_keys)`` writes one ``<module key>.so`` per (kernel, specialization,
 tag, geometry) plus ``manifest.json``. The geometries are the defaults (``targets.default_geometries``)
-and those the tuning databases of ``tuning_keys`` select for the specialization's launch modes, so a host whose launches take their
-geometry from one of those databases finds every module it asks for. A host with only torch,
-apache-tvm-ffi and the TVM runtime loads them through the normal public API when
+and those the tuning databases of ``tuning_keys`` select for the specialization's launch modes, so a
+host whose launches take their geometry from one of those databases finds every module it asks for. A
+host with only torch, apache-tvm-ffi and the TVM runtime loads them through the normal public API when
 ``TVM_CANARY_MODULES`` names the directory (it uses the default geometries: reading a database needs
 the TVM compiler). CUDA device code is compiled for each arch at build time where TVM's CUDA runtime
 can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA source, compiled at load by

@@ -106,7 +106,8 @@ def _first_launch(name: str, spec: tuple, device: torch.device, size: int | tupl
     size classes, ``targets.default_geometries``). A later write at another token count then loads and
     compiles nothing (a CUDA graph being captured, a serving loop past its warm-up)."""
     with _lock:
-        _by_launch[name, spec, device, size, mode] = fn = _module(name, spec, device, geometry(name, device, size, mode))
+        fn = _module(name, spec, device, geometry(name, device, size, mode))
+        _by_launch[name, spec, device, size, mode] = fn
         if name == "write":
             for geom in _write_geometries(device, mode):
                 _module(name, spec, device, geom)
@@ -191,8 +192,9 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
         return path
     if not compiler_available():
         raise RuntimeError(
-            f"kv-canary: no prebuilt module {filename} in TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} "
-            "and this TVM has no compiler (runtime-only); build it with `tvm-canary build` on a host with the compiler"
+            f"kv-canary: no prebuilt module {filename} in "
+            f"TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} and this TVM has no compiler "
+            "(runtime-only); build it with `tvm-canary build` on a host with the compiler"
         )
     with _build_lock(path):  # another process building the same module: wait for its file instead
         damage = damaged_module(path) if path.exists() else None
@@ -219,7 +221,8 @@ def damaged_module(path: pathlib.Path) -> str | None:
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] not in _ELF_HEADER or data[5] != 1:
         return f"not a little-endian ELF shared library ({len(data)} bytes)"
     fields = struct.unpack_from(_ELF_HEADER[data[4]], data, 16)
-    phoff, shoff, phentsize, phnum, shentsize, shnum = fields[4], fields[5], fields[8], fields[9], fields[10], fields[11]
+    phoff, shoff = fields[4], fields[5]
+    phentsize, phnum, shentsize, shnum = fields[8], fields[9], fields[10], fields[11]
     needed = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
     fmt, offset_at, size_at = _PROGRAM_HEADER[data[4]]
     if phoff + phentsize * phnum <= len(data):

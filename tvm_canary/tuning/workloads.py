@@ -104,7 +104,8 @@ def tuned_spec(kernel: str, bucket: tuple) -> tuple:
 # hand) so that only a change of the kernel's TensorIR changes the hash; without and with paired folds
 # (``Geometry.pairs``), whose code differs where sources are folded (``specializations.launch_mode``).
 _HASH_GEOMETRIES = {
-    "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, pairs=p) for p in (0, 1)),
+    "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, pairs=p)
+                  for p in (0, 1)),
     "llvm": tuple(Geometry(gpu=False, unroll=4, pairs=p) for p in (0, 1)),
 }
 # Names the way hashes are computed in the remembered tables' file names (``kernel_hash``): a table
@@ -191,7 +192,8 @@ def descriptor(kernel: str, bucket: tuple, target_kind: str):
     from tvm.script.ir_builder import tirx as Tb
 
     assert len(bucket) < 3 or bucket[2] in (1, 2), f"{bucket}: a write bucket's mode is PARTIAL or ALL (NONE has none)"
-    attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket), "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
+    attrs = {"canary.kernel": kernel, "canary.bucket": list(bucket),
+             "canary.kernel_hash": kernel_hash(kernel, bucket, target_kind)}
     n = bucket[0]
     with IRBuilder() as builder:
         with Tb.prim_func(s_tir=True):
