@@ -20,7 +20,7 @@ SLOTS, ROWS, MAX_LEN, BS, EXTEND = 256, 5, 16, 4, 2
 TOKENS = BS * EXTEND
 
 
-def make_state(device: str) -> dict[str, torch.Tensor]:
+def make_state(device: str, verify_capacity: int = 64) -> dict[str, torch.Tensor]:
     """Canary state, plans, tables and one step's inputs (int64 unless the API says otherwise)."""
     gen = torch.Generator().manual_seed(0)
     r2t = torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN].add(1).to(torch.int32).view(ROWS, MAX_LEN)
@@ -34,8 +34,9 @@ def make_state(device: str) -> dict[str, torch.Tensor]:
         pool=torch.zeros(ROWS, MAX_LEN, dtype=torch.int32), flat=torch.zeros(BS * MAX_LEN, dtype=torch.int64),
         offsets=torch.zeros(BS + 1, dtype=torch.int64), ids=torch.zeros(TOKENS, dtype=torch.int64),
         pos=torch.zeros(TOKENS, dtype=torch.int64), ocl=torch.zeros(TOKENS, dtype=torch.int64),
-        v_slots=torch.zeros(64, dtype=torch.int64), v_tokens=torch.zeros(64, dtype=torch.int64),
-        v_pos=torch.zeros(64, dtype=torch.int64), v_prev=torch.zeros(64, dtype=torch.int64),
+        v_slots=torch.zeros(verify_capacity, dtype=torch.int64),
+        v_tokens=torch.zeros(verify_capacity, dtype=torch.int64),
+        v_pos=torch.zeros(verify_capacity, dtype=torch.int64), v_prev=torch.zeros(verify_capacity, dtype=torch.int64),
         v_num=torch.zeros(1, dtype=torch.int32), v_enable=torch.ones(1, dtype=torch.int32),
         w_offsets=torch.zeros(BS + 1, dtype=torch.int64), w_seeds=torch.zeros(BS, dtype=torch.int64),
         w_num=torch.zeros(1, dtype=torch.int32),
@@ -127,6 +128,49 @@ def test_fullgraph_compile_equals_eager(device, backend):
     assert int(want[2][0]) > 0  # the corrupted slot was detected (write index of the ring)
     got = run_steps(torch.compile(serving_step, fullgraph=True, backend=backend), make_state(device))
     assert_same_bytes(got, want)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_the_verify_capacity_can_be_a_dynamic_dimension(device):
+    """Marked dynamic, the verify plan's capacity stays symbolic through the checks and the operator:
+    one graph serves three capacities, each byte-equal to eager (the checks indexed it, which made it
+    a constant of the graph: marked dynamic it failed to compile)."""
+    require(device)
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(serving_step, fullgraph=True, backend="aot_eager")
+    for capacity in (48, 64, 80):
+        want = run_steps(serving_step, make_state(device, capacity))
+        s = make_state(device, capacity)
+        for name in ("v_slots", "v_tokens", "v_pos", "v_prev"):
+            torch._dynamo.mark_dynamic(s[name], 0)
+        assert_same_bytes(run_steps(compiled, s), want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_state_inside_a_buffer_of_another_dtype(backend):
+    """A one-element view of another dtype at a nonzero offset of a larger buffer, taken inside the
+    compiled step, reaches an operator empty under torch.compile (torch rebuilds
+    ``buf[i : i + 1].view(torch.int32)[:1]`` wrongly): the operator refuses it with a kv-canary error
+    (its writes were lost: the enable flag stayed 0, on every backend). Viewed from the whole buffer,
+    as the session's status words are, the same state compiles byte-equal to eager."""
+    def state():
+        s = make_state("cpu")
+        del s["v_enable"]
+        s["status"] = torch.tensor([0, 1], dtype=torch.int64)  # word 1's low half: the plan's enable flag
+        return s
+
+    def step_viewing(view):
+        return lambda s: serving_step({**s, "v_enable": view(s["status"])})
+
+    whole = step_viewing(lambda status: status.view(torch.int32)[2:3])
+    sliced = step_viewing(lambda status: status[1:2].view(torch.int32)[:1])
+    want = run_steps(whole, state())
+    assert int(want[-1][1]) == 1  # verify ran (the flag is set again by each plan)
+    assert_same_bytes(run_steps(torch.compile(whole, fullgraph=True, backend=backend), state()), want)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="^kv-canary: enable reached the operator with 0 elements, not 1"):
+        run_steps(torch.compile(sliced, fullgraph=True, backend=backend), state())
 
 
 def test_reduce_overhead_replays_with_refilled_inputs():

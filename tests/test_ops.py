@@ -16,6 +16,7 @@ import torch
 
 import tvm_canary as tc
 from tvm_canary import ops
+from tvm_canary.cases import LAUNCH
 from tvm_canary.reference import REFERENCE
 from tvm_canary.runtime import use_backend
 
@@ -81,15 +82,25 @@ def test_schema_declares_what_each_kernel_writes():
     }
 
 
-def test_public_launch_under_a_dispatch_mode_goes_through_the_operator():
+@pytest.mark.parametrize("kernel", ["verify", "write", "plan", "scatter"])
+def test_public_launch_under_a_dispatch_mode_goes_through_the_operator(kernel, recwarn):
     """Under FakeTensorMode the launch must record the operator (whose fake runs), not call the kernel
-    (which cannot take fake tensors)."""
+    (which cannot take fake tensors), and its checks read no data pointer (a fake tensor has none:
+    torch warned that reading one is deprecated)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    case = CASES["scatter"](torch.Generator().manual_seed(0), "cpu")
+    def fake(obj, mode):
+        if isinstance(obj, torch.Tensor):
+            return mode.from_tensor(obj)
+        if dataclasses.is_dataclass(obj):
+            fields = dataclasses.fields(obj)
+            return dataclasses.replace(obj, **{f.name: fake(getattr(obj, f.name), mode) for f in fields})
+        return tuple(fake(x, mode) for x in obj) if isinstance(obj, tuple) else obj
+
+    case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
     with FakeTensorMode() as mode:
-        fake = {k: mode.from_tensor(v) for k, v in case.items()}
-        tc.launch_scatter_req_token_ids_kernel(**fake)
+        LAUNCH[kernel](**{k: fake(v, mode) for k, v in case.items()})
+    assert not [w for w in recwarn if "data pointer" in str(w.message)], [str(w.message) for w in recwarn]
 
 
 @pytest.mark.parametrize("kernel", ["verify", "write"])

@@ -57,7 +57,11 @@ def require_int64(value: object, name: str) -> int:
 
 
 def require_integer(value: object, name: str) -> int:
-    """``value`` as an int; Python and numpy ints (anything with ``__index__``) are accepted."""
+    """``value`` as an int; Python and numpy ints (anything with ``__index__``) are accepted. An int, or a
+    traced caller's symbolic size (``torch.SymInt``, which ``torch.compile`` shows as an int), is returned
+    as it is: indexing a symbolic size would make it a constant of the compiled graph."""
+    if type(value) is int or isinstance(value, torch.SymInt):
+        return value
     try:
         return operator.index(value)
     except TypeError:

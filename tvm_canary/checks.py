@@ -181,9 +181,20 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
                 f"{row_bytes} bytes but page_size={source.page_size} x "
                 f"num_bytes_per_token={source.num_bytes_per_token} needs {needed}"
             )
-        if not torch.compiler.is_compiling():  # no data pointer while tracing: the operator checks it
+        if not tracing():  # no data pointer while tracing: the operator checks it
             check_word_aligned(tensor, name)
         _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
+
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def tracing() -> bool:
+    """Whether torch traces the caller: torch.compile or export, or any dispatch mode (FakeTensor,
+    functionalization, ...) is active; tensors have no data pointer then. ``is_compiling`` comes
+    first: a compiled caller sees a constant."""
+    return _is_compiling() or _dispatch_modes() > 0
 
 
 EXPECTED_INPUTS_UNUSED = "kv-canary: expected input tensors must be None when enable_write_input_assert=False"
@@ -219,7 +230,7 @@ def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bo
             f"kv-canary: canary_buf slot stride must hold at least {consts.CANARY_FIELDS_PER_SLOT} int64 fields, "
             f"got {fields}"
         )
-    if not torch.compiler.is_compiling():  # no data pointer while tracing: the operator checks it
+    if not tracing():  # no data pointer while tracing: the operator checks it
         check_word_aligned(buf, "canary_buf")
 
     ring = context.violation_ring

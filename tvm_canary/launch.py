@@ -19,8 +19,7 @@ from .context import VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
 
 _ops = torch.ops.tvm_canary
-_is_compiling = torch.compiler.is_compiling
-_dispatch_modes = torch._C._len_torch_dispatch_stack
+_tracing = checks.tracing
 
 
 def launch_canary_write_kernel(
@@ -95,12 +94,6 @@ def launch_scatter_req_token_ids_kernel(
     kwargs = dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
     checks.check_scatter(**kwargs)
     _dispatch("scatter", kwargs)
-
-
-def _tracing() -> bool:
-    """Whether torch traces the caller: torch.compile or export, or any dispatch mode (FakeTensor,
-    functionalization, ...) is active. ``is_compiling`` comes first: a compiled caller sees a constant."""
-    return _is_compiling() or _dispatch_modes() > 0
 
 
 def _dispatch(kernel: str, kwargs: dict) -> None:

@@ -35,7 +35,7 @@ import torch
 
 from . import checks, reference
 from .consts import RealKvHashMode
-from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
+from .context import SINK_FIELDS, CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan, plan_tensors
 from .runtime import get_kernel, packing, use_reference
 
@@ -111,7 +111,7 @@ def plan_args(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
               swa_window_size, full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens,
               req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset) -> tuple:
     return (*plan_tensors(verify_plan_out), *plan_tensors(write_plan_out), req_pool_indices, prefix_lens,
-            extend_seq_lens, req_to_token, int(swa_window_size), full_to_swa_index_mapping, int(verify_capacity),
+            extend_seq_lens, req_to_token, int(swa_window_size), full_to_swa_index_mapping, verify_capacity,
             req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
             int(kv_token_id_vs_position_offset))
 
@@ -138,6 +138,10 @@ def write(
     expected_input_tokens: Optional[Tensor], expected_input_positions: Optional[Tensor],
 ) -> None:
     """``launch_canary_write_kernel`` unchecked (SPEC 3.1)."""
+    _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
+                         kernel_run_counter=kernel_run_counter,
+                         enable_chain_position_assert=enable_chain_position_assert,
+                         write_num_valid_reqs=write_num_valid_reqs)
     run("write", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
                          enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
@@ -158,6 +162,8 @@ def verify(
     verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor, check_verify_expected_token: bool,
 ) -> None:
     """``launch_canary_verify_kernel`` unchecked (SPEC 3.2)."""
+    _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
+                         kernel_run_counter=kernel_run_counter, verify_num_valid=verify_num_valid, enable=enable)
     run("verify", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
                          enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
@@ -180,6 +186,7 @@ def plan(
     kv_token_id_vs_position_offset: int,
 ) -> None:
     """``launch_canary_plan_kernels`` unchecked (SPEC 3.3)."""
+    _require_one_element(verify_num_valid=verify_num_valid, enable=enable, write_num_valid_reqs=write_num_valid_reqs)
     run("plan", dict(
         verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
                                    verify_expected_tokens=verify_expected_tokens,
@@ -202,10 +209,22 @@ def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out
     run("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
 
 
-_CONTEXT_WRITES = ("violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter")
+def _require_one_element(**tensors: Tensor) -> None:
+    """The operator's one-element state (write index, counters, flags, counts) arrived whole. Under
+    ``torch.compile`` (aot_eager, Inductor) a one-element view of another dtype at a nonzero offset of a
+    larger buffer (``buf[i : i + 1].view(torch.int32)[:1]``) reaches an operator empty: torch rebuilds
+    the view wrongly, and its writes would be lost (violations unreported, on every backend)."""
+    for name, tensor in tensors.items():
+        if tensor.numel() != 1:
+            raise ValueError(
+                f"kv-canary: {name} reached the operator with {tensor.numel()} elements, not 1: under torch.compile "
+                "a one-element view of another dtype inside a larger buffer arrives empty; view the buffer whole "
+                "(buf.view(torch.int32)[2 * i : 2 * i + 1], not buf[i : i + 1].view(torch.int32)[:1])")
+
+
 _MUTATES = {
-    write: ("canary_buf",) + _CONTEXT_WRITES,
-    verify: _CONTEXT_WRITES,
+    write: ("canary_buf", *SINK_FIELDS),
+    verify: SINK_FIELDS,
     plan: ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
            "verify_num_valid", "enable", "write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"),
     scatter: ("pool_out",),

@@ -215,8 +215,9 @@ class CanarySession:
     # ------------------------------------------------------------------ construction
 
     def _status_word(self, i: int) -> torch.Tensor:
-        """int32 ``[1]`` view of the first 4 bytes of status word ``i``."""
-        return self._status[i : i + 1].view(torch.int32)[:1]
+        """int32 ``[1]`` view of the first 4 bytes of status word ``i``, taken from a view of the whole
+        buffer (torch.compile rebuilds ``status[i : i + 1].view(torch.int32)[:1]`` empty: ``ops``)."""
+        return self._status.view(torch.int32)[2 * i : 2 * i + 1]
 
     def _make_group(self, name: str, config: CanaryGroup, index: int) -> _Group:
         contexts = {}
