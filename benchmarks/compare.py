@@ -11,18 +11,25 @@ and the rows of either run faster than one of their floors by more than the nois
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import verdicts
-from plot import read_run
+from plot import load
 
 
 def main(argv=None) -> int:
-    a_path, b_path = (argv or sys.argv[1:])[:2]
-    a, b = (read_run(p) for p in (a_path, b_path))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("first", help="a bench_kernels.py --json file")
+    ap.add_argument("second", help="another")
+    args = ap.parse_args(argv)
+    a_path, b_path = args.first, args.second
+    a, b = (load(p, "compare.py") for p in (a_path, b_path))
+    if a is None or b is None:
+        return 2
     rows_b = {(r["kernel"], r["case"]): r for r in b["rows"]}
     slower = []
-    print(f"{a.get('gpu') or a['env']['gpu']}: {a_path} vs {b_path}")
+    print(f"{a['env']['gpu']}: {a_path} vs {b_path}")
     print(f"{'kernel':8} {'case':24} {'first us':>11} {'second us':>10} {'2nd/1st':>9} "
           f"{'1st/floor':>9} {'2nd/floor':>11}")
     for ra in a["rows"]:
@@ -35,6 +42,10 @@ def main(argv=None) -> int:
         if rel > verdicts.TUNED_SLOWER:
             slower.append(f"{ra['kernel']} {ra['case']} ({rel:.3f}x)")
     print(f"second run more than {verdicts.TUNED_SLOWER_PERCENT} slower: {', '.join(slower) if slower else 'none'}")
+    rows_a = {(r["kernel"], r["case"]) for r in a["rows"]}
+    for path, only in ((a_path, rows_a - set(rows_b)), (b_path, set(rows_b) - rows_a)):
+        if only:
+            print(f"only in {path}: {', '.join(f'{k} {c}' for k, c in sorted(only))}")
     below = [f"{path}: {label}" for path, run in ((a_path, a), (b_path, b)) for r in run["rows"]
              if (label := verdicts.below_floor_label(r))]
     print(f"rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT}: "

@@ -38,11 +38,14 @@ def group_of(row, target) -> str:
 
 
 def summary(run) -> str:
+    from plot import INCOMPLETE
+
     groups: dict[str, list] = {}
     for row in run["rows"]:
         for target in row.get("targets", []):
             groups.setdefault(group_of(row, target), []).append((row, target))
-    lines = ["| target | PASS | FAIL | failing rows (ratio) |", "| --- | --- | --- | --- |"]
+    lines = [] if run.get("complete", True) else [INCOMPLETE, ""]
+    lines += ["| target | PASS | FAIL | failing rows (ratio) |", "| --- | --- | --- | --- |"]
     for name, entries in groups.items():
         failed = [f"{r['case']} ({t['ratio']:.2f})" for r, t in entries if t["ratio"] > t["limit"]]
         lines.append(f"| {name} | {len(entries) - len(failed)} | {len(failed)} | {', '.join(failed) or '-'} |")

@@ -31,7 +31,7 @@ def _row(kernel, case, us, floor_us, **extra):
     return dict(kernel=kernel, case=case, us=us, floor="gather 1056x128", floor_us=floor_us, bytes=1000, **extra)
 
 
-def test_plot_tables_and_targets(tmp_path):
+def test_plot_tables_and_targets(tmp_path, capsys):
     import bench_kernels
     import plot
     import report
@@ -68,6 +68,18 @@ def test_plot_tables_and_targets(tmp_path):
     assert "| verify, >= 1M entries: <= 1.10 x floor | 0 | 1 | NONE chain 1048576 (1.50) |" in lines
     assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 0 | - |" in lines
     assert "| write, real-KV modes: <= 1.10 x NONE | 0 | 1 | PARTIAL 1x32768 (1.20) |" in lines
+    # compare.py: the rows of both runs, and those only one has; an incomplete run says so in the summary
+    import compare
+
+    path.write_text(json.dumps({**run, "rows": rows[2:], "complete": False}))
+    (tmp_path / "whole.json").write_text(json.dumps(run))
+    assert compare.main([str(tmp_path / "whole.json"), str(path)]) == 0
+    assert "only in " + str(tmp_path / "whole.json") + ": verify ALL random 4096, verify NONE chain 1048576" in (
+        capsys.readouterr().out)
+    assert report.main([str(path), "--markdown", str(summary)]) == 0
+    assert summary.read_text().startswith(plot.INCOMPLETE)
+    (tmp_path / "old.json").write_text(json.dumps({"gpu": "old GPU", "rows": []}))  # a run of the earlier bench
+    assert compare.main([str(path), str(tmp_path / "old.json")]) == 2
     assert "Rows with targets: 1 PASS, 3 FAIL." in lines
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
@@ -301,6 +313,9 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (5.8, "hash 2112x32 sources split + launch")
     bench.bounds(row, "gather", "ALL", times, empty_us=1.6)
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.3, "hash + ticket 2112x32 sources in turn")
+    # the ordered floor does the hash floor's work and more: a hash floor measured above it was noise
+    bench.bounds(row, "gather", "ALL", {**times, ("gather-ticket-seq-ALL", "2112x32"): 4.5}, empty_us=1.0)
+    assert (row["hash_floor_us"], row["hash_floor"]) == (4.5, "hash + ticket 2112x32 sources in turn")
 
 
 def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
