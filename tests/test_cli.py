@@ -129,6 +129,8 @@ BAD_VALUES = [
     (["conformance", "--devices", ","], "argument --devices: kv-canary: no device in ','"),
     (["conformance", "--cases", "-1"], "argument --cases: must be at least 0, got -1"),
     (["conformance", "--json", "/"], "argument --json: / is a folder, not a file"),
+    (["conformance", "--case", f"diff:{2**64}"], f"argument --case: kv-canary: case id 'diff:{2**64}': the seed must "
+     "fit in int64"),
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
     (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
     (["tune", "--target", "llvm", "--time-limit", "-5"], "argument --time-limit: must be at least 0, got -5"),

@@ -222,3 +222,38 @@ def test_relax_call_needs_the_parameters_of_a_given_source():
         with pytest.raises(TypeError, match="kv-canary: missing argument 'ps0'"):
             canary_relax.call_kernel(bb, verify, kind=int(TAG), **x)
         bb.emit_func_output(relax.Tuple([x["ring"]]))
+
+
+def test_relax_call_needs_the_sources_its_specialization_folds():
+    """A slot the specialization folds cannot be left out: left out, it took the unused slot's
+    placeholder and every entry was reported as INVALID_INDEX."""
+    bb = relax.BlockBuilder()
+    verify = canary_relax.add_kernel(bb, "verify", (1, False, False, 0), "llvm")
+    names = canary_relax.parameters(bb, verify)
+    shapes = {"buf": (SLOTS, 4), "ring": (RING, 8)}
+    dtypes = {"num_valid": "int32", "enable": "int32", "write_index": "int32", "flags": "int32"}
+    x = {n: relax.Var(n, relax.TensorType(shapes.get(n, (SLOTS,)), dtypes.get(n, "int64")))
+         for n in names if n in shapes or n in dtypes or n in ("slots", "etoks", "epos", "prevs", "slot_counter",
+                                                               "kernel_counter")}
+    with bb.function("main", list(x.values())):
+        with pytest.raises(TypeError, match="kv-canary: missing argument 'src0'"):
+            canary_relax.call_kernel(bb, verify, kind=int(TAG), **x)
+        bb.emit_func_output(relax.Tuple([x["ring"]]))
+
+
+def test_relax_one_specialization_in_two_geometries_is_two_functions():
+    """Added for two launch modes whose default CUDA geometries differ, one specialization is two
+    functions with symbols of their own (both took its name: the module failed to build); added again
+    in the same geometry, it is the function already there. No GPU is needed to build the IR."""
+    bb = relax.BlockBuilder()
+    spec = (1, False, False, 0)
+    none = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=0, size=1024)
+    partial = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=1, size=1024)
+    assert canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=0, size=1024).same_as(none)
+    mod = bb.finalize()
+    symbols = sorted(str(f.attrs["global_symbol"]) for f in mod.functions.values())
+    assert len(symbols) == 2 and symbols[0] == "canary_verify_1_0_0_0", symbols
+    assert symbols[1].startswith("canary_verify_1_0_0_0_cuda_b"), symbols
+    assert not none.same_as(partial)
+    with pytest.raises(ValueError, match="kv-canary: no kernel 'nosuch'"):
+        canary_relax.add_kernel(bb, "nosuch")

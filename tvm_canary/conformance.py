@@ -306,8 +306,10 @@ def case_id(text: str) -> str:
     (write's ``cases.long_write_case``)."""
     kind, _, arg = text.partition(":")
     golden = {name for by_name in C.GOLDEN.values() for name in by_name}
-    if not ((kind == "golden" and arg in golden)
-            or (kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit())):
+    seeded = kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit()
+    if seeded and not -(2**63) <= int(arg) < 2**63:
+        raise argparse.ArgumentTypeError(f"kv-canary: case id {text!r}: the seed must fit in int64 (torch's seeds)")
+    if not ((kind == "golden" and arg in golden) or seeded):
         raise argparse.ArgumentTypeError(
             f"kv-canary: case id {text!r}: expected golden:NAME (NAME in {', '.join(sorted(golden))}), diff:SEED, "
             "garbage:SEED or long:SEED (write)"

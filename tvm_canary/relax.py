@@ -4,17 +4,19 @@
 a ``relax.BlockBuilder`` (a user's IRModule: ``relax.BlockBuilder(mod)``); ``call_kernel(bb, gvar,
 **args)`` emits an in-place call of it (``R.call_tir_inplace``) whose results are the arguments the
 kernel writes. The Relax function is then built with ``tvm.compile`` and run in the Relax VM; torch
-tensors can be passed straight in (DLPack, zero-copy).
+tensors can be passed straight in (DLPack, zero-copy), except a 2-D table with no columns (a
+``req_to_token`` or token pool ``[R, 0]``), whose strides torch reports as ``(1, 1)``, which tvm-ffi
+refuses: pass ``runtime.packing.table(t)``, as the launch functions do.
 
 Arguments are the kernel's TensorIR parameters, by name (see ``parameters(gvar)``): tensors are
 int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view ``[S, stride / 8]``, a
 real-KV source is its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``fw`` = page size,
 token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are
-Python ints. Unused source slots may be left out (all four of a slot's parameters; a given ``src<i>``
-needs its ``ps<i>``, ``tw<i>`` and ``fw<i>``). ``flags`` (verify, write) is an int32 scratch the
-caller allocates zeroed, one per violation ring (``runtime.packing.flags_for(ring, capacity,
-seed_saves=write_capacity)``: write keeps a seed save per request in it); the kernels leave it zero
-again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
+Python ints. Unused source slots may be left out (all four of a slot's parameters); the slots the
+specialization folds (its ``num_sources``) and a given ``src<i>`` need all four. ``flags`` (verify,
+write) is an int32 scratch the caller allocates zeroed, one per violation ring
+(``runtime.packing.flags_for(ring, capacity, seed_saves=write_capacity)``: write keeps a seed save
+per request in it); the kernels leave it zero again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
 
 Relax treats ``call_tir_inplace`` as pure: a call whose results are not used is deleted. Use every
 result (pass it to the next call, return it). The TensorIR kernels must stay outside dataflow blocks
@@ -29,6 +31,7 @@ import tempfile
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .runtime import compile as compile_cache
@@ -43,6 +46,7 @@ WRITES = {
     "scatter": ("pool",),
 }
 _KERNEL_ATTR = "tvm_canary.kernel"
+_SOURCES_ATTR = "tvm_canary.sources"  # the sources the specialization folds: their slots are used
 
 
 def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm",
@@ -52,23 +56,34 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
     sources: the ``RealKvHashMode`` its calls run in, which only picks the geometry; else 0) and
     workload point ``size`` (``runtime.packing.KernelCall.size``, e.g. verify's plan capacity; None: the
     default below any size class, ``targets.default_geometry``) to ``bb``'s module, named
-    ``canary_<kernel>[_<spec>]``; returns its GlobalVar. A ``spec`` that is not one of the kernel's
-    specializations (``specializations.all_specs``) raises ValueError."""
+    ``canary_<kernel>[_<spec>]``, or ``canary_<kernel>[_<spec>]_<geometry>`` when the module already
+    holds that specialization in another geometry (another ``mode`` or ``size`` on a GPU tag); returns
+    its GlobalVar (the one already there for the same function). An unknown ``kernel`` or a ``spec``
+    that is not one of its specializations (``specializations.all_specs``) raises ValueError."""
+    if kernel not in specializations.AXES:
+        raise ValueError(f"kv-canary: no kernel {kernel!r} (kernels: {', '.join(specializations.KERNELS)})")
     if tuple(spec) not in specializations.all_specs(kernel):
         axes = [name for name, _ in specializations.AXES[kernel]]
         raise ValueError(f"kv-canary: {kernel} has no specialization {tuple(spec)!r} (its axes: {axes})")
-    name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
-    attrs = {"global_symbol": name, "tirx.is_scheduled": True, _KERNEL_ATTR: kernel}
-    func = _default_ir(kernel, spec, tag, mode, size).with_attr(attrs)
-    return bb.add_func(func, name)
-
-
-def _default_ir(kernel: str, spec: tuple, tag: str, mode: int = 0,
-                size: int | tuple | None = None) -> tvm.tirx.PrimFunc:
-    """The kernel's TensorIR with the default geometry of the tag, launch mode and size. Parsing the
-    TVMScript takes seconds, so the IR is kept as JSON beside the compiled modules in the disk cache
-    (same key, so a changed kernel source is never reused)."""
     geom = targets.default_geometry(kernel, tag, mode, size)
+    name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
+    axes = [axis for axis, _ in specializations.AXES[kernel]]
+    sources = int(spec[axes.index("num_sources")]) if "num_sources" in axes else 0
+    ir = _default_ir(kernel, spec, tag, geom)
+    taken = {str(f.attrs["global_symbol"]): f for f in bb.get().functions.values()
+             if f.attrs is not None and "global_symbol" in f.attrs}
+    for symbol in (name, f"{name}_{geom.key().replace('-', '_')}"):
+        func = ir.with_attr({"global_symbol": symbol, "tirx.is_scheduled": True, _KERNEL_ATTR: kernel,
+                             _SOURCES_ATTR: sources})
+        if symbol not in taken or tvm_ffi.structural_equal(taken[symbol], func):
+            return bb.add_func(func, symbol)
+    raise AssertionError(f"{name}: two functions of one geometry differ")
+
+
+def _default_ir(kernel: str, spec: tuple, tag: str, geom) -> tvm.tirx.PrimFunc:
+    """The kernel's TensorIR in geometry ``geom`` (a default of the tag). Parsing the TVMScript takes
+    seconds, so the IR is kept as JSON beside the compiled modules in the disk cache (same key, so a
+    changed kernel source is never reused)."""
     path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
     if path.exists():
         return tvm.ir.load_json(path.read_text())
@@ -92,11 +107,12 @@ def call_kernel(bb: relax.BlockBuilder, gvar: relax.GlobalVar, **args) -> dict[s
     func = bb.get()[gvar]
     written = WRITES[str(func.attrs[_KERNEL_ATTR])]
     call_args, inplace, out_ty = [], [], []
-    given_sources = {name[3:] for name in args if name.startswith("src") and name[3:].isdigit()}
+    used_sources = {name[3:] for name in args if name.startswith("src") and name[3:].isdigit()}
+    used_sources |= {str(i) for i in range(int(func.attrs.get(_SOURCES_ATTR, 0)))}
     for i, param in enumerate(func.params):
         value = args.pop(param.name, None)
         if value is None:
-            value = _unused_source(param.name, given_sources)
+            value = _unused_source(param.name, used_sources)
         if isinstance(param.ty, tvm.ir.PrimType):
             value = relax.prim_value(tvm.tirx.IntImm(param.ty.dtype, int(value)))
         if param.name in written:
@@ -111,12 +127,12 @@ def call_kernel(bb: relax.BlockBuilder, gvar: relax.GlobalVar, **args) -> dict[s
     return {name: bb.emit(relax.TupleGetItem(result, k)) for k, name in enumerate(written)}
 
 
-def _unused_source(name: str, given_sources: set[str]):
+def _unused_source(name: str, used_sources: set[str]):
     """The value of a left-out parameter of an unused real-KV source slot (``src<i>``, ``ps<i>`` ...);
-    ``given_sources``: the slots whose ``src<i>`` the call gives, which are used, so their parameters
-    cannot be left out."""
-    if name.startswith("src") and name[3:].isdigit():
+    ``used_sources``: the slots the specialization folds and those whose ``src<i>`` the call gives,
+    whose parameters cannot be left out."""
+    if name.startswith("src") and name[3:].isdigit() and name[3:] not in used_sources:
         return relax.const(np.zeros((1, 1), dtype="int64"), "int64")
-    if name[:2] in packing.UNUSED_SOURCE and name[2:].isdigit() and name[2:] not in given_sources:
+    if name[:2] in packing.UNUSED_SOURCE and name[2:].isdigit() and name[2:] not in used_sources:
         return packing.UNUSED_SOURCE[name[:2]]
     raise TypeError(f"kv-canary: missing argument {name!r}")
