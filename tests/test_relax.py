@@ -207,17 +207,22 @@ def test_relax_add_kernel_rejects_a_tuple_that_is_not_a_specialization():
         canary_relax.add_kernel(bb, "write", (1, False, False, 32), "llvm")  # built in only with 2 sources
 
 
+def verify_tensor_vars(bb, verify, sources: dict) -> dict:
+    """Relax variables for an added verify kernel's tensor parameters (no source but ``sources``, a
+    name -> shape map)."""
+    shapes = {"buf": (SLOTS, 4), "ring": (RING, 8), **sources}
+    dtypes = {"num_valid": "int32", "enable": "int32", "write_index": "int32", "flags": "int32"}
+    vectors = ("slots", "etoks", "epos", "prevs", "slot_counter", "kernel_counter")
+    return {n: relax.Var(n, relax.TensorType(shapes.get(n, (SLOTS,)), dtypes.get(n, "int64")))
+            for n in canary_relax.parameters(bb, verify) if n in shapes or n in dtypes or n in vectors}
+
+
 def test_relax_call_needs_the_parameters_of_a_given_source():
     """An unused source slot's four parameters may be left out; a given ``src<i>`` needs its ``ps<i>``,
     ``tw<i>`` and ``fw<i>`` (left-out ones would take the unused slot's values and fold nothing)."""
     bb = relax.BlockBuilder()
     verify = canary_relax.add_kernel(bb, "verify", (1, False, False, 0), "llvm")
-    names = canary_relax.parameters(bb, verify)
-    shapes = {"buf": (SLOTS, 4), "ring": (RING, 8), "src0": (SLOTS, WORDS)}
-    dtypes = {"num_valid": "int32", "enable": "int32", "write_index": "int32", "flags": "int32"}
-    x = {n: relax.Var(n, relax.TensorType(shapes.get(n, (SLOTS,)), dtypes.get(n, "int64")))
-         for n in names if n in shapes or n in dtypes or n in ("slots", "etoks", "epos", "prevs", "slot_counter",
-                                                               "kernel_counter")}
+    x = verify_tensor_vars(bb, verify, {"src0": (SLOTS, WORDS)})
     with bb.function("main", list(x.values())):
         with pytest.raises(TypeError, match="kv-canary: missing argument 'ps0'"):
             canary_relax.call_kernel(bb, verify, kind=int(TAG), **x)
@@ -229,12 +234,7 @@ def test_relax_call_needs_the_sources_its_specialization_folds():
     placeholder and every entry was reported as INVALID_INDEX."""
     bb = relax.BlockBuilder()
     verify = canary_relax.add_kernel(bb, "verify", (1, False, False, 0), "llvm")
-    names = canary_relax.parameters(bb, verify)
-    shapes = {"buf": (SLOTS, 4), "ring": (RING, 8)}
-    dtypes = {"num_valid": "int32", "enable": "int32", "write_index": "int32", "flags": "int32"}
-    x = {n: relax.Var(n, relax.TensorType(shapes.get(n, (SLOTS,)), dtypes.get(n, "int64")))
-         for n in names if n in shapes or n in dtypes or n in ("slots", "etoks", "epos", "prevs", "slot_counter",
-                                                               "kernel_counter")}
+    x = verify_tensor_vars(bb, verify, {})
     with bb.function("main", list(x.values())):
         with pytest.raises(TypeError, match="kv-canary: missing argument 'src0'"):
             canary_relax.call_kernel(bb, verify, kind=int(TAG), **x)
