@@ -137,7 +137,8 @@ def slot_hash(h, buf, s):
 # instructions, between the slot's load and the source's). The empty ``asm`` hides that the divisor is
 # the page size, so the test stays, and so does the branch around the division (a division by an
 # unknown value cannot be executed ahead of its test). Measured with the write fold lanes' divisions
-# (kernels/write.py) in docs/PERFORMANCE-HISTORY.md, "What the thirty-seventh session changed and measured".
+# (kernels/write.py) in docs/PERFORMANCE-HISTORY.md, "What the thirty-seventh session changed and measured"
+# (retired: git show f15890d:docs/PERFORMANCE-HISTORY.md).
 STRIP_ROW = """
 __device__ __forceinline__ long long canary_strip_row(long long slot, long long page_size) {
   if (page_size == 1) return slot;
