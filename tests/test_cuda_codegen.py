@@ -10,6 +10,7 @@ each (kernel, specialization, arch) is lowered once per run.
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import subprocess
 
@@ -79,9 +80,25 @@ class TestVerify(KernelCodegen):
 class TestPlan(KernelCodegen):
     kernel = "plan"
 
+    def test_the_window_start_cannot_wrap(self, spec):
+        """Every ``- window`` in the CUDA source subtracts from a prefix clamped to ``[0, 2^63)``: NVRTC
+        turned the guarded ``p > window ? p - window : 0`` into ``max(p - window, 0)``, which wrapped for
+        a prefix near -2^63 (an H200's memcheck: reads of req_to_token far out of bounds)."""
+        source = cuda_build(self.kernel, spec, "sm_90").mod.imports[0].inspect_source("cuda")
+        at = [m.start() for m in re.finditer(r" - window\)", source)]
+        assert at and all(source[:i].endswith(", (int64_t)0)") and "(max(" in source[i - 60 : i] for i in at), (
+            [source[i - 60 : i + 10] for i in at])
+
 
 class TestScatter(KernelCodegen):
     kernel = "scatter"
+
+    def test_the_row_length_cannot_wrap(self, spec):
+        """A row's end is clamped to ``[-2^62, 2^62]`` before its start is subtracted: NVRTC turned the
+        guarded ``end > start ? end - start : 0`` into ``max(end - start, 0)``, which wrapped for an end
+        near -2^63 (a row longer than the pool's)."""
+        source = cuda_build(self.kernel, spec, "sm_90").mod.imports[0].inspect_source("cuda")
+        assert f"(int64_t)-{2**62}), (int64_t){2**62}) - start" in source
 
 
 @pytest.mark.parametrize(

@@ -34,9 +34,13 @@ ROW_FIELDS = ROW_POOL_END + 1
 
 def window_start(p, window):
     """First verified position of a row with prefix ``p``: ``max(0, p - window)`` for ``window > 0``,
-    else 0, written so that ``p - window`` is only formed when positive (no int64 wrap, whatever the
-    table holds, so positions stay below ``min(p, L)``)."""
-    return T.Select(window > T.int64(0), T.Select(p > window, p - window, T.int64(0)), T.int64(0))
+    else 0 (so positions stay below ``min(p, L)``), formed as ``max(max(p, 0) - max(window, 1), 0)``,
+    whose difference no int64 ``p`` and ``window`` make wrap (both operands in ``[0, 2^63)``). Guarding
+    ``p - window`` with ``p > window`` is not enough: NVRTC turns ``p > window ? p - window : 0`` into
+    ``max(p - window, 0)`` (signed overflow is undefined in CUDA C), which wraps for ``p`` near -2^63,
+    and TVM's simplifier rewrites ``p - min(p, window)`` the same way."""
+    clamped = T.max(T.max(p, T.int64(0)) - T.max(window, T.int64(1)), T.int64(0))
+    return T.Select(window > T.int64(0), clamped, T.int64(0))
 
 
 def make(has_lut: bool, has_pool: bool, geom: Geometry):

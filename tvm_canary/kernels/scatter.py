@@ -19,9 +19,14 @@ from .common import Geometry, grid, lanes
 
 
 def row_length(start, end, width):
-    """``min(end - start, width)``, at least 0, for a ``start`` in ``[-width, n)``: ``start + width``
-    cannot wrap there, and ``end - start`` is formed only when it lies in ``(0, width)``."""
-    return T.Select(end >= start + width, width, T.Select(end > start, end - start, T.int64(0)))
+    """``min(end - start, width)``, at least 0, for a ``start`` in ``[-width, n)`` (both below 2^62 in
+    size): ``end`` is first clamped to ``[-2^62, 2^62]``, which changes no result there and leaves
+    ``end - start`` no room to wrap. Guarding ``end - start`` with ``end > start`` is not enough: NVRTC
+    turns ``end > start ? end - start : 0`` into ``max(end - start, 0)`` (signed overflow is undefined
+    in CUDA C), which wraps for ``end`` near -2^63 and gave a row longer than the pool's, and TVM's
+    simplifier rewrites ``min(max(end, start), start + width) - start`` the same way."""
+    near = T.min(T.max(end, T.int64(-(2**62))), T.int64(2**62))
+    return T.min(T.max(near - start, T.int64(0)), width)
 
 
 def make(geom: Geometry):
