@@ -48,10 +48,15 @@ def require_number(value: object, name: str) -> None:
         raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
 
 
+def fits_int64(value: int) -> bool:
+    """Whether ``value`` lies in int64's range."""
+    return -(2**63) <= value < 2**63
+
+
 def require_int64(value: object, name: str) -> int:
     """``value`` as an int (``require_integer``) that fits in int64, as a kernel argument must."""
     value = require_integer(value, name)
-    if not -(2**63) <= value < 2**63:
+    if not fits_int64(value):
         raise ValueError(f"kv-canary: {name} must fit in int64, got {value}")
     return value
 

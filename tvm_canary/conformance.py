@@ -28,6 +28,7 @@ import sys
 import torch
 
 from . import cases as C
+from .argtypes import fits_int64
 from .cliargs import int_at_least, output_file, seed
 from .runtime import targets, use_backend
 from .tuning.keys import cpu_model
@@ -307,7 +308,7 @@ def case_id(text: str) -> str:
     kind, _, arg = text.partition(":")
     golden = {name for by_name in C.GOLDEN.values() for name in by_name}
     seeded = kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit()
-    if seeded and not -(2**63) <= int(arg) < 2**63:
+    if seeded and not fits_int64(int(arg)):
         raise argparse.ArgumentTypeError(f"kv-canary: case id {text!r}: the seed must fit in int64 (torch's seeds)")
     if not ((kind == "golden" and arg in golden) or seeded):
         raise argparse.ArgumentTypeError(

@@ -67,8 +67,7 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
         raise ValueError(f"kv-canary: {kernel} has no specialization {tuple(spec)!r} (its axes: {axes})")
     geom = targets.default_geometry(kernel, tag, mode, size)
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
-    axes = [axis for axis, _ in specializations.AXES[kernel]]
-    sources = int(spec[axes.index("num_sources")]) if "num_sources" in axes else 0
+    sources = int(specializations.axis_values(kernel, spec).get("num_sources", 0))
     ir = _default_ir(kernel, spec, tag, geom)
     taken = {str(f.attrs["global_symbol"]): f for f in bb.get().functions.values()
              if f.attrs is not None and "global_symbol" in f.attrs}

@@ -166,8 +166,7 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
             try:
                 return tvm.runtime.load_module(str(path))[f"canary_{name}"]
             except Exception as e:  # a truncated or foreign file: name it in one line
-                first_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-                raise RuntimeError(f"kv-canary: cannot load the prebuilt module {path}: {first_line}") from None
+                raise RuntimeError(f"kv-canary: cannot load the prebuilt module {path}: {error_line(e)}") from None
     if prebuilt_dirs() and compiler_available() and key not in _missing_prebuilt:
         _missing_prebuilt.add(key)
         logging.getLogger("tvm_canary").warning(
@@ -204,6 +203,12 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
         if damage or not path.exists():
             export(build(name, spec, tag, geom), path)
     return path
+
+
+def error_line(error: BaseException) -> str:
+    """The last line of an error's text (TVM's errors end with the message after a traceback), or its
+    type's name when it has none: what a one-line ``kv-canary:`` error quotes."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[-1]
 
 
 _ELF_HEADER = {1: "<HHIIIIIHHHHHH", 2: "<HHIQQQIHHHHHH"}  # after e_ident, by EI_CLASS (32 / 64 bit), little-endian

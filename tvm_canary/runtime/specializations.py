@@ -62,7 +62,7 @@ def spec(kernel: str, **values) -> tuple:
     return tuple(out)
 
 
-def _axis_values(kernel: str, spec_: tuple) -> dict:
+def axis_values(kernel: str, spec_: tuple) -> dict:
     """``spec_``'s values by axis name."""
     return dict(zip((name for name, _ in AXES[kernel]), spec_))
 
@@ -71,7 +71,7 @@ def valid(kernel: str, spec_: tuple) -> bool:
     """Whether the axis values go together: ``partial`` only where sources are folded (PARTIAL mode
     without sources folds nothing, as NONE does: SPEC 1.4); a built-in ``fold_words`` only in ALL mode
     with FOLD_WORDS_SOURCES sources."""
-    values = _axis_values(kernel, spec_)
+    values = axis_values(kernel, spec_)
     if values.get("partial") and not values["num_sources"]:
         return False
     return not values.get("fold_words") or (values["num_sources"] == FOLD_WORDS_SOURCES and not values["partial"])
@@ -102,7 +102,7 @@ def launch_mode(kernel: str, spec_: tuple) -> int:
     """The tuning *mode* (``tuning.workloads.mode_of``) of every launch of this specialization: verify
     or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, everything else in mode 0
     (NONE)."""
-    values = _axis_values(kernel, spec_)
+    values = axis_values(kernel, spec_)
     if not values.get("num_sources"):
         return 0
     return int(RealKvHashMode.PARTIAL if values["partial"] else RealKvHashMode.ALL)

@@ -56,12 +56,13 @@ def open_database(folder, device_key: str):
     else ``ValueError`` with a ``kv-canary:`` message naming the folder."""
     from tvm.s_tir import meta_schedule as ms
 
+    from ..runtime.compile import error_line
+
     try:
         db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
         records = db.get_all_tuning_records()
     except Exception as e:  # TVM's errors of a missing or truncated file, or of a trace that does not replay
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        raise ValueError(f"kv-canary: cannot read the tuning database {folder}: {first_line}") from None
+        raise ValueError(f"kv-canary: cannot read the tuning database {folder}: {error_line(e)}") from None
     expected = keys.expected_target(device_key)
     for record in records:
         kind = str(record.target.kind.name)
