@@ -89,13 +89,18 @@ class RealKvSource:
             require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
+# The modes by value, looked up instead of calling ``RealKvHashMode(value)``: torch 2.11's Dynamo cannot
+# trace an enum's construction (a graph break in a compiled step that builds a context).
+_HASH_MODES = {mode.value: mode for mode in RealKvHashMode}
+
+
 def hash_mode(value: object) -> RealKvHashMode:
     """``value`` as a ``RealKvHashMode``: an int (not a bool) naming one of the three modes (SPEC D9)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"kv-canary: real_kv_hash_mode must be a RealKvHashMode, got {type_name(value)}")
-    if value not in RealKvHashMode._value2member_map_:
+    if value not in _HASH_MODES:
         raise ValueError(f"kv-canary: real_kv_hash_mode must be one of NONE (0), PARTIAL (1) or ALL (2), got {value}")
-    return RealKvHashMode(value)
+    return _HASH_MODES[value]
 
 
 # The context's fields that every verify and write launch updates: the violation sink and the counters.
