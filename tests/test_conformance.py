@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,34 @@ def test_a_failure_judged_against_another_device_replays_on_both():
     assert failure["device"] == "cuda:1" and "digest differs from cpu (reference undefined)" in failure["why"]
     assert failure["replay"] == ("python -m tvm_canary conformance --devices cpu,cuda:1 --kernels plan "
                                  "--case garbage:50001")
+
+
+def test_a_failure_between_two_processes_replays_on_every_host():
+    """A failure that compared two processes (a device on rank 8 with rank 0's first device where the
+    reference defines no result, both named cuda:0; a rank's reference with rank 0's) replays under
+    torchrun on every host: one process would compare the row with its own and pass."""
+    def row(device, digest):
+        case = {"case": "garbage:50001", "digest": digest, "tensors": [digest], "error": None}
+        return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
+
+    ranks = [{"rank": 0, "host": "a", "devices": [row(conformance.REFERENCE_DEVICE, None), row("cuda:0", "d1")]},
+             {"rank": 8, "host": "b", "devices": [row(conformance.REFERENCE_DEVICE, "r"), row("cuda:0", "d2")]}]
+    failures = conformance.compare(ranks, ["plan"])["failures"]
+    assert [(f["rank"], f["device"]) for f in failures] == [(8, conformance.REFERENCE_DEVICE), (8, "cuda:0")]
+    for failure in failures:
+        assert failure["replay"] == conformance.replay_across_ranks("plan", "garbage:50001")
+        assert failure["replay"].startswith("torchrun <this run's options, on every host> -m tvm_canary conformance")
+
+
+@pytest.mark.parametrize("other", [["--cases", "2"], ["--seed", "7"], ["--kernels", "plan"]])
+def test_ranks_that_ran_other_cases_are_refused(tmp_path, other):
+    """Cases are compared by position, so a rank started with another --cases, --seed or --kernels than
+    rank 0 is a one-line error naming it (it raised IndexError or KeyError, or blamed the rank's reference
+    for a case compared with another case)."""
+    argv = ["--devices", "cpu", "--cases", "1", "--kernels", "scatter"]
+    _, first = conform(tmp_path, *argv)
+    _, second = conform(tmp_path, *argv, *other)
+    rank1 = second["ranks"][0] | {"rank": 1, "host": "b"}
+    refused = conformance.other_cases([first["ranks"][0], rank1])
+    assert re.match(r"kv-canary: rank 1 \(b\) ran \w+ \d+ cases from diff:\d+, rank 0 .* start every host", refused)
+    assert conformance.other_cases([first["ranks"][0], first["ranks"][0] | {"rank": 1}]) is None

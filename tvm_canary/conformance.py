@@ -156,10 +156,34 @@ def combined(records: list[dict], defined: list[bool]) -> str:
 
 
 def replay(devices: list[str], kernel: str, case: str) -> str:
-    """The command that runs ``case`` of ``kernel`` on ``devices`` again (the failing one, and the one it
-    was compared with where the reference defines no result)."""
+    """The command that runs ``case`` of ``kernel`` on ``devices`` again, in one process (the failing one,
+    and the one it was compared with where the reference defines no result)."""
     names = ",".join(dict.fromkeys(d if d != REFERENCE_DEVICE else "cpu" for d in devices))
     return f"python -m tvm_canary conformance --devices {names} --kernels {kernel} --case {case}"
+
+
+def replay_across_ranks(kernel: str, case: str) -> str:
+    """The replay of a case whose failure compared two processes (a rank's reference with rank 0's, or a
+    device with rank 0's first device where the reference defines no result): one process alone would
+    compare the failing row with its own and pass, so it is started as the run was, on every host."""
+    return (f"torchrun <this run's options, on every host> -m tvm_canary conformance <this run's --devices> "
+            f"--kernels {kernel} --case {case}")
+
+
+def other_cases(ranks: list[dict]) -> str | None:
+    """The ``kv-canary:`` error when a rank ran other kernels or case ids than rank 0 (hosts started with
+    another ``--kernels``, ``--cases``, ``--seed`` or ``--case``; ``compare`` matches cases by position),
+    else None."""
+    def ran(ids: dict[str, list[str]]) -> str:
+        return ", ".join(f"{k} {len(v)} cases" + (f" from {v[0]}" if v else "") for k, v in ids.items())
+
+    want = ranks[0]["cases"]
+    for rank in ranks[1:]:
+        if rank["cases"] != want:
+            return (f"kv-canary: rank {rank['rank']} ({rank['host']}) ran {ran(rank['cases'])}, rank 0 "
+                    f"({ranks[0]['host']}) {ran(want)}; start every host with the same --kernels, --cases, --seed "
+                    "and --case")
+    return None
 
 
 def compare(ranks: list[dict], kernels: list[str]) -> dict:
@@ -184,11 +208,13 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
                         why = f"digest differs from {name}" + (f" in tensors {diff[:8]}" if diff else "")
                     if why:
                         bad += 1
+                        if rank["rank"] != 0 and (against is not ref_row or row["device"] == REFERENCE_DEVICE):
+                            command = replay_across_ranks(kernel, got["case"])
+                        else:
+                            command = replay([row["device"]] if against is ref_row
+                                             else [against["device"], row["device"]], kernel, got["case"])
                         failures.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
-                                         "kernel": kernel, "case": got["case"], "why": why,
-                                         "replay": replay([row["device"]] if against is ref_row
-                                                          else [against["device"], row["device"]],
-                                                          kernel, got["case"])})
+                                         "kernel": kernel, "case": got["case"], "why": why, "replay": command})
                 rows.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                              "model": row["model"], "arch": row["arch"], "kernel": kernel, "cases": len(mine),
                              "combined": combined(mine, defined), "mismatches": bad})
@@ -343,8 +369,12 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     ids = {k: [args.case] if args.case else case_ids(k, args.cases, args.seed) for k in kernels}
     if not any(ids.values()):
         raise ValueError(f"kv-canary: no case to run: --cases 0 and no golden case for {','.join(kernels)}")
-    mine = {"rank": rank, "local_rank": local_rank, **run_local(devices, kernels, ids, launches)}
+    mine = {"rank": rank, "local_rank": local_rank, "cases": ids, **run_local(devices, kernels, ids, launches)}
     ranks = gather(mine, group)
+    refused = other_cases(ranks)
+    if refused:  # every rank gathered the same ranks: all leave the group and raise it
+        finish(group)
+        raise ValueError(refused)
     verdict = compare(ranks, kernels)
     mismatches = len(verdict["failures"])
     if rank == 0:
