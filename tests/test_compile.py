@@ -184,3 +184,35 @@ def test_reduce_overhead_replays_with_refilled_inputs():
     got = run_steps(compiled, s, steps=4)  # steps 0-1 warm up and record, 2-3 replay
     assert not torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
     assert_same_bytes(got, want)
+
+
+def context_with(s: dict[str, torch.Tensor], kernel_kind=tc.CanaryLaunchTag.TAIL_K_FULL, page_size=1):
+    """A context over ``s``'s state with one real-KV source; ``kernel_kind`` and ``page_size`` given."""
+    source = tc.RealKvSource(tensor=s["kv"], page_size=page_size, num_bytes_per_token=64, read_bytes=64)
+    return tc.VerifyOrWriteContext(
+        canary_buf=s["canary"], kernel_kind=kernel_kind, violation_ring=s["ring"],
+        violation_write_index=s["write_index"], slot_run_counter=s["counters"][:1],
+        kernel_run_counter=s["counters"][1:2], real_kv_sources=(source,), real_kv_hash_mode=RealKvHashMode.PARTIAL,
+        enable_chain_position_assert=s["chain_assert"],
+    )
+
+
+@pytest.mark.parametrize(("field", "wrong"), [("kernel_kind", 2.0), ("kernel_kind", "x"), ("page_size", 1.0)])
+def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
+    """A non-int where an int is expected raises the eager error from the compiled function (torch 2.11's
+    Dynamo turned operator.index's TypeError into an internal error); with fullgraph=True Dynamo's
+    Unsupported carries it in its chain."""
+    s = make_state("cpu")
+    message = f"^kv-canary: (RealKvSource.)?{field} must be an int, got {type(wrong).__name__} {wrong!r}$"
+    with pytest.raises(TypeError, match=message):
+        context_with(s, **{field: wrong})
+    with pytest.raises(TypeError, match=message):
+        torch.compile(context_with, backend="eager")(s, **{field: wrong})
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+        torch.compile(context_with, fullgraph=True, backend="eager")(s, **{field: wrong})
+    chain, cause = [], raised.value
+    while cause is not None:
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    assert any("kv-canary: " in text and field in text for text in chain), chain

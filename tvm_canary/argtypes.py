@@ -67,7 +67,15 @@ def require_integer(value: object, name: str) -> int:
     as it is: indexing a symbolic size would make it a constant of the compiled graph."""
     if type(value) is int or isinstance(value, torch.SymInt):
         return value
+
+    def not_an_int() -> TypeError:
+        return TypeError(f"kv-canary: {name} must be an int, got {type_name(value)} {value!r}")
+
+    # The common wrong types are refused before operator.index: inside torch.compile, torch 2.11's Dynamo
+    # turns operator.index's TypeError into its own internal error, which the except below never sees.
+    if value is None or isinstance(value, (float, complex, str, bytes)):
+        raise not_an_int()
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)} {value!r}") from None
+        raise not_an_int() from None
