@@ -18,6 +18,7 @@ from tree import assert_same_bytes, devices, require
 
 SLOTS, ROWS, MAX_LEN, BS, EXTEND = 256, 5, 16, 4, 2
 TOKENS = BS * EXTEND
+TAG = tc.CanaryLaunchTag.TAIL_K_FULL  # the endpoint the serving step verifies and writes
 
 
 def make_state(device: str, verify_capacity: int = 64) -> dict[str, torch.Tensor]:
@@ -65,15 +66,21 @@ def refill(s: dict[str, torch.Tensor], step_no: int) -> None:
         s["canary"].view(torch.int64)[int(s["r2t"][2, 1]), 0] += 1
 
 
+def step_context(s: dict[str, torch.Tensor], kernel_kind=TAG, page_size: int = 1) -> tc.VerifyOrWriteContext:
+    """The serving step's context: TAG's counters, ALL mode over one real-KV source (``kernel_kind`` and
+    its ``page_size`` can be given wrong, to test the argument checks)."""
+    source = tc.RealKvSource(tensor=s["kv"], page_size=page_size, num_bytes_per_token=64, read_bytes=64)
+    return tc.VerifyOrWriteContext(
+        canary_buf=s["canary"], kernel_kind=kernel_kind, violation_ring=s["ring"],
+        violation_write_index=s["write_index"], slot_run_counter=s["counters"][TAG : TAG + 1],
+        kernel_run_counter=s["counters"][TAG + 6 : TAG + 7], real_kv_sources=(source,),
+        real_kv_hash_mode=RealKvHashMode.ALL, enable_chain_position_assert=s["chain_assert"],
+    )
+
+
 def serving_step(s: dict[str, torch.Tensor]) -> None:
     """Scatter the known tokens, plan, then verify + write the TAIL_K_FULL endpoint (one real-KV source)."""
-    source = tc.RealKvSource(tensor=s["kv"], page_size=1, num_bytes_per_token=64, read_bytes=64)
-    tag = tc.CanaryLaunchTag.TAIL_K_FULL
-    context = tc.VerifyOrWriteContext(
-        canary_buf=s["canary"], kernel_kind=tag, violation_ring=s["ring"], violation_write_index=s["write_index"],
-        slot_run_counter=s["counters"][tag : tag + 1], kernel_run_counter=s["counters"][tag + 6 : tag + 7],
-        real_kv_sources=(source,), real_kv_hash_mode=RealKvHashMode.ALL, enable_chain_position_assert=s["chain_assert"],
-    )
+    context = step_context(s)
     verify_plan = tc.VerifyPlan(
         verify_slot_indices=s["v_slots"], verify_expected_tokens=s["v_tokens"], verify_expected_positions=s["v_pos"],
         verify_prev_slot_indices=s["v_prev"], verify_num_valid=s["v_num"], enable=s["v_enable"],
@@ -186,17 +193,6 @@ def test_reduce_overhead_replays_with_refilled_inputs():
     assert_same_bytes(got, want)
 
 
-def context_with(s: dict[str, torch.Tensor], kernel_kind=tc.CanaryLaunchTag.TAIL_K_FULL, page_size=1):
-    """A context over ``s``'s state with one real-KV source; ``kernel_kind`` and ``page_size`` given."""
-    source = tc.RealKvSource(tensor=s["kv"], page_size=page_size, num_bytes_per_token=64, read_bytes=64)
-    return tc.VerifyOrWriteContext(
-        canary_buf=s["canary"], kernel_kind=kernel_kind, violation_ring=s["ring"],
-        violation_write_index=s["write_index"], slot_run_counter=s["counters"][:1],
-        kernel_run_counter=s["counters"][1:2], real_kv_sources=(source,), real_kv_hash_mode=RealKvHashMode.PARTIAL,
-        enable_chain_position_assert=s["chain_assert"],
-    )
-
-
 @pytest.mark.parametrize(("field", "wrong"), [("kernel_kind", 2.0), ("kernel_kind", "x"), ("page_size", 1.0)])
 def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
     """A non-int where an int is expected raises the eager error from the compiled function (torch 2.11's
@@ -205,12 +201,12 @@ def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
     s = make_state("cpu")
     message = f"^kv-canary: (RealKvSource.)?{field} must be an int, got {type(wrong).__name__} {wrong!r}$"
     with pytest.raises(TypeError, match=message):
-        context_with(s, **{field: wrong})
+        step_context(s, **{field: wrong})
     with pytest.raises(TypeError, match=message):
-        torch.compile(context_with, backend="eager")(s, **{field: wrong})
+        torch.compile(step_context, backend="eager")(s, **{field: wrong})
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
-        torch.compile(context_with, fullgraph=True, backend="eager")(s, **{field: wrong})
+        torch.compile(step_context, fullgraph=True, backend="eager")(s, **{field: wrong})
     chain, cause = [], raised.value
     while cause is not None:
         chain.append(str(cause))
