@@ -94,7 +94,8 @@ CHECK_UNROLL = 16
 FOLD_WIDTH, FOLD_STRIDE, FOLD_FIRST, FOLD_RANK = range(4)
 # An int32 the CUDA compiler must materialize where it is written (an empty volatile asm): the fold
 # lanes' capacity mapping, so that NVVM cannot merge its divisions with the remap's, after the branch
-# (measured in docs/PERFORMANCE-HISTORY.md, "What the fortieth session changed and measured").
+# (measured in docs/PERFORMANCE-HISTORY.md, "What the fortieth session changed and measured", retired:
+# `git show a3a1d5d:docs/PERFORMANCE-HISTORY.md`).
 PIN = """
 __device__ __forceinline__ int canary_pin(int x) {
   asm volatile("" : "+r"(x));

@@ -28,7 +28,8 @@ _FLAG = (False, True)
 # heads of 128 bf16 values). Built in, the fold's batch loops and index clamps compile away: on the H200
 # (forty-first session's call 3, interleaved against the runtime count, rows of 16, 64, 128 and 256
 # words) verify ALL ran 1K-4K entries 0.86-0.97x, 64K-1M 0.90-1.00x, write ALL 4096 one-token requests
-# 0.85-1.02x (docs/PERFORMANCE-HISTORY.md, "What the forty-first session changed and measured").
+# 0.85-1.02x (docs/PERFORMANCE-HISTORY.md, "What the forty-first session changed and measured", retired:
+# `git show a3a1d5d:docs/PERFORMANCE-HISTORY.md`).
 _FOLD_WORDS = (0, 16, 32, 64, 128, 256)
 # Sources whose fold word count is built in: exactly a pair (K and V), the layout of every MHA and GQA
 # cache; other counts fold each source's own count (keeps the ahead-of-time build to 10 more
