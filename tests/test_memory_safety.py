@@ -2,7 +2,8 @@
 
 Each launch argument tensor (except RealKvSource tensors, which are read-only and kept as they are)
 is re-homed into the middle of a larger buffer whose head and tail are guard bands of random bytes;
-the view keeps its shape, dtype and contiguity (``tvm_canary.cases.rehome``). The garbage cases of
+the view keeps its shape, dtype and contiguity, and starts at a random multiple of the alignment the
+contract promises for it, mostly not 16-byte aligned (``tvm_canary.cases.rehome``). The garbage cases of
 tvm_canary/cases.py (``valid=False``: huge and negative indices, inconsistent offsets, negative and
 over-capacity counts) then run through
 the public API on the tvm backend. The launch must not crash or raise, every guard band must be
@@ -18,12 +19,12 @@ import torch
 from tvm_canary.cases import (
     CASES,
     GARBAGE_SEED_BASE,
-    GUARD_BYTES,
     LAUNCH,
     REFERENCE,
     Guarded,
     guard_violations,
     guarded_case,
+    promised_alignment,
     rehome,
     settle_scatter_races,
 )
@@ -89,8 +90,9 @@ def test_garbage_plans_match_reference(kernel, device):
 
 
 def test_rehome_keeps_layout_and_detects_stray_writes():
-    """Self-test of the harness: views keep shape/dtype/contiguity, a write one element past a view
-    lands in its guard band and is reported."""
+    """Self-test of the harness: views keep shape/dtype/contiguity, start at their promised alignment
+    (some of them not 16-byte aligned), and a write one element past a view lands in its guard band and
+    is reported."""
     gen = torch.Generator().manual_seed(0)
     case = CASES["write"](gen, "cpu", valid=False)
     guarded: list[Guarded] = []
@@ -102,10 +104,12 @@ def test_rehome_keeps_layout_and_detects_stray_writes():
         assert new.dtype == old.dtype and new.shape == old.shape and new.is_contiguous()
         assert new.data_ptr() != old.data_ptr() and torch.equal(new, old)
     assert {g.name for g in guarded} >= {"context.canary_buf", "plan.write_offsets", "input_ids"}
+    assert all(g.view.data_ptr() % promised_alignment(g.view) == 0 for g in guarded)
+    assert any(g.view.data_ptr() % 16 for g in guarded)
     g = next(g for g in guarded if g.name == "context.violation_ring")
     flat = g.backing.view(torch.uint8)
-    flat[GUARD_BYTES + g.nbytes] ^= 0xFF
-    assert not torch.equal(g.backing[GUARD_BYTES + g.nbytes :], g.tail)
+    flat[g.start + g.nbytes] ^= 0xFF
+    assert not torch.equal(g.backing[g.start + g.nbytes :], g.tail)
 
 
 @pytest.mark.parametrize("device", devices())

@@ -440,27 +440,38 @@ GOLDEN = {"verify": {"verify-anchor": golden_verify_anchor}, "write": {"write-an
 
 @dataclasses.dataclass
 class Guarded:
-    """A tensor re-homed into ``backing[GUARD_BYTES : GUARD_BYTES + nbytes]`` (uint8 view)."""
+    """A tensor re-homed into ``backing[start : start + nbytes]`` (uint8 view), ``start`` at least
+    GUARD_BYTES; ``head`` and ``tail`` are the band bytes before and after it."""
 
     name: str
     view: torch.Tensor
     backing: torch.Tensor
+    start: int
     nbytes: int
     head: torch.Tensor
     tail: torch.Tensor
 
 
+def promised_alignment(t: torch.Tensor) -> int:
+    """The least alignment a caller may give ``t``'s data: a uint8 canary buffer 8 bytes (the kernels'
+    int64 view of it; docs/SEMANTICS.md), any other tensor its element's size (a view one element into
+    a larger tensor)."""
+    return 8 if t.dtype == torch.uint8 else t.element_size()
+
+
 def _rehome(t: torch.Tensor, name: str, gen: torch.Generator, out: list[Guarded]) -> torch.Tensor:
+    """``t``'s copy between guard bands, starting ``promised_alignment`` times a random count (0-63
+    bytes) past GUARD_BYTES: most starts are not 16-byte aligned, as a view into a larger tensor's
+    storage may not be (the backing itself is allocated aligned)."""
     assert t.is_contiguous(), name
     nbytes = t.numel() * t.element_size()
-    total = 2 * GUARD_BYTES + nbytes
-    backing = torch.randint(0, 256, (total,), generator=gen, dtype=torch.uint8).to(t.device)
-    view = backing[GUARD_BYTES : GUARD_BYTES + nbytes].view(t.dtype).view(t.shape)
+    step = promised_alignment(t)
+    start = GUARD_BYTES + step * int(torch.randint(0, 64 // step, (1,), generator=gen))
+    backing = torch.randint(0, 256, (start + nbytes + GUARD_BYTES,), generator=gen, dtype=torch.uint8).to(t.device)
+    view = backing[start : start + nbytes].view(t.dtype).view(t.shape)
     view.copy_(t)
-    assert view.is_contiguous() and view.data_ptr() % 8 == 0
-    out.append(
-        Guarded(name, view, backing, nbytes, backing[:GUARD_BYTES].clone(), backing[GUARD_BYTES + nbytes :].clone())
-    )
+    assert view.is_contiguous() and view.data_ptr() % step == 0
+    out.append(Guarded(name, view, backing, start, nbytes, backing[:start].clone(), backing[start + nbytes :].clone()))
     return view
 
 
@@ -521,9 +532,9 @@ def guard_violations(guarded: list[Guarded], inputs: list[tuple[str, torch.Tenso
     """What a launch wrote outside its outputs: changed guard bands and modified inputs."""
     bad = []
     for g in guarded:
-        if not torch.equal(g.backing[:GUARD_BYTES], g.head):
+        if not torch.equal(g.backing[: g.start], g.head):
             bad.append(f"guard band before {g.name} was written")
-        if not torch.equal(g.backing[GUARD_BYTES + g.nbytes :], g.tail):
+        if not torch.equal(g.backing[g.start + g.nbytes :], g.tail):
             bad.append(f"guard band after {g.name} was written")
     bad += [f"input {name} was modified" for name, t, old in inputs if not torch.equal(raw_bytes(t), old)]
     return bad

@@ -21,6 +21,11 @@ C2 = tvm.tirx.const(SPLITMIX64_MUL2, "uint64")
 ANCHOR_HASH_I64 = tvm.tirx.const(to_signed_int64(ANCHOR_HASH), "int64")
 INVALID_INDEX = int(FailReason.INVALID_INDEX)
 
+# The alignment every argument buffer declares: its element's size, all that a torch tensor promises
+# (a violation ring one row into a larger tensor starts 8 bytes past a 16-byte boundary). TVM's default
+# (64 bytes) let LLVM store a violation row with aligned 16-byte moves, which fault on such a view.
+INT64_ALIGN = 8
+INT32_ALIGN = 4
 # Words at the start of a slot's strip that every fold reads (PARTIAL reads exactly these).
 HEAD_WORDS = PARTIAL_READ_BYTES // 8
 # Strip words a fold keeps loaded ahead of its splitmix chain (``fold_rest``: one source's chain).
@@ -531,7 +536,8 @@ def source_buffers(handles):
     bufs = []
     for i, handle in enumerate(handles):
         rows, cols, stride, offset = (IRBuilder.name(f"{v}{i}", T.int64()) for v in "rcso")
-        buf = T.match_buffer(handle, (rows, cols), "int64", strides=(stride, T.int64(1)), elem_offset=offset)
+        buf = T.match_buffer(handle, (rows, cols), "int64", align=INT64_ALIGN, strides=(stride, T.int64(1)),
+                             elem_offset=offset)
         bufs.append(IRBuilder.name(f"src{i}", buf))
     return bufs
 

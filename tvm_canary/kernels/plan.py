@@ -25,7 +25,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from .. import consts
-from .common import Geometry, block_sync, blocks_for, grid, lanes
+from .common import INT32_ALIGN, INT64_ALIGN, Geometry, block_sync, blocks_for, grid, lanes
 
 # Fields of the entries phase's per-thread row state (a local int64 vector, see ``enter_row``).
 ROW, ROW_START, ROW_END, ROW_REQ, ROW_BASE, ROW_TOKENS, ROW_POOL_END = range(7)
@@ -131,8 +131,8 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
     @T.prim_func(private=False)
     def canary_plan(
         vslots_h: T.handle, vtoks_h: T.handle, vpos_h: T.handle, vprev_h: T.handle,
-        v_num_valid: T.Buffer((1,), "int32"), v_enable: T.Buffer((1,), "int32"),
-        woff_h: T.handle, wseeds_h: T.handle, w_num_valid_reqs: T.Buffer((1,), "int32"),
+        v_num_valid: T.Buffer((1,), "int32", align=INT32_ALIGN), v_enable: T.Buffer((1,), "int32", align=INT32_ALIGN),
+        woff_h: T.handle, wseeds_h: T.handle, w_num_valid_reqs: T.Buffer((1,), "int32", align=INT32_ALIGN),
         rpi_h: T.handle, prefix_h: T.handle, ext_h: T.handle, r2t_h: T.handle, lut_h: T.handle,
         pool_h: T.handle, vlens_h: T.handle, scratch_h: T.handle, window: T.int64, token_offset: T.int64,
     ):
@@ -148,20 +148,20 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
         pr = T.int64()
         pc = T.int64()
         nv = T.int64()
-        vslots = T.match_buffer(vslots_h, (vcap,), "int64")
-        vtoks = T.match_buffer(vtoks_h, (vcap,), "int64")
-        vpos = T.match_buffer(vpos_h, (vcap,), "int64")
-        vprev = T.match_buffer(vprev_h, (vcap,), "int64")
-        woff = T.match_buffer(woff_h, (wcap1,), "int64")
-        wseeds = T.match_buffer(wseeds_h, (wcap,), "int64")
-        rpi = T.match_buffer(rpi_h, (bs,), "int64")
-        prefix = T.match_buffer(prefix_h, (bs,), "int64")
-        ext = T.match_buffer(ext_h, (bs,), "int64")
-        r2t = T.match_buffer(r2t_h, (rows, L), "int32")
-        lut = T.match_buffer(lut_h, (nl,), "int64")
-        pool = T.match_buffer(pool_h, (pr, pc), "int32")
-        vlens = T.match_buffer(vlens_h, (nv,), "int64")
-        scratch = T.match_buffer(scratch_h, (bs1,), "int64")
+        vslots = T.match_buffer(vslots_h, (vcap,), "int64", align=INT64_ALIGN)
+        vtoks = T.match_buffer(vtoks_h, (vcap,), "int64", align=INT64_ALIGN)
+        vpos = T.match_buffer(vpos_h, (vcap,), "int64", align=INT64_ALIGN)
+        vprev = T.match_buffer(vprev_h, (vcap,), "int64", align=INT64_ALIGN)
+        woff = T.match_buffer(woff_h, (wcap1,), "int64", align=INT64_ALIGN)
+        wseeds = T.match_buffer(wseeds_h, (wcap,), "int64", align=INT64_ALIGN)
+        rpi = T.match_buffer(rpi_h, (bs,), "int64", align=INT64_ALIGN)
+        prefix = T.match_buffer(prefix_h, (bs,), "int64", align=INT64_ALIGN)
+        ext = T.match_buffer(ext_h, (bs,), "int64", align=INT64_ALIGN)
+        r2t = T.match_buffer(r2t_h, (rows, L), "int32", align=INT32_ALIGN)
+        lut = T.match_buffer(lut_h, (nl,), "int64", align=INT64_ALIGN)
+        pool = T.match_buffer(pool_h, (pr, pc), "int32", align=INT32_ALIGN)
+        vlens = T.match_buffer(vlens_h, (nv,), "int64", align=INT64_ALIGN)
+        scratch = T.match_buffer(scratch_h, (bs1,), "int64", align=INT64_ALIGN)
         # req_to_token as one vector: entries index it by (row offset + entry index), one add each.
         tokens = T.decl_buffer((rows * L,), "int32", data=r2t.data)
 

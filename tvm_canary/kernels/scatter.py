@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .common import Geometry, grid, lanes
+from .common import INT32_ALIGN, INT64_ALIGN, Geometry, grid, lanes
 
 
 def row_length(start, end, width):
@@ -42,10 +42,10 @@ def make(geom: Geometry):
         bs = T.int64()
         rows = T.int64()
         width = T.int64()
-        flat = T.match_buffer(flat_h, (n,), "int64")
-        offsets = T.match_buffer(offsets_h, (bs1,), "int64")
-        rpi = T.match_buffer(rpi_h, (bs,), "int64")
-        pool = T.match_buffer(pool_h, (rows, width), "int32")
+        flat = T.match_buffer(flat_h, (n,), "int64", align=INT64_ALIGN)
+        offsets = T.match_buffer(offsets_h, (bs1,), "int64", align=INT64_ALIGN)
+        rpi = T.match_buffer(rpi_h, (bs,), "int64", align=INT64_ALIGN)
+        pool = T.match_buffer(pool_h, (rows, width), "int32", align=INT32_ALIGN)
         for b in grid(geom, G):
             for t in lanes(geom, TH):
                 for it in T.serial((bs - b + G - 1) // G):

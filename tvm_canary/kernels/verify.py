@@ -39,6 +39,8 @@ from tvm.script import tirx as T
 from .. import consts
 from .common import (
     FRONTS_PER_SLOT,
+    INT32_ALIGN,
+    INT64_ALIGN,
     INVALID_INDEX,
     Geometry,
     Tally,
@@ -180,9 +182,10 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
     @T.prim_func(private=False)
     def canary_verify(
         buf_h: T.handle, slots_h: T.handle, etoks_h: T.handle, epos_h: T.handle, prevs_h: T.handle,
-        num_valid: T.Buffer((1,), "int32"), enable: T.Buffer((1,), "int32"),
-        ring_h: T.handle, write_index: T.Buffer((1,), "int32"),
-        slot_counter: T.Buffer((1,), "int64"), kernel_counter: T.Buffer((1,), "int64"),
+        num_valid: T.Buffer((1,), "int32", align=INT32_ALIGN), enable: T.Buffer((1,), "int32", align=INT32_ALIGN),
+        ring_h: T.handle, write_index: T.Buffer((1,), "int32", align=INT32_ALIGN),
+        slot_counter: T.Buffer((1,), "int64", align=INT64_ALIGN),
+        kernel_counter: T.Buffer((1,), "int64", align=INT64_ALIGN),
         flags_h: T.handle, kind: T.int64,
         src0_h: T.handle, ps0: T.int64, tw0: T.int64, fw0: T.int64,
         src1_h: T.handle, ps1: T.int64, tw1: T.int64, fw1: T.int64,
@@ -195,13 +198,13 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
         cap = T.int64()
         R = T.int64()
         NF = T.int64()
-        buf = T.match_buffer(buf_h, (S, F), "int64")
-        slots = T.match_buffer(slots_h, (cap,), "int64")
-        etoks = T.match_buffer(etoks_h, (cap,), "int64")
-        epos = T.match_buffer(epos_h, (cap,), "int64")
-        prevs = T.match_buffer(prevs_h, (cap,), "int64")
-        ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64")
-        flags = T.match_buffer(flags_h, (NF,), "int32")
+        buf = T.match_buffer(buf_h, (S, F), "int64", align=INT64_ALIGN)
+        slots = T.match_buffer(slots_h, (cap,), "int64", align=INT64_ALIGN)
+        etoks = T.match_buffer(etoks_h, (cap,), "int64", align=INT64_ALIGN)
+        epos = T.match_buffer(epos_h, (cap,), "int64", align=INT64_ALIGN)
+        prevs = T.match_buffer(prevs_h, (cap,), "int64", align=INT64_ALIGN)
+        ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64", align=INT64_ALIGN)
+        flags = T.match_buffer(flags_h, (NF,), "int32", align=INT32_ALIGN)
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var(
             source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial, fold_words))

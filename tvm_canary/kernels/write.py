@@ -59,6 +59,8 @@ from .. import consts
 from .common import FLAG_CHUNK as CHUNK
 from .common import (
     FRONTS_PER_SLOT,
+    INT32_ALIGN,
+    INT64_ALIGN,
     INVALID_INDEX,
     SEED_SAVE_WORDS,
     Geometry,
@@ -653,10 +655,13 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
     # fmt: off
     @T.prim_func(private=False)
     def canary_write(
-        buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, num_valid_reqs: T.Buffer((1,), "int32"),
+        buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle,
+        num_valid_reqs: T.Buffer((1,), "int32", align=INT32_ALIGN),
         ids_h: T.handle, pos_h: T.handle, ocl_h: T.handle, etoks_h: T.handle, epos_h: T.handle,
-        cpa: T.Buffer((1,), "int32"), ring_h: T.handle, write_index: T.Buffer((1,), "int32"),
-        slot_counter: T.Buffer((1,), "int64"), kernel_counter: T.Buffer((1,), "int64"),
+        cpa: T.Buffer((1,), "int32", align=INT32_ALIGN), ring_h: T.handle,
+        write_index: T.Buffer((1,), "int32", align=INT32_ALIGN),
+        slot_counter: T.Buffer((1,), "int64", align=INT64_ALIGN),
+        kernel_counter: T.Buffer((1,), "int64", align=INT64_ALIGN),
         flags_h: T.handle, kind: T.int64,
         src0_h: T.handle, ps0: T.int64, tw0: T.int64, fw0: T.int64,
         src1_h: T.handle, ps1: T.int64, tw1: T.int64, fw1: T.int64,
@@ -672,16 +677,16 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
         N2 = T.int64()
         R = T.int64()
         NF = T.int64()
-        buf = T.match_buffer(buf_h, (S, F), "int64")
-        offsets = T.match_buffer(offsets_h, (cap1,), "int64")
-        seeds = T.match_buffer(seeds_h, (cap,), "int64")
-        ids = T.match_buffer(ids_h, (N,), "int64")
-        pos_in = T.match_buffer(pos_h, (N,), "int64")
-        ocl = T.match_buffer(ocl_h, (N,), "int64")
-        etoks = T.match_buffer(etoks_h, (N2,), "int64")
-        epos = T.match_buffer(epos_h, (N2,), "int64")
-        ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64")
-        flags = T.match_buffer(flags_h, (NF,), "int32")
+        buf = T.match_buffer(buf_h, (S, F), "int64", align=INT64_ALIGN)
+        offsets = T.match_buffer(offsets_h, (cap1,), "int64", align=INT64_ALIGN)
+        seeds = T.match_buffer(seeds_h, (cap,), "int64", align=INT64_ALIGN)
+        ids = T.match_buffer(ids_h, (N,), "int64", align=INT64_ALIGN)
+        pos_in = T.match_buffer(pos_h, (N,), "int64", align=INT64_ALIGN)
+        ocl = T.match_buffer(ocl_h, (N,), "int64", align=INT64_ALIGN)
+        etoks = T.match_buffer(etoks_h, (N2,), "int64", align=INT64_ALIGN)
+        epos = T.match_buffer(epos_h, (N2,), "int64", align=INT64_ALIGN)
+        ring = T.match_buffer(ring_h, (R, consts.VIOLATION_FIELDS), "int64", align=INT64_ALIGN)
+        flags = T.match_buffer(flags_h, (NF,), "int32", align=INT32_ALIGN)
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var(
             source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial, fold_words))
