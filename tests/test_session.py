@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tvm_canary as tc
 from tvm_canary.consts import FailReason
 from tvm_canary.context import CanaryLaunchTag as Tag
-from tvm_canary.session import CanaryGroup, CanarySession, CanaryViolationError, CanaryViolationWarning
+from tvm_canary.session import CanaryGroup, CanarySession
 from tvm_canary.testing import KvPool
 from tvm_canary.violations import Violation
 
@@ -263,7 +264,7 @@ def test_log_mode_warns_each_row():
     step(session, kv, 0, 4)
     poke(session, "TAIL", "V", slot(1, 3), 1, 1)
     step(session, kv, 4, 1)
-    with pytest.warns(CanaryViolationWarning) as caught:
+    with pytest.warns(tc.CanaryViolationWarning) as caught:
         report = session.violations()
     assert [str(w.message).splitlines()[0] for w in caught] == [v.line() for v in report.records]
     assert report.records[0].line().startswith(
@@ -275,7 +276,7 @@ def test_raise_mode_raises_once():
     step(session, kv, 0, 4)
     poke(session, "HEAD", "K", slot(2, 0), 1, 1)
     step(session, kv, 4, 1)
-    with pytest.raises(CanaryViolationError, match="^kv_canary violation: launch_tag=HEAD_K_FULL") as err:
+    with pytest.raises(tc.CanaryViolationError, match="^kv_canary violation: launch_tag=HEAD_K_FULL") as err:
         session.violations()
     assert err.value.report.records[0].slot == slot(2, 0)
     step(session, kv, 5, 1)

@@ -9,13 +9,15 @@ from .launch import (
     launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
-from .session import CanaryGroup, CanarySession
+from .session import CanaryGroup, CanarySession, CanaryViolationError, CanaryViolationWarning
 from .violations import Violation, ViolationReport
 
 __all__ = [
     "CanaryGroup",
     "CanaryLaunchTag",
     "CanarySession",
+    "CanaryViolationError",
+    "CanaryViolationWarning",
     "RealKvSource",
     "VerifyOrWriteContext",
     "VerifyPlan",
