@@ -1,8 +1,9 @@
 """Fleet tuning without a GPU: a loopback RPC tracker and one CPU ``tvm-canary rpc-server`` (started and
 stopped here, under timeouts) tune a tiny llvm workload end to end, the record's geometry is applied at
 load; the fleet's preflight refuses what would hang and a server that measures with another protocol;
-``tune-merge`` keeps per workload the chosen record of a run that measured the default (and that
-default) and refuses another device's database."""
+a terminated ``rpc-server`` leaves no server process behind; ``tune-merge`` keeps per workload the
+chosen record of a run that measured the default (and that default) and refuses another device's
+database."""
 
 from __future__ import annotations
 
@@ -73,6 +74,35 @@ def test_preflight_refuses_what_would_hang(tracker):
         fleet.connect(tracker, RPC_KEY, "llvm", 2)
     with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
         fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
+
+
+def test_a_terminated_rpc_server_stops_its_server_process():
+    """``kill PID`` on a background ``tvm-canary rpc-server`` (SIGTERM; SIGINT takes the same path) stops
+    the TVM server process it serves from, which would otherwise keep the port and its tracker registration.
+    The tracker address has no tracker: the server binds its port and keeps retrying the tracker."""
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    args = [sys.executable, "-m", "tvm_canary", "rpc-server", "--tracker", f"127.0.0.1:{fleet._free_port()}",
+            "--key", RPC_KEY, "--host", "127.0.0.1", "--port", str(fleet._free_port()), "--port-end", "65535"]
+    proc = subprocess.Popen(args, cwd=pathlib.Path(fleet.__file__).parents[2], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        started = fleet._bounded("the rpc-server's start", proc.stdout.readline, timeout_s=60)
+        assert started.startswith("tvm_canary RPC server on port"), started
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children  # the TVM server process
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(10)
+        assert psutil.wait_procs(children, timeout=5)[1] == []  # none left alive
+        assert status == 128 + signal.SIGTERM  # it stopped them, not the signal's default action
+    finally:
+        fleet.stop_process_group(proc)  # what a failure left behind
+        proc.stdout.close()
 
 
 # -- tune-merge ----------------------------------------------------------------------------------------

@@ -384,7 +384,20 @@ def add_parser(subparsers) -> None:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    server = serve(args.tracker, args.key, args.host, args.port, args.port_end, args.custom_addr)
-    print(f"tvm_canary RPC server on port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
-    server.proc.join()
+    """Serve until the server process ends (status 0) or this process gets SIGTERM or SIGINT (status 128 +
+    the signal's number). Either way the server process, which holds the port and the tracker registration,
+    is stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
+    leaves nothing behind. A signal during the start is left to ``tvm.rpc.Server``'s finalizer, which
+    terminates the same way."""
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    with contextlib.ExitStack() as cleanup:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            cleanup.callback(signal.signal, sig, signal.signal(sig, stop))
+        server = serve(args.tracker, args.key, args.host, args.port, args.port_end, args.custom_addr)
+        cleanup.callback(server.terminate)
+        print(f"tvm_canary RPC server on port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
+        server.proc.join()
     return 0
