@@ -1035,6 +1035,25 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
     apply._records.cache_clear()
 
 
+def test_the_notice_names_kernel_and_mode_and_only_where_a_schedule_could_be_tuned(monkeypatch, caplog):
+    """With a database for this CPU that has write records only in NONE mode: a write launch in PARTIAL
+    mode gets the notice once; verify, which has no knobs on the CPU (its default is the only schedule),
+    never does, in any mode."""
+    import logging
+
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    monkeypatch.setattr(apply, "_records", lambda key, cuda: {"write": {(8, 16): default_geometry("write", "llvm")}})
+    monkeypatch.setattr(apply, "_noticed", set())
+    partial = int(RealKvHashMode.PARTIAL)
+    with caplog.at_level(logging.WARNING, logger="tvm_canary"):
+        for kernel, mode in (("verify", 0), ("verify", partial), ("write", partial), ("write", partial)):
+            assert apply.tuned_geometry(kernel, torch.device("cpu"), 8, mode) is None
+    assert caplog.messages == [
+        f"tvm_canary: no tuned schedule for write (real-KV mode {partial}) on {key}; using the default schedule"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
 def test_tune_cuda_without_a_gpu_is_a_one_line_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_status:

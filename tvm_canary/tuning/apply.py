@@ -7,9 +7,11 @@ fastest record at least ``TUNED_MARGIN`` faster than the default in every launch
 else the default, which a bucket without a valid record of its default keeps too, with one warning per
 database);
 ``None`` when the device has no database (a one-line notice, once per device) or no record for the
-kernel (once per kernel). Records whose workload carries another kernel hash than the current kernels'
-(``workloads.kernel_hash``: the kernel changed since it was tuned) are ignored, with one warning per
-database naming the kernels to re-tune. Notices go to the ``tvm_canary`` logger (the CLI prints them
+kernel in that mode (once per kernel and mode); neither notice is given for a launch whose kernel has no
+knobs on its target (``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records
+whose workload carries another kernel hash than the current kernels' (``workloads.kernel_hash``: the
+kernel changed since it was tuned) are ignored, with one warning per database naming the kernels to
+re-tune. Notices go to the ``tvm_canary`` logger (the CLI prints them
 above its progress bars).
 """
 
@@ -290,14 +292,16 @@ def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: i
     default is), or None: the default applies (no record; or no bucket of the launch's class, since
     another class's pick was measured against another default)."""
     from ..runtime import targets
+    from ..schedules import knobs
     from .workloads import mode_of, point_of
 
     key = keys.device_key(device)
-    records = _records(key, device.type == "cuda")
+    cuda = device.type == "cuda"
+    records = _records(key, cuda)
     buckets = [b for b in records.get(kernel, {}) if mode_of(kernel, b) == mode]
     if not buckets:
         what = (f"{kernel}" + (f" (real-KV mode {mode})" if mode else "") + f" on {key}") if records else key
-        if what not in _noticed:
+        if what not in _noticed and knobs(kernel, cuda, mode):  # no knobs: the default is the only schedule
             _noticed.add(what)
             log.warning("tvm_canary: no tuned schedule for %s; using the default schedule", what)
         return None
