@@ -1016,6 +1016,28 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
     assert (copy / "database_workload.json").read_text() == (folder / "database_workload.json").read_text()
 
 
+def test_restamp_command_line(tmp_path, capsys):
+    """``--help`` prints the module's docstring (it was taken for a folder: a traceback); a name that is
+    not a folder is a usage error before anything is re-stamped; a committed database re-stamped keeps its
+    records byte for byte (they refer to workloads by position)."""
+    import shutil
+
+    from tvm_canary.tuning import restamp
+
+    with pytest.raises(SystemExit) as exit_status:
+        restamp.main(["--help"])
+    assert exit_status.value.code == 0 and restamp.__doc__.splitlines()[0] in capsys.readouterr().out
+    copy = shutil.copytree(keys.committed_tune_logs() / "amd-epyc", tmp_path / "amd-epyc")
+    with pytest.raises(SystemExit) as exit_status:
+        restamp.main([str(copy), str(tmp_path / "missing")])
+    assert exit_status.value.code == 2 and "missing is not a folder" in capsys.readouterr().err
+    records = (copy / "database_tuning_record.json").read_bytes()
+    workloads_in_table = len((copy / "database_workload.json").read_text().splitlines())
+    assert restamp.main([str(copy)]) == 0
+    assert capsys.readouterr().out == f"{copy}: {workloads_in_table} workloads re-stamped\n"
+    assert (copy / "database_tuning_record.json").read_bytes() == records
+
+
 def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
     """The command line prints the "no tuned schedule" notice through tqdm.write (above any progress
     bar), once per process and device."""

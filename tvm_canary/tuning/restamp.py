@@ -15,9 +15,9 @@ to workloads by position, stays byte-identical; the table is written compact
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
-import sys
 
 from .merge import compact_entry, write_workload_table
 
@@ -45,11 +45,22 @@ def restamp(work_dir: pathlib.Path) -> int:
     return write_workload_table(work_dir, entries)
 
 
-def main(argv: list[str]) -> int:
-    for folder in argv:
-        print(f"{folder}: {restamp(pathlib.Path(folder))} workloads re-stamped")
+def main(argv: list[str] | None = None) -> int:
+    """Re-stamp each database folder named in ``argv`` (default: the process arguments); ``--help`` prints
+    this module's docstring. A name that is not a folder is a usage error (exit status 2) and nothing is
+    re-stamped."""
+    parser = argparse.ArgumentParser(prog="python -m tvm_canary.tuning.restamp", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=pathlib.Path, metavar="FOLDER",
+                        help="a database folder, tune_logs/<device key>")
+    args = parser.parse_args(argv)
+    for folder in args.folders:
+        if not folder.is_dir():
+            parser.error(f"{folder} is not a folder")
+    for folder in args.folders:
+        print(f"{folder}: {restamp(folder)} workloads re-stamped")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())
