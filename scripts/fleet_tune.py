@@ -7,10 +7,11 @@
 Starts an RPC tracker on 127.0.0.1 and G ``tvm-canary rpc-server`` processes (cuda: one per visible GPU,
 server i with CUDA_VISIBLE_DEVICES=i; llvm: G CPU servers, for a dry run), then for each N in
 ``--counts`` (default: 1, 2, 4, ... up to G, and G) runs ``tune --rpc-workers N`` from scratch into
-``DIR/runs/n<N>`` with the same trials, each under an outer timeout. Writes ``DIR/fleet.json``
-(host, GPUs, versions, per N: wall seconds, exit status, best microseconds per workload), merges the
-runs' databases into ``DIR/merged/<device key>`` with ``tvm-canary tune-merge``, and stops every
-process it started. Exits non-zero when a run failed or timed out. docs/FLEET-TUNING.md explains it.
+``DIR/runs/n<N>`` with the same trials, each under an outer timeout (DIR: ``--out``, default ``fleet-tune/``
+in the repository). Writes ``DIR/fleet.json`` (host, GPUs, versions, per N: wall seconds, exit status,
+best microseconds per workload), merges the runs' databases into ``DIR/merged/<device key>`` with
+``tvm-canary tune-merge``, and stops every process it started. Exits non-zero when a run failed or timed
+out. docs/FLEET-TUNING.md explains it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def main() -> int:
     parser.add_argument("--kernels", nargs="+", default=None)
     parser.add_argument("--workloads", default=None,
                         help="tune's size bucket preset (default: gpu for cuda, cpu for llvm)")
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "fleet-tune")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "fleet-tune",
+                        help="results folder (default: fleet-tune/ in the repository)")
     parser.add_argument("--timeout", type=float, default=1800, help="outer limit of each tune run, seconds")
     args = parser.parse_args()
 
