@@ -13,9 +13,13 @@ canary buffer for verify) must be byte-unchanged.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 
+from tvm_canary import checks, ops
 from tvm_canary.cases import (
     CASES,
     GARBAGE_SEED_BASE,
@@ -25,6 +29,7 @@ from tvm_canary.cases import (
     guard_violations,
     guarded_case,
     promised_alignment,
+    raw_bytes,
     rehome,
     settle_scatter_races,
 )
@@ -134,3 +139,87 @@ def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
                 assert_same_bytes(tensors(got), tensors(want))
             except AssertionError as e:
                 raise AssertionError(f"{kernel} on {device}, seed {seed}, write index {start}: {e}") from e
+
+
+# ---------------------------------------------------------------- overlapping arguments (SPEC D10)
+
+
+def with_tensor(obj, path: list, tensor: torch.Tensor):
+    """``obj`` (launch keyword arguments, a dataclass or a tuple) with the tensor at ``path`` (the steps
+    of a ``checks.launch_tensors`` name: keys, fields and indices) replaced by ``tensor``."""
+    if not path:
+        return tensor
+    step, rest = path[0], path[1:]
+    if isinstance(obj, dict):
+        return {**obj, step: with_tensor(obj[step], rest, tensor)}
+    if isinstance(obj, tuple):
+        return tuple(with_tensor(x, rest, tensor) if i == step else x for i, x in enumerate(obj))
+    return dataclasses.replace(obj, **{step: with_tensor(getattr(obj, step), rest, tensor)})
+
+
+def path_of(name: str) -> list:
+    """``context.real_kv_sources[0].tensor`` -> ["context", "real_kv_sources", 0, "tensor"]."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"[.\[\]]+", name) if part]
+
+
+def overlapping(kernel: str, kw: dict, written: str, other: str) -> dict:
+    """``kw`` (a launch of ``kernel``) with its tensors ``written`` and ``other`` (names from
+    ``checks.launch_tensors``) moved to one storage, both starting at its first byte."""
+    tensors_by_name = {name: t for named in checks.launch_tensors(kernel, kw) for t, name in named}
+    a, b = tensors_by_name[written], tensors_by_name[other]
+    storage = torch.zeros(max(a.nbytes, b.nbytes), dtype=torch.uint8, device=a.device)
+    for name, t in ((written, a), (other, b)):
+        kw = with_tensor(kw, path_of(name), storage[: t.nbytes].view(t.dtype).view(t.shape))
+    return kw
+
+
+@pytest.mark.parametrize("kernel", list(CASES))
+def test_a_written_tensor_overlapping_another_argument_is_refused(kernel):
+    """Every pair of a tensor the launch writes and another of its tensors, moved to one storage: the
+    launch raises SPEC D10's error naming both, through the public launch on each backend and through the
+    operator (a traced caller's path), before anything is written (its old crash: write stamped
+    fingerprints into an out_cache_loc carved from canary_buf, then used them as slots)."""
+    base = CASES[kernel](torch.Generator().manual_seed(11), "cpu")
+    written, read = checks.launch_tensors(kernel, base)
+    pairs = [(w, o) for i, (wt, w) in enumerate(written) for ot, o in written[i + 1:] + read
+             if wt.numel() and ot.numel()]
+    assert len(pairs) >= len(written)
+    for w, o in pairs:
+        kw = overlapping(kernel, base, w, o)
+        message = f"kv-canary: {w} shares memory with {o}: a tensor the launch writes must not overlap any other"
+        before = [raw_bytes(t) for t in tensors(kw)]
+        for backend in ("tvm", "reference"):
+            with use_backend(backend), pytest.raises(ValueError, match=re.escape(message)):
+                LAUNCH[kernel](**kw)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            getattr(torch.ops.tvm_canary, kernel)(*getattr(ops, f"{kernel}_args")(**kw))
+        assert all(torch.equal(raw_bytes(t), b) for t, b in zip(tensors(kw), before)), (w, o)
+
+
+def test_a_replayed_write_refuses_step_tensors_inside_its_outputs():
+    """A memoised eager write (same context and plan) checks its per-step tensors against the context's
+    written tensors at every launch: out_cache_loc carved from canary_buf's storage is refused."""
+    kw = CASES["write"](torch.Generator().manual_seed(12), "cpu")
+    LAUNCH["write"](**kw)  # packs and remembers the launch
+    buf = kw["context"].canary_buf
+    carved = buf.view(-1)[: kw["out_cache_loc"].nbytes].view(torch.int64)
+    with pytest.raises(ValueError, match=re.escape("kv-canary: context.canary_buf shares memory with out_cache_loc")):
+        LAUNCH["write"](**{**kw, "out_cache_loc": carved})
+
+
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_a_one_slot_canary_buffer_may_have_any_row_stride(kernel):
+    """torch calls a one-slot buffer contiguous whatever its row stride; the compiled launch packs its words
+    with dense rows and gives the reference's bytes (it raised torch's own error viewing the buffer as
+    int64 when the stride was not a multiple of 8)."""
+    want = CASES[kernel](torch.Generator().manual_seed(5), "cpu")
+    got = CASES[kernel](torch.Generator().manual_seed(5), "cpu")
+    for kw in (want, got):
+        buf = kw["context"].canary_buf[:1]
+        odd = torch.zeros(buf.nbytes + 8, dtype=torch.uint8).as_strided(buf.shape, (7, 1))
+        odd.copy_(buf)
+        kw["context"] = dataclasses.replace(kw["context"], canary_buf=odd)
+    REFERENCE[kernel](**want)
+    with use_backend("tvm"):
+        LAUNCH[kernel](**got)
+    assert_same_bytes(tensors(got), tensors(want))

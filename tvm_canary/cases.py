@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import reference
+from . import checks, reference
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from .launch import (
@@ -499,13 +499,7 @@ def raw_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def outputs(kernel: str, kw: dict) -> list[torch.Tensor]:
     """The tensors the launch may write (SPEC 3); every other tensor argument is an input."""
-    if kernel in ("write", "verify"):
-        ctx = kw["context"]
-        outs = [ctx.violation_ring, ctx.violation_write_index, ctx.slot_run_counter, ctx.kernel_run_counter]
-        return outs + ([ctx.canary_buf] if kernel == "write" else [])
-    if kernel == "plan":
-        return tensors(kw["verify_plan_out"]) + tensors(kw["write_plan_out"])
-    return [kw["pool_out"]]
+    return [t for t, _ in checks.launch_tensors(kernel, kw)[0]]
 
 
 def guarded_case(kernel: str, device, seed: int) -> tuple[dict, list[Guarded], list]:

@@ -6,9 +6,9 @@ same text everywhere. The one exception is a memoised eager launch (``tvm_canary
 repeats an earlier checked launch on the same context and plan tensors: verify's runs no check again,
 write's runs only ``check_write_inputs`` (its per-step tensors). The launch checks ``check_write``,
 ``check_verify``, ``check_plan`` and ``check_scatter`` are keyword-only (the helpers
-``check_real_kv_sources``, ``check_write_inputs`` and ``check_word_aligned`` take positional
-arguments); all return None and raise ``ValueError`` except where SPEC 4 says ``TypeError`` (scatter
-dtypes).
+``check_real_kv_sources``, ``check_write_inputs``, ``check_word_aligned`` and ``check_disjoint`` take
+positional arguments); all return None and raise ``ValueError`` except where SPEC 4 says ``TypeError``
+(scatter dtypes).
 
 Tensor names in messages follow the original front ends: ``plan.write_offsets`` / ``plan.verify_*``
 for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors (the names of the
@@ -21,6 +21,8 @@ own check would have crashed on them, so every contract message keeps its text a
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
@@ -209,6 +211,84 @@ def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
         raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
 
 
+# The tensors each kernel writes (SPEC 3.1-3.4), by their names in ``launch_tensors``.
+_WRITTEN = {
+    "write": {"context.canary_buf"} | {f"context.{name}" for name in SINK_FIELDS},
+    "verify": {f"context.{name}" for name in SINK_FIELDS},
+    "plan": {f"{plan}.{field.name}" for plan, cls in (("verify_plan_out", VerifyPlan), ("write_plan_out", WritePlan))
+             for field in dataclasses.fields(cls)},
+    "scatter": {"pool_out"},
+}
+
+
+def launch_tensors(kernel: str, launch_kwargs: dict) -> tuple[list[NamedTensor], list[NamedTensor]]:
+    """(written, read): the tensor arguments of a public launch of ``kernel`` (its keyword arguments) that
+    the kernel writes (SPEC 3.1-3.4), and all the others, each named by its path in the arguments
+    (``context.canary_buf``, ``plan.write_offsets``, ``context.real_kv_sources[0].tensor``,
+    ``input_ids``); optional tensors passed as None are left out."""
+    written_names = _WRITTEN[kernel]
+    written: list[NamedTensor] = []
+    read: list[NamedTensor] = []
+
+    def visit(value, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            (written if name in written_names else read).append((value, name))
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                visit(item, f"{name}[{i}]")
+        elif dataclasses.is_dataclass(value):
+            for field in _field_names(type(value)):
+                visit(getattr(value, field), f"{name}.{field}")
+
+    for name, value in launch_kwargs.items():
+        visit(value, name)
+    return written, read
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+
+def byte_ranges(named: Iterable[NamedTensor]) -> list[tuple[int, int, str]]:
+    """(first byte, past the last byte, name) of each non-empty tensor of ``named`` (a view's range runs
+    from its first to its last element; torch strides are never negative)."""
+    ranges = []
+    for tensor, name in named:
+        if tensor.numel():
+            start = tensor.data_ptr()
+            if tensor.is_contiguous():
+                ranges.append((start, start + tensor.nbytes, name))
+            else:
+                last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+                ranges.append((start, start + (last + 1) * tensor.element_size(), name))
+    return ranges
+
+
+_OVERLAP = ("kv-canary: {written} shares memory with {other}: a tensor the launch writes must not overlap any "
+            "other tensor argument")
+
+
+def check_disjoint(kernel: str, launch_kwargs: dict) -> None:
+    """No tensor a launch of ``kernel`` writes shares a byte with any other of its tensor arguments
+    (``launch_kwargs``, its keyword arguments; SPEC D10).
+
+    The kernels assume it (``tirx.noalias``): they check an index once and use it again, so a
+    fingerprint stamped into ``out_cache_loc`` or a row appended over a plan would become an unchecked
+    address. Views are compared by their byte ranges (``byte_ranges``), so two interleaved views of
+    one storage count as overlapping; the tensors are on one device (checked before). Run by the
+    front-end checks in eager code and by the operators on every call (a traced caller's checks cannot
+    see pointers); skipped while tracing."""
+    if tracing():
+        return
+    written, read = launch_tensors(kernel, launch_kwargs)
+    written_ranges, read_ranges = byte_ranges(written), byte_ranges(read)
+    for i, (start, end, name) in enumerate(written_ranges):
+        for other_start, other_end, other in (*written_ranges[i + 1:], *read_ranges):
+            if start < other_end and other_start < end:
+                raise ValueError(_OVERLAP.format(written=name, other=other))
+
+
 def _context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bool) -> list[NamedTensor]:
     tensors = [(getattr(context, name), name) for name in SINK_FIELDS]
     if with_chain_flag:
@@ -275,12 +355,24 @@ def check_write_inputs(
     enable_write_input_assert: bool,
     expected_input_tokens: Optional[torch.Tensor],
     expected_input_positions: Optional[torch.Tensor],
+    written_ranges: list[tuple[int, int, str]],
 ) -> None:
     """``check_write`` for a context and plan known to pass it (``tvm_canary.eager``: the same objects
     passed before with the same tensor metadata): only the checks that read the per-step arguments, in
-    ``check_write``'s order, so that the first failing check and its message are the same."""
+    ``check_write``'s order, so that the first failing check and its message are the same.
+    ``written_ranges``: ``byte_ranges`` of the tensors of the context the launch writes."""
     _check_write(context, None, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions, context_and_plan_checked=True)
+    step = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
+    if enable_write_input_assert:
+        step += [(expected_input_tokens, "expected_input_tokens"),
+                 (expected_input_positions, "expected_input_positions")]
+    for tensor, name in step:  # contiguous (checked above); the written ranges were checked with each other
+        start = tensor.data_ptr()
+        end = start + tensor.nbytes
+        for written_start, written_end, written_name in written_ranges:
+            if start < written_end and written_start < end:
+                raise ValueError(_OVERLAP.format(written=written_name, other=name))
 
 
 def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
@@ -330,6 +422,10 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
     if not context_and_plan_checked:
         check_real_kv_sources(context)
     _require_same_device(context.canary_buf, "canary_buf", others)
+    if not context_and_plan_checked:
+        check_disjoint("write", dict(
+            context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+            expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions))
 
 
 def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
@@ -364,6 +460,7 @@ def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verif
 
     check_real_kv_sources(context)
     _require_same_device(context.canary_buf, "canary_buf", others)
+    check_disjoint("verify", dict(context=context, plan=plan))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,6 +581,12 @@ def check_plan(
     require_integer(verify_capacity, "verify_capacity")
     # Any int64 is valid: 0 for target pools, +1 for EAGLE draft pools.
     require_int64(kv_token_id_vs_position_offset, "kv_token_id_vs_position_offset")
+    check_disjoint("plan", dict(
+        verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
+        prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
+        full_to_swa_index_mapping=full_to_swa_index_mapping,
+        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens))
 
 
 def _check_expected_token_pool(
@@ -540,3 +643,5 @@ def check_scatter(
         raise ValueError(f"kv-canary: {_SCATTER} offsets length {n} != bs+1 ({bs + 1})")
     _require_all_contiguous((t, name) for t, name, _, _ in named)
     _require_same_device(pool_out, f"{_SCATTER} pool_out", ((t, name) for t, name, _, _ in named[:3]))
+    check_disjoint("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices,
+                                   pool_out=pool_out))

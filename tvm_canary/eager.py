@@ -58,6 +58,8 @@ class _Packed:
         token count) and its arguments; write's per-step tensors go between ``head`` and
         ``tail`` (verify: ``tail`` is empty).
     lifelines: weak references to the context and the plan, whose callbacks forget the entry.
+    written_ranges: write's: ``checks.byte_ranges`` of the context's tensors the kernel writes, which its
+        per-step tensors must not overlap (``checks.check_write_inputs``); verify's: empty.
     """
 
     tensors: tuple
@@ -66,6 +68,7 @@ class _Packed:
     head: tuple
     tail: tuple
     lifelines: tuple
+    written_ranges: list
 
 
 # (kernel, id(context), id(plan), flag) -> its checked launch; only bool flags are memoised
@@ -106,7 +109,7 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
         key = ("write", id(context), id(plan), enable_write_input_assert)
         packed = _memo.get(key)
         if packed is not None and packed.metadata == _metadata(packed.tensors):
-            checks.check_write_inputs(context, *inputs)
+            checks.check_write_inputs(context, *inputs, packed.written_ranges)
             if not use_reference():
                 packed.fn(input_ids.shape[0])(*packed.head, *packing.write_inputs(*inputs), *packed.tail)
                 return
@@ -166,7 +169,9 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
     except TypeError:  # Python 3.10: the records are not weakly referable (argtypes.RECORD)
         return
     head, tail = _converted(head, keep_first=True), _converted(tail)
-    _memo[key] = _Packed(tensors, _metadata(tensors), fn, head, tail, lifelines)
+    written = checks.launch_tensors("write", {"context": context})[0] if key[0] == "write" else []
+    written_ranges = checks.byte_ranges(written)
+    _memo[key] = _Packed(tensors, _metadata(tensors), fn, head, tail, lifelines, written_ranges)
 
 
 def _converted(args: tuple, *, keep_first: bool = False) -> tuple:

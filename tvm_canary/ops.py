@@ -20,11 +20,14 @@ by ``runtime.packing``, zero again after every launch) and plan's offsets scratc
 launch). Neither is an output, so traced graphs need not see them; allocated during a CUDA-graph
 capture, they come from the graph's pool and are valid on replay.
 
-The operators do not check their arguments (the public launch functions do, SPEC 4); called directly
-they trust the caller. Eager launches outside any tracing skip the operator and call ``run`` directly
-(same work, less host time); see ``launch.py``. Under ``torch.compile`` the implementations run as
-opaque calls: nothing in them is traced (locks, module loading and the tvm-ffi call stay outside the
-graph).
+The operators leave the contract's checks to the public launch functions (SPEC 4; metadata only, so
+they run while a caller is traced) and run at each call only those that need data pointers, which a
+traced caller's checks cannot see: an 8-byte-aligned ``canary_buf``, each real-KV source's layout
+(``checks.check_real_kv_sources``) and no written tensor overlapping another argument
+(``checks.check_disjoint``). Called directly, they trust the caller for the rest. Eager launches
+outside any tracing skip the operator and call ``run`` directly (same work, less host time); see
+``launch.py``. Under ``torch.compile`` the implementations run as opaque calls: nothing in them is
+traced (locks, module loading and the tvm-ffi call stay outside the graph).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ from .runtime import get_kernel, packing, use_reference
 
 NAMESPACE = "tvm_canary"
 _lib = torch.library.Library(NAMESPACE, "DEF")
+
+
+def _run_checked(kernel: str, launch_kwargs: dict) -> None:
+    """``run`` after the checks that need data pointers (a traced caller's front-end checks saw none):
+    no written tensor overlaps another argument (``checks.check_disjoint``)."""
+    checks.check_disjoint(kernel, launch_kwargs)
+    run(kernel, launch_kwargs)
 
 
 def run(kernel: str, launch_kwargs: dict) -> None:
@@ -73,19 +83,19 @@ def _context(canary_buf, violation_ring, violation_write_index, slot_run_counter
     """Inverse of ``_context_args``; ``real_kv_layout`` is ``(page_size, num_bytes_per_token, read_bytes)``
     per source, flattened."""
     checks.check_word_aligned(canary_buf, "canary_buf")
-    for i, t in enumerate(real_kv_tensors):
-        checks.check_word_aligned(t, f"real_kv_sources[{i}].tensor")
     sources = tuple(
         RealKvSource(tensor=t, page_size=real_kv_layout[3 * i], num_bytes_per_token=real_kv_layout[3 * i + 1],
                      read_bytes=real_kv_layout[3 * i + 2])
         for i, t in enumerate(real_kv_tensors)
     )
-    return VerifyOrWriteContext(
+    context = VerifyOrWriteContext(
         canary_buf=canary_buf, kernel_kind=_launch_tag(kernel_kind), violation_ring=violation_ring,
         violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
         kernel_run_counter=kernel_run_counter, real_kv_sources=sources,
         real_kv_hash_mode=RealKvHashMode(real_kv_hash_mode), enable_chain_position_assert=enable_chain_position_assert,
     )
+    checks.check_real_kv_sources(context)  # each source's layout fits its rows, 8-byte aligned
+    return context
 
 
 def _launch_tag(kernel_kind: int) -> CanaryLaunchTag | int:
@@ -142,7 +152,7 @@ def write(
                          kernel_run_counter=kernel_run_counter,
                          enable_chain_position_assert=enable_chain_position_assert,
                          write_num_valid_reqs=write_num_valid_reqs)
-    run("write", dict(
+    _run_checked("write", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
                          enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
                          real_kv_hash_mode),
@@ -164,7 +174,7 @@ def verify(
     """``launch_canary_verify_kernel`` unchecked (SPEC 3.2)."""
     _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter, verify_num_valid=verify_num_valid, enable=enable)
-    run("verify", dict(
+    _run_checked("verify", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
                          enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout,
                          real_kv_hash_mode),
@@ -187,7 +197,7 @@ def plan(
 ) -> None:
     """``launch_canary_plan_kernels`` unchecked (SPEC 3.3)."""
     _require_one_element(verify_num_valid=verify_num_valid, enable=enable, write_num_valid_reqs=write_num_valid_reqs)
-    run("plan", dict(
+    _run_checked("plan", dict(
         verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
                                    verify_expected_tokens=verify_expected_tokens,
                                    verify_expected_positions=verify_expected_positions,
@@ -206,7 +216,8 @@ def plan(
 
 def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out: Tensor) -> None:
     """``launch_scatter_req_token_ids_kernel`` unchecked (SPEC 3.4)."""
-    run("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out))
+    _run_checked("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices,
+                                 pool_out=pool_out))
 
 
 def _require_one_element(**tensors: Tensor) -> None:

@@ -63,7 +63,11 @@ _flags: dict[tuple, list[torch.Tensor]] = {}
 
 
 def canary_words(canary_buf: torch.Tensor) -> torch.Tensor:
-    return canary_buf.view(torch.int64)
+    """int64 view ``[S, row_bytes // 8]`` of the canary buffer, rows dense (the front end guarantees a
+    contiguous uint8 buffer, an 8-byte aligned start and whole-word rows). Built with its row stride
+    set: torch ignores a one-slot buffer's row stride, which may then be any number of bytes."""
+    rows, row_bytes = canary_buf.shape
+    return canary_buf.as_strided((rows, row_bytes), (row_bytes, 1)).view(torch.int64)
 
 
 def source_view(tensor: torch.Tensor) -> torch.Tensor:
