@@ -8,6 +8,7 @@ import torch
 import tvm_canary as tc
 from tvm_canary.consts import FailReason
 from tvm_canary.context import CanaryLaunchTag as Tag
+from tvm_canary.plans import plan_tensors
 from tvm_canary.session import CanaryGroup, CanarySession
 from tvm_canary.testing import KvPool
 from tvm_canary.violations import Violation
@@ -42,20 +43,26 @@ def make_session(swa_lut: torch.Tensor | None = None, **kw) -> tuple[CanarySessi
     return CanarySession(**args), kv
 
 
-def step(session: CanarySession, kv: KvPool, prefix: int, extend: int, *, reported: list[int] | None = None,
-         **extra) -> None:
-    """Both rows write positions [prefix, prefix + extend); ``reported`` overrides the prefix lengths.
-    Expected tokens are passed when the session has a pool."""
+def step_inputs(session: CanarySession, prefix: int, extend: int, *, reported: list[int] | None = None,
+                **extra) -> dict:
+    """``before_forward``'s arguments: both rows write positions [prefix, prefix + extend); ``reported``
+    overrides the prefix lengths. Expected tokens are passed when the session has a pool."""
     span = [(r, p) for r in ROWS for p in range(prefix, prefix + extend)]
     if session.expected_token_pool is not None:
         extra.update(token_ids=[token(r, p) for r in ROWS for p in range(prefix + extend)],
                      token_lens=[prefix + extend] * len(ROWS))
-    session.before_forward(
+    return dict(
         req_pool_indices=list(ROWS), prefix_lens=reported or [prefix] * len(ROWS),
         extend_seq_lens=[extend] * len(ROWS), input_ids=[token(r, p) for r, p in span],
         positions=[p for _, p in span], out_cache_loc=[slot(r, p) for r, p in span], req_to_token=TABLE, **extra,
     )
-    kv.write([slot(r, p) for r, p in span])
+
+
+def step(session: CanarySession, kv: KvPool, prefix: int, extend: int, **kw) -> None:
+    """One step of ``step_inputs(session, prefix, extend, **kw)``; the model writes the KV of its slots."""
+    inputs = step_inputs(session, prefix, extend, **kw)
+    session.before_forward(**inputs)
+    kv.write(inputs["out_cache_loc"])
     session.after_forward()
 
 
@@ -155,6 +162,44 @@ def test_session_input_errors():
         pooled.before_forward(req_pool_indices=list(ROWS), prefix_lens=[0, 0], extend_seq_lens=[1, 1],
                               input_ids=[1, 2], positions=[0, 0], out_cache_loc=[slot(1, 0), slot(2, 0)],
                               req_to_token=TABLE, token_ids=[1] * 6, token_lens=[2, 2, 2])
+
+
+def session_state(session: CanarySession) -> list[torch.Tensor]:
+    """Copies of the tensors a step changes."""
+    tensors = [session._status, session.slot_run_counters, session.violation_log.violation_ring]
+    for g in session._groups:
+        tensors += [c.canary_buf for c in g.contexts.values()] + [*plan_tensors(g.verify_plan),
+                                                                  *plan_tensors(g.write_plan)]
+    if session.expected_token_pool is not None:
+        tensors.append(session.expected_token_pool)
+    return [t.clone() for t in tensors]
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(req_pool_indices=[1, 2, 1], prefix_lens=[4] * 3, extend_seq_lens=[1] * 3, token_lens=[5] * 3),
+     RuntimeError, "batch of 3 requests exceeds the session's write request capacity 2"),
+    (dict(prefix_lens=[4]), ValueError, "prefix_lens length must be 2, got 1"),
+    (dict(req_to_token=TABLE[1]), ValueError, "req_to_token must be 2-D"),
+    (dict(token_ids=[[1, 2]] * 5), ValueError, "scatter_req_token_ids flat_in must be 1-D"),
+    (dict(positions=[4]), ValueError, "positions length must be 2, got 1"),
+    (dict(out_cache_loc=[1, 2, 3]), ValueError, "out_cache_loc length must be 2, got 3"),
+    (dict(expected_input_tokens=[1, 2]), ValueError, "expected input tensors must be None"),
+], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs"])
+def test_a_rejected_step_changes_nothing(changes, error, message):
+    """A rejected call raises before the step is counted or anything runs: nothing changes, and later steps
+    (health-checked every step) run clean."""
+    lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
+    session, kv = make_session(swa_lut=lut, expected_token_pool_shape=(3, MAX_LEN), health_warmup_steps=0,
+                               health_check_interval=1)
+    step(session, kv, 0, 4)
+    before = session_state(session)
+    with pytest.raises(error, match=f"kv-canary: {message}"):
+        session.before_forward(**{**step_inputs(session, 4, 1), **changes})
+    assert session.step == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+    step(session, kv, 4, 1)
+    step(session, kv, 5, 1)
+    assert not session.flush()
 
 
 def test_swa_slots_past_the_table_are_clamped_as_the_kernels_do():

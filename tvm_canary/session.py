@@ -309,9 +309,10 @@ class CanarySession:
         host synchronisation). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
-        Raises RuntimeError when the batch exceeds the write capacities or the health check fails.
+        Raises RuntimeError when the batch exceeds the write capacities or the health check fails, and the
+        launches' errors (SPEC 4) for inputs they would reject; an input error is raised before the step is
+        counted or anything is launched, so the rejected call leaves the session as it was.
         """
-        self._begin_step()
         self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
                      token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
@@ -321,6 +322,8 @@ class CanarySession:
         if batch is None:
             batch = self._converted_batch(given, req_to_token)
         self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
+        self._check_step(batch)
+        self._begin_step()
         self._head(batch)
         self._batch = batch
 
@@ -443,24 +446,41 @@ class CanarySession:
             forward()
         self._tail(batch)
 
+    def _check_step(self, batch: _Batch) -> None:
+        """The launch checks (SPEC 4) that read the step's inputs (the scatter's, the FULL group's plan
+        kernels': every group plans the same inputs, write's), run before anything is launched so that a
+        rejected step changes nothing. The launches run them again."""
+        checks.check_plan(**self._plan_args(self._groups[0], batch))
+        if self.expected_token_pool is not None:
+            checks.check_scatter(**self._scatter_args(batch))
+        checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
+                                  batch.out_cache_loc, self.enable_write_input_assert, batch.expected_input_tokens,
+                                  batch.expected_input_positions)
+
+    def _plan_args(self, g: _Group, batch: _Batch) -> dict:
+        """The arguments of the group's plan kernels for ``batch``."""
+        return dict(verify_plan_out=g.verify_plan, write_plan_out=g.write_plan, req_to_token=batch.req_to_token,
+                    req_pool_indices=batch.req_pool_indices, prefix_lens=batch.prefix_lens,
+                    extend_seq_lens=batch.extend_seq_lens, swa_window_size=g.config.swa_window_size,
+                    full_to_swa_index_mapping=g.config.full_to_swa_index_mapping, verify_capacity=self.verify_capacity,
+                    req_to_verify_expected_tokens=self.expected_token_pool,
+                    req_to_verify_expected_tokens_valid_lens=batch.token_lens,
+                    kv_token_id_vs_position_offset=self.kv_token_id_vs_position_offset)
+
+    def _scatter_args(self, batch: _Batch) -> dict:
+        """The scatter's arguments for ``batch``: its offsets are the batch's, else those of the session's
+        buffer that ``_scatter_expected_tokens`` fills."""
+        offsets = batch.token_offsets
+        if offsets is None:
+            offsets = self._scatter_offsets[: batch.token_lens.shape[0] + 1]
+        return dict(flat_in=batch.token_ids, offsets=offsets, req_pool_indices=batch.req_pool_indices,
+                    pool_out=self.expected_token_pool)
+
     def _head(self, batch: _Batch) -> None:
         """Scatter the expected tokens, plan every group, verify + write its HEAD endpoints."""
-        valid_lens = self._scatter_expected_tokens(batch)
+        self._scatter_expected_tokens(batch)
         for g in self._groups:
-            launch_canary_plan_kernels(
-                verify_plan_out=g.verify_plan,
-                write_plan_out=g.write_plan,
-                req_pool_indices=batch.req_pool_indices,
-                prefix_lens=batch.prefix_lens,
-                extend_seq_lens=batch.extend_seq_lens,
-                req_to_token=batch.req_to_token,
-                swa_window_size=g.config.swa_window_size,
-                full_to_swa_index_mapping=g.config.full_to_swa_index_mapping,
-                verify_capacity=self.verify_capacity,
-                req_to_verify_expected_tokens=self.expected_token_pool,
-                req_to_verify_expected_tokens_valid_lens=valid_lens,
-                kv_token_id_vs_position_offset=self.kv_token_id_vs_position_offset,
-            )
+            launch_canary_plan_kernels(**self._plan_args(g, batch))
             self._verify_and_write(g, "HEAD", batch)
         self._dirty = True
 
@@ -469,20 +489,15 @@ class CanarySession:
             self._verify_and_write(g, "TAIL", batch)
         self._dirty = True
 
-    def _scatter_expected_tokens(self, batch: _Batch) -> torch.Tensor | None:
-        """Fill the expected-token pool rows of this batch; returns the valid lengths (None without pool).
-        The offsets are the batch's, else the prefix sums of ``token_lens`` (one cumsum)."""
+    def _scatter_expected_tokens(self, batch: _Batch) -> None:
+        """Fill the expected-token pool rows of this batch (nothing without a pool). The offsets are the
+        batch's, else the prefix sums of ``token_lens`` (one cumsum)."""
         if self.expected_token_pool is None:
-            return None
-        lens, offsets = batch.token_lens, batch.token_offsets
-        if offsets is None:
-            offsets = self._scatter_offsets[: lens.shape[0] + 1]
-            torch.cumsum(lens, 0, out=offsets[1:])
-        launch_scatter_req_token_ids_kernel(
-            flat_in=batch.token_ids, offsets=offsets, req_pool_indices=batch.req_pool_indices,
-            pool_out=self.expected_token_pool,
-        )
-        return lens
+            return
+        args = self._scatter_args(batch)
+        if batch.token_offsets is None:
+            torch.cumsum(batch.token_lens, 0, out=args["offsets"][1:])
+        launch_scatter_req_token_ids_kernel(**args)
 
     def _verify_and_write(self, g: _Group, endpoint: str, batch: _Batch) -> None:
         """The endpoint's verify + write of each half. The step's slots are translated for an SWA group
