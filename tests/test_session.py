@@ -344,6 +344,27 @@ def test_health_check_flags_a_tag_that_stops_running():
         step(session, kv, 6, 1)
 
 
+def test_a_failed_health_check_is_raised_once_at_the_end_of_a_whole_step():
+    """Raised once, at the end of the step that decodes it (which runs whole); the next check judges only
+    its own step. A step "without" a tag: its counter is put back after the step."""
+    session, kv = make_session(enable_v=False, health_warmup_steps=0, health_check_interval=1)
+    counters = session.kernel_run_counters
+    step(session, kv, 0, 4)
+    head = counters[Tag.HEAD_K_FULL].item()
+    step(session, kv, 4, 1)
+    counters[Tag.HEAD_K_FULL] = head  # step 2 without HEAD_K
+    before = counters.clone()
+    with pytest.raises(RuntimeError, match=r"kernel_run_counter of HEAD_K_FULL did not advance over steps 2\.\.2$"):
+        step(session, kv, 5, 1)
+    assert (counters - before)[[Tag.HEAD_K_FULL, Tag.TAIL_K_FULL]].tolist() == [2, 2]  # step 3 ran whole
+    counters[Tag.TAIL_K_FULL] = before[Tag.TAIL_K_FULL]  # step 3 without TAIL_K
+    with pytest.raises(RuntimeError, match=r"kernel_run_counter of TAIL_K_FULL did not advance over steps 3\.\.3$"):
+        step(session, kv, 6, 1)
+    step(session, kv, 7, 1)
+    step(session, kv, 8, 1)
+    assert not session.flush()
+
+
 # ---------------------------------------------------------------------- formatting (no kernels)
 
 

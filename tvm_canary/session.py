@@ -137,7 +137,8 @@ class CanarySession:
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
         sweep_interval: ``sweep_due`` every this many steps (0: sweeping off).
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
-            tag's kernel_run_counter must have grown (0 interval: check off).
+            tag's kernel_run_counter must have grown (0 interval: check off); a failure is raised once, as a
+            RuntimeError at the end of a step or by ``violations()`` / ``flush()`` (``_health_check``).
         violation_mode: ``log`` (warnings), ``raise`` (one CanaryViolationError) or ``quiet``.
     """
 
@@ -203,6 +204,7 @@ class CanarySession:
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
+        self._health_failures: list[str] = []  # decoded, not yet raised
         self._raised = False
         # Allocated once: scatter offsets, sweep plans (grown on demand), status snapshots.
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
@@ -309,9 +311,9 @@ class CanarySession:
         host synchronisation). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
-        Raises RuntimeError when the batch exceeds the write capacities or the health check fails, and the
-        launches' errors (SPEC 4) for inputs they would reject; an input error is raised before the step is
-        counted or anything is launched, so the rejected call leaves the session as it was.
+        Raises RuntimeError when the batch exceeds the write capacities, and the launches' errors (SPEC 4)
+        for inputs they would reject, before the step is counted or anything is launched, so the rejected
+        call leaves the session as it was. A failed health check is raised by ``after_forward``.
         """
         self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
@@ -362,7 +364,8 @@ class CanarySession:
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
-        status snapshot arrives (on CPU: here)."""
+        status snapshot arrives (on CPU: here). Then raises a failed health check decoded by now, if any
+        (RuntimeError; the step is complete)."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
         batch, self._batch = self._batch, None
@@ -404,6 +407,7 @@ class CanarySession:
         if self._dirty:
             self._snapshot()
         self._poll()
+        self._raise_health_failures()
         return self._report(self.violation_log.read_new())
 
     def flush(self) -> ViolationReport:
@@ -412,6 +416,7 @@ class CanarySession:
         if self._dirty:
             self._snapshot()
         self._poll(wait=True)
+        self._raise_health_failures()
         return self._report(self.violation_log.read_new(wait=True))
 
     def capture_step(self, *, batch_size: int, num_tokens: int | None = None, req_to_token: torch.Tensor,
@@ -427,7 +432,8 @@ class CanarySession:
 
     def _begin_step(self) -> None:
         """Count the step and take the health check's counter snapshot when one is due (SPEC 6 item 9:
-        at the start of a step, every ``health_check_interval`` steps after the warm-up)."""
+        at the start of a step, every ``health_check_interval`` steps after the warm-up). Raises nothing,
+        so a step once counted is launched whole."""
         self.step += 1
         done = self.step - 1
         interval, warmup = self.health_check_interval, self.health_warmup_steps
@@ -436,8 +442,10 @@ class CanarySession:
         self._poll()
 
     def _end_step(self) -> None:
+        """Take the step's status snapshot, decode what has arrived, and raise a failed health check."""
         self._snapshot(overflow_step=self.step)
         self._poll()
+        self._raise_health_failures()
 
     def _step_work(self, batch: _Batch, forward: Callable[[], None] | None) -> None:
         """The device work of one whole step (what ``StepGraph`` captures): HEAD, ``forward()``, TAIL."""
@@ -561,15 +569,24 @@ class CanarySession:
 
     def _health_check(self, counts: list[int], done: int) -> None:
         """SPEC 6 item 9: each active tag's kernel_run_counter after ``done`` steps must exceed its value
-        ``health_check_interval`` steps earlier."""
+        ``health_check_interval`` steps earlier. A failure is kept (decoding runs inside steps, which must
+        not stop half done) and raised once, by ``_raise_health_failures``; pass or fail, ``counts`` is the
+        next check's baseline, so each check judges only its own interval."""
         if self._health_snapshot is not None:
             stalled = [t.name for t in self.active_tags if counts[t] <= self._health_snapshot[t]]
             if stalled:
-                raise RuntimeError(
+                self._health_failures.append(
                     f"kv-canary: {NOT_EXECUTING}: kernel_run_counter of {', '.join(stalled)} did not advance "
                     f"over steps {done - self.health_check_interval + 1}..{done}"
                 )
         self._health_snapshot = counts
+
+    def _raise_health_failures(self) -> None:
+        """Raise the health-check failures decoded and not yet raised (one RuntimeError, a line each)."""
+        if self._health_failures:
+            message = "\n".join(self._health_failures)
+            self._health_failures.clear()
+            raise RuntimeError(message)
 
     def _report(self, report: ViolationReport) -> ViolationReport:
         if not report or self.violation_mode == "quiet":
