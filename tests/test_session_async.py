@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 from test_session import make_session, poke, slot, step
 
 from tvm_canary import session as session_module
@@ -132,6 +133,21 @@ def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_
     monkeypatch.setattr(session_module.StepGraph, "_stage_on_host", staticmethod(lambda values: staged_on_host))
     eager, graphed = decode.DecodeRun(graph=False, device="cpu"), decode.DecodeRun(graph=True, device="cpu")
     decode.check_replay_equals_eager(eager, graphed)
+
+
+def test_a_replay_whose_inputs_do_not_fit_is_not_a_step(monkeypatch):
+    """StepGraph.replay rejects inputs longer than the captured buffers before it counts the step."""
+    import test_session_cuda as decode
+
+    stand_in_cuda_graphs(monkeypatch)
+    run = decode.DecodeRun(graph=True, device="cpu")
+    run.step(0)
+    run.step(1)
+    batch, before = run.inputs(2), [t.clone() for t in run.state()]
+    with pytest.raises(RuntimeError, match="kv-canary: 12 values do not fit the captured buffer of 8"):
+        run.graph.replay(**dict(batch, positions=batch["positions"].repeat(2)))
+    assert run.session.step == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, run.state()))
 
 
 def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):

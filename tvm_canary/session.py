@@ -731,12 +731,12 @@ class StepGraph:
                 f"kv-canary: batch of {bs} requests / {n} tokens exceeds the captured bucket of "
                 f"{self.batch_size} requests / {self.num_tokens} tokens"
             )
-        session._begin_step()
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
                      token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                      expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions)
         self._refill([torch.as_tensor(given[name], dtype=torch.int64) for name, _, _ in self._fields],
                      None if token_ids is None else torch.as_tensor(token_ids, dtype=torch.int64))
+        session._begin_step()  # after the refill, which may reject the inputs: a rejected call is not a step
         self.graph.replay()
         session._dirty = True
         session._end_step()
