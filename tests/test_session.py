@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import tvm_canary as tc
 from tvm_canary.consts import FailReason
 from tvm_canary.context import CanaryLaunchTag as Tag
+from tvm_canary.context import RealKvSource
 from tvm_canary.plans import plan_tensors
 from tvm_canary.session import CanaryGroup, CanarySession
 from tvm_canary.testing import KvPool
@@ -143,6 +146,33 @@ def test_session_argument_errors():
     session, _ = make_session()
     with pytest.raises(RuntimeError, match="after_forward\\(\\) called without a matching before_forward"):
         session.after_forward()
+
+
+def zero_source(page_size: int = 1) -> RealKvSource:
+    """32-byte rows of ``page_size`` 32-byte slots (too narrow for 2 or more)."""
+    return RealKvSource(tensor=torch.zeros(16, 32, dtype=torch.uint8), page_size=page_size, num_bytes_per_token=32,
+                        read_bytes=32)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(full=CanaryGroup(num_slots=-1)), "FULL group num_slots must be positive, got -1"),
+    (dict(write_entry_capacity=-1), "write_entry_capacity must be positive, got -1"),
+    (dict(expected_token_pool_shape=(-1, 4)), "expected_token_pool_shape rows must be positive, got -1"),
+    (dict(expected_token_pool_shape=(4,)), "expected_token_pool_shape must be (rows, max_context_len), got (4,)"),
+    (dict(full=CanaryGroup(num_slots=NUM_SLOTS, k_sources=(zero_source(),) * 5)),
+     "at most 4 RealKvSource entries supported by the CUDA ABI, got 5"),
+    (dict(full=CanaryGroup(num_slots=NUM_SLOTS, v_sources=(zero_source(page_size=2),))),
+     "RealKvSource row is too narrow for its slot layout"),
+    (dict(swa_lut=torch.zeros(NUM_SLOTS, dtype=torch.int32)),
+     "lut_tensor must have dtype torch.int64, got torch.int32"),
+    (dict(swa_lut=torch.zeros(0, dtype=torch.int64)), "lut_len must be positive when has_swa_lut is True"),
+    (dict(swa_lut=torch.zeros(2, NUM_SLOTS, dtype=torch.int64)), "lut_tensor must be 1-D"),
+], ids=["num_slots", "write_entry_capacity", "pool_rows", "pool_rank", "sources", "narrow_source",
+        "lut_dtype", "lut_empty", "lut_rank"])
+def test_the_constructor_rejects_what_a_step_would_fail_on(changes, message):
+    """Checked when the session is built, with the launches' messages (SPEC 4) where they have one."""
+    with pytest.raises(ValueError, match=re.escape(f"kv-canary: {message}")):
+        make_session(**changes)
 
 
 # ---------------------------------------------------------------------- detection through the session

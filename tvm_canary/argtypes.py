@@ -48,6 +48,14 @@ def require_number(value: object, name: str) -> None:
         raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
 
 
+def require_positive(value: object, name: str) -> int:
+    """``value`` as a positive int: ``require_number``, the "must be positive" ValueError, ``require_integer``."""
+    require_number(value, name)
+    if value <= 0:
+        raise ValueError(f"kv-canary: {name} must be positive, got {value}")
+    return require_integer(value, name)
+
+
 def fits_int64(value: int) -> bool:
     """Whether ``value`` lies in int64's range."""
     return -(2**63) <= value < 2**63

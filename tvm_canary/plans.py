@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from .argtypes import RECORD, require_integer, require_number
+from .argtypes import RECORD, require_positive
 
 
 @dataclasses.dataclass(**RECORD)
@@ -37,10 +37,7 @@ class VerifyPlan:
     @classmethod
     def allocate(cls, *, verify_capacity: int, device) -> "VerifyPlan":
         """Uninitialised vectors and ``verify_num_valid``; ``enable`` starts at 1."""
-        require_number(verify_capacity, "VerifyPlan verify_capacity")
-        if verify_capacity <= 0:
-            raise ValueError(f"kv-canary: VerifyPlan verify_capacity must be positive, got {verify_capacity}")
-        verify_capacity = require_integer(verify_capacity, "VerifyPlan verify_capacity")
+        verify_capacity = require_positive(verify_capacity, "VerifyPlan verify_capacity")
 
         def vec():
             return torch.empty(verify_capacity, dtype=torch.int64, device=device)
@@ -88,10 +85,7 @@ class WritePlan:
     @classmethod
     def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
         """All tensors uninitialised."""
-        require_number(write_req_capacity, "WritePlan write_req_capacity")
-        if write_req_capacity <= 0:
-            raise ValueError(f"kv-canary: WritePlan write_req_capacity must be positive, got {write_req_capacity}")
-        write_req_capacity = require_integer(write_req_capacity, "WritePlan write_req_capacity")
+        write_req_capacity = require_positive(write_req_capacity, "WritePlan write_req_capacity")
         return cls(
             write_offsets=torch.empty(write_req_capacity + 1, dtype=torch.int64, device=device),
             write_seed_slot_indices=torch.empty(write_req_capacity, dtype=torch.int64, device=device),

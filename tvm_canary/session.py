@@ -30,7 +30,7 @@ import torch
 
 from . import checks
 from ._consts import CANARY_SLOT_BYTES
-from .argtypes import RECORD
+from .argtypes import RECORD, require_positive
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .launch import (
@@ -71,6 +71,9 @@ class CanaryGroup:
         swa_window_size: 0 for the FULL group; the window length for the SWA group.
         full_to_swa_index_mapping: int64 full-slot -> SWA-slot LUT on the session device, required iff
             ``swa_window_size > 0``; read at every launch, so the caller updates it in place.
+
+    The session checks them when it is built (``CanarySession._check_config``; the LUT is ``lut_tensor``
+    in the messages).
     """
 
     num_slots: int
@@ -137,8 +140,7 @@ class CanarySession:
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
         sweep_interval: ``sweep_due`` every this many steps (0: sweeping off).
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
-            tag's kernel_run_counter must have grown (0 interval: check off); a failure is raised once, as a
-            RuntimeError at the end of a step or by ``violations()`` / ``flush()`` (``_health_check``).
+            tag's kernel_run_counter must have grown (0 interval: check off; see ``_health_check``).
         violation_mode: ``log`` (warnings), ``raise`` (one CanaryViolationError) or ``quiet``.
     """
 
@@ -173,6 +175,16 @@ class CanarySession:
                 f"kv-canary: sweep_interval={sweep_interval} exceeds health_check_interval={health_check_interval}, "
                 "so the health check would flag the sweep tags"
             )
+        for name, group in (("FULL", full), ("SWA", swa)):
+            if group is not None:
+                require_positive(group.num_slots, f"{name} group num_slots")
+        require_positive(write_entry_capacity, "write_entry_capacity")
+        if expected_token_pool_shape is not None:
+            if len(expected_token_pool_shape) != 2:
+                raise ValueError(f"kv-canary: expected_token_pool_shape must be (rows, max_context_len), got "
+                                 f"{expected_token_pool_shape!r}")
+            for size, what in zip(expected_token_pool_shape, ("rows", "max_context_len")):
+                require_positive(size, f"expected_token_pool_shape {what}")
         self.device = torch.device(device)
         self.write_req_capacity = write_req_capacity
         self.write_entry_capacity = write_entry_capacity
@@ -201,6 +213,7 @@ class CanarySession:
             else torch.zeros(expected_token_pool_shape, dtype=torch.int32, device=self.device)
         )
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
+        self._check_config()
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
@@ -251,6 +264,22 @@ class CanarySession:
             contexts=contexts,
             out_cache_loc=torch.empty(self.write_entry_capacity, dtype=torch.int64, device=self.device),
         )
+
+    def _check_config(self) -> None:
+        """The launch checks (SPEC 4) that read the configuration (each group's plan checks: LUT, window,
+        plans, pool, offset; each endpoint's real-KV sources), run once on an empty step so that what a
+        launch would reject raises here, with its message. The caller updates the LUT and the sources in
+        place, so a step checks only its inputs (``_check_step``)."""
+        none, pool = torch.empty(0, dtype=torch.int64, device=self.device), self.expected_token_pool is not None
+        expected = none if self.enable_write_input_assert else None
+        empty = _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
+                       out_cache_loc=none, req_to_token=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
+                       token_ids=none if pool else None, token_lens=none if pool else None,
+                       expected_input_tokens=expected, expected_input_positions=expected)
+        for g in self._groups:
+            checks.check_plan(**self._plan_args(g, empty))
+            for context in g.contexts.values():
+                checks.check_real_kv_sources(context)
 
     # ------------------------------------------------------------------ introspection
 
@@ -311,9 +340,8 @@ class CanarySession:
         host synchronisation). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
-        Raises RuntimeError when the batch exceeds the write capacities, and the launches' errors (SPEC 4)
-        for inputs they would reject, before the step is counted or anything is launched, so the rejected
-        call leaves the session as it was. A failed health check is raised by ``after_forward``.
+        Raises RuntimeError when the batch exceeds the write capacities, and the launches' errors (SPEC 4),
+        before anything is counted or launched: a rejected call changes nothing.
         """
         self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
@@ -364,8 +392,7 @@ class CanarySession:
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
-        status snapshot arrives (on CPU: here). Then raises a failed health check decoded by now, if any
-        (RuntimeError; the step is complete)."""
+        status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
         batch, self._batch = self._batch, None
@@ -456,8 +483,8 @@ class CanarySession:
 
     def _check_step(self, batch: _Batch) -> None:
         """The launch checks (SPEC 4) that read the step's inputs (the scatter's, the FULL group's plan
-        kernels': every group plans the same inputs, write's), run before anything is launched so that a
-        rejected step changes nothing. The launches run them again."""
+        kernels': every group plans the same inputs, the rest passed ``_check_config``; write's), run before
+        anything is launched so that a rejected step changes nothing. The launches run them again."""
         checks.check_plan(**self._plan_args(self._groups[0], batch))
         if self.expected_token_pool is not None:
             checks.check_scatter(**self._scatter_args(batch))
