@@ -355,12 +355,15 @@ def check_write_inputs(
     enable_write_input_assert: bool,
     expected_input_tokens: Optional[torch.Tensor],
     expected_input_positions: Optional[torch.Tensor],
-    written_ranges: list[tuple[int, int, str]],
+    written_ranges: Optional[list[tuple[int, int, str]]] = None,
 ) -> None:
     """``check_write`` for a context and plan known to pass it (``tvm_canary.eager``: the same objects
     passed before with the same tensor metadata): only the checks that read the per-step arguments, in
     ``check_write``'s order, so that the first failing check and its message are the same.
-    ``written_ranges``: ``byte_ranges`` of the tensors of the context the launch writes."""
+    ``written_ranges``: ``byte_ranges`` of the tensors of the context the launch writes, as a memoised
+    launch keeps them (None: taken from the context)."""
+    if written_ranges is None:
+        written_ranges = byte_ranges(launch_tensors("write", {"context": context})[0])
     _check_write(context, None, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions, context_and_plan_checked=True)
     step = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]

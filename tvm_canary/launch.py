@@ -44,7 +44,7 @@ def launch_canary_write_kernel(
         expected_input_positions=expected_input_positions,
     )
     checks.check_write(**kwargs)
-    _dispatch("write", kwargs)
+    dispatch("write", kwargs)
 
 
 def launch_canary_verify_kernel(
@@ -56,7 +56,7 @@ def launch_canary_verify_kernel(
         return
     kwargs = dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
     checks.check_verify(**kwargs)
-    _dispatch("verify", kwargs)
+    dispatch("verify", kwargs)
 
 
 def launch_canary_plan_kernels(
@@ -84,7 +84,7 @@ def launch_canary_plan_kernels(
         kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
     )
     checks.check_plan(**kwargs)
-    _dispatch("plan", kwargs)
+    dispatch("plan", kwargs)
 
 
 def launch_scatter_req_token_ids_kernel(
@@ -93,12 +93,13 @@ def launch_scatter_req_token_ids_kernel(
     """Copy each request's tokens into its row of the expected-token pool (SPEC 3.4)."""
     kwargs = dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
     checks.check_scatter(**kwargs)
-    _dispatch("scatter", kwargs)
+    dispatch("scatter", kwargs)
 
 
-def _dispatch(kernel: str, kwargs: dict) -> None:
-    """Run a checked launch: through its torch operator while torch traces the caller, else straight to
-    the operator's implementation (the same work without the dispatcher's host time)."""
+def dispatch(kernel: str, kwargs: dict) -> None:
+    """Run a launch whose arguments passed its ``checks.check_*``: through its torch operator while torch
+    traces the caller, else straight to the operator's implementation (the same work without the
+    dispatcher's host time)."""
     if _tracing():
         getattr(_ops, kernel)(*ops.ARGS[kernel](**kwargs))
     else:

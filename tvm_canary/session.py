@@ -34,10 +34,9 @@ from .argtypes import RECORD, require_positive
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .launch import (
-    launch_canary_plan_kernels,
+    dispatch,
     launch_canary_verify_kernel,
     launch_canary_write_kernel,
-    launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
 from .reference.swa import to_group_slots
@@ -214,6 +213,9 @@ class CanarySession:
         )
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self._check_config()
+        # The step's first write launch, and the byte ranges of its context's written tensors (session-owned)
+        self._first_write = self._groups[0].contexts["HEAD", "K"]
+        self._first_write_ranges = checks.byte_ranges(checks.launch_tensors("write", {"context": self._first_write})[0])
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
@@ -268,8 +270,7 @@ class CanarySession:
     def _check_config(self) -> None:
         """The launch checks (SPEC 4) that read the configuration (each group's plan checks: LUT, window,
         plans, pool, offset; each endpoint's real-KV sources), run once on an empty step so that what a
-        launch would reject raises here, with its message. The caller updates the LUT and the sources in
-        place, so a step checks only its inputs (``_check_step``)."""
+        launch would reject raises here, with its message, rather than at the first step."""
         none, pool = torch.empty(0, dtype=torch.int64, device=self.device), self.expected_token_pool is not None
         expected = none if self.enable_write_input_assert else None
         empty = _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
@@ -475,22 +476,25 @@ class CanarySession:
         self._raise_health_failures()
 
     def _step_work(self, batch: _Batch, forward: Callable[[], None] | None) -> None:
-        """The device work of one whole step (what ``StepGraph`` captures): HEAD, ``forward()``, TAIL."""
+        """The device work of one whole step (what ``StepGraph`` captures): HEAD, ``forward()``, TAIL, after
+        the batch's checks (``_check_step``)."""
+        self._check_step(batch)
         self._head(batch)
         if forward is not None:
             forward()
         self._tail(batch)
 
     def _check_step(self, batch: _Batch) -> None:
-        """The launch checks (SPEC 4) that read the step's inputs (the scatter's, the FULL group's plan
-        kernels': every group plans the same inputs, the rest passed ``_check_config``; write's), run before
-        anything is launched so that a rejected step changes nothing. The launches run them again."""
-        checks.check_plan(**self._plan_args(self._groups[0], batch))
+        """The launch checks (SPEC 4) that read the step's inputs, run before anything is launched so that a
+        rejected step changes nothing: every group's plan kernels' and the scatter's in full (``_head``
+        dispatches them unchecked), write's per-step ones (each write launch checks them again)."""
+        for g in self._groups:
+            checks.check_plan(**self._plan_args(g, batch))
         if self.expected_token_pool is not None:
             checks.check_scatter(**self._scatter_args(batch))
-        checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
-                                  batch.out_cache_loc, self.enable_write_input_assert, batch.expected_input_tokens,
-                                  batch.expected_input_positions)
+        checks.check_write_inputs(self._first_write, batch.input_ids, batch.positions, batch.out_cache_loc,
+                                  self.enable_write_input_assert, batch.expected_input_tokens,
+                                  batch.expected_input_positions, self._first_write_ranges)
 
     def _plan_args(self, g: _Group, batch: _Batch) -> dict:
         """The arguments of the group's plan kernels for ``batch``."""
@@ -512,10 +516,11 @@ class CanarySession:
                     pool_out=self.expected_token_pool)
 
     def _head(self, batch: _Batch) -> None:
-        """Scatter the expected tokens, plan every group, verify + write its HEAD endpoints."""
+        """Scatter the expected tokens, plan every group, verify + write its HEAD endpoints (the batch
+        passed ``_check_step``)."""
         self._scatter_expected_tokens(batch)
         for g in self._groups:
-            launch_canary_plan_kernels(**self._plan_args(g, batch))
+            dispatch("plan", self._plan_args(g, batch))
             self._verify_and_write(g, "HEAD", batch)
         self._dirty = True
 
@@ -532,7 +537,7 @@ class CanarySession:
         args = self._scatter_args(batch)
         if batch.token_offsets is None:
             torch.cumsum(batch.token_lens, 0, out=args["offsets"][1:])
-        launch_scatter_req_token_ids_kernel(**args)
+        dispatch("scatter", args)
 
     def _verify_and_write(self, g: _Group, endpoint: str, batch: _Batch) -> None:
         """The endpoint's verify + write of each half. The step's slots are translated for an SWA group
