@@ -135,19 +135,30 @@ def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_
     decode.check_replay_equals_eager(eager, graphed)
 
 
-def test_a_replay_whose_inputs_do_not_fit_is_not_a_step(monkeypatch):
-    """StepGraph.replay rejects inputs longer than the captured buffers before it counts the step."""
+@pytest.mark.parametrize("name, change, error", [
+    ("token_ids", lambda t: t.repeat(7), "420 values do not fit the captured buffer of 384"),
+    ("positions", lambda t: t[:3], "positions length must be 6, got 3"),
+    ("out_cache_loc", lambda t: t.repeat(2), "out_cache_loc length must be 6, got 12"),
+    ("prefix_lens", lambda t: t[:3], "prefix_lens length must be 6, got 3"),
+])
+def test_a_replay_whose_inputs_do_not_fit_is_not_a_step(monkeypatch, name, change, error):
+    """StepGraph.replay rejects inputs too long for its buffers, or of lengths that before_forward rejects (it
+    would pad them), before it copies or counts anything."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
     run = decode.DecodeRun(graph=True, device="cpu")
     run.step(0)
     run.step(1)
-    batch, before = run.inputs(2), [t.clone() for t in run.state()]
-    with pytest.raises(RuntimeError, match="kv-canary: 12 values do not fit the captured buffer of 8"):
-        run.graph.replay(**dict(batch, positions=batch["positions"].repeat(2)))
+    batch, before = run.inputs(2), [t.clone() for t in run.state() + [run.graph._static]]
+    batch[name] = change(batch[name])
+    with pytest.raises((RuntimeError, ValueError), match=f"kv-canary: {error}"):
+        run.graph.replay(**batch)
+    if "length" in error:  # before_forward's error, from before_forward too
+        with pytest.raises(ValueError, match=f"kv-canary: {error}"):
+            run.session.before_forward(**batch)
     assert run.session.step == 2
-    assert all(torch.equal(a, b) for a, b in zip(before, run.state()))
+    assert all(torch.equal(a, b) for a, b in zip(before, run.state() + [run.graph._static]))
 
 
 def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):

@@ -102,6 +102,14 @@ def _require_len(tensor: torch.Tensor, name: str, expected: int) -> None:
         raise ValueError(f"kv-canary: {name} length must be {expected}, got {actual}")
 
 
+def require_same_length(named: Sequence[NamedTensor]) -> None:
+    """Each tensor 1-D with the first one's length (a step's per-request or per-token inputs)."""
+    (first, first_name), *others = named
+    _require_1d(first, first_name)
+    for tensor, name in others:
+        _require_len(tensor, name, int(first.shape[0]))
+
+
 def _require_dim_size(tensor: torch.Tensor, name: str, dim: int, expected: int) -> None:
     actual = int(tensor.shape[dim])
     if actual != expected:
@@ -557,8 +565,7 @@ def check_plan(
     if has_lut and lut_len <= 0:
         raise ValueError("kv-canary: lut_len must be positive when has_swa_lut is True")
 
-    for tensor, name in row_inputs[1:]:
-        _require_len(tensor, name, bs)
+    require_same_length(row_inputs)
     for tensor, name in verify_vectors[1:]:
         _require_len(tensor, name, verify_capacity)
     for tensor, name in scalars:

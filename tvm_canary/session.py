@@ -704,6 +704,7 @@ class StepGraph:
         rows = ("req_pool_indices", "prefix_lens", "extend_seq_lens") + (() if pool is None else ("token_lens",))
         tokens = ("input_ids", "positions", "out_cache_loc") + (
             ("expected_input_tokens", "expected_input_positions") if session.enable_write_input_assert else ())
+        self._rows, self._tokens = rows, tokens  # each led by the input that sets their length
         # The refilled inputs in buffer order: (name, capacity, padding value). The buffer holds the scatter
         # offsets first (computed by replay), then these, then token_ids (any length up to its capacity).
         self._fields = [(name, batch_size, 0) for name in rows] + [
@@ -748,7 +749,8 @@ class StepGraph:
                req_to_token: torch.Tensor, token_ids=None, token_lens=None, expected_input_tokens=None,
                expected_input_positions=None) -> None:
         """One step: the arguments of ``before_forward`` (``req_to_token`` must be the captured table),
-        copied into the static buffers without waiting, then the graph."""
+        copied into the static buffers without waiting, then the graph. Inputs of inconsistent lengths (the
+        refill would pad them) raise ``before_forward``'s errors before anything is copied or counted."""
         session = self.session
         if session._batch is not None:
             raise RuntimeError("kv-canary: StepGraph.replay() between before_forward() and after_forward()")
@@ -766,7 +768,10 @@ class StepGraph:
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
                      token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                      expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions)
-        self._refill([torch.as_tensor(given[name], dtype=torch.int64) for name, _, _ in self._fields],
+        values = {name: torch.as_tensor(given[name], dtype=torch.int64) for name, _, _ in self._fields}
+        for names in (self._rows, self._tokens):
+            checks.require_same_length([(values[name], name) for name in names])
+        self._refill(list(values.values()),
                      None if token_ids is None else torch.as_tensor(token_ids, dtype=torch.int64))
         session._begin_step()  # after the refill, which may reject the inputs: a rejected call is not a step
         self.graph.replay()
@@ -783,9 +788,6 @@ class StepGraph:
         buffer with one operation, and the scatter offsets: host data is staged on the host and copied
         once, without waiting; device tensors (and host data copied beside them) are concatenated on the
         device, then one cumsum gives the offsets."""
-        for (_, cap, _), v in zip(self._fields, values):
-            if v.shape[0] > cap:
-                raise RuntimeError(f"kv-canary: {v.shape[0]} values do not fit the captured buffer of {cap}")
         if token_ids is not None and token_ids.shape[0] > self._static.shape[0] - self._fields_end:
             raise RuntimeError(f"kv-canary: {token_ids.shape[0]} values do not fit the captured buffer of "
                                f"{self._static.shape[0] - self._fields_end}")
