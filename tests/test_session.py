@@ -148,6 +148,23 @@ def test_session_argument_errors():
         session.after_forward()
 
 
+def test_before_forward_is_refused_while_a_step_awaits_after_forward():
+    """A second before_forward() would overwrite the pending step's inputs and plans: it raises, changes
+    nothing, and the pending step completes with its after_forward() (a second one raises)."""
+    session, kv = make_session()
+    session.before_forward(**step_inputs(session, 0, 4))
+    before = session_state(session)
+    with pytest.raises(RuntimeError, match=r"kv-canary: before_forward\(\) called while a step awaits after_forward"):
+        session.before_forward(**step_inputs(session, 4, 1))
+    assert session.step == 1 and all(map(torch.equal, before, session_state(session)))
+    kv.write(step_inputs(session, 0, 4)["out_cache_loc"])
+    session.after_forward()
+    with pytest.raises(RuntimeError, match=r"after_forward\(\) called without a matching before_forward"):
+        session.after_forward()
+    step(session, kv, 4, 1)
+    assert session.step == 2 and not session.flush()
+
+
 def zero_source(page_size: int = 1) -> RealKvSource:
     """32-byte rows of ``page_size`` 32-byte slots (too narrow for 2 or more)."""
     return RealKvSource(tensor=torch.zeros(16, 32, dtype=torch.uint8), page_size=page_size, num_bytes_per_token=32,

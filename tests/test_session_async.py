@@ -161,6 +161,19 @@ def test_a_replay_whose_inputs_do_not_fit_is_not_a_step(monkeypatch, name, chang
     assert all(torch.equal(a, b) for a, b in zip(before, run.state() + [run.graph._static]))
 
 
+def test_a_replay_is_refused_while_a_step_awaits_after_forward(monkeypatch):
+    """As a second before_forward() is (tests/test_session.py): the pending step goes on."""
+    import test_session_cuda as decode
+
+    stand_in_cuda_graphs(monkeypatch)
+    run = decode.DecodeRun(graph=True, device="cpu")
+    run.session.before_forward(**run.inputs(0))
+    with pytest.raises(RuntimeError, match=r"kv-canary: StepGraph.replay\(\) called while a step awaits after_forward"):
+        run.graph.replay(**run.inputs(1))
+    assert run.session.step == 1
+    run.session.after_forward()
+
+
 def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):
     """``before_forward`` stages all-host inputs on a CUDA session (one copy, scatter offsets included);
     forced here on CPU, a run so staged equals one whose inputs are converted one by one."""

@@ -341,9 +341,11 @@ class CanarySession:
         host synchronisation). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
-        Raises RuntimeError when the batch exceeds the write capacities, and the launches' errors (SPEC 4),
-        before anything is counted or launched: a rejected call changes nothing.
+        Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
+        capacities, and the launches' errors (SPEC 4), before anything is counted or launched: a rejected
+        call changes nothing (a pending step stays pending).
         """
+        self._refuse_while_pending("before_forward()")
         self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
                      token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
@@ -389,6 +391,13 @@ class CanarySession:
         the right dtype)."""
         return _Batch(req_to_token=self._on_device(req_to_token, torch.int32),
                       **{name: None if v is None else self._on_device(v) for name, v in given.items()})
+
+    def _refuse_while_pending(self, call: str) -> None:
+        """Raise for ``call`` while a step begun by before_forward() awaits its after_forward(), whose TAIL
+        reads that step's inputs (staged in place on CUDA), plans and SWA slots, which ``call`` would
+        overwrite; the pending step stays pending."""
+        if self._batch is not None:
+            raise RuntimeError(f"kv-canary: {call} called while a step awaits after_forward()")
 
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
@@ -752,8 +761,7 @@ class StepGraph:
         copied into the static buffers without waiting, then the graph. Inputs of inconsistent lengths (the
         refill would pad them) raise ``before_forward``'s errors before anything is copied or counted."""
         session = self.session
-        if session._batch is not None:
-            raise RuntimeError("kv-canary: StepGraph.replay() between before_forward() and after_forward()")
+        session._refuse_while_pending("StepGraph.replay()")
         session._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
