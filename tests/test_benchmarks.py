@@ -358,21 +358,30 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
     w = bench_embedding.Workload(2, swa=True)
     launched = []
 
+    def record(kind, kw):
+        if kind == "plan":
+            launched.append(("plan", "SWA" if kw["full_to_swa_index_mapping"] is not None else "FULL"))
+        elif kind == "scatter":
+            launched.append(("scatter",))
+        else:
+            endpoint, half, group = kw["context"].kernel_kind.name.split("_")
+            launched.append((kind, endpoint, half, group))
+
     def recording(kind, launch):
         def run(**kw):
-            if kind == "plan":
-                launched.append(("plan", "SWA" if kw["full_to_swa_index_mapping"] is not None else "FULL"))
-            elif kind == "scatter":
-                launched.append(("scatter",))
-            else:
-                endpoint, half, group = kw["context"].kernel_kind.name.split("_")
-                launched.append((kind, endpoint, half, group))
+            record(kind, kw)
             return launch(**kw)
         return run
 
-    for kind, name in (("plan", "launch_canary_plan_kernels"), ("verify", "launch_canary_verify_kernel"),
-                       ("write", "launch_canary_write_kernel"), ("scatter", "launch_scatter_req_token_ids_kernel")):
+    def recording_dispatch(dispatch):  # the session's checked plan and scatter launches
+        def run(kernel, kw):
+            record(kernel, kw)
+            return dispatch(kernel, kw)
+        return run
+
+    for kind, name in (("verify", "launch_canary_verify_kernel"), ("write", "launch_canary_write_kernel")):
         monkeypatch.setattr(session_module, name, recording(kind, getattr(session_module, name)))
+    monkeypatch.setattr(session_module, "dispatch", recording_dispatch(session_module.dispatch))
     w.eager_step()
     operators = w.operators()
     assert [tuple(op.what.split()) for op in operators] == launched

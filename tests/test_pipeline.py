@@ -155,16 +155,19 @@ class Pipeline:
         return int(torch.randint(0, 32000, (1,), generator=self.gen))
 
     def _plan(self, after_plan: Callable[["Pipeline"], None] | None):
-        """The session's plan launch, wrapped: remembers (and first poisons) the plans, checks the verify
-        plan did not overflow, then runs ``after_plan`` before the HEAD verify and write."""
-        launch = tc.launch_canary_plan_kernels
+        """The session's dispatch of its checked plan and scatter launches, wrapped at the plan: remembers
+        (and first poisons) the plans, checks the verify plan did not overflow, then runs ``after_plan``
+        before the HEAD verify and write."""
+        dispatch = session_module.dispatch
 
-        def plan(**kw):
+        def plan(kernel, kw):
+            if kernel != "plan":
+                return dispatch(kernel, kw)
             if self.vplan is None:
                 self.vplan, self.wplan = kw["verify_plan_out"], kw["write_plan_out"]
                 for t in tensors(self.vplan) + tensors(self.wplan):  # deterministic stale tails
                     t.fill_(POISON_I64)
-            launch(**kw)
+            dispatch(kernel, kw)
             assert int(self.vplan.enable[0]) == 1
             if after_plan is not None:
                 after_plan(self)
@@ -202,7 +205,7 @@ class Pipeline:
             locs.append(0)
             lens.append(0)
         tokens = dict(token_ids=flat, token_lens=lens) if self.pool is not None else {}
-        with mock.patch.object(session_module, "launch_canary_plan_kernels", self._plan(after_plan)):
+        with mock.patch.object(session_module, "dispatch", self._plan(after_plan)):
             self.session.before_forward(
                 req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend, input_ids=ids, positions=pos,
                 out_cache_loc=locs, req_to_token=self.req_to_token,
