@@ -206,6 +206,13 @@ def test_a_replayed_write_refuses_step_tensors_inside_its_outputs():
     with pytest.raises(ValueError, match=re.escape("kv-canary: context.canary_buf shares memory with out_cache_loc")):
         LAUNCH["write"](**{**kw, "out_cache_loc": carved})
 
+    ring = kw["context"].violation_ring  # two overlaps: a replay names the one a first launch names
+    both = {**kw, "out_cache_loc": carved, "input_ids": ring.view(-1)[: kw["input_ids"].shape[0]]}
+    with pytest.raises(ValueError) as first:
+        checks.check_write(**both)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(first.value))}$"):
+        LAUNCH["write"](**both)
+
 
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_a_one_slot_canary_buffer_may_have_any_row_stride(kernel):

@@ -468,3 +468,17 @@ def test_labels_of_sweep_unknown_token_and_invalid_rows():
     assert unknown.line().startswith(
         "kv_canary violation: launch_tag=unknown(9999) fail_reason=verify_position+invalid_index ")
     assert make_row().line().split()[3] == "fail_reason=none"
+
+
+def test_step_inputs_inside_any_endpoints_buffer_are_refused_before_the_step():
+    """SPEC D10 for a whole step: out_cache_loc carved from the SWA group's TAIL V canary buffer (the step's
+    last write) is refused before the step begins, not at that write after the step's other launches."""
+    lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
+    session, kv = make_session(swa_lut=lut)
+    step(session, kv, 0, 4)
+    before = session_state(session)
+    carved = session.canary_buffer("TAIL", "V", "SWA").view(-1)[:16].view(torch.int64)
+    with pytest.raises(ValueError, match="^kv-canary: context.canary_buf shares memory with out_cache_loc"):
+        session.before_forward(**{**step_inputs(session, 4, 1), "out_cache_loc": carved})
+    assert session.step == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))

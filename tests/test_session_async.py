@@ -185,3 +185,32 @@ def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):
     staged.session._stages = lambda given: True
     decode.check_replay_equals_eager(converted, staged)
     assert staged.session._staging.shape[0] > 0 and converted.session._staging.shape[0] == 0
+
+
+def test_a_replay_checks_the_expected_inputs_as_before_forward_does(monkeypatch):
+    """Expected input tensors given to a session without the write input assert: replay raises
+    before_forward's error before anything is copied or counted (it ignored them and counted the step)."""
+    import test_session_cuda as decode
+
+    stand_in_cuda_graphs(monkeypatch)
+    run = decode.DecodeRun(graph=True, device="cpu")
+    run.step(0)
+    batch = dict(run.inputs(1), expected_input_positions=run.inputs(1)["positions"])
+    for call in (run.graph.replay, run.session.before_forward):
+        with pytest.raises(ValueError, match="^kv-canary: expected input tensors must be None"):
+            call(**batch)
+    assert run.session.step == 1
+
+
+def test_capturing_is_refused_while_a_step_awaits_after_forward(monkeypatch):
+    """Capturing runs a step's work, which re-plans every group: the pending step's TAIL would verify
+    against plans of an empty batch (false chain violations). It is refused; the pending step goes on."""
+    import test_session_cuda as decode
+
+    stand_in_cuda_graphs(monkeypatch)
+    run = decode.DecodeRun(graph=False, device="cpu")
+    run.session.before_forward(**run.inputs(0))
+    with pytest.raises(RuntimeError, match=r"^kv-canary: capture_step\(\) called while a step awaits after_forward"):
+        run.session.capture_step(batch_size=decode.BUCKET, req_to_token=run.table)
+    run.session.after_forward()
+    assert not run.session.flush().records

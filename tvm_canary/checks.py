@@ -29,7 +29,14 @@ from typing import Optional
 import torch
 
 from . import consts
-from .argtypes import require_instance, require_int64, require_integer, require_number, require_tensor
+from .argtypes import (
+    require_instance,
+    require_int64,
+    require_integer,
+    require_number,
+    require_positive,
+    require_tensor,
+)
 from .context import SINK_FIELDS, VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan
 
@@ -132,11 +139,6 @@ def _require_same_device(
             )
 
 
-def _require_positive(value: int, what: str) -> None:
-    if value <= 0:
-        raise ValueError(f"kv-canary: {what} must be positive, got {value}")
-
-
 def _require_non_negative(value: int, what: str) -> None:
     if value < 0:
         raise ValueError(f"kv-canary: {what} must be non-negative, got {value}")
@@ -208,6 +210,16 @@ def tracing() -> bool:
 
 
 EXPECTED_INPUTS_UNUSED = "kv-canary: expected input tensors must be None when enable_write_input_assert=False"
+
+
+def check_expected_inputs_given(enable_write_input_assert: bool, expected_input_tokens,
+                                expected_input_positions) -> None:
+    """Both expected input tensors given iff the write input assert is on (SPEC 4 "Write front end")."""
+    if enable_write_input_assert:
+        if expected_input_tokens is None or expected_input_positions is None:
+            raise ValueError("kv-canary: expected input tensors are required when enable_write_input_assert=True")
+    elif expected_input_tokens is not None or expected_input_positions is not None:
+        raise ValueError(EXPECTED_INPUTS_UNUSED)
 
 
 def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
@@ -363,25 +375,22 @@ def check_write_inputs(
     enable_write_input_assert: bool,
     expected_input_tokens: Optional[torch.Tensor],
     expected_input_positions: Optional[torch.Tensor],
-    written_ranges: Optional[list[tuple[int, int, str]]] = None,
+    written_ranges: list[tuple[int, int, str]],
 ) -> None:
     """``check_write`` for a context and plan known to pass it (``tvm_canary.eager``: the same objects
     passed before with the same tensor metadata): only the checks that read the per-step arguments, in
     ``check_write``'s order, so that the first failing check and its message are the same.
-    ``written_ranges``: ``byte_ranges`` of the tensors of the context the launch writes, as a memoised
-    launch keeps them (None: taken from the context)."""
-    if written_ranges is None:
-        written_ranges = byte_ranges(launch_tensors("write", {"context": context})[0])
+    ``written_ranges``: ``byte_ranges`` of the tensors the per-step ones must not overlap (those of the
+    context the launch writes, as a memoised launch keeps them)."""
     _check_write(context, None, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions, context_and_plan_checked=True)
     step = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
     if enable_write_input_assert:
         step += [(expected_input_tokens, "expected_input_tokens"),
                  (expected_input_positions, "expected_input_positions")]
-    for tensor, name in step:  # contiguous (checked above); the written ranges were checked with each other
-        start = tensor.data_ptr()
-        end = start + tensor.nbytes
-        for written_start, written_end, written_name in written_ranges:
+    step_ranges = byte_ranges(step)
+    for written_start, written_end, written_name in written_ranges:  # check_disjoint's order of pairs
+        for start, end, name in step_ranges:
             if start < written_end and written_start < end:
                 raise ValueError(_OVERLAP.format(written=written_name, other=name))
 
@@ -393,11 +402,7 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
     if not context_and_plan_checked:
         require_instance(context, VerifyOrWriteContext, "context")
         _check_real_kv_source_count(context)
-    if enable_write_input_assert:
-        if expected_input_tokens is None or expected_input_positions is None:
-            raise ValueError("kv-canary: expected input tensors are required when enable_write_input_assert=True")
-    elif expected_input_tokens is not None or expected_input_positions is not None:
-        raise ValueError(EXPECTED_INPUTS_UNUSED)
+    check_expected_inputs_given(enable_write_input_assert, expected_input_tokens, expected_input_positions)
 
     token_tensors = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
     expected_tensors = (
@@ -557,10 +562,10 @@ def check_plan(
     write_req_capacity = int(write_plan_out.write_seed_slot_indices.shape[0])
     lut_len = int(full_to_swa_index_mapping.shape[0]) if has_lut else 0
     _require_non_negative(bs, "offsets kernel bs")
-    _require_positive(write_offsets_len, "write_offsets_len")
+    require_positive(write_offsets_len, "write_offsets_len")
     _require_non_negative(write_req_capacity, "write_req_capacity")
     _require_non_negative(verify_capacity, "verify_capacity")
-    _require_positive(int(req_to_token.stride(0)), "req_to_token_stride0")
+    require_positive(int(req_to_token.stride(0)), "req_to_token_stride0")
     _require_non_negative(lut_len, "lut_len")
     if has_lut and lut_len <= 0:
         raise ValueError("kv-canary: lut_len must be positive when has_swa_lut is True")

@@ -147,7 +147,7 @@ def write(
     input_ids: Tensor, positions: Tensor, out_cache_loc: Tensor, enable_write_input_assert: bool,
     expected_input_tokens: Optional[Tensor], expected_input_positions: Optional[Tensor],
 ) -> None:
-    """``launch_canary_write_kernel`` unchecked (SPEC 3.1)."""
+    """``launch_canary_write_kernel`` without its argument checks, but those of ``_run_checked`` (SPEC 3.1)."""
     _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter,
                          enable_chain_position_assert=enable_chain_position_assert,
@@ -171,7 +171,7 @@ def verify(
     verify_slot_indices: Tensor, verify_expected_tokens: Tensor, verify_expected_positions: Tensor,
     verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor, check_verify_expected_token: bool,
 ) -> None:
-    """``launch_canary_verify_kernel`` unchecked (SPEC 3.2)."""
+    """``launch_canary_verify_kernel`` without its argument checks, but those of ``_run_checked`` (SPEC 3.2)."""
     _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter, verify_num_valid=verify_num_valid, enable=enable)
     _run_checked("verify", dict(
@@ -195,7 +195,7 @@ def plan(
     req_to_verify_expected_tokens: Optional[Tensor], req_to_verify_expected_tokens_valid_lens: Optional[Tensor],
     kv_token_id_vs_position_offset: int,
 ) -> None:
-    """``launch_canary_plan_kernels`` unchecked (SPEC 3.3)."""
+    """``launch_canary_plan_kernels`` without its argument checks, but those of ``_run_checked`` (SPEC 3.3)."""
     _require_one_element(verify_num_valid=verify_num_valid, enable=enable, write_num_valid_reqs=write_num_valid_reqs)
     _run_checked("plan", dict(
         verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
@@ -215,7 +215,7 @@ def plan(
 
 
 def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out: Tensor) -> None:
-    """``launch_scatter_req_token_ids_kernel`` unchecked (SPEC 3.4)."""
+    """``launch_scatter_req_token_ids_kernel`` without its argument checks, but those of ``_run_checked`` (SPEC 3.4)."""
     _run_checked("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices,
                                  pool_out=pool_out))
 

@@ -213,9 +213,11 @@ class CanarySession:
         )
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self._check_config()
-        # The step's first write launch, and the byte ranges of its context's written tensors (session-owned)
-        self._first_write = self._groups[0].contexts["HEAD", "K"]
-        self._first_write_ranges = checks.byte_ranges(checks.launch_tensors("write", {"context": self._first_write})[0])
+        # The byte ranges of every tensor the step's writes write (session-owned), which its inputs must not
+        # overlap (SPEC D10): checked before the step begins, as each write launch checks its own context's.
+        self._written_ranges = checks.byte_ranges(
+            {id(t): (t, name) for g in self._groups for context in g.contexts.values()
+             for t, name in checks.launch_tensors("write", {"context": context})[0]}.values())
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
@@ -501,9 +503,9 @@ class CanarySession:
             checks.check_plan(**self._plan_args(g, batch))
         if self.expected_token_pool is not None:
             checks.check_scatter(**self._scatter_args(batch))
-        checks.check_write_inputs(self._first_write, batch.input_ids, batch.positions, batch.out_cache_loc,
-                                  self.enable_write_input_assert, batch.expected_input_tokens,
-                                  batch.expected_input_positions, self._first_write_ranges)
+        checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
+                                  batch.out_cache_loc, self.enable_write_input_assert, batch.expected_input_tokens,
+                                  batch.expected_input_positions, self._written_ranges)
 
     def _plan_args(self, g: _Group, batch: _Batch) -> dict:
         """The arguments of the group's plan kernels for ``batch``."""
@@ -704,6 +706,7 @@ class StepGraph:
 
     def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,
                  forward: Callable[[], None] | None) -> None:
+        session._refuse_while_pending("capture_step()")  # capturing runs a step's work: it re-plans every group
         session._check_capacities(batch_size, num_tokens)
         if req_to_token.dtype != torch.int32 or req_to_token.device.type != session.device.type:
             raise ValueError("kv-canary: capture_step needs req_to_token as an int32 tensor on the session's device "
@@ -765,8 +768,8 @@ class StepGraph:
         session._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
-        if expected_input_tokens is not None and self.inputs.expected_input_tokens is None:
-            raise ValueError(checks.EXPECTED_INPUTS_UNUSED)
+        checks.check_expected_inputs_given(session.enable_write_input_assert, expected_input_tokens,
+                                           expected_input_positions)
         bs, n = len(req_pool_indices), len(input_ids)
         if bs > self.batch_size or n > self.num_tokens:
             raise RuntimeError(
