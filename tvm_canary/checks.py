@@ -231,8 +231,9 @@ def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
         raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
 
 
-# The tensors each kernel writes (SPEC 3.1-3.4), by their names in ``launch_tensors``.
-_WRITTEN = {
+# The tensors each kernel writes (SPEC 3.1-3.4), by their names in ``launch_tensors`` (the operators'
+# schemas declare the same ones mutable, by their last part: ``ops._MUTATES``).
+WRITTEN = {
     "write": {"context.canary_buf"} | {f"context.{name}" for name in SINK_FIELDS},
     "verify": {f"context.{name}" for name in SINK_FIELDS},
     "plan": {f"{plan}.{field.name}" for plan, cls in (("verify_plan_out", VerifyPlan), ("write_plan_out", WritePlan))
@@ -246,7 +247,7 @@ def launch_tensors(kernel: str, launch_kwargs: dict) -> tuple[list[NamedTensor],
     the kernel writes (SPEC 3.1-3.4), and all the others, each named by its path in the arguments
     (``context.canary_buf``, ``plan.write_offsets``, ``context.real_kv_sources[0].tensor``,
     ``input_ids``); optional tensors passed as None are left out."""
-    written_names = _WRITTEN[kernel]
+    written_names = WRITTEN[kernel]
     written: list[NamedTensor] = []
     read: list[NamedTensor] = []
 

@@ -38,7 +38,7 @@ import torch
 
 from . import checks, reference
 from .consts import RealKvHashMode
-from .context import SINK_FIELDS, CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from .plans import VerifyPlan, WritePlan, plan_tensors
 from .runtime import get_kernel, packing, use_reference
 
@@ -233,13 +233,10 @@ def _require_one_element(**tensors: Tensor) -> None:
                 "(buf.view(torch.int32)[2 * i : 2 * i + 1], not buf[i : i + 1].view(torch.int32)[:1])")
 
 
-_MUTATES = {
-    write: ("canary_buf", *SINK_FIELDS),
-    verify: SINK_FIELDS,
-    plan: ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
-           "verify_num_valid", "enable", "write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"),
-    scatter: ("pool_out",),
-}
+# Each operator's mutable parameters: the tensors its kernel writes (``checks.WRITTEN``, whose names end in
+# the parameter's: ``context.canary_buf``, ``verify_plan_out.enable``, ``pool_out``).
+_MUTATES = {fn: sorted(name.rsplit(".", 1)[-1] for name in checks.WRITTEN[fn.__name__])
+            for fn in (write, verify, plan, scatter)}
 
 
 def _returns_none(*args) -> None:
