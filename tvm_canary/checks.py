@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
@@ -254,11 +255,11 @@ def launch_tensors(kernel: str, launch_kwargs: dict) -> tuple[list[NamedTensor],
     def visit(value, name: str) -> None:
         if isinstance(value, torch.Tensor):
             (written if name in written_names else read).append((value, name))
-        elif isinstance(value, tuple):
+        elif type(value) is tuple:
             for i, item in enumerate(value):
                 visit(item, f"{name}[{i}]")
-        elif dataclasses.is_dataclass(value):
-            for field in _field_names(type(value)):
+        else:
+            for field in _tensor_fields(type(value)):
                 visit(getattr(value, field), f"{name}.{field}")
 
     for name, value in launch_kwargs.items():
@@ -267,8 +268,17 @@ def launch_tensors(kernel: str, launch_kwargs: dict) -> tuple[list[NamedTensor],
 
 
 @functools.lru_cache(maxsize=None)
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(cls))
+def _tensor_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass type whose annotation can hold a tensor (``torch.Tensor``, optional or
+    not, a dataclass, or a tuple of either: the real-KV sources); () for any other type."""
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    hints = typing.get_type_hints(cls)
+
+    def holds_tensors(hint) -> bool:
+        return hint is torch.Tensor or dataclasses.is_dataclass(hint) or any(map(holds_tensors, typing.get_args(hint)))
+
+    return tuple(f.name for f in dataclasses.fields(cls) if holds_tensors(hints[f.name]))
 
 
 def byte_ranges(named: Iterable[NamedTensor]) -> list[tuple[int, int, str]]:
