@@ -22,7 +22,7 @@ ANCHOR_HASH_I64 = tvm.tirx.const(to_signed_int64(ANCHOR_HASH), "int64")
 INVALID_INDEX = int(FailReason.INVALID_INDEX)
 
 # The alignment every argument buffer declares: its element's size, all that a torch tensor promises
-# (a violation ring one row into a larger tensor starts 8 bytes past a 16-byte boundary). TVM's default
+# (a violation ring one word into a larger tensor starts 8 bytes past a 16-byte boundary). TVM's default
 # (64 bytes) let LLVM store a violation row with aligned 16-byte moves, which fault on such a view.
 INT64_ALIGN = 8
 INT32_ALIGN = 4
