@@ -314,8 +314,15 @@ def check_disjoint(kernel: str, launch_kwargs: dict) -> None:
         return
     written, read = launch_tensors(kernel, launch_kwargs)
     written_ranges, read_ranges = byte_ranges(written), byte_ranges(read)
-    for i, (start, end, name) in enumerate(written_ranges):
-        for other_start, other_end, other in (*written_ranges[i + 1:], *read_ranges):
+    for i, written_range in enumerate(written_ranges):
+        _require_apart([written_range], written_ranges[i + 1:] + read_ranges)
+
+
+def _require_apart(written: list[tuple[int, int, str]], others: list[tuple[int, int, str]]) -> None:
+    """No written range overlaps any of ``others`` (byte ranges); the first overlapping pair, written ranges
+    outer, is the one named."""
+    for start, end, name in written:
+        for other_start, other_end, other in others:
             if start < other_end and other_start < end:
                 raise ValueError(_OVERLAP.format(written=name, other=other))
 
@@ -394,22 +401,15 @@ def check_write_inputs(
     ``written_ranges``: ``byte_ranges`` of the tensors the per-step ones must not overlap (those of the
     context the launch writes, as a memoised launch keeps them)."""
     _check_write(context, None, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
-                 expected_input_positions, context_and_plan_checked=True)
-    step = [(input_ids, "input_ids"), (positions, "positions"), (out_cache_loc, "out_cache_loc")]
-    if enable_write_input_assert:
-        step += [(expected_input_tokens, "expected_input_tokens"),
-                 (expected_input_positions, "expected_input_positions")]
-    step_ranges = byte_ranges(step)
-    for written_start, written_end, written_name in written_ranges:  # check_disjoint's order of pairs
-        for start, end, name in step_ranges:
-            if start < written_end and written_start < end:
-                raise ValueError(_OVERLAP.format(written=written_name, other=name))
+                 expected_input_positions, context_and_plan_checked=True, written_ranges=written_ranges)
 
 
 def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
-                 expected_input_positions, *, context_and_plan_checked: bool) -> None:
+                 expected_input_positions, *, context_and_plan_checked: bool,
+                 written_ranges: list[tuple[int, int, str]] | None = None) -> None:
     """``check_write``'s sequence; with ``context_and_plan_checked`` the checks of the context and the
-    plan alone are skipped (each would pass)."""
+    plan alone are skipped (each would pass), and the per-step tensors are checked for overlaps against
+    ``written_ranges`` only."""
     if not context_and_plan_checked:
         require_instance(context, VerifyOrWriteContext, "context")
         _check_real_kv_source_count(context)
@@ -449,7 +449,9 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
     if not context_and_plan_checked:
         check_real_kv_sources(context)
     _require_same_device(context.canary_buf, "canary_buf", others)
-    if not context_and_plan_checked:
+    if context_and_plan_checked:
+        _require_apart(written_ranges, byte_ranges(token_tensors + expected_tensors))
+    else:
         check_disjoint("write", dict(
             context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
             expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions))
