@@ -148,20 +148,24 @@ def test_session_argument_errors():
         session.after_forward()
 
 
-def test_before_forward_is_refused_while_a_step_awaits_after_forward():
-    """A second before_forward() would overwrite the pending step's inputs and plans: it raises, changes
-    nothing, and the pending step completes with its after_forward() (a second one raises)."""
-    session, kv = make_session()
+def test_before_forward_and_sweep_are_refused_while_a_step_awaits_after_forward():
+    """A second before_forward() would overwrite the pending step's inputs and plans, and a sweep would
+    verify the step's slots before its TAIL stamps them (each reported): both raise, change nothing, and
+    the pending step completes with its after_forward() (a second one raises)."""
+    session, kv = make_session(sweep_interval=1)
     session.before_forward(**step_inputs(session, 0, 4))
     before = session_state(session)
     with pytest.raises(RuntimeError, match=r"kv-canary: before_forward\(\) called while a step awaits after_forward"):
         session.before_forward(**step_inputs(session, 4, 1))
+    with pytest.raises(RuntimeError, match=r"kv-canary: sweep\(\) called while a step awaits after_forward"):
+        session.sweep(chain(1, 4))
     assert session.step == 1 and all(map(torch.equal, before, session_state(session)))
     kv.write(step_inputs(session, 0, 4)["out_cache_loc"])
     session.after_forward()
     with pytest.raises(RuntimeError, match=r"after_forward\(\) called without a matching before_forward"):
         session.after_forward()
     step(session, kv, 4, 1)
+    session.sweep(chain(1, 5))
     assert session.step == 2 and not session.flush()
 
 
@@ -231,7 +235,12 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
     (dict(positions=[4]), ValueError, "positions length must be 2, got 1"),
     (dict(out_cache_loc=[1, 2, 3]), ValueError, "out_cache_loc length must be 2, got 3"),
     (dict(expected_input_tokens=[1, 2]), ValueError, "expected input tensors must be None"),
-], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs"])
+    (dict(req_to_token=torch.cat([TABLE, TABLE[:1]])), ValueError,
+     re.escape("the expected-token pool (3, 16) (expected_token_pool_shape) is smaller than req_to_token (4, 16)")),
+    (dict(req_to_token=torch.nn.functional.pad(TABLE, (0, 1))), ValueError,
+     re.escape("the expected-token pool (3, 16) (expected_token_pool_shape) is smaller than req_to_token (3, 17)")),
+], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
+        "pool_rows", "pool_columns"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """A rejected call raises before the step is counted or anything runs: nothing changes, and later steps
     (health-checked every step) run clean."""

@@ -8,7 +8,7 @@ the chain-position-assert flag (0 until ``mark_init_finished()``).
 Per engine step the caller runs ``before_forward(...)`` before the model writes KV (plan kernels, then
 HEAD verify + write with no real-KV sources) and ``after_forward()`` after it (TAIL verify + write with
 the group's real-KV sources). ``sweep(chains)`` verifies caller-given live chains on the SWEEP
-endpoints (when ``sweep_due``); ``violations()`` reads the new ring rows and logs or raises them.
+endpoints (when ``sweep_due``, between steps); ``violations()`` reads the new ring rows and logs or raises them.
 ``capture_step(...)`` records a whole decode step in one CUDA graph (``StepGraph``).
 
 The per-step path never waits for the device. What the host needs from it (the ring's write index,
@@ -340,7 +340,9 @@ class CanarySession:
         slots (negative = skip). ``token_ids`` is every row's known tokens (prompt + output) concatenated
         and ``token_lens`` their lengths; both are needed iff the expected-token pool exists.
         Inputs already on the session device with the right dtype are used as they are (no copy, no
-        host synchronisation). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
+        host synchronisation), so ``after_forward`` reads ``input_ids``, ``positions``, ``out_cache_loc``
+        and the expected input tensors again: they must not change until it has run (the TAIL would
+        stamp other tokens than the HEAD). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
@@ -402,7 +404,8 @@ class CanarySession:
             raise RuntimeError(f"kv-canary: {call} called while a step awaits after_forward()")
 
     def after_forward(self) -> None:
-        """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward``.
+        """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward`` (its
+        per-token tensors as they are now: see ``before_forward``).
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
         status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded."""
         if self._batch is None:
@@ -415,8 +418,11 @@ class CanarySession:
         """Verify live chains on the SWEEP endpoints (tail buffers, real-KV sources, no token check).
 
         ``chains`` is int64 ``[n, 3]`` of full-pool ``(slot, position, prev_slot)``; ``prev_slot`` -1 marks
-        a chain head. SWA groups translate slots and predecessors through their LUT.
+        a chain head. SWA groups translate slots and predecessors through their LUT. A sweep runs between
+        steps (SPEC 6 item 7): raises RuntimeError while a step awaits after_forward(), whose slots the
+        live chains already hold but whose TAIL stamps are not written yet (each would be reported).
         """
+        self._refuse_while_pending("sweep()")
         chains = self._on_device(chains)
         if chains.numel() and (chains.ndim != 2 or chains.shape[1] != 3):
             raise ValueError(f"kv-canary: sweep chains must be [n, 3] (slot, position, prev_slot), got shape "
@@ -503,6 +509,7 @@ class CanarySession:
             checks.check_plan(**self._plan_args(g, batch))
         if self.expected_token_pool is not None:
             checks.check_scatter(**self._scatter_args(batch))
+        self._check_pool_covers(batch.req_to_token)
         checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
                                   batch.out_cache_loc, self.enable_write_input_assert, batch.expected_input_tokens,
                                   batch.expected_input_positions, self._written_ranges)
@@ -668,6 +675,17 @@ class CanarySession:
         if token_lens is not None and len(token_lens) != batch_size:
             raise ValueError(
                 f"kv-canary: token_lens has {len(token_lens)} entries for a batch of {batch_size} requests")
+
+    def _check_pool_covers(self, req_to_token: torch.Tensor) -> None:
+        """The expected-token pool has at least ``req_to_token``'s rows and columns (SPEC 6: it is
+        ``[req_to_token rows, max_context_len]``): the plan gives no expected token for a request row or
+        position past the pool (docs/SEMANTICS.md), so the token check would silently skip them."""
+        pool = self.expected_token_pool
+        if pool is not None and (req_to_token.shape[0] > pool.shape[0] or req_to_token.shape[1] > pool.shape[1]):
+            raise ValueError(
+                f"kv-canary: the expected-token pool {tuple(pool.shape)} (expected_token_pool_shape) is smaller "
+                f"than req_to_token {tuple(req_to_token.shape)}: the token check would skip the rows and "
+                "positions past it")
 
     def _check_capacities(self, bs: int, num_tokens: int) -> None:
         if bs > self.write_req_capacity:
