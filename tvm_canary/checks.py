@@ -673,3 +673,7 @@ def check_scatter(
     _require_same_device(pool_out, f"{_SCATTER} pool_out", ((t, name) for t, name, _, _ in named[:3]))
     check_disjoint("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices,
                                    pool_out=pool_out))
+
+
+# Each kernel's front-end check, by kernel name (the public launch's keyword arguments).
+CHECKS = {"write": check_write, "verify": check_verify, "plan": check_plan, "scatter": check_scatter}

@@ -20,13 +20,13 @@ by ``runtime.packing``, zero again after every launch) and plan's offsets scratc
 launch). Neither is an output, so traced graphs need not see them; allocated during a CUDA-graph
 capture, they come from the graph's pool and are valid on replay.
 
-The operators leave the contract's checks to the public launch functions (SPEC 4; metadata only, so
-they run while a caller is traced) and run at each call only those that need data pointers, which a
-traced caller's checks cannot see: an 8-byte-aligned ``canary_buf``, each real-KV source's layout
-(``checks.check_real_kv_sources``) and no written tensor overlapping another argument
-(``checks.check_disjoint``). Called directly, they trust the caller for the rest. Eager launches
-outside any tracing skip the operator and call ``run`` directly (same work, less host time); see
-``launch.py``. Under ``torch.compile`` the implementations run as opaque calls: nothing in them is
+Every call runs the public launch's checks (SPEC 4, D10: ``checks.CHECKS``) on the tensors it is given,
+then the kernel, so a direct call is as safe as a public launch (the kernels take the shape relations
+the checks establish for granted: a too-short plan tensor or a canary row under 32 bytes would be read
+or written past its end). A traced caller's public launch ran the same checks on fake tensors, which
+have no data pointers (alignment, overlaps): those checks see real ones only here. Eager launches
+outside any tracing skip the operator and call ``run`` directly after their own checks (same work,
+less host time); see ``launch.py``. Under ``torch.compile`` the implementations run as opaque calls: nothing in them is
 traced (locks, module loading and the tvm-ffi call stay outside the graph).
 """
 
@@ -37,8 +37,8 @@ from typing import Optional
 import torch
 
 from . import checks, reference
-from .consts import RealKvHashMode
-from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
+from .argtypes import require_tensor
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .plans import VerifyPlan, WritePlan, plan_tensors
 from .runtime import get_kernel, packing, use_reference
 
@@ -47,9 +47,9 @@ _lib = torch.library.Library(NAMESPACE, "DEF")
 
 
 def _run_checked(kernel: str, launch_kwargs: dict) -> None:
-    """``run`` after the checks that need data pointers (a traced caller's front-end checks saw none):
-    no written tensor overlaps another argument (``checks.check_disjoint``)."""
-    checks.check_disjoint(kernel, launch_kwargs)
+    """``run`` after the public launch's checks (``checks.CHECKS``; a traced caller's saw no data
+    pointers, and a direct caller ran none)."""
+    checks.CHECKS[kernel](**launch_kwargs)
     run(kernel, launch_kwargs)
 
 
@@ -81,21 +81,21 @@ def _context_args(context: VerifyOrWriteContext) -> tuple:
 def _context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
              enable_chain_position_assert, kernel_kind, real_kv_tensors, real_kv_layout, real_kv_hash_mode):
     """Inverse of ``_context_args``; ``real_kv_layout`` is ``(page_size, num_bytes_per_token, read_bytes)``
-    per source, flattened."""
-    checks.check_word_aligned(canary_buf, "canary_buf")
+    per source, flattened (the records check what they hold as they are built)."""
+    if len(real_kv_layout) != 3 * len(real_kv_tensors):
+        raise ValueError(f"kv-canary: real_kv_layout must hold 3 ints per real-KV tensor, got {len(real_kv_layout)} "
+                         f"for {len(real_kv_tensors)}")
     sources = tuple(
         RealKvSource(tensor=t, page_size=real_kv_layout[3 * i], num_bytes_per_token=real_kv_layout[3 * i + 1],
                      read_bytes=real_kv_layout[3 * i + 2])
         for i, t in enumerate(real_kv_tensors)
     )
-    context = VerifyOrWriteContext(
+    return VerifyOrWriteContext(
         canary_buf=canary_buf, kernel_kind=_launch_tag(kernel_kind), violation_ring=violation_ring,
         violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
         kernel_run_counter=kernel_run_counter, real_kv_sources=sources,
-        real_kv_hash_mode=RealKvHashMode(real_kv_hash_mode), enable_chain_position_assert=enable_chain_position_assert,
+        real_kv_hash_mode=hash_mode(real_kv_hash_mode), enable_chain_position_assert=enable_chain_position_assert,
     )
-    checks.check_real_kv_sources(context)  # each source's layout fits its rows, 8-byte aligned
-    return context
 
 
 def _launch_tag(kernel_kind: int) -> CanaryLaunchTag | int:
@@ -147,7 +147,7 @@ def write(
     input_ids: Tensor, positions: Tensor, out_cache_loc: Tensor, enable_write_input_assert: bool,
     expected_input_tokens: Optional[Tensor], expected_input_positions: Optional[Tensor],
 ) -> None:
-    """``launch_canary_write_kernel`` without its argument checks, but those of ``_run_checked`` (SPEC 3.1)."""
+    """``launch_canary_write_kernel`` and its argument checks (``_run_checked``; SPEC 3.1)."""
     _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter,
                          enable_chain_position_assert=enable_chain_position_assert,
@@ -171,7 +171,7 @@ def verify(
     verify_slot_indices: Tensor, verify_expected_tokens: Tensor, verify_expected_positions: Tensor,
     verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor, check_verify_expected_token: bool,
 ) -> None:
-    """``launch_canary_verify_kernel`` without its argument checks, but those of ``_run_checked`` (SPEC 3.2)."""
+    """``launch_canary_verify_kernel`` and its argument checks (``_run_checked``; SPEC 3.2)."""
     _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter, verify_num_valid=verify_num_valid, enable=enable)
     _run_checked("verify", dict(
@@ -195,7 +195,7 @@ def plan(
     req_to_verify_expected_tokens: Optional[Tensor], req_to_verify_expected_tokens_valid_lens: Optional[Tensor],
     kv_token_id_vs_position_offset: int,
 ) -> None:
-    """``launch_canary_plan_kernels`` without its argument checks, but those of ``_run_checked`` (SPEC 3.3)."""
+    """``launch_canary_plan_kernels`` and its argument checks (``_run_checked``; SPEC 3.3)."""
     _require_one_element(verify_num_valid=verify_num_valid, enable=enable, write_num_valid_reqs=write_num_valid_reqs)
     _run_checked("plan", dict(
         verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
@@ -215,7 +215,7 @@ def plan(
 
 
 def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out: Tensor) -> None:
-    """``launch_scatter_req_token_ids_kernel`` without its argument checks, but those of ``_run_checked`` (SPEC 3.4)."""
+    """``launch_scatter_req_token_ids_kernel`` and its argument checks (``_run_checked``; SPEC 3.4)."""
     _run_checked("scatter", dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices,
                                  pool_out=pool_out))
 
@@ -226,6 +226,7 @@ def _require_one_element(**tensors: Tensor) -> None:
     larger buffer (``buf[i : i + 1].view(torch.int32)[:1]``) reaches an operator empty: torch rebuilds
     the view wrongly, and its writes would be lost (violations unreported, on every backend)."""
     for name, tensor in tensors.items():
+        require_tensor(tensor, name)
         if tensor.numel() != 1:
             raise ValueError(
                 f"kv-canary: {name} reached the operator with {tensor.numel()} elements, not 1: under torch.compile "
