@@ -230,3 +230,70 @@ def test_a_one_slot_canary_buffer_may_have_any_row_stride(kernel):
     with use_backend("tvm"):
         LAUNCH[kernel](**got)
     assert_same_bytes(tensors(got), tensors(want))
+
+
+def _packed_call(kernel: str, device: str, wanted: dict):
+    """A valid case of ``kernel`` (the first seed of CASES whose specialization has the ``wanted`` axis
+    values, ``num_sources`` as a minimum), packed: (its compiled function, its arguments by the kernel's
+    parameter names, the names in order)."""
+    from tvm_canary.runtime import get_kernel, packing, parse, targets
+    from tvm_canary.runtime.specializations import axis_values
+
+    for seed in range(200):
+        call = packing.CALLS[kernel](**CASES[kernel](torch.Generator().manual_seed(seed), device))
+        axes = axis_values(kernel, call.spec)
+        if all(axes[k] >= v if k == "num_sources" else axes[k] == v for k, v in wanted.items()):
+            break
+    else:
+        raise AssertionError(f"no {kernel} case with {wanted}")
+    fn = get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)
+    geom = targets.default_geometry(kernel, targets.tag_for(call.device), call.mode, call.size)
+    names = [p.name for p in parse.kernel_ir(kernel, call.spec, geom).params]
+    return fn, dict(zip(names, call.args)), names
+
+
+def _shorter(name):
+    return lambda a: {name: a[name][:-1]}
+
+
+# (kernel, the axis values the case needs, the arguments that break one relation, the kernel's message)
+KERNEL_REFUSALS = [
+    ("verify", {}, lambda a: {"buf": torch.zeros(4, 3, dtype=torch.int64, device=a["buf"].device)},
+     "buf rows must hold at least 4 int64 fields"),
+    ("verify", {}, lambda a: {"flags": a["flags"][:1]}, "flags is shorter than the launch's marks need"),
+    ("verify", {"num_sources": 1}, lambda a: {"ps0": 0}, "ps0 must be at least 1"),
+    ("verify", {"num_sources": 1}, lambda a: {"tw0": a["src0"].shape[1] + 1}, "src0 rows must hold ps0 x tw0 words"),
+    ("verify", {"num_sources": 1, "partial": True}, lambda a: {"tw0": 1}, "tw0 must hold the fold's words"),
+    ("write", {}, lambda a: {"buf": torch.zeros(4, 3, dtype=torch.int64, device=a["buf"].device)},
+     "buf rows must hold at least 4 int64 fields"),
+    ("write", {}, lambda a: {"flags": a["flags"][:2]}, "flags is shorter than the launch's marks need"),
+    ("write", {}, _shorter("offsets"), "offsets must have one entry more than seeds"),
+    ("write", {"input_assert": True}, lambda a: {"etoks": a["etoks"][:-1], "epos": a["epos"][:-1]},
+     "etoks and epos must have one entry per token"),
+    ("write", {"num_sources": 1}, lambda a: {"ps0": 0}, "ps0 must be at least 1"),
+    ("plan", {}, _shorter("woff"), "woff must have one entry more than wseeds"),
+    ("plan", {}, lambda a: {"wseeds": a["wseeds"][: a["rpi"].shape[0] - 1], "woff": a["woff"][: a["rpi"].shape[0]]},
+     "the batch (rpi's length) must not exceed the write capacity"),
+    ("plan", {}, _shorter("scratch"), "scratch must have one entry more than rpi"),
+    ("plan", {"has_lut": True}, lambda a: {"lut": a["lut"][:0]}, "lut must not be empty"),
+    ("plan", {"has_pool": True}, _shorter("vlens"), "vlens must have one entry per request"),
+    ("scatter", {}, _shorter("offsets"), "offsets must have one entry more than rpi"),
+]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("kernel, wanted, broken, message", KERNEL_REFUSALS,
+                         ids=[f"{k}-{m.split(' ')[0]}" for k, _, _, m in KERNEL_REFUSALS])
+def test_compiled_kernels_refuse_arguments_that_break_their_shape_relations(kernel, wanted, broken, message, device):
+    """The kernels keep every access inside its tensor given the shape relations the launch checks
+    establish (SPEC 4, D4); a call that reaches a compiled kernel without those checks (a Relax call, a
+    direct call of the compiled function) and breaks one raises the kernel's own ValueError on the host
+    before any block runs, and changes no byte (without these checks each case read or wrote past a
+    tensor: a canary row of 3 words, offsets one short, a batch over the write capacity...)."""
+    require(device)
+    fn, args, names = _packed_call(kernel, device, wanted)
+    args.update(broken(args))
+    before = [t.clone() for t in args.values() if isinstance(t, torch.Tensor)]
+    with pytest.raises(ValueError, match=f"^kv-canary: {re.escape(message)}"):
+        fn(*(args[name] for name in names))
+    assert all(torch.equal(t, b) for t, b in zip((t for t in args.values() if isinstance(t, torch.Tensor)), before))

@@ -17,6 +17,22 @@ FLAG_CHUNK = 1024
 # and position as two words each): the rows of a request that writes its own seed slot are counted
 # and appended from the seed as it stood before the launch (SPEC D7).
 SEED_SAVE_WORDS = 5
+
+
+def flag_words(units, seed_saves=0):
+    """int32 words of ``flags`` a launch needs (Python ints or TensorIR expressions): the any-mark, a mark
+    per FLAG_CHUNK ``units`` (verify's entries; write's requests, at least ``seed_saves``), the seed saves
+    (write: one per request of its capacity) and, last, the ticket's arrivals."""
+    return 2 + (units + FLAG_CHUNK - 1) // FLAG_CHUNK + SEED_SAVE_WORDS * seed_saves
+
+
+def flags_suffice(words, units, seed_saves=0):
+    """``words >= flag_words(units, seed_saves)``, written without its rounded-up division (for the
+    kernels' host-side check: TVM would share that division with the kernel's own seed-save offsets
+    and pass it to the kernel as one more argument, changing the generated code)."""
+    return units <= FLAG_CHUNK * (words - 2 - SEED_SAVE_WORDS * seed_saves)
+
+
 # Threads per SM (``threads * min_blocks``) up to which a geometry's real-KV folds run in pairs
 # (``Geometry.fold_pairs``): 65536 registers / 512 = 128 per thread.
 FOLD_PAIRS_MAX_THREADS = 512

@@ -7,14 +7,22 @@ straight-line ``h ^= h >> 30; h *= C1; ...`` rather than duplicated expression t
 from __future__ import annotations
 
 import collections
+import functools
 
 import tvm
 from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 
 from .._consts import ANCHOR_HASH, PARTIAL_READ_BYTES, SPLITMIX64_MUL1, SPLITMIX64_MUL2, to_signed_int64
-from ..consts import CANARY_FIELD_POSITION, CANARY_FIELD_PREV_HASH, CANARY_FIELD_TOKEN, MAX_REAL_KV_SOURCES, FailReason
-from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS, Geometry  # noqa: F401  (re-exported for kernel files)
+from ..consts import (
+    CANARY_FIELD_POSITION,
+    CANARY_FIELD_PREV_HASH,
+    CANARY_FIELD_TOKEN,
+    CANARY_FIELDS_PER_SLOT,
+    MAX_REAL_KV_SOURCES,
+    FailReason,
+)
+from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS, Geometry, flags_suffice  # noqa: F401  (re-exported for kernel files)
 
 C1 = tvm.tirx.const(SPLITMIX64_MUL1, "uint64")
 C2 = tvm.tirx.const(SPLITMIX64_MUL2, "uint64")
@@ -527,6 +535,35 @@ def source_params(scalars, partial: bool, fold_words: int) -> list:
     if partial:
         return [(ps, tw, T.int64(HEAD_WORDS)) for ps, tw, _ in scalars]
     return [(ps, tw, T.int64(fold_words) if fold_words else fw) for ps, tw, fw in scalars]
+
+
+def require(condition, message: str) -> None:
+    """A check of the launch's shapes and scalar arguments at this point of the prim_func being parsed
+    (call it as a statement, before the first grid loop): unless ``condition`` holds, the call raises
+    ValueError(``message``) on the host before any block runs. The kernels' guards keep every access
+    inside its tensor, whatever the tensors hold, given the shape relations that the launch checks
+    establish (SPEC 4, D4); these checks refuse a call that breaks one of them where no launch check ran
+    (a Relax call, a direct call of a compiled function). Messages name the kernel's parameters."""
+    frame = T.Assert(condition, message, error_kind="ValueError")
+    frame.add_callback(functools.partial(frame.__exit__, None, None, None))
+    frame.__enter__()
+
+
+def require_context(buf, flags, units, seed_saves, srcs, params, num_sources: int) -> None:
+    """``require`` what verify and write read of their context: canary rows of at least
+    CANARY_FIELDS_PER_SLOT words, ``flags`` of ``geometry.flag_words(units, seed_saves)`` words, and each folded
+    source's strips (``ps`` slots of ``tw`` words a row; every fold reads ``max(fw, HEAD_WORDS)`` words
+    of its strip) inside its rows (``source_params``' triples, built-in word counts included)."""
+    require(buf.shape[1] >= CANARY_FIELDS_PER_SLOT, f"kv-canary: buf rows must hold at least {CANARY_FIELDS_PER_SLOT} "
+            "int64 fields")
+    require(flags_suffice(flags.shape[0], units, seed_saves), "kv-canary: flags is shorter than the launch's marks "
+            "need (runtime.packing.flags_for)")
+    for i in range(num_sources):
+        page_size, token_words, fold_words = params[i]
+        require(page_size >= 1, f"kv-canary: ps{i} must be at least 1")
+        require(token_words <= srcs[i].shape[1] // page_size, f"kv-canary: src{i} rows must hold ps{i} x tw{i} words")
+        require(T.max(fold_words, T.int64(HEAD_WORDS)) <= token_words,
+                f"kv-canary: tw{i} must hold the fold's words (fw{i}, at least {HEAD_WORDS})")
 
 
 def source_buffers(handles):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from .. import consts
-from .common import INT32_ALIGN, INT64_ALIGN, Geometry, block_sync, blocks_for, grid, lanes
+from .common import INT32_ALIGN, INT64_ALIGN, Geometry, block_sync, blocks_for, grid, lanes, require
 
 # Fields of the entries phase's per-thread row state (a local int64 vector, see ``enter_row``).
 ROW, ROW_START, ROW_END, ROW_REQ, ROW_BASE, ROW_TOKENS, ROW_POOL_END = range(7)
@@ -162,6 +162,13 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
         pool = T.match_buffer(pool_h, (pr, pc), "int32", align=INT32_ALIGN)
         vlens = T.match_buffer(vlens_h, (nv,), "int64", align=INT64_ALIGN)
         scratch = T.match_buffer(scratch_h, (bs1,), "int64", align=INT64_ALIGN)
+        require(wcap1 == wcap + 1, "kv-canary: woff must have one entry more than wseeds")
+        require(bs <= wcap, "kv-canary: the batch (rpi's length) must not exceed the write capacity (wseeds' length)")
+        require(bs1 == bs + 1, "kv-canary: scratch must have one entry more than rpi")
+        if has_lut:
+            require(nl >= 1, "kv-canary: lut must not be empty")
+        if has_pool:
+            require(nv == bs, "kv-canary: vlens must have one entry per request (rpi's length)")
         # req_to_token as one vector: entries index it by (row offset + entry index), one add each.
         tokens = T.decl_buffer((rows * L,), "int32", data=r2t.data)
 

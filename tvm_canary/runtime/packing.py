@@ -28,7 +28,7 @@ import torch
 from .._consts import PARTIAL_READ_BYTES
 from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
 from ..context import SINK_FIELDS, VerifyOrWriteContext
-from ..geometry import FLAG_CHUNK, SEED_SAVE_WORDS
+from ..geometry import flag_words
 from .specializations import fold_words, launch_mode, spec
 
 
@@ -140,7 +140,7 @@ def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Te
     last one is the arrivals counter of write's and verify's single launch on CUDA
     (``kernels.common.LAST_BLOCK_TICKET``)."""
     # write places its saves after the chunk marks of its own capacity (seed_saves), whatever ``entries``
-    need = 2 + -(-max(entries, seed_saves) // FLAG_CHUNK) + SEED_SAVE_WORDS * seed_saves
+    need = flag_words(max(entries, seed_saves), seed_saves)
     owned = _flags.setdefault(_ring_key(ring), [])
     if not owned or owned[-1].numel() < need:
         owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32,
