@@ -7,6 +7,8 @@ database."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -74,6 +76,15 @@ def test_preflight_refuses_what_would_hang(tracker):
         fleet.connect(tracker, RPC_KEY, "llvm", 2)
     with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
         fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
+    # A fleet that is gone: a session request fails at once (it waited TRACKER_TIMEOUT_S per candidate), and
+    # ``tune`` asks before each workload (``Fleet.require_servers``).
+    host, port = fleet.parse_address(tracker)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="has no server under key 'nobody'"):
+        fleet._request(host, port, "nobody")
+    with pytest.raises(RuntimeError, match="has no server under key 'nobody'"):
+        fleet.Fleet(host, port, "nobody", "llvm", "amd-epyc", "llvm", 1).require_servers()
+    assert time.monotonic() - start < fleet.TRACKER_TIMEOUT_S / 2
 
 
 def test_a_terminated_rpc_server_stops_its_server_process():
@@ -241,6 +252,83 @@ def test_tune_merge_writes_the_workload_table_compact(tmp_path):
     assert [name for name, _ in merged] == [name for name, _ in original] == ["verify", "write"]
     for (_, a), (_, b) in zip(merged, original):
         tvm.ir.assert_structural_equal(a, b)
+
+
+def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_path, monkeypatch, capsys):
+    """Records refer to workloads by position: a merge stopped after writing one of ``--out``'s two files
+    (disk full, a kill) left the new table beside the old records, which then selected other buckets'
+    records with no warning. Stopped at each step of the replacement, ``--out`` holds the old database, a
+    table without records, or the new one; its files get the umask's mode (they were 0600)."""
+    import os
+
+    from tvm_canary.runtime.targets import default_geometry
+    from tvm_canary.tuning import merge
+
+    key = keys.device_key(torch.device("cpu"))
+    geom = default_geometry("write", "llvm")
+    old = {("write", (8, 16), geom): 1e-6}
+    new = {("verify", (4096,), default_geometry("verify", "llvm")): 2e-6, ("write", (256, 1), geom): 3e-6}
+    out = tmp_path / "out" / key
+    assert main(["tune-merge", str(_database(tmp_path / "old", key, old)), "--out", str(out)]) == 0
+    before = [(out / name).read_bytes() for name in merge.DATABASE_FILES]
+    source = _database(tmp_path / "new", key, new)
+    renames = os.replace
+    for stop in range(3):
+        calls = []
+
+        def replace(src, dst, stop=stop, calls=calls):
+            calls.append(dst)
+            if len(calls) > stop:
+                raise OSError(28, "No space left on device")
+            renames(src, dst)
+
+        monkeypatch.setattr(merge.os, "replace", replace)
+        with pytest.raises(OSError):
+            merge.merge([source], out)
+        monkeypatch.setattr(merge.os, "replace", renames)
+        table, records = [(out / name).read_bytes() for name in merge.DATABASE_FILES]
+        assert [table, records] == before or records == b"", stop
+        (out / merge.DATABASE_FILES[0]).write_bytes(before[0])
+        (out / merge.DATABASE_FILES[1]).write_bytes(before[1])
+    assert main(["tune-merge", str(source), "--out", str(out)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {(out / name).stat().st_mode & 0o777 for name in merge.DATABASE_FILES} == {0o666 & ~umask}
+
+
+def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, capsys):
+    """Records of older kernel code drop out of a merge (as at load); the merge names their kernels and the
+    ways to keep them (it dropped them silently)."""
+    from tvm_canary.runtime.targets import default_geometry
+    from tvm_canary.tuning import workloads
+
+    key = keys.device_key(torch.device("cpu"))
+    source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)
+    assert main(["tune-merge", str(source), "--out", str(tmp_path / "out" / key)]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 0 workloads" in out and "dropped the records of write tuned for older kernel code" in out
+
+
+def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):
+    """``tune`` into a device-key folder that holds another target's records exited 0 with a database no
+    one can use, and into a truncated one it crashed with TVM's traceback: both are refused with the
+    folder named, before anything is written."""
+    from tvm_canary.runtime.targets import default_geometry
+
+    key = keys.device_key(torch.device("cpu"))
+    import shutil
+
+    one_record = {("write", (8, 16), default_geometry("write", "llvm")): 1e-6}
+    shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", tmp_path / "gpu" / key)
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--trials", "1",
+                 "--out", str(tmp_path / "gpu")]) == 1
+    assert "holds records for target" in capsys.readouterr().err
+    broken = _database(tmp_path / "broken", key, one_record)
+    (broken / "database_workload.json").write_text("[truncated")
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--trials", "1",
+                 "--out", str(tmp_path / "broken")]) == 1
+    assert f"kv-canary: cannot read the tuning database {broken}" in capsys.readouterr().err
 
 
 def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):

@@ -1031,6 +1031,15 @@ def test_restamp_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_status:
         restamp.main([str(copy), str(tmp_path / "missing")])
     assert exit_status.value.code == 2 and "missing is not a folder" in capsys.readouterr().err
+    broken = tmp_path / "broken" / "amd-epyc"
+    shutil.copytree(copy, broken)
+    (broken / "database_workload.json").write_text("[truncated")
+    table = (copy / "database_workload.json").read_bytes()
+    with pytest.raises(SystemExit) as exit_status:  # every folder is read before any is re-stamped
+        restamp.main([str(copy), str(broken)])
+    assert exit_status.value.code == 1
+    assert f"kv-canary: cannot read the tuning database {broken}" in capsys.readouterr().err
+    assert (copy / "database_workload.json").read_bytes() == table
     records = (copy / "database_tuning_record.json").read_bytes()
     workloads_in_table = len((copy / "database_workload.json").read_text().splitlines())
     assert restamp.main([str(copy)]) == 0

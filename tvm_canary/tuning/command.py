@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from . import apply, fleet
     from .driver import build_defaults, discard_build, local_runner, tune_workload
     from .measure import CandidateBuilder
-    from .merge import compact_workload_table
+    from .merge import DATABASE_FILES, compact_workload_table
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
@@ -83,17 +83,22 @@ def run(args: argparse.Namespace) -> int:
     if args.rpc_tracker:
         remote = fleet.connect(args.rpc_tracker, args.rpc_key, args.target, args.rpc_workers)
         key, tag, make_runner, where = remote.device_key, remote.tag, remote.runner, f"{remote.workers} RPC server(s)"
+        servers_left = remote.require_servers
     else:
         if cuda and not torch.cuda.is_available():
             raise UsageError("--target cuda needs a CUDA GPU, and torch sees none (use --target llvm)")
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         key, tag, make_runner, where = keys.device_key(device), targets.tag_for(device), local_runner, "this host"
+        servers_left = None
     preset = workloads.PRESETS[args.workloads or ("gpu" if cuda else "cpu")]
     work_dir = args.out / key
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     work_dir.mkdir(parents=True, exist_ok=True)
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    if (work_dir / DATABASE_FILES[0]).exists():  # refused unless readable and of this device's target
+        db = apply.open_database(work_dir, key)
+    else:
+        db = ms.database.JSONDatabase(work_dir=str(work_dir))
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
     if args.stale_only:
         stale = apply.stale_buckets(db, jobs, cuda)
@@ -113,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             if left or time.monotonic() - start + longest > args.time_limit:
                 left.append((kernel, bucket))
                 continue
+            if servers_left is not None:
+                servers_left()  # a fleet that is gone ends the run (what was measured is kept)
             results.append(tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose,
                                          defaults.pop((kernel, bucket), None)))
     finally:

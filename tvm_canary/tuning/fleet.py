@@ -146,6 +146,11 @@ class Fleet:
     tag: str
     workers: int
 
+    def require_servers(self) -> None:
+        """Raise while the tracker lists no server under the key (the fleet is gone: every candidate would
+        fail, each after TRACKER_TIMEOUT_S); ``tune`` asks before each workload."""
+        _registered(self.host, self.port, self.rpc_key)
+
     def runner(self):
         """MetaSchedule's RPCRunner for a tuning run: held sessions, the server-side case and check."""
         from tvm.s_tir import meta_schedule as ms
@@ -175,10 +180,7 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
     ``workers`` (default: one per server) is at most their number, and a server is a tvm_canary server
     with a ``device_type`` device; its device key and target tag name the database and the build."""
     host, port = parse_address(tracker)
-    servers, _ = _servers(host, port, rpc_key)
-    if servers == 0:
-        raise RuntimeError(f"kv-canary: the RPC tracker at {host}:{port} has no server under key {rpc_key!r} "
-                           f"(start one with `tvm-canary rpc-server --tracker {host}:{port} --key {rpc_key}`)")
+    servers, _ = _registered(host, port, rpc_key)
     workers = servers if workers is None else workers
     if not 1 <= workers <= servers:
         raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {servers} server"
@@ -225,14 +227,24 @@ def _servers(host: str, port: int, rpc_key: str) -> tuple[int, int]:
     return servers, int(summary["queue_info"].get(rpc_key, {}).get("free", 0))
 
 
+def _registered(host: str, port: int, rpc_key: str) -> tuple[int, int]:
+    """``_servers``; RuntimeError when no server is registered under ``rpc_key``."""
+    servers, free = _servers(host, port, rpc_key)
+    if servers == 0:
+        raise RuntimeError(f"kv-canary: the RPC tracker at {host}:{port} has no server under key {rpc_key!r} "
+                           f"(start one with `tvm-canary rpc-server --tracker {host}:{port} --key {rpc_key}`)")
+    return servers, free
+
+
 def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
     """A session on a free server of ``rpc_key``, requested only once the tracker lists one free (a server
     re-registers a moment after a session ends); refused after TRACKER_TIMEOUT_S without one, since a
-    request the tracker cannot serve would wait forever."""
+    request the tracker cannot serve would wait forever; refused at once when no server is registered
+    under the key at all (``_registered``)."""
     from tvm import rpc
 
     deadline = time.monotonic() + TRACKER_TIMEOUT_S
-    while _servers(host, port, rpc_key)[1] == 0:
+    while _registered(host, port, rpc_key)[1] == 0:
         if time.monotonic() > deadline:
             raise RuntimeError(f"kv-canary: no free RPC server under key {rpc_key!r} at {host}:{port} within "
                                f"{TRACKER_TIMEOUT_S} s (all taken by other clients, or gone)")

@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import shutil
 import struct
 import tempfile
 
@@ -42,6 +41,7 @@ class Merged:
 
     workloads: int
     records_read: dict
+    stale_kernels: set  # kernels some input held records of for other kernel code or another case (dropped)
 
 
 def _check_database(folder: pathlib.Path, device_key: str):
@@ -62,7 +62,8 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
     workload the fastest of the chosen records of the inputs that measured the default (of all inputs
     when none did) and the default geometry's record of the input that holds it. Every input is checked
-    before ``out`` is touched; ``out`` is replaced as a whole."""
+    before ``out`` is touched; ``out``'s two files are replaced so that they never disagree
+    (``_install``)."""
     from tvm.s_tir import meta_schedule as ms
 
     device_key = out.resolve().name
@@ -74,9 +75,10 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     # measured the default when any did (a choice is weighed against its own run's default)
     best: dict = {}
     read = {}
+    stale: set = set()
     for folder, db in databases:
         read[str(folder)] = len(db.get_all_tuning_records())
-        for workload, rows in measured_records(db).items():
+        for workload, rows in measured_records(db, stale).items():
             cuda = rows[0][1].target.kind.name == "cuda"
             own_default = default_row(*workload, rows, cuda)
             # without a default record an input selects nothing; its fastest record stands in for it
@@ -96,9 +98,31 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
         del merged
         compact_workload_table(pathlib.Path(tmp))
         out.mkdir(exist_ok=True)
-        for name in DATABASE_FILES:
-            shutil.copyfile(pathlib.Path(tmp) / name, out / name)
-    return Merged(len(best), read)
+        _install(pathlib.Path(tmp), out)
+    return Merged(len(best), read, stale)
+
+
+def _install(staged: pathlib.Path, out: pathlib.Path) -> None:
+    """Replace ``out``'s database with ``staged``'s (same filesystem). Records refer to workloads by
+    position, so the two files must never be one old and one new: the records file is emptied first
+    (renamed over), then the table and the records are renamed in. Stopped anywhere (disk full, a
+    kill), ``out`` holds the old database, or a table without records (which selects nothing, and which
+    the next merge or tune reads as empty), or the new one."""
+    records = out / DATABASE_FILES[1]
+    if records.exists():
+        (staged / "empty.json").write_text("")
+        os.replace(staged / "empty.json", records)
+    for name in DATABASE_FILES:
+        os.chmod(staged / name, _file_mode())
+        os.replace(staged / name, out / name)
+
+
+def _file_mode() -> int:
+    """The mode a new file gets under the process umask (``tempfile`` makes its files 0600, which a copy
+    to another host or user keeps)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def compact_entry(shash: str, encoded: str) -> str:
@@ -118,6 +142,7 @@ def write_workload_table(folder: pathlib.Path, lines: list[str]) -> int:
     returns their number. Order matters: records refer to workloads by position."""
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as tmp:
         tmp.write("".join(line + "\n" for line in lines))
+    os.chmod(tmp.name, _file_mode())
     os.replace(tmp.name, folder / DATABASE_FILES[0])
     return len(lines)
 
@@ -142,4 +167,8 @@ def run(args) -> int:
     for folder, count in result.records_read.items():
         print(f"read {count:5} records from {folder}")
     print(f"wrote {result.workloads} workloads (the chosen record and the default's, each) to {args.out}")
+    if result.stale_kernels:
+        print(f"dropped the records of {', '.join(sorted(result.stale_kernels))} tuned for older kernel code or "
+              "another tuning case (re-tune them with `tvm-canary tune --stale-only`; a change that keeps the "
+              "generated code: `python -m tvm_canary.tuning.restamp` before merging)")
     return 0

@@ -19,6 +19,7 @@ import argparse
 import json
 import pathlib
 
+from .apply import open_database
 from .merge import compact_entry, write_workload_table
 
 
@@ -33,7 +34,7 @@ def restamp(work_dir: pathlib.Path) -> int:
                if line.strip()]
     kinds = {record[1][2]["kind"] for record in records}
     if len(kinds) != 1:
-        raise SystemExit(f"restamp: {work_dir} has records for target kinds {sorted(kinds)}; expected one")
+        raise SystemExit(f"kv-canary: {work_dir} has records for target kinds {sorted(kinds)}; expected one")
     (kind,) = kinds
     table = work_dir / "database_workload.json"
     entries = []
@@ -47,8 +48,9 @@ def restamp(work_dir: pathlib.Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Re-stamp each database folder named in ``argv`` (default: the process arguments); ``--help`` prints
-    this module's docstring. A name that is not a folder is a usage error (exit status 2) and nothing is
-    re-stamped."""
+    this module's docstring. A name that is not a folder is a usage error (exit status 2), and a folder
+    whose database cannot be read or is not of its device key's target an error (status 1): either way
+    nothing is re-stamped."""
     parser = argparse.ArgumentParser(prog="python -m tvm_canary.tuning.restamp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=pathlib.Path, metavar="FOLDER",
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.folders:
         if not folder.is_dir():
             parser.error(f"{folder} is not a folder")
+    for folder in args.folders:
+        try:
+            open_database(folder, folder.resolve().name)
+        except ValueError as e:
+            parser.exit(1, f"{e}\n")
     for folder in args.folders:
         print(f"{folder}: {restamp(folder)} workloads re-stamped")
     return 0
