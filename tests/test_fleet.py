@@ -76,6 +76,9 @@ def test_preflight_refuses_what_would_hang(tracker):
         fleet.connect(tracker, RPC_KEY, "llvm", 2)
     with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
         fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
+    # the server's own refusal, one kv-canary line (it came inside TVM's RPCError, with a traceback)
+    with pytest.raises(RuntimeError, match="^kv-canary: this RPC server has no CUDA GPU visible to torch$"):
+        fleet.connect(tracker, RPC_KEY, "cuda", None)
     # A fleet that is gone: a session request fails at once (it waited TRACKER_TIMEOUT_S per candidate), and
     # ``tune`` asks before each workload (``Fleet.require_servers``).
     host, port = fleet.parse_address(tracker)

@@ -1016,6 +1016,18 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
     assert (copy / "database_workload.json").read_text() == (folder / "database_workload.json").read_text()
 
 
+def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, monkeypatch, capsys):
+    """A workload whose default failed while candidates were measured (a server of another device model
+    under the fleet's key, say) names the default's error in the summary; it was only in MetaSchedule's
+    log."""
+    from tvm_canary.tuning import driver
+
+    monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "kv-canary: the default's error"))
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--trials", "1", "--workloads", "ci",
+                 "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms-logs")]) == 0
+    assert "(the default's measurement failed: kv-canary: the default's error; no record" in capsys.readouterr().out
+
+
 def test_restamp_command_line(tmp_path, capsys):
     """``--help`` prints the module's docstring (it was taken for a folder: a traceback); a name that is
     not a folder is a usage error before anything is re-stamped; a committed database re-stamped keeps its

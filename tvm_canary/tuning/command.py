@@ -134,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
         if r.candidates and math.isnan(r.default_us):
-            note = "  (the default's measurement failed: no record was measured against it, so the default applies)"
+            why = f": {r.default_error}" if r.default_error else ""
+            note = (f"  (the default's measurement failed{why}; no record was measured against it, so the default "
+                    "applies)")
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")

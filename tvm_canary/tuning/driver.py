@@ -34,7 +34,8 @@ from .apply import chosen, default_row, launch_seconds, measured_records, previo
 class Result:
     """One workload's outcome. ``measured``: candidates measured in this run (0 when the database
     already held enough); times in microseconds (NaN when every candidate failed); ``seconds``: the
-    workload's wall time in this run, ``build_seconds`` the part of it spent waiting on the builder."""
+    workload's wall time in this run, ``build_seconds`` the part of it spent waiting on the builder;
+    ``default_error``: why the default's measurement in this run failed, if it did."""
 
     kernel: str
     bucket: tuple
@@ -45,6 +46,7 @@ class Result:
     geometry: str
     seconds: float = 0.0
     build_seconds: float = 0.0
+    default_error: str = ""
 
 
 def local_runner():
@@ -211,7 +213,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         return Result(kernel, bucket, 0, measured, default_us, float("nan"),
                       f"every candidate failed{why}: the default applies; MetaSchedule logs: {log_dir / 'logs'}")
     cost, geom = chosen(kernel, bucket, rows, cuda)
-    return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * cost, geom.key())
+    return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * cost, geom.key(), default_error=default_error)
 
 
 def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> None:

@@ -80,9 +80,15 @@ def _server_info(session, rpc_key: str, device_type: str) -> dict:
     """The ``_device_info`` of the server behind ``session``, refused when it measures with another
     protocol than this host (``measure.protocol``: other kernels, timing or cases; its times would be
     ranked with this host's)."""
+    from ..runtime.compile import error_line
     from . import measure
 
-    info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
+    try:
+        info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
+    except Exception as e:  # the server's own refusal arrives inside TVM's RPCError, as its last line
+        if error_line(e).startswith("kv-canary:"):
+            raise RuntimeError(error_line(e)) from None
+        raise
     ours = measure.protocol()
     if info.get("protocol") != ours:
         raise RuntimeError(f"kv-canary: an RPC server under key {rpc_key!r} runs tvm_canary with another measurement "
