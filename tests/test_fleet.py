@@ -119,6 +119,44 @@ def test_a_terminated_rpc_server_stops_its_server_process():
         proc.stdout.close()
 
 
+def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
+    """TVM's server retries its tracker for 60 s, then its registration thread dies and the server can
+    never register again, but the process served on (until killed). ``rpc-server`` now exits 1 once the
+    tracker has refused connections for TRACKER_GONE_S (2 s here), stopping its server process."""
+    import argparse
+
+    monkeypatch.setattr(fleet, "TRACKER_GONE_S", 2)
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what ``serve`` sets, restored afterwards
+    port = fleet._free_port()
+    args = argparse.Namespace(tracker=f"127.0.0.1:{fleet._free_port()}", key=RPC_KEY, host="127.0.0.1", port=port,
+                              port_end=65535, custom_addr=None)
+    start = time.monotonic()
+    assert fleet._serve_command(args) == 1
+    assert time.monotonic() - start < 60
+    assert "has refused connections for 2 s; this server can no longer register" in capsys.readouterr().err
+
+
+def test_build_workers_exit_when_the_tuning_process_is_killed():
+    """A ``tune`` killed with SIGKILL left its spawned build workers running (about 500 MB each); each
+    worker now exits once its parent is gone (``measure.exit_with_parent``)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = ("import os, signal\nfrom tvm_canary.tuning import measure\nbuilder = measure.CandidateBuilder(1)\n"
+              "builder.build([])  # starts the pool\nprint(builder._pool.submit(os.getpid).result(), flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=pathlib.Path(fleet.__file__).parents[2],
+                          capture_output=True, text=True, timeout=120)
+    worker = int(proc.stdout.split()[-1])
+    deadline = time.monotonic() + 20
+    while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the build worker outlived its killed parent"
+        time.sleep(0.2)
+
+
 # -- tune-merge ----------------------------------------------------------------------------------------
 
 

@@ -44,6 +44,9 @@ import time
 CANDIDATE_TIMEOUT_S = 120  # the first candidate of a workload builds its case (16M entries: seconds)
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
 TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's request
+# An rpc-server whose tracker has refused connections this long gives up: TVM's server retries the tracker
+# for 60 s, then its registration thread dies and the server, alive, can never be reached again.
+TRACKER_GONE_S = 90
 
 
 # -- the server side ------------------------------------------------------------------------------
@@ -402,7 +405,8 @@ def add_parser(subparsers) -> None:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    """Serve until the server process ends (status 0) or this process gets SIGTERM or SIGINT (status 128 +
+    """Serve until the server process ends (status 0), the tracker has been unreachable for TRACKER_GONE_S
+    (status 1, with a ``kv-canary:`` line on stderr), or this process gets SIGTERM or SIGINT (status 128 +
     the signal's number). Either way the server process, which holds the port and the tracker registration,
     is stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
     leaves nothing behind. A signal during the start is left to ``tvm.rpc.Server``'s finalizer, which
@@ -417,5 +421,16 @@ def _serve_command(args: argparse.Namespace) -> int:
         server = serve(args.tracker, args.key, args.host, args.port, args.port_end, args.custom_addr)
         cleanup.callback(server.terminate)
         print(f"tvm_canary RPC server on port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
-        server.proc.join()
+        host, port = parse_address(args.tracker)
+        reached = time.monotonic()
+        while server.proc.is_alive():
+            server.proc.join(5)
+            try:
+                socket.create_connection((host, port), timeout=5).close()
+                reached = time.monotonic()
+            except OSError:
+                if time.monotonic() - reached > TRACKER_GONE_S:
+                    print(f"kv-canary: the RPC tracker at {args.tracker} has refused connections for "
+                          f"{TRACKER_GONE_S} s; this server can no longer register (restart it)", file=sys.stderr)
+                    return 1
     return 0

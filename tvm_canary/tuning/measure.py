@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import pathlib
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures.process import BrokenProcessPool
@@ -77,6 +78,19 @@ def _build_exported(job: tuple) -> tuple[str, float]:
     return path, time.monotonic() - start
 
 
+def exit_with_parent() -> None:
+    """A pool worker's initializer: the worker exits once the process that started it is gone (a tune
+    killed with SIGKILL left its build workers running, each holding a compiler's memory)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 @derived_object
 class CandidateBuilder(ms.builder.PyBuilder):
     """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
@@ -102,7 +116,8 @@ class CandidateBuilder(ms.builder.PyBuilder):
         if self._pool is None:
             # spawn: the tuning process may hold a CUDA context, which a forked worker could not use
             self._pool = concurrent.futures.ProcessPoolExecutor(self.max_workers,
-                                                                mp_context=multiprocessing.get_context("spawn"))
+                                                                mp_context=multiprocessing.get_context("spawn"),
+                                                                initializer=exit_with_parent)
         futures = [self._submit(_job(i.mod, i.target)) for i in build_inputs]
         waves = -(-len(futures) // self.max_workers)
         _, pending = concurrent.futures.wait(futures, timeout=BUILD_TIMEOUT_S * max(waves, 1))
