@@ -294,6 +294,6 @@ def test_compiled_kernels_refuse_arguments_that_break_their_shape_relations(kern
     fn, args, names = _packed_call(kernel, device, wanted)
     args.update(broken(args))
     before = [t.clone() for t in args.values() if isinstance(t, torch.Tensor)]
-    with pytest.raises(ValueError, match=f"^kv-canary: {re.escape(message)}"):
+    with pytest.raises(ValueError, match=f"^kv-canary: {kernel}: {re.escape(message)}"):
         fn(*(args[name] for name in names))
     assert all(torch.equal(t, b) for t, b in zip((t for t in args.values() if isinstance(t, torch.Tensor)), before))

@@ -196,9 +196,10 @@ def test_relax_serving_step_equals_the_reference(device):
     assert int(want["write_index"][0]) > 0  # the corruptions were found
     assert_same_bytes(list(got.values()), list(want.values()))
     # No launch check runs on a Relax call: the kernels check their own shape relations (SPEC D4). A flags
-    # scratch of one word has no room for the chunk marks, which verify would store past its end.
+    # scratch of one word has no room for the chunk marks, which verify (the step's first user of it)
+    # would store past its end.
     short = torch.zeros(1, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="kv-canary: flags is shorter than the launch's marks need"):
+    with pytest.raises(ValueError, match="kv-canary: verify: flags is shorter than the launch's marks need"):
         relax_step(vm, names, got, {k: v.to(device) for k, v in step_inputs(want, 3).items()}, flags=short)
 
 

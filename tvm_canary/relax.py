@@ -18,9 +18,11 @@ write) is an int32 scratch the caller allocates zeroed, one per violation ring
 (``runtime.packing.flags_for(ring, capacity, seed_saves=write_capacity)``: write keeps a seed save
 per request in it); the kernels leave it zero again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
 
-No launch check runs on a Relax call (SPEC 4, D10 are the caller's); the compiled kernels refuse, with
-a ``kv-canary:`` ValueError, arguments that break the shape relations they rely on
-(``kernels.common.require``), so no call reaches memory outside its tensors.
+No launch check runs on a Relax call: SPEC 4's value rules and D10 (no written tensor may overlap another
+argument, ``flags`` and plan's ``scratch`` included) are the caller's. The compiled kernels refuse, with a
+``kv-canary:`` ValueError, arguments that break the shape relations they rely on
+(``kernels.common.require``), so a call whose arguments are disjoint cannot reach memory outside them;
+overlapping ones can (a fingerprint stamped into ``out_cache_loc`` becomes an unchecked slot).
 
 Relax treats ``call_tir_inplace`` as pure: a call whose results are not used is deleted. Use every
 result (pass it to the next call, return it). The TensorIR kernels must stay outside dataflow blocks

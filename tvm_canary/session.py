@@ -134,7 +134,9 @@ class CanarySession:
         real_kv_hash_mode: PARTIAL or ALL folds the sources at TAIL/SWEEP; NONE disables real-KV checks.
         enable_v: also run the V-half endpoints.
         expected_token_pool_shape: ``(rows, max_context_len)`` allocates the expected-token pool and turns
-            on the per-forward verify-token check; ``before_forward`` then needs ``token_ids``/``token_lens``.
+            on the per-forward verify-token check; ``before_forward`` then needs ``token_ids``/``token_lens``
+            and a ``req_to_token`` no larger than the pool in either dimension (a request row or position
+            past the pool would go unchecked without a word; SPEC 6 sizes both alike).
         enable_write_input_assert: ``before_forward`` then needs ``expected_input_tokens/positions``.
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
         sweep_interval: ``sweep_due`` every this many steps (0: sweeping off).
@@ -346,8 +348,9 @@ class CanarySession:
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
-        capacities, and the launches' errors (SPEC 4), before anything is counted or launched: a rejected
-        call changes nothing (a pending step stays pending).
+        capacities, ValueError when ``req_to_token`` is larger than the expected-token pool, and the
+        launches' errors (SPEC 4), before anything is counted or launched: a rejected call changes nothing
+        (a pending step stays pending).
         """
         self._refuse_while_pending("before_forward()")
         self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))

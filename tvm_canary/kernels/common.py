@@ -537,33 +537,34 @@ def source_params(scalars, partial: bool, fold_words: int) -> list:
     return [(ps, tw, T.int64(fold_words) if fold_words else fw) for ps, tw, fw in scalars]
 
 
-def require(condition, message: str) -> None:
+def require(kernel: str, condition, message: str) -> None:
     """A check of the launch's shapes and scalar arguments at this point of the prim_func being parsed
     (call it as a statement, before the first grid loop): unless ``condition`` holds, the call raises
-    ValueError(``message``) on the host before any block runs. The kernels' guards keep every access
-    inside its tensor, whatever the tensors hold, given the shape relations that the launch checks
-    establish (SPEC 4, D4); these checks refuse a call that breaks one of them where no launch check ran
-    (a Relax call, a direct call of a compiled function). Messages name the kernel's parameters."""
-    frame = T.Assert(condition, message, error_kind="ValueError")
+    ``ValueError("kv-canary: <kernel>: <message>")`` on the host before any block runs. The kernels'
+    guards keep every access inside its tensor, whatever the tensors hold, given the shape relations
+    that the launch checks establish (SPEC 4, D4) and given disjoint arguments (D10, which no kernel can
+    check); these checks refuse a call that breaks a shape relation where no launch check ran (a Relax
+    call, a direct call of a compiled function). Messages name the kernel's parameters."""
+    frame = T.Assert(condition, f"kv-canary: {kernel}: {message}", error_kind="ValueError")
     frame.add_callback(functools.partial(frame.__exit__, None, None, None))
     frame.__enter__()
 
 
-def require_context(buf, flags, units, seed_saves, srcs, params, num_sources: int) -> None:
+def require_context(kernel: str, buf, flags, units, seed_saves, srcs, params, num_sources: int) -> None:
     """``require`` what verify and write read of their context: canary rows of at least
     CANARY_FIELDS_PER_SLOT words, ``flags`` of ``geometry.flag_words(units, seed_saves)`` words, and each folded
     source's strips (``ps`` slots of ``tw`` words a row; every fold reads ``max(fw, HEAD_WORDS)`` words
     of its strip) inside its rows (``source_params``' triples, built-in word counts included)."""
-    require(buf.shape[1] >= CANARY_FIELDS_PER_SLOT, f"kv-canary: buf rows must hold at least {CANARY_FIELDS_PER_SLOT} "
-            "int64 fields")
-    require(flags_suffice(flags.shape[0], units, seed_saves), "kv-canary: flags is shorter than the launch's marks "
-            "need (runtime.packing.flags_for)")
+    require(kernel, buf.shape[1] >= CANARY_FIELDS_PER_SLOT,
+            f"buf rows must hold at least {CANARY_FIELDS_PER_SLOT} int64 fields")
+    require(kernel, flags_suffice(flags.shape[0], units, seed_saves),
+            "flags is shorter than the launch's marks need (runtime.packing.flags_for)")
     for i in range(num_sources):
         page_size, token_words, fold_words = params[i]
-        require(page_size >= 1, f"kv-canary: ps{i} must be at least 1")
-        require(token_words <= srcs[i].shape[1] // page_size, f"kv-canary: src{i} rows must hold ps{i} x tw{i} words")
-        require(T.max(fold_words, T.int64(HEAD_WORDS)) <= token_words,
-                f"kv-canary: tw{i} must hold the fold's words (fw{i}, at least {HEAD_WORDS})")
+        require(kernel, page_size >= 1, f"ps{i} must be at least 1")
+        require(kernel, token_words <= srcs[i].shape[1] // page_size, f"src{i} rows must hold ps{i} x tw{i} words")
+        require(kernel, T.max(fold_words, T.int64(HEAD_WORDS)) <= token_words,
+                f"tw{i} must hold the fold's words (fw{i}, at least {HEAD_WORDS})")
 
 
 def source_buffers(handles):

@@ -4,7 +4,7 @@ Arguments (in order): verify plan ``slots/expected_tokens/expected_positions/pre
 ``num_valid int32[1]``, ``enable int32[1]``; write plan ``offsets int64[wcap+1]``, ``seeds
 int64[wcap]``, ``num_valid_reqs int32[1]`` (all written); ``req_pool_indices/prefix_lens/
 extend_seq_lens int64[bs]``, ``req_to_token int32[rows, L]``, ``lut int64[nl]``, ``pool int32[pr,
-pc]``, ``valid_lens int64[>= bs]`` (read; lut/pool/valid_lens only in their specializations);
+pc]``, ``valid_lens int64[bs]`` (read; lut/pool/valid_lens only in their specializations);
 ``scratch int64[bs+1]`` (verify offsets, written then read); ``window`` and ``token_offset`` ints.
 
 Two launches:
@@ -162,13 +162,13 @@ def make(has_lut: bool, has_pool: bool, geom: Geometry):
         pool = T.match_buffer(pool_h, (pr, pc), "int32", align=INT32_ALIGN)
         vlens = T.match_buffer(vlens_h, (nv,), "int64", align=INT64_ALIGN)
         scratch = T.match_buffer(scratch_h, (bs1,), "int64", align=INT64_ALIGN)
-        require(wcap1 == wcap + 1, "kv-canary: woff must have one entry more than wseeds")
-        require(bs <= wcap, "kv-canary: the batch (rpi's length) must not exceed the write capacity (wseeds' length)")
-        require(bs1 == bs + 1, "kv-canary: scratch must have one entry more than rpi")
+        require("plan", wcap1 == wcap + 1, "woff must have one entry more than wseeds")
+        require("plan", bs <= wcap, "the batch (rpi's length) must not exceed the write capacity (wseeds' length)")
+        require("plan", bs1 == bs + 1, "scratch must have one entry more than rpi")
         if has_lut:
-            require(nl >= 1, "kv-canary: lut must not be empty")
+            require("plan", nl >= 1, "lut must not be empty")
         if has_pool:
-            require(nv == bs, "kv-canary: vlens must have one entry per request (rpi's length)")
+            require("plan", nv == bs, "vlens must have one entry per request (rpi's length)")
         # req_to_token as one vector: entries index it by (row offset + entry index), one add each.
         tokens = T.decl_buffer((rows * L,), "int32", data=r2t.data)
 

@@ -46,7 +46,7 @@ def make(geom: Geometry):
         offsets = T.match_buffer(offsets_h, (bs1,), "int64", align=INT64_ALIGN)
         rpi = T.match_buffer(rpi_h, (bs,), "int64", align=INT64_ALIGN)
         pool = T.match_buffer(pool_h, (rows, width), "int32", align=INT32_ALIGN)
-        require(bs1 == bs + 1, "kv-canary: offsets must have one entry more than rpi")
+        require("scatter", bs1 == bs + 1, "offsets must have one entry more than rpi")
         for b in grid(geom, G):
             for t in lanes(geom, TH):
                 for it in T.serial((bs - b + G - 1) // G):

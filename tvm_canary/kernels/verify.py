@@ -209,7 +209,7 @@ def make(num_sources: int, partial: bool, check_token: bool, fold_words: int, ge
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var(
             source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial, fold_words))
-        require_context(buf, flags, cap, 0, srcs, params, num_sources)
+        require_context("verify", buf, flags, cap, 0, srcs, params, num_sources)
         launch = T.meta_var(Launch(buf, slots, etoks, epos, prevs, kind, srcs, params))
         # Blocks, and the lanes of each that check entries (shape expressions: no host sync). meta_vars
         # (the expressions themselves): a bound variable would not reach the host's launch code.

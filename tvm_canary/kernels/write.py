@@ -692,10 +692,10 @@ def make(num_sources: int, partial: bool, input_assert: bool, fold_words: int, g
         srcs = T.meta_var(source_buffers([src0_h, src1_h, src2_h, src3_h]))
         params = T.meta_var(
             source_params([(ps0, tw0, fw0), (ps1, tw1, fw1), (ps2, tw2, fw2), (ps3, tw3, fw3)], partial, fold_words))
-        require_context(buf, flags, cap, cap, srcs, params, num_sources)
-        require(cap1 == cap + 1, "kv-canary: offsets must have one entry more than seeds")
+        require_context("write", buf, flags, cap, cap, srcs, params, num_sources)
+        require("write", cap1 == cap + 1, "offsets must have one entry more than seeds")
         if input_assert:
-            require(N2 == N, "kv-canary: etoks and epos must have one entry per token (ids' length)")
+            require("write", N2 == N, "etoks and epos must have one entry per token (ids' length)")
         launch = T.meta_var(Launch(buf, offsets, seeds, ids, pos_in, ocl, etoks, epos, cpa, ring, flags, kind, srcs,
                                     params))
 
