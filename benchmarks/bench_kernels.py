@@ -75,6 +75,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = torch.device("cuda", 0)
 KV_BYTES = 256  # bytes per token per source (K and V)
 MODES = ("NONE", "PARTIAL", "ALL")
+KERNELS = ("verify", "write", "plan", "scatter")  # every sweep, in a whole run's order
 POOL_SLOTS = {"full": 1 << 25, "quick": 1 << 22}  # canary slots (the K/V pool is 512 B per slot)
 VERIFY_SIZES = {"full": (1 << 10, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24),
                 "quick": (1 << 10, 1 << 12, 1 << 16, 1 << 20)}
@@ -868,12 +869,21 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[lis
     return [row for row in prior["rows"] if row["kernel"] in done], [k for k in kernels if k not in done], parts
 
 
+def run_timing(parts: list[dict]) -> dict:
+    """A run's top-level ``empty_us`` and ``chain_ns``: those of the part whose write rows it holds
+    (write's targets were measured against them), the last part that timed write and whose write rows
+    no later part replaced (``resume_run``); the last part's when none did."""
+    timing = next((p for p in reversed(parts) if "write" in p["kernels"] and "write" not in p.get("replaced", ())),
+                  parts[-1])
+    return {"empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"]}
+
+
 def finish(rows):
     """Derived columns: GB/s, ratio to floor, speedups over baselines, targets with PASS/FAIL."""
     for r in rows:
         r["gbps"] = r["bytes"] / r["us"] / 1e3
         r["ratio"] = r["us"] / r["floor_us"]
-        r["floor_ratios"] = verdicts.floor_ratios(r)  # per arm: time / its lowest floor
+        r["floor_ratios"] = verdicts.floor_ratios(r)  # per arm: time / its highest floor
         r["below_floor"] = bool(verdicts.below_floor(r))  # a floor that is not a lower bound
         r["speedup"] = {name: t / r["us"] for name, t in r.get("baselines", {}).items()}
         r["targets"] = targets_for(r, rows)
@@ -918,8 +928,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
     ap.add_argument("--ab", action="store_true", help="also time the tuned geometry, interleaved with the default "
                     "(with TVM_CANARY_TUNED=0 the tuned geometry is the default: an A/A run)")
-    ap.add_argument("--kernels", nargs="+", choices=("verify", "write", "plan", "scatter"),
-                    default=["verify", "write", "plan", "scatter"])
+    ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     ap.add_argument("--baselines", nargs="*", choices=("original", "triton", "torch"),
                     default=["original", "triton", "torch"])
     ap.add_argument("--candidates", nargs="*", default=[],
@@ -930,7 +939,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows and the run's environment here")
     ap.add_argument("--resume", action="store_true",
                     help="continue the run in --json: keep the kernels it finished, run the rest")
-    ap.add_argument("--redo", nargs="+", default=[], choices=("verify", "write", "plan", "scatter"), metavar="KERNEL",
+    ap.add_argument("--redo", nargs="+", default=[], choices=KERNELS, metavar="KERNEL",
                     help="with --resume: drop these finished kernels' rows and time them again "
                          "(after a change to them alone)")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
@@ -1002,17 +1011,14 @@ def main(argv=None) -> int:
 
     def report(done: list[str]) -> dict:
         """The run so far (rows, derived columns, environment); written to --json after every kernel,
-        so a run cut short still leaves its finished sweeps. Top-level ``empty_us`` and ``chain_ns``
-        are this invocation's, or, when it timed no write, those of the part that did."""
+        so a run cut short still leaves its finished sweeps."""
         finish(rows)
-        part = {"kernels": done, "wall_s": time.time() - t_start, "empty_us": empty_us, "chain_ns": chain_ns}
-        parts = prior["parts"] + [part]
-        timing = part if "write" in done else next((p for p in prior["parts"] if "write" in p["kernels"]), part)
-        meta = {"env": env, **options, "empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"],
-                "ab_rounds": AB_ROUNDS, "default_geometries": {**prior.get("default_geometries", {}), **defaults},
+        parts = prior["parts"] + [{"kernels": done, "wall_s": time.time() - t_start, "empty_us": empty_us,
+                                   "chain_ns": chain_ns}]
+        meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
+                "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),
-                "parts": parts,
-                "complete": set(args.kernels) <= {row["kernel"] for row in rows}}  # what this invocation was asked for
+                "parts": parts, "complete": set(KERNELS) <= {row["kernel"] for row in rows}}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(meta, rows=rows), f, indent=1)

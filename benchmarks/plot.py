@@ -32,7 +32,8 @@ DEFAULT_DPI = 60  # plot.py --dpi: the PNGs' resolution, the docs' (small files:
 PALETTE_COLOURS = 64
 
 
-INCOMPLETE = "**Incomplete run**: only the kernels below finished before it stopped."
+INCOMPLETE = ("**Incomplete run**: it holds only the kernels below (cut short, or made a part at a time and not "
+              "yet resumed); the other kernels' targets are missing.")
 
 
 def read_run(path) -> dict:
@@ -78,7 +79,7 @@ def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.
                 continue
             n = [r["n"] for r in sel]
             ax.plot(n, [r["us"] for r in sel], dash, color="tab:blue", marker="o", label=f"tvm_canary default, {order}")
-            if all("tuned_us" in r for r in sel):
+            if all(r.get("tuned_us") for r in sel):
                 ax.plot(n, [r["tuned_us"] for r in sel], dash, color="tab:cyan", marker=".",
                         label=f"tvm_canary tuned, {order}")
             ax.plot(n, [r["floor_us"] for r in sel], dash, color="black", linewidth=1, label=f"gather floor, {order}")
@@ -89,7 +90,7 @@ def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.
                 ratio_ax.plot([r["n"] for r in bounded], [r["us"] / r["ordered_floor_us"] for r in bounded], "x",
                               color="tab:blue")
             ratio_ax.plot(n, [r["us"] / r["floor_us"] for r in sel], dash, color="tab:blue", marker="o")
-            if all("tuned_us" in r for r in sel):
+            if all(r.get("tuned_us") for r in sel):
                 ratio_ax.plot(n, [r["tuned_us"] / r["floor_us"] for r in sel], dash, color="tab:cyan", marker=".")
             for name in BASELINES:
                 ys = [r.get("baselines", {}).get(name, math.nan) for r in sel]
@@ -138,7 +139,7 @@ def _bars(ax, labels, series, ylabel, title):
 
 def _series(rows, scale):
     series = [("tvm_canary default", [r["us"] * scale(r) for r in rows], "tab:blue")]
-    if all("tuned_us" in r for r in rows):
+    if all(r.get("tuned_us") for r in rows):
         series.append(("tvm_canary tuned", [r["tuned_us"] * scale(r) for r in rows], "tab:cyan"))
     series.append(("floor", [r["floor_us"] * scale(r) for r in rows], "black"))
     for name in BASELINES:
@@ -220,7 +221,8 @@ def markdown(run) -> str:
         head += ["tuned µs", "tuned/default", "tuned geometry"] if tuned else []
         lines += [f"### {kernel}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         for r in rows:
-            target = ", ".join(f"{t['what']} {t['ratio']:.2f} <= {t['limit']:.2f}" for t in r.get("targets", []))
+            target = ", ".join(f"{t['what']} {verdicts.ratio_text(t['ratio'], t['limit'])} <= {t['limit']:.2f}"
+                               for t in r.get("targets", []))
             cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _fmt(r["us"] / r["floor_us"], 2),
                      target, r.get("status", "") + (" BELOW FLOOR" if verdicts.below_floor(r) else "")]
             for b in baselines:

@@ -47,7 +47,8 @@ def summary(run) -> str:
     lines = [] if run.get("complete", True) else [INCOMPLETE, ""]
     lines += ["| target | PASS | FAIL | failing rows (ratio) |", "| --- | --- | --- | --- |"]
     for name, entries in groups.items():
-        failed = [f"{r['case']} ({t['ratio']:.2f})" for r, t in entries if t["ratio"] > t["limit"]]
+        failed = [f"{r['case']} ({verdicts.ratio_text(t['ratio'], t['limit'])})" for r, t in entries
+                  if t["ratio"] > t["limit"]]
         lines.append(f"| {name} | {len(entries) - len(failed)} | {len(failed)} | {', '.join(failed) or '-'} |")
     for kernel, rows_of, floor in (("verify", "<= 64K entries", "gather"), ("write", "one-token requests", "store")):
         # what the floor really is for the latency-bound rows (Bench.bounds), beside their floor target

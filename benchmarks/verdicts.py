@@ -26,8 +26,8 @@ BELOW_FLOOR_PERCENT = f"{round((1 - BELOW_FLOOR_RATIO) * 100)}%"
 
 
 def floor_ratios(row) -> dict:
-    """Per arm of the row (``default``, and ``tuned`` where timed), its time over the lowest of its
-    floors."""
+    """Per arm of the row (``default``, and ``tuned`` where timed), its time over the highest of its
+    floors: every floor must be a lower bound, so the highest is the one an arm must not beat."""
     arms = {"default": row["us"]}
     if row.get("tuned_us"):
         arms["tuned"] = row["tuned_us"]
@@ -61,3 +61,13 @@ def tuned_slower(row) -> float | None:
 def tuned_slower_labels(rows) -> list[str]:
     """``kernel case (tuned/default)`` of every row that fails the tuning check."""
     return [f"{r['kernel']} {r['case']} ({ratio:.3f})" for r in rows if (ratio := tuned_slower(r)) is not None]
+
+
+def ratio_text(ratio: float, limit: float) -> str:
+    """``ratio`` to two decimals, or to as many more (up to four) as put it on its side of ``limit``
+    (1.1004 against 1.10 prints 1.1004, not 1.10, which would read as passing)."""
+    for digits in (2, 3, 4):
+        text = f"{ratio:.{digits}f}"
+        if (float(text) <= limit) == (ratio <= limit):
+            break
+    return text

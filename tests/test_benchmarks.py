@@ -169,6 +169,29 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
             "its write rows replaced by a later invocation's); write in 186 s") in plot.markdown(run)
 
 
+def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
+    """The run's empty launch and register-only chain are those of the part whose write rows it keeps (a
+    part whose write rows a later ``--redo write`` replaced is passed over, as is a later part without
+    write); a run holding rows of every kernel is complete, however its parts were asked for."""
+    import bench_kernels
+
+    first = {"kernels": ["write", "plan", "scatter"], "wall_s": 250.0, "empty_us": 1.34, "chain_ns": 100.9,
+             "replaced": ["write"]}
+    redone = {"kernels": ["write"], "wall_s": 300.0, "empty_us": 1.17, "chain_ns": 101.0}
+    verify = {"kernels": ["verify"], "wall_s": 200.0, "empty_us": 1.14, "chain_ns": 101.1}
+    assert bench_kernels.run_timing([first, redone, verify]) == {"empty_us": 1.17, "chain_ns": 101.0}
+    assert bench_kernels.run_timing([{**first, "replaced": []}, verify]) == {"empty_us": 1.34, "chain_ns": 100.9}
+    assert bench_kernels.run_timing([verify]) == {"empty_us": 1.14, "chain_ns": 101.1}
+
+
+def test_a_ratio_is_printed_on_its_side_of_the_limit():
+    """Two decimals, or as many more as keep a ratio just over its limit from reading as the limit."""
+    import verdicts
+
+    assert [verdicts.ratio_text(r, 1.10) for r in (1.0951, 1.10, 1.1004, 1.109, 1.10004)] == [
+        "1.10", "1.10", "1.1004", "1.11", "1.1000"]
+
+
 def test_small_verify_rows_report_their_bounds(tmp_path):
     """The hash and ordered floors of small verify rows: their own table in plot.py, reference lines in
     report.py beside the target (which stays against the gather floor; a row whose hash floor alone is
