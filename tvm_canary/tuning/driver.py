@@ -94,7 +94,7 @@ def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     workload of ``jobs`` whose default ``db`` has not measured, for target tag ``tag``, in ONE round of
     ``builder``; ``tune_workload`` takes its workload's as ``default_build``. Built one at a time, after
     each workload's candidates, every default was a round of one build with the other workers idle:
-    the sixteenth session's whole H200 tune had 16 such rounds (docs/TUNING.md). Left out: workloads
+    the sixteenth session's whole H200 tune had 16 such rounds (`git show 688719d:docs/TUNING.md`). Left out: workloads
     whose search at ``trials`` measures their whole design space, the default among it (CUDA: plan and
     scatter at 32 trials). A default that the search draws by chance is built for nothing (a worker's
     few seconds)."""
