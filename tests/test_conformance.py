@@ -17,6 +17,7 @@ import pytest
 from tvm_canary import cases as C
 from tvm_canary import conformance
 from tvm_canary.cli import build_parser
+from tvm_canary.runtime import packing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,6 +71,24 @@ def test_corrupted_kernel_is_named_with_a_replay_command(tmp_path, capsys):
     assert conform(tmp_path, *replay, launches=corrupt_ring("verify"))[0] == 1
     status, report = conform(tmp_path, *replay)
     assert status == 0 and report["kernels"]["verify"]["cases"] == ["golden:verify-anchor"]
+
+
+def leave_flags_dirty(kernel: str) -> dict:
+    """``cases.LAUNCH`` with ``kernel``'s launch leaving its ring's last scratch word (CUDA's last-block
+    ticket) at 1: the digests do not cover the scratch, the next launch on the ring would misread it."""
+
+    def launch(**kw):
+        C.LAUNCH[kernel](**kw)
+        packing.flags_of(kw["context"].violation_ring)[-1][-1] = 1
+
+    return {**C.LAUNCH, kernel: launch}
+
+
+def test_scratch_flags_left_non_zero_fail_the_case(tmp_path):
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "write",
+                             launches=leave_flags_dirty("write"))
+    assert status == 1 and report["mismatches"] == 3  # golden, diff:0, garbage:50000
+    assert "scratch flags [0] of the violation ring left non-zero" in report["failures"][0]["why"]
 
 
 def test_golden_case_pins_spec_hash_vectors(tmp_path):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tvm_canary.cases import CASES, LAUNCH, REFERENCE
+from tvm_canary.cases import CASES, LAUNCH, REFERENCE, scratch_left_dirty
 from tvm_canary.consts import CANARY_FIELD_REAL_KV_HASH, RealKvHashMode
 from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS, Geometry
 from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
 from tvm_canary.runtime import compile as compile_
-from tvm_canary.runtime import packing, targets, use_backend
+from tvm_canary.runtime import targets, use_backend
 
 from tree import assert_same_bytes, devices, require, tensors
 
@@ -34,8 +34,7 @@ def run_differential(kernel: str, device: str, seed: int, prepare=None, launches
         with use_backend("tvm"):
             LAUNCH[kernel](**got)
         assert_same_bytes(tensors(got), tensors(want))
-        if "context" in got:  # write and verify leave their scratch zero (marks, seed saves, ticket)
-            assert all(not f.any() for f in packing.flags_of(got["context"].violation_ring)), "flags left non-zero"
+        assert not scratch_left_dirty(got), scratch_left_dirty(got)
 
 
 @pytest.mark.parametrize("device", devices())

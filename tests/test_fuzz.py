@@ -55,6 +55,15 @@ def test_injected_fault_is_caught_and_replayable(tmp_path, capsys):
     assert "FAIL plan diff:1" in captured.err and "2 failures" in captured.out
 
 
+def test_scratch_flags_left_non_zero_are_caught(tmp_path):
+    """The per-device check of conformance (``cases.scratch_left_dirty``) applies to every fuzz case."""
+    from test_conformance import leave_flags_dirty
+
+    status, report = campaign(tmp_path, "--cases", "2", "--kernels", "verify", launches=leave_flags_dirty("verify"))
+    assert status == 1 and [f["case"] for f in report["failures"]] == ["diff:0", "garbage:1"]
+    assert all("scratch flags" in f["why"] for f in report["failures"])
+
+
 def test_stray_write_into_a_guard_band_is_caught(tmp_path):
     """Scatter writes one byte just past ``pool_out``: harmless to the digests of a differential case
     (the byte is outside every tensor), caught by the guard band of each garbage case."""

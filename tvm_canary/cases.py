@@ -27,6 +27,7 @@ from .launch import (
     launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
+from .runtime import packing
 
 LAUNCH = {
     "verify": launch_canary_verify_kernel,
@@ -532,6 +533,17 @@ def guard_violations(guarded: list[Guarded], inputs: list[tuple[str, torch.Tenso
             bad.append(f"guard band after {g.name} was written")
     bad += [f"input {name} was modified" for name, t, old in inputs if not torch.equal(raw_bytes(t), old)]
     return bad
+
+
+def scratch_left_dirty(kw: dict) -> list[str]:
+    """Write and verify leave the scratch ``flags`` their ring owns (``runtime.packing.flags_for``: chunk
+    marks, seed saves, CUDA's last-block ticket) zero after every launch, since the next launch on the
+    ring reads them as clean; names each scratch tensor left non-zero ([] for kernels without a context).
+    On CUDA, call it after synchronizing."""
+    if "context" not in kw:
+        return []
+    return [f"scratch flags [{i}] of the violation ring left non-zero: {int(f.count_nonzero())} words"
+            for i, f in enumerate(packing.flags_of(kw["context"].violation_ring)) if bool(f.any())]
 
 
 def settle_scatter_races(got: dict, want: dict) -> None:

@@ -6,7 +6,8 @@ Every kernel runs its golden cases (pinned to the SPEC 1.5 hash vectors), ``--ca
 tensor of the case is hashed (SHA-256 of its bytes); a case's digest is the SHA-256 of those digests.
 A case fails on a device when its digest differs from the reference's (or, where the reference defines
 no result for a garbage plan, from the first device's), when a guard band or an input was written, when
-the launch raised, or when a golden case's pinned value is wrong.
+write or verify left its ring's scratch flags non-zero, when the launch raised, or when a golden case's
+pinned value is wrong.
 
 Under ``torchrun`` every process runs its own device (``cuda:LOCAL_RANK``, or the CPU without a GPU)
 plus the reference, the results are gathered with torch.distributed and rank 0 compares all of them,
@@ -112,7 +113,7 @@ def run_device(kernel: str, case: str, device: str, want: dict | None, launches:
             launch(**kw)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-        problems = check(kw)
+        problems = check(kw) + C.scratch_left_dirty(kw)
         if kernel == "scatter" and want is not None and case.startswith("garbage:"):
             C.settle_scatter_races(kw, want)
     except Exception as e:  # noqa: BLE001 -- any raise is a failure of the case, reported with the others
