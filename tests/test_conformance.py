@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tvm_canary import cases as C
 from tvm_canary import conformance
@@ -146,37 +147,38 @@ def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):
     assert status == 0 and list(report["kernels"]) == ["write"]
 
 
-def test_a_failure_judged_against_another_device_replays_on_both():
-    """Where the reference defines no result (a garbage case it leaves undefined), a device is compared
-    with the first device: its replay command names both, in that order, so that it compares them again
-    (on the failing device alone it would compare that device with itself and pass)."""
-    def row(device, digest):
-        case = {"case": "garbage:50001", "digest": digest, "tensors": [digest], "error": None}
-        return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
+def test_plan_lut_index_past_the_end_has_the_clamped_reference(tmp_path):
+    """garbage:50001's plan reads a LUT index past the end, which the reference rejects: it is compared
+    with the reference on the clamped index (SPEC D4), so a lone device cannot pass by matching itself."""
+    kw = C.CASES["plan"](torch.Generator().manual_seed(50001), "cpu", valid=False)
+    with pytest.raises(ValueError, match="is outside full_to_swa_index_mapping"):
+        C.REFERENCE["plan"](**kw)
 
-    ranks = [{"rank": 0, "host": "h", "devices": [row(conformance.REFERENCE_DEVICE, None), row("cpu", "d1"),
-                                                  row("cuda:1", "d2")]}]
-    (failure,) = conformance.compare(ranks, ["plan"])["failures"]
-    assert failure["device"] == "cuda:1" and "digest differs from cpu (reference undefined)" in failure["why"]
-    assert failure["replay"] == ("python -m tvm_canary conformance --devices cpu,cuda:1 --kernels plan "
-                                 "--case garbage:50001")
+    def enable_off_by_one(**kw):
+        C.LAUNCH["plan"](**kw)
+        kw["verify_plan_out"].enable.view(-1)[0] += 1
+
+    argv = ("--devices", "cpu", "--kernels", "plan", "--case", "garbage:50001")
+    assert conform(tmp_path, *argv)[0] == 0
+    status, report = conform(tmp_path, *argv, launches={**C.LAUNCH, "plan": enable_off_by_one})
+    assert status == 1 and report["failures"][0]["why"].startswith("digest differs from the reference")
 
 
 def test_a_failure_between_two_processes_replays_on_every_host():
-    """A failure that compared two processes (a device on rank 8 with rank 0's first device where the
-    reference defines no result, both named cuda:0; a rank's reference with rank 0's) replays under
-    torchrun on every host: one process would compare the row with its own and pass."""
+    """A rank's reference that differs from rank 0's replays under torchrun on every host (one process
+    would compare it with its own and pass); a device that differs from rank 0's reference replays alone."""
     def row(device, digest):
         case = {"case": "garbage:50001", "digest": digest, "tensors": [digest], "error": None}
         return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
 
-    ranks = [{"rank": 0, "host": "a", "devices": [row(conformance.REFERENCE_DEVICE, None), row("cuda:0", "d1")]},
-             {"rank": 8, "host": "b", "devices": [row(conformance.REFERENCE_DEVICE, "r"), row("cuda:0", "d2")]}]
+    ranks = [{"rank": 0, "host": "a", "devices": [row(conformance.REFERENCE_DEVICE, "r"), row("cuda:0", "r")]},
+             {"rank": 8, "host": "b", "devices": [row(conformance.REFERENCE_DEVICE, "s"), row("cuda:0", "d")]}]
     failures = conformance.compare(ranks, ["plan"])["failures"]
-    assert [(f["rank"], f["device"]) for f in failures] == [(8, conformance.REFERENCE_DEVICE), (8, "cuda:0")]
-    for failure in failures:
-        assert failure["replay"] == conformance.replay_across_ranks("plan", "garbage:50001")
-        assert failure["replay"].startswith("torchrun <this run's options, on every host> -m tvm_canary conformance")
+    assert [(f["rank"], f["device"], f["replay"]) for f in failures] == [
+        (8, conformance.REFERENCE_DEVICE, conformance.replay_across_ranks("plan", "garbage:50001")),
+        (8, "cuda:0", "python -m tvm_canary conformance --devices cuda:0 --kernels plan --case garbage:50001"),
+    ]
+    assert failures[0]["replay"].startswith("torchrun <this run's options, on every host> -m tvm_canary conformance")
 
 
 @pytest.mark.parametrize("other", [["--cases", "2"], ["--seed", "7"], ["--kernels", "plan"]])

@@ -363,6 +363,25 @@ def scatter_case(gen, device, valid=True):
 CASES = {"verify": verify_case, "write": write_case, "plan": plan_case, "scatter": scatter_case}
 
 
+def reference_launch(kernel: str, kw: dict) -> None:
+    """``REFERENCE[kernel](**kw)``, giving the result SPEC D4 pins for the compiled kernels wherever the
+    reference is stricter: plan's LUT indices past the end are clamped to the last entry (the reference
+    raises on them). Plan translates every ``req_to_token`` value it reads through the LUT, so the
+    table's values are clamped for the call and restored afterwards: ``kw`` ends as the launch's would.
+    (The LUTs of ``plan_case`` are never empty.)"""
+    lut = kw.get("full_to_swa_index_mapping") if kernel == "plan" else None
+    if lut is None:
+        REFERENCE[kernel](**kw)
+        return
+    table = kw["req_to_token"]
+    given = table.clone()
+    table.clamp_(max=lut.shape[0] - 1)
+    try:
+        REFERENCE[kernel](**kw)
+    finally:
+        table.copy_(given)
+
+
 # ---------------------------------------------------------------- golden cases (SPEC 1.5 vectors)
 
 # Written out from the SPEC 1.5 table, not computed: a kernel that hashes differently cannot match them.

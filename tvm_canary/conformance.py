@@ -4,8 +4,9 @@ Every kernel runs its golden cases (pinned to the SPEC 1.5 hash vectors), ``--ca
 (valid plans, seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds
 ``GARBAGE_SEED_BASE+S..``) on each device and on the torch reference (CPU). After each launch every
 tensor of the case is hashed (SHA-256 of its bytes); a case's digest is the SHA-256 of those digests.
-A case fails on a device when its digest differs from the reference's (or, where the reference defines
-no result for a garbage plan, from the first device's), when a guard band or an input was written, when
+A case fails on a device when its digest differs from the reference's (for plan's LUT indices past the
+end, the reference's on the clamped indices SPEC D4 pins: ``cases.reference_launch``), when a guard band
+or an input was written, when
 write or verify left its ring's scratch flags non-zero, when the launch raised, or when a golden case's
 pinned value is wrong.
 
@@ -40,8 +41,8 @@ REFERENCE_DEVICE = "reference"
 @dataclasses.dataclass
 class CaseResult:
     """One case on one device: ``digest`` (hex) of the case's tensors after the launch, the short
-    digest of each tensor, and ``error`` when the launch raised or broke a guard/pinned value. The
-    reference's ``digest`` is None where it defines no result (a garbage plan it rejects)."""
+    digest of each tensor, and ``error`` when the launch raised or broke a guard/pinned value (``digest``
+    None when it raised)."""
 
     case: str
     digest: str | None
@@ -85,24 +86,18 @@ def build(kernel: str, case: str, device) -> tuple[dict, object]:
 
 
 def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict | None]:
-    """The torch reference on the CPU copy of the case (no guard bands); also returns the finished
-    kwargs. Digest None (and no error) where the reference rejects a garbage plan (kernels clamp,
-    SPEC D4); a golden case's pinned value applies to the reference too."""
+    """The torch reference (``cases.reference_launch``) on the CPU copy of the case (no guard bands); also
+    returns the finished kwargs. A golden case's pinned value applies to the reference too."""
     kind, _, arg = case.partition(":")
     if kind == "garbage":
         kw, check = C.CASES[kernel](torch.Generator().manual_seed(int(arg)), "cpu", valid=False), lambda kw: []
     else:
         kw, check = build(kernel, case, "cpu")
-    try:
-        C.REFERENCE[kernel](**kw)
-    except ValueError:
-        if kind != "garbage":
-            raise
-        return CaseResult(case, None, []), None
+    C.reference_launch(kernel, kw)
     return CaseResult(case, *case_digest(kw), "; ".join(check(kw)) or None), kw
 
 
-def run_device(kernel: str, case: str, device: str, want: dict | None, launches: dict | None = None) -> CaseResult:
+def run_device(kernel: str, case: str, device: str, want: dict, launches: dict | None = None) -> CaseResult:
     """The compiled kernel (tvm backend) on ``device``. ``want`` is the reference's finished case, used
     to settle races of garbage scatter plans; ``launches`` (tests only) replaces ``cases.LAUNCH``."""
     launch = (launches or C.LAUNCH)[kernel]
@@ -114,7 +109,7 @@ def run_device(kernel: str, case: str, device: str, want: dict | None, launches:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         problems = check(kw) + C.scratch_left_dirty(kw)
-        if kernel == "scatter" and want is not None and case.startswith("garbage:"):
+        if kernel == "scatter" and case.startswith("garbage:"):
             C.settle_scatter_races(kw, want)
     except Exception as e:  # noqa: BLE001 -- any raise is a failure of the case, reported with the others
         return CaseResult(case, None, [], f"{type(e).__name__}: {e}")
@@ -150,23 +145,23 @@ def run_local(devices: list[str], kernels: list[str], ids: dict[str, list[str]],
     return {"host": socket.gethostname(), "devices": [ref_row, *rows]}
 
 
-def combined(records: list[dict], defined: list[bool]) -> str:
-    """SHA-256 over the digests of the cases the reference defines (first 16 hex digits)."""
-    text = "".join(r["digest"] or "-" for r, ok in zip(records, defined) if ok)
+def combined(records: list[dict]) -> str:
+    """SHA-256 over the digests of the cases (first 16 hex digits); a case that raised counts as ``-``."""
+    text = "".join(r["digest"] or "-" for r in records)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def replay(devices: list[str], kernel: str, case: str) -> str:
-    """The command that runs ``case`` of ``kernel`` on ``devices`` again, in one process (the failing one,
-    and the one it was compared with where the reference defines no result)."""
-    names = ",".join(dict.fromkeys(d if d != REFERENCE_DEVICE else "cpu" for d in devices))
-    return f"python -m tvm_canary conformance --devices {names} --kernels {kernel} --case {case}"
+def replay(device: str, kernel: str, case: str) -> str:
+    """The command that runs ``case`` of ``kernel`` on ``device`` (the reference's: on ``cpu``) again, in
+    one process."""
+    name = "cpu" if device == REFERENCE_DEVICE else device
+    return f"python -m tvm_canary conformance --devices {name} --kernels {kernel} --case {case}"
 
 
 def replay_across_ranks(kernel: str, case: str) -> str:
-    """The replay of a case whose failure compared two processes (a rank's reference with rank 0's, or a
-    device with rank 0's first device where the reference defines no result): one process alone would
-    compare the failing row with its own and pass, so it is started as the run was, on every host."""
+    """The replay of a case whose failure compared two processes (a rank's reference with rank 0's): one
+    process alone would compare the failing row with its own and pass, so it is started as the run was,
+    on every host."""
     return (f"torchrun <this run's options, on every host> -m tvm_canary conformance <this run's --devices> "
             f"--kernels {kernel} --case {case}")
 
@@ -188,37 +183,29 @@ def other_cases(ranks: list[dict]) -> str | None:
 
 
 def compare(ranks: list[dict], kernels: list[str]) -> dict:
-    """Compare every rank's rows with rank 0's reference, case by case. Where the reference defines no
-    result, devices are compared with rank 0's first device, and other ranks' references must agree
-    that it is undefined."""
+    """Compare every rank's rows (its reference's too) with rank 0's reference, case by case."""
     ref_row = ranks[0]["devices"][0]
-    first_row = ranks[0]["devices"][1] if len(ranks[0]["devices"]) > 1 else ref_row
     rows, failures = [], []
     for rank in ranks:
         for row in rank["devices"]:
             for kernel in kernels:
                 mine, bad = row["kernels"][kernel], 0
-                defined = [r["digest"] is not None for r in ref_row["kernels"][kernel]]
-                for i, got in enumerate(mine):
-                    against = ref_row if defined[i] or row["device"] == REFERENCE_DEVICE else first_row
-                    want = against["kernels"][kernel][i]
+                for got, want in zip(mine, ref_row["kernels"][kernel]):
                     why = got["error"]
                     if not why and got["digest"] != want["digest"]:
                         diff = [j for j, (a, b) in enumerate(zip(got["tensors"], want["tensors"])) if a != b]
-                        name = "the reference" if against is ref_row else f"{first_row['device']} (reference undefined)"
-                        why = f"digest differs from {name}" + (f" in tensors {diff[:8]}" if diff else "")
+                        why = "digest differs from the reference" + (f" in tensors {diff[:8]}" if diff else "")
                     if why:
                         bad += 1
-                        if rank["rank"] != 0 and (against is not ref_row or row["device"] == REFERENCE_DEVICE):
+                        if rank["rank"] != 0 and row["device"] == REFERENCE_DEVICE:
                             command = replay_across_ranks(kernel, got["case"])
                         else:
-                            command = replay([row["device"]] if against is ref_row
-                                             else [against["device"], row["device"]], kernel, got["case"])
+                            command = replay(row["device"], kernel, got["case"])
                         failures.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                                          "kernel": kernel, "case": got["case"], "why": why, "replay": command})
                 rows.append({"rank": rank["rank"], "host": rank["host"], "device": row["device"],
                              "model": row["model"], "arch": row["arch"], "kernel": kernel, "cases": len(mine),
-                             "combined": combined(mine, defined), "mismatches": bad})
+                             "combined": combined(mine), "mismatches": bad})
     return {"rows": rows, "failures": failures}
 
 

@@ -3,7 +3,7 @@
 Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE``
 under torchrun) and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid
 plans, bytes compared with the torch reference) and K garbage plans between guard bands (no byte outside
-the outputs may change; bytes compared with the reference where it defines a result); every other
+the outputs may change; bytes compared with the reference); every other
 differential round gives write long all-valid requests instead (``cases.long_write_case``: on CUDA its
 lockstep batches). Cases are the ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` /
 ``garbage:SEED`` / ``long:SEED``), so a failing case is replayed with one conformance command, written
@@ -39,7 +39,7 @@ def check(kernel: str, case: str, device: str, launches: dict | None = None) -> 
     got = X.run_device(kernel, case, device, want, launches)
     if got.error:
         return got.error
-    if ref.digest is not None and got.digest != ref.digest:
+    if got.digest != ref.digest:
         diff = [j for j, (a, b) in enumerate(zip(got.tensors, ref.tensors)) if a != b]
         return f"digest differs from the reference in tensors {diff[:8]}"
     return None
@@ -56,7 +56,7 @@ def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | No
         why = check(kernel, case, device, launches)
         if why:
             failures.append({"device": device, "kernel": kernel, "case": case, "why": why,
-                             "replay": X.replay([device], kernel, case)})
+                             "replay": X.replay(device, kernel, case)})
             print(f"fuzz{tag} {device}: FAIL {kernel} {case}: {why}\n  replay: {failures[-1]['replay']}",
                   file=sys.stderr, flush=True)
         index += 1
