@@ -92,6 +92,25 @@ def test_scratch_flags_left_non_zero_fail_the_case(tmp_path):
     assert "scratch flags [0] of the violation ring left non-zero" in report["failures"][0]["why"]
 
 
+def test_write_between_a_sources_rows_is_caught(tmp_path):
+    """A source that is a column slice of a wider tensor is hashed by its whole storage: a write into the
+    bytes between its rows fails the (valid-plan) case, naming the source."""
+
+    def into_row_padding(**kw):
+        C.LAUNCH["write"](**kw)
+        for source in kw["context"].real_kv_sources:
+            t = source.tensor
+            row_bytes, stride_bytes = t.shape[1] * t.element_size(), t.stride(0) * t.element_size()
+            if stride_bytes > row_bytes:
+                C.storage_bytes(t)[t.storage_offset() * t.element_size() + row_bytes] ^= 0x5A
+
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "2", "--kernels", "write",
+                             launches={**C.LAUNCH, "write": into_row_padding})
+    assert status == 1
+    diff = [f for f in report["failures"] if f["case"].startswith("diff:")]
+    assert diff and all(re.search(r"in context\.real_kv_sources\[\d\]\.tensor", f["why"]) for f in diff), diff
+
+
 def test_golden_case_pins_spec_hash_vectors(tmp_path):
     """A write kernel whose chain link differs from SPEC 1.5 fails its golden case by the pinned value
     (named in the failure), not only by a digest differing from the reference's."""
@@ -161,14 +180,14 @@ def test_plan_lut_index_past_the_end_has_the_clamped_reference(tmp_path):
     argv = ("--devices", "cpu", "--kernels", "plan", "--case", "garbage:50001")
     assert conform(tmp_path, *argv)[0] == 0
     status, report = conform(tmp_path, *argv, launches={**C.LAUNCH, "plan": enable_off_by_one})
-    assert status == 1 and report["failures"][0]["why"].startswith("digest differs from the reference")
+    assert status == 1 and report["failures"][0]["why"] == "digest differs from the reference in verify_plan_out.enable"
 
 
 def test_a_failure_between_two_processes_replays_on_every_host():
     """A rank's reference that differs from rank 0's replays under torchrun on every host (one process
     would compare it with its own and pass); a device that differs from rank 0's reference replays alone."""
     def row(device, digest):
-        case = {"case": "garbage:50001", "digest": digest, "tensors": [digest], "error": None}
+        case = {"case": "garbage:50001", "digest": digest, "tensors": {"x": digest}, "error": None}
         return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
 
     ranks = [{"rank": 0, "host": "a", "devices": [row(conformance.REFERENCE_DEVICE, "r"), row("cuda:0", "r")]},

@@ -3,7 +3,8 @@
 Every kernel runs its golden cases (pinned to the SPEC 1.5 hash vectors), ``--cases`` differential cases
 (valid plans, seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds
 ``GARBAGE_SEED_BASE+S..``) on each device and on the torch reference (CPU). After each launch every
-tensor of the case is hashed (SHA-256 of its bytes); a case's digest is the SHA-256 of those digests.
+tensor of the case is hashed (SHA-256 of its bytes; a real-KV source's: of its whole storage); a case's
+digest is the SHA-256 of those digests.
 A case fails on a device when its digest differs from the reference's (for plan's LUT indices past the
 end, the reference's on the clamped indices SPEC D4 pins: ``cases.reference_launch``), when a guard band
 or an input was written, when
@@ -30,6 +31,7 @@ import sys
 import torch
 
 from . import cases as C
+from . import checks
 from .argtypes import fits_int64
 from .cliargs import int_at_least, output_file, seed
 from .runtime import targets, use_backend
@@ -41,12 +43,12 @@ REFERENCE_DEVICE = "reference"
 @dataclasses.dataclass
 class CaseResult:
     """One case on one device: ``digest`` (hex) of the case's tensors after the launch, the short
-    digest of each tensor, and ``error`` when the launch raised or broke a guard/pinned value (``digest``
-    None when it raised)."""
+    digest of each tensor by its name in the launch's arguments, and ``error`` when the launch raised or
+    broke a guard/pinned value (``digest`` None when it raised)."""
 
     case: str
     digest: str | None
-    tensors: list[str]
+    tensors: dict[str, str]
     error: str | None = None
 
 
@@ -55,10 +57,20 @@ def tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def case_digest(kw: dict) -> tuple[str, list[str]]:
-    """(digest of the whole case, first 16 hex digits of each tensor's digest)."""
-    each = [tensor_digest(t) for t in C.tensors(kw)]
-    return hashlib.sha256("".join(each).encode()).hexdigest(), [d[:16] for d in each]
+def case_digest(kernel: str, kw: dict) -> tuple[str, dict[str, str]]:
+    """(digest of the whole case, first 16 hex digits of each tensor argument's digest by its name,
+    ``checks.launch_tensors``). A real-KV source is hashed by its whole storage (``cases.storage_bytes``):
+    a column slice's bytes between and after its rows must stay as they were too."""
+    written, read = checks.launch_tensors(kernel, kw)
+    sources = {id(s.tensor) for s in kw["context"].real_kv_sources} if "context" in kw else set()
+    each = {name: tensor_digest(C.storage_bytes(t) if id(t) in sources else t) for t, name in written + read}
+    return hashlib.sha256("".join(each.values()).encode()).hexdigest(), {n: d[:16] for n, d in each.items()}
+
+
+def digest_differs(got: dict[str, str], want: dict[str, str]) -> str:
+    """Why a case's digest differs from the reference's: the tensors (by name) whose digests differ."""
+    names = [name for name, d in got.items() if want.get(name) != d] + [name for name in want if name not in got]
+    return "digest differs from the reference" + (f" in {', '.join(names[:8])}" if names else "")
 
 
 def case_ids(kernel: str, cases: int, seed: int) -> list[str]:
@@ -94,7 +106,7 @@ def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict | None]:
     else:
         kw, check = build(kernel, case, "cpu")
     C.reference_launch(kernel, kw)
-    return CaseResult(case, *case_digest(kw), "; ".join(check(kw)) or None), kw
+    return CaseResult(case, *case_digest(kernel, kw), "; ".join(check(kw)) or None), kw
 
 
 def run_device(kernel: str, case: str, device: str, want: dict, launches: dict | None = None) -> CaseResult:
@@ -112,8 +124,8 @@ def run_device(kernel: str, case: str, device: str, want: dict, launches: dict |
         if kernel == "scatter" and case.startswith("garbage:"):
             C.settle_scatter_races(kw, want)
     except Exception as e:  # noqa: BLE001 -- any raise is a failure of the case, reported with the others
-        return CaseResult(case, None, [], f"{type(e).__name__}: {e}")
-    return CaseResult(case, *case_digest(kw), "; ".join(problems) or None)
+        return CaseResult(case, None, {}, f"{type(e).__name__}: {e}")
+    return CaseResult(case, *case_digest(kernel, kw), "; ".join(problems) or None)
 
 
 def describe(device: str) -> dict:
@@ -193,8 +205,7 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
                 for got, want in zip(mine, ref_row["kernels"][kernel]):
                     why = got["error"]
                     if not why and got["digest"] != want["digest"]:
-                        diff = [j for j, (a, b) in enumerate(zip(got["tensors"], want["tensors"])) if a != b]
-                        why = "digest differs from the reference" + (f" in tensors {diff[:8]}" if diff else "")
+                        why = digest_differs(got["tensors"], want["tensors"])
                     if why:
                         bad += 1
                         if rank["rank"] != 0 and row["device"] == REFERENCE_DEVICE:
