@@ -161,6 +161,39 @@ def test_bad_arguments(argv, capsys):
     assert e.value.code not in (0, None)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("gpu", "kv-canary: unsupported device 'gpu' (cpu, cuda, cuda:N)"),
+    ("cpu:1", "kv-canary: cpu:1: the CPU is one device (cpu)"),
+    ("cpu,cpu:0", "kv-canary: --devices 'cpu,cpu:0' names cpu twice"),
+    ("cuda,cuda:0", "kv-canary: --devices 'cuda,cuda:0' names cuda:0 twice"),
+    ("cuda:1", "kv-canary: cuda:1: torch sees 1 CUDA devices"),
+], ids=["unknown", "cpu-index", "cpu-twice", "gpu-twice", "gpu-index"])  # no "cuda" id: it would mark them gpu
+def test_devices_are_normalised_and_refused_once_each(monkeypatch, text, message):
+    """On a host where torch sees one GPU (simulated), each device is named one way (cpu, cuda:N)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(ValueError) as e:
+        conformance.parse_devices(text)
+    assert str(e.value) == message
+    assert conformance.parse_devices("cuda,cpu:0") == ["cuda:0", "cpu"]
+
+
+def test_torchrun_default_device_must_exist(monkeypatch, tmp_path):
+    """Two ranks on a host where torch sees one GPU (simulated): rank 1's default device cuda:1 is refused
+    as an explicit --devices cuda:1 is, before joining the process group, by conformance and fuzz."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(conformance, "init_distributed", lambda: pytest.fail("joined the process group"))
+    for argv in (["conformance", "--json", str(tmp_path / "c.json")],
+                 ["fuzz", "--cases", "1", "--out", str(tmp_path / "f.json")]):
+        args = build_parser().parse_args(argv)
+        with pytest.raises(ValueError, match=r"^kv-canary: cuda:1: torch sees 1 CUDA devices$"):
+            args.func(args)
+
+
 def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):
     status, report = conform(tmp_path, "--case", "golden:write-anchor", "--devices", "cpu")
     assert status == 0 and list(report["kernels"]) == ["write"]

@@ -238,8 +238,9 @@ def world() -> tuple[int, int, int]:
 
 
 def local_device() -> str:
-    """This process's device under torchrun: ``cuda:LOCAL_RANK`` when GPUs are visible, else ``cpu``."""
-    return f"cuda:{world()[2]}" if torch.cuda.is_available() else "cpu"
+    """This process's device under torchrun: ``cuda:LOCAL_RANK`` when GPUs are visible (refused as an
+    explicit ``cuda:N`` is, ``device_name``, when torch sees no GPU of that index), else ``cpu``."""
+    return device_name(f"cuda:{world()[2]}") if torch.cuda.is_available() else "cpu"
 
 
 def init_distributed():
@@ -279,25 +280,42 @@ def finish(group) -> None:
 # ---------------------------------------------------------------- command line
 
 
+def device_name(text: str) -> str:
+    """One device of ``--devices``/``--device``, normalised: ``cpu`` (``cpu:0`` too), ``cuda:N`` (``cuda``:
+    torch's current CUDA device). ValueError (``kv-canary:``) for anything else, another CPU index, or a
+    CUDA index torch does not see."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"kv-canary: unsupported device {text!r} (cpu, cuda, cuda:N)")
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):
+            raise ValueError(f"kv-canary: {text}: the CPU is one device (cpu)")
+        return "cpu"
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if dev.index is None and count else dev.index or 0
+    if index >= count:
+        raise ValueError(f"kv-canary: {text}: torch sees {count} CUDA devices")
+    return f"cuda:{index}"
+
+
 def parse_devices(text: str | None) -> list[str]:
-    """``--devices``: comma-separated ``cpu``/``cuda``/``cuda:N``. Default: the process's own device
-    under torchrun, else the CPU and every visible GPU."""
+    """``--devices``: comma-separated ``cpu``/``cuda``/``cuda:N`` (``device_name``), each device once.
+    Default: the process's own device under torchrun, else the CPU and every visible GPU."""
     if text is None:
         if world()[1] > 1:
             return [local_device()]
         return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     out = []
     for name in filter(None, (s.strip() for s in text.split(","))):
-        if name in out:
-            raise argparse.ArgumentTypeError(f"kv-canary: device {name!r} named twice")
-        dev = torch.device(name)  # raises on garbage
-        if dev.type not in ("cpu", "cuda"):
-            raise argparse.ArgumentTypeError(f"kv-canary: unsupported device {name!r} (cpu, cuda, cuda:N)")
-        if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"kv-canary: {name}: torch sees {torch.cuda.device_count()} CUDA devices")
-        out.append(name)
+        device = device_name(name)
+        if device in out:
+            raise ValueError(f"kv-canary: --devices {text!r} names {device} twice")
+        out.append(device)
     if not out:
-        raise argparse.ArgumentTypeError(f"kv-canary: no device in {text!r} (cpu, cuda, cuda:N)")
+        raise ValueError(f"kv-canary: no device in {text!r} (cpu, cuda, cuda:N)")
     return out
 
 
@@ -305,7 +323,7 @@ def device_list(text: str) -> list[str]:
     """argparse ``type=`` of a device list (usage error on garbage)."""
     try:
         return parse_devices(text)
-    except RuntimeError as e:
+    except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
@@ -362,9 +380,9 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
             kernels = [k for k in kernels if k == "write"]  # long cases are write's
         if not kernels:
             raise ValueError(f"kv-canary: no kernel of --kernels {','.join(args.kernels)} has the case {args.case}")
+    devices = args.devices if args.devices is not None else parse_devices(None)  # refused before joining
     group = init_distributed()
     rank, size, local_rank = world()
-    devices = args.devices if args.devices is not None else parse_devices(None)
     ids = {k: [args.case] if args.case else case_ids(k, args.cases, args.seed) for k in kernels}
     if not any(ids.values()):
         raise ValueError(f"kv-canary: no case to run: --cases 0 and no golden case for {','.join(kernels)}")
