@@ -5,6 +5,7 @@ replayable. Few cases, the seeds of the differential/memory-safety tests (no new
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import re
@@ -164,8 +165,8 @@ def test_bad_arguments(argv, capsys):
 @pytest.mark.parametrize(("text", "message"), [
     ("gpu", "kv-canary: unsupported device 'gpu' (cpu, cuda, cuda:N)"),
     ("cpu:1", "kv-canary: cpu:1: the CPU is one device (cpu)"),
-    ("cpu,cpu:0", "kv-canary: --devices 'cpu,cpu:0' names cpu twice"),
-    ("cuda,cuda:0", "kv-canary: --devices 'cuda,cuda:0' names cuda:0 twice"),
+    ("cpu,cpu:0", "kv-canary: device 'cpu' named twice"),
+    ("cuda,cuda:0", "kv-canary: device 'cuda:0' named twice"),
     ("cuda:1", "kv-canary: cuda:1: torch sees 1 CUDA devices"),
 ], ids=["unknown", "cpu-index", "cpu-twice", "gpu-twice", "gpu-index"])  # no "cuda" id: it would mark them gpu
 def test_devices_are_normalised_and_refused_once_each(monkeypatch, text, message):
@@ -186,12 +187,40 @@ def test_torchrun_default_device_must_exist(monkeypatch, tmp_path):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(conformance, "init_distributed", lambda: pytest.fail("joined the process group"))
+    monkeypatch.setattr(conformance, "init_distributed", lambda *_: pytest.fail("joined the process group"))
     for argv in (["conformance", "--json", str(tmp_path / "c.json")],
                  ["fuzz", "--cases", "1", "--out", str(tmp_path / "f.json")]):
         args = build_parser().parse_args(argv)
         with pytest.raises(ValueError, match=r"^kv-canary: cuda:1: torch sees 1 CUDA devices$"):
             args.func(args)
+
+
+def test_timeout_bounds_the_process_group(monkeypatch):
+    """--timeout (default 600 s) is the process group's timeout: a rank that never arrives stops the
+    others after that long, not after torch's 30 minutes."""
+    import torch.distributed as dist
+
+    joined = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.update(kw, backend=backend))
+    for argv, seconds in ((["conformance"], 600), (["conformance", "--timeout", "42"], 42),
+                          (["fuzz", "--cases", "1", "--timeout", "7.5"], 7.5)):
+        args = build_parser().parse_args(argv)
+        conformance.init_distributed(args.timeout)
+        assert joined == {"backend": "gloo", "timeout": datetime.timedelta(seconds=seconds)}
+
+
+def test_only_rank_0_checks_the_file_it_writes(monkeypatch, tmp_path):
+    """--json and fuzz's --out are written by rank 0 alone: another rank's host need not have the folder
+    (a rank stopping there would leave the others waiting)."""
+    missing = str(tmp_path / "no-such-folder" / "out.json")
+    monkeypatch.setenv("RANK", "1")
+    assert str(build_parser().parse_args(["conformance", "--json", missing]).json) == missing
+    assert str(build_parser().parse_args(["fuzz", "--cases", "1", "--out", missing]).out) == missing
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["conformance", "--json", missing])
 
 
 def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):

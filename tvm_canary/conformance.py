@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import json
 import os
+import pathlib
 import platform
 import socket
 import sys
@@ -33,7 +35,7 @@ import torch
 from . import cases as C
 from . import checks
 from .argtypes import fits_int64
-from .cliargs import int_at_least, output_file, seed
+from .cliargs import duration, int_at_least, output_file, seed
 from .runtime import targets, use_backend
 from .tuning.keys import cpu_model
 
@@ -243,18 +245,24 @@ def local_device() -> str:
     return device_name(f"cuda:{world()[2]}") if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed():
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+
+def init_distributed(timeout: float = DEFAULT_TIMEOUT_SECONDS):
     """Join torchrun's process group (NCCL between GPUs, gloo on CPU) and return a gloo group for
-    gathering Python objects; None outside torchrun."""
+    gathering Python objects; None outside torchrun. ``timeout`` (seconds) bounds every wait of the
+    groups, joining included: a rank that never arrives (failed before joining, hung) stops the others
+    with torch's error after that long instead of torch's default of 30 minutes."""
     import torch.distributed as dist
 
     if world()[1] == 1:
         return None
+    limit = datetime.timedelta(seconds=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(world()[2])
-        dist.init_process_group("nccl", device_id=torch.device(local_device()))
-        return dist.new_group(backend="gloo")
-    dist.init_process_group("gloo")
+        dist.init_process_group("nccl", device_id=torch.device(local_device()), timeout=limit)
+        return dist.new_group(backend="gloo", timeout=limit)
+    dist.init_process_group("gloo", timeout=limit)
     return dist.group.WORLD
 
 
@@ -312,7 +320,7 @@ def parse_devices(text: str | None) -> list[str]:
     for name in filter(None, (s.strip() for s in text.split(","))):
         device = device_name(name)
         if device in out:
-            raise ValueError(f"kv-canary: --devices {text!r} names {device} twice")
+            raise ValueError(f"kv-canary: device {device!r} named twice")
         out.append(device)
     if not out:
         raise ValueError(f"kv-canary: no device in {text!r} (cpu, cuda, cuda:N)")
@@ -325,6 +333,20 @@ def device_list(text: str) -> list[str]:
         return parse_devices(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def rank0_output_file(text: str) -> pathlib.Path:
+    """argparse ``type=`` of a file rank 0 writes (``--json``, fuzz's ``--out``): ``cliargs.output_file``
+    on rank 0 (and outside torchrun); other ranks never write it, so their hosts need not have its folder
+    (checked there, a rank would stop before joining and leave the others waiting, ``--timeout``)."""
+    return output_file(text) if world()[0] == 0 else pathlib.Path(text)
+
+
+def add_timeout(p) -> None:
+    """``--timeout`` of a command that joins torchrun's process group (``init_distributed``)."""
+    p.add_argument("--timeout", type=duration(zero=False), default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="under torchrun: how long a rank waits for the others (joining, gathering) before it "
+                        "stops with torch's error")
 
 
 def add_parser(subparsers) -> None:
@@ -341,7 +363,9 @@ def add_parser(subparsers) -> None:
                    help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--case", type=case_id, default=None,
                    help="run only this case id (replay), e.g. diff:17 or garbage:50017")
-    p.add_argument("--json", type=output_file, default=None, metavar="OUT", help="write the results as JSON (rank 0)")
+    p.add_argument("--json", type=rank0_output_file, default=None, metavar="OUT",
+                   help="write the results as JSON (rank 0)")
+    add_timeout(p)
     p.set_defaults(func=run)
 
 
@@ -381,7 +405,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
         if not kernels:
             raise ValueError(f"kv-canary: no kernel of --kernels {','.join(args.kernels)} has the case {args.case}")
     devices = args.devices if args.devices is not None else parse_devices(None)  # refused before joining
-    group = init_distributed()
+    group = init_distributed(args.timeout)
     rank, size, local_rank = world()
     ids = {k: [args.case] if args.case else case_ids(k, args.cases, args.seed) for k in kernels}
     if not any(ids.values()):

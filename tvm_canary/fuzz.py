@@ -19,7 +19,7 @@ import time
 
 from . import cases as C
 from . import conformance as X
-from .cliargs import duration, int_at_least, output_file, seed
+from .cliargs import duration, int_at_least, seed
 
 RANK_SEED_STRIDE = 1_000_000_000
 PROGRESS_SECONDS = 10.0
@@ -90,8 +90,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--kernels", type=X.kernel_list, default=",".join(C.KERNELS),
                    help="comma-separated subset of " + ",".join(C.KERNELS))
     p.add_argument("--seed-base", type=seed, default=1_000_000, help="first seed (rank r adds r * 1e9)")
-    p.add_argument("--out", type=output_file, default="fuzz-failures.json", metavar="FAILS.json",
+    p.add_argument("--out", type=X.rank0_output_file, default="fuzz-failures.json", metavar="FAILS.json",
                    help="JSON of the campaign and its failing cases with replay commands (rank 0)")
+    X.add_timeout(p)
     p.set_defaults(func=run)
 
 
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Fuzz this process's device; under torchrun rank 0 gathers every rank's counts and failures."""
     kernels = args.kernels
     device = args.device or X.local_device()
-    group = X.init_distributed()
+    group = X.init_distributed(args.timeout)
     rank, size, _ = X.world()
     tag = f" rank {rank}" if size > 1 else ""
     mine = campaign(device, kernels, args.seed_base + rank * RANK_SEED_STRIDE, cases=args.cases,
