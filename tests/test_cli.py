@@ -109,6 +109,21 @@ def test_package_errors_while_running_are_one_line(monkeypatch, capsys):
     )
 
 
+def test_conformance_and_fuzz_errors_exit_2_and_findings_1(capsys, tmp_path, monkeypatch):
+    """A refused conformance or fuzz run exits 2 (1 is what a mismatching case gives those two commands;
+    test_conformance and test_fuzz check it); other commands keep 1 for their kv-canary: errors."""
+    status, out, err = run_main(["conformance", "--devices", "cpu", "--kernels", "verify", "--case",
+                                 "golden:write-anchor", "--json", str(tmp_path / "c.json")], capsys)
+    assert status == 2 and out == ""
+    assert err == ("tvm-canary conformance: error: kv-canary: no kernel of --kernels verify has the case "
+                   "golden:write-anchor\n")
+    monkeypatch.setenv("LOCAL_RANK", "3")  # fuzz's default device cuda:3 on a host with one GPU (simulated)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    status, out, err = run_main(["fuzz", "--cases", "1", "--out", str(tmp_path / "f.json")], capsys)
+    assert status == 2 and err == "tvm-canary fuzz: error: kv-canary: cuda:3: torch sees 1 CUDA devices\n"
+
+
 def test_other_errors_keep_their_traceback(monkeypatch):
     def bug(_args):
         raise ValueError("an internal bug")

@@ -5,7 +5,8 @@ A subcommand module provides ``add_parser(subparsers)``, which registers its par
 
 Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``, also
 for a ``cliargs.UsageError`` a subcommand raises after parsing) and
-the package's own ``kv-canary:`` errors raised while a subcommand runs (exit status 1). Anything
+the package's own ``kv-canary:`` errors raised while a subcommand runs (exit status 1; 2 for the
+``FINDINGS_EXIT_1`` commands, whose status 1 means that their check found a mismatch). Anything
 else is a bug and keeps its traceback.
 """
 
@@ -24,6 +25,9 @@ from .tuning import fleet, merge
 
 SUBCOMMANDS = (demo, selftest, build, tune, merge, fleet, info, conformance, fuzz)
 DISTRIBUTION = "tvm_canary"
+# Commands whose exit status 1 reports what they check for (a case that fails on a device): their
+# ``kv-canary:`` errors (a refused run, a tool error) exit 2, as usage errors do, so that the two differ.
+FINDINGS_EXIT_1 = ("conformance", "fuzz")
 
 
 def package_version() -> str:
@@ -63,4 +67,4 @@ def main(argv: list[str] | None = None) -> int:
         if not message.startswith("kv-canary:"):
             raise
         print(f"tvm-canary {args.command}: error: {message}", file=sys.stderr)
-        return 1
+        return 2 if args.command in FINDINGS_EXIT_1 else 1
