@@ -272,5 +272,35 @@ def test_ranks_that_ran_other_cases_are_refused(tmp_path, other):
     _, second = conform(tmp_path, *argv, *other)
     rank1 = second["ranks"][0] | {"rank": 1, "host": "b"}
     refused = conformance.other_cases([first["ranks"][0], rank1])
-    assert re.match(r"kv-canary: rank 1 \(b\) ran \w+ \d+ cases from diff:\d+, rank 0 .* start every host", refused)
+    assert re.match(r"kv-canary: rank 1 \(b\) runs \w+ \d+ cases from diff:\d+, rank 0 .* start every host", refused)
     assert conformance.other_cases([first["ranks"][0], first["ranks"][0] | {"rank": 1}]) is None
+
+
+def test_case_set_identifies_the_generated_cases(monkeypatch, tmp_path):
+    """The JSON records each kernel's case set; a generator that makes other cases under the same ids
+    (another cases.py or torch) changes it, and a rank whose case set differs is refused before running."""
+    _, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "scatter")
+    ids = report["kernels"]["scatter"]["cases"]
+    assert report["kernels"]["scatter"]["case_set"] == conformance.case_set("scatter", ids)
+    rank0 = {"rank": 0, "host": "a", "cases": {"scatter": ids},
+             "case_set": {"scatter": conformance.case_set("scatter", ids)}}
+
+    def other_pool(gen, device, valid=True):
+        case = C.scatter_case(gen, device, valid)
+        case["pool_out"].fill_(-6)
+        return case
+
+    monkeypatch.setitem(C.CASES, "scatter", other_pool)
+    rank1 = rank0 | {"rank": 1, "host": "b", "case_set": {"scatter": conformance.case_set("scatter", ids)}}
+    assert rank1["case_set"] != rank0["case_set"]
+    assert conformance.other_cases([rank0, rank1]).startswith(
+        "kv-canary: rank 1 (b) generates other scatter cases than rank 0 (a) under the same ids")
+
+
+def test_ranks_are_checked_before_running(monkeypatch, tmp_path):
+    """Ranks compare their case ids and case sets before any case runs (a refused run runs nothing)."""
+    monkeypatch.setattr(conformance, "gather", lambda obj, group: [obj, obj | {"rank": 1, "cases": {}}])
+    monkeypatch.setattr(conformance, "run_local", lambda *a: pytest.fail("ran cases"))
+    args = build_parser().parse_args(["conformance", "--devices", "cpu", "--cases", "1", "--kernels", "scatter"])
+    with pytest.raises(ValueError, match=r"^kv-canary: rank 1 \(.*\) runs , rank 0"):
+        conformance.run(args)

@@ -99,14 +99,27 @@ def build(kernel: str, case: str, device) -> tuple[dict, object]:
                      "or, for write, long:SEED)")
 
 
-def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict | None]:
-    """The torch reference (``cases.reference_launch``) on the CPU copy of the case (no guard bands); also
-    returns the finished kwargs. A golden case's pinned value applies to the reference too."""
+def reference_case(kernel: str, case: str) -> tuple[dict, object]:
+    """(launch kwargs on the CPU, check) of a case as the reference takes it: ``build``'s, but a garbage
+    plan without guard bands."""
     kind, _, arg = case.partition(":")
     if kind == "garbage":
-        kw, check = C.CASES[kernel](torch.Generator().manual_seed(int(arg)), "cpu", valid=False), lambda kw: []
-    else:
-        kw, check = build(kernel, case, "cpu")
+        return C.CASES[kernel](torch.Generator().manual_seed(int(arg)), "cpu", valid=False), lambda kw: []
+    return build(kernel, case, "cpu")
+
+
+def case_set(kernel: str, ids: list[str]) -> str:
+    """What identifies a kernel's cases (first 16 hex digits of a SHA-256 over each case id and the
+    digest of its tensors before the launch): equal exactly where the cases are, whatever changed in
+    between (``cases.py``, torch's random numbers), so combined digests compare only at an equal value."""
+    text = "".join(f"{case}={case_digest(kernel, reference_case(kernel, case)[0])[0]};" for case in ids)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict]:
+    """The torch reference (``cases.reference_launch``) on ``reference_case``; also returns the finished
+    kwargs. A golden case's pinned value applies to the reference too."""
+    kw, check = reference_case(kernel, case)
     C.reference_launch(kernel, kw)
     return CaseResult(case, *case_digest(kernel, kw), "; ".join(check(kw)) or None), kw
 
@@ -156,7 +169,7 @@ def run_local(devices: list[str], kernels: list[str], ids: dict[str, list[str]],
             for d in devices]
     ref_row = {"device": REFERENCE_DEVICE, "model": f"torch {torch.__version__}", "arch": platform.machine(),
                "kernels": {k: [dataclasses.asdict(r) for r in v] for k, v in reference.items()}}
-    return {"host": socket.gethostname(), "devices": [ref_row, *rows]}
+    return {"devices": [ref_row, *rows]}
 
 
 def combined(records: list[dict]) -> str:
@@ -181,18 +194,24 @@ def replay_across_ranks(kernel: str, case: str) -> str:
 
 
 def other_cases(ranks: list[dict]) -> str | None:
-    """The ``kv-canary:`` error when a rank ran other kernels or case ids than rank 0 (hosts started with
-    another ``--kernels``, ``--cases``, ``--seed`` or ``--case``; ``compare`` matches cases by position),
-    else None."""
+    """The ``kv-canary:`` error when a rank is to run other kernels, case ids or cases (``case_set``:
+    another ``cases.py`` or torch) than rank 0 (hosts started with another ``--kernels``, ``--cases``,
+    ``--seed`` or ``--case``, or another checkout; ``compare`` matches cases by position), else None.
+    ``ranks``: each rank's ``rank``, ``host``, ``cases`` (ids per kernel) and ``case_set`` (per kernel)."""
     def ran(ids: dict[str, list[str]]) -> str:
         return ", ".join(f"{k} {len(v)} cases" + (f" from {v[0]}" if v else "") for k, v in ids.items())
 
-    want = ranks[0]["cases"]
+    first = ranks[0]
     for rank in ranks[1:]:
-        if rank["cases"] != want:
-            return (f"kv-canary: rank {rank['rank']} ({rank['host']}) ran {ran(rank['cases'])}, rank 0 "
-                    f"({ranks[0]['host']}) {ran(want)}; start every host with the same --kernels, --cases, --seed "
-                    "and --case")
+        where = f"rank {rank['rank']} ({rank['host']})", f"rank 0 ({first['host']})"
+        if rank["cases"] != first["cases"]:
+            return (f"kv-canary: {where[0]} runs {ran(rank['cases'])}, {where[1]} {ran(first['cases'])}; start every "
+                    "host with the same --kernels, --cases, --seed and --case")
+        if rank["case_set"] != first["case_set"]:
+            kernels = [k for k in first["case_set"] if rank["case_set"][k] != first["case_set"][k]]
+            return (f"kv-canary: {where[0]} generates other {', '.join(kernels)} cases than {where[1]} under the "
+                    "same ids (case sets differ: another tvm_canary/cases.py or torch); run the same checkout and "
+                    "torch on every host")
     return None
 
 
@@ -410,16 +429,19 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     ids = {k: [args.case] if args.case else case_ids(k, args.cases, args.seed) for k in kernels}
     if not any(ids.values()):
         raise ValueError(f"kv-canary: no case to run: --cases 0 and no golden case for {','.join(kernels)}")
-    mine = {"rank": rank, "local_rank": local_rank, "cases": ids, **run_local(devices, kernels, ids, launches)}
-    ranks = gather(mine, group)
-    refused = other_cases(ranks)
-    if refused:  # every rank gathered the same ranks: all leave the group and raise it
+    plan = {"rank": rank, "host": socket.gethostname(), "cases": ids,
+            "case_set": {k: case_set(k, ids[k]) for k in kernels}}
+    refused = other_cases(gather(plan, group))
+    if refused:  # before running; every rank gathered the same plans: all leave the group and raise it
         finish(group)
         raise ValueError(refused)
+    ranks = gather({**plan, "local_rank": local_rank, **run_local(devices, kernels, ids, launches)}, group)
     verdict = compare(ranks, kernels)
     mismatches = len(verdict["failures"])
     if rank == 0:
         print(table(verdict["rows"]))
+        print("case sets (combined digests compare between runs of equal case sets): "
+              + ", ".join(f"{k} {v}" for k, v in plan["case_set"].items()))
         if mismatches:
             first = verdict["failures"][0]
             print(f"conformance: FAILED, {mismatches} mismatching cases; first: rank {first['rank']} {first['device']} "
@@ -432,8 +454,8 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
             report = {
                 "devices": [{"rank": r["rank"], "host": r["host"], **{k: d[k] for k in ("device", "model", "arch")}}
                             for r in ranks for d in r["devices"]],
-                "kernels": {k: {"cases": ids[k], "combined": [row for row in verdict["rows"] if row["kernel"] == k]}
-                            for k in kernels},
+                "kernels": {k: {"cases": ids[k], "case_set": plan["case_set"][k],
+                                "combined": [row for row in verdict["rows"] if row["kernel"] == k]} for k in kernels},
                 "mismatches": mismatches,
                 "failures": verdict["failures"],
                 "ranks": ranks,
