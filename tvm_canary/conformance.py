@@ -4,12 +4,10 @@ Every kernel runs its golden cases (pinned to the SPEC 1.5 hash vectors), ``--ca
 (valid plans, seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds
 ``GARBAGE_SEED_BASE+S..``) on each device and on the torch reference (CPU). After each launch every
 tensor of the case is hashed (SHA-256 of its bytes; a real-KV source's: of its whole storage); a case's
-digest is the SHA-256 of those digests.
-A case fails on a device when its digest differs from the reference's (for plan's LUT indices past the
-end, the reference's on the clamped indices SPEC D4 pins: ``cases.reference_launch``), when a guard band
-or an input was written, when
-write or verify left its ring's scratch flags non-zero, when the launch raised, or when a golden case's
-pinned value is wrong.
+digest is the SHA-256 of those digests. A case fails on a device when its digest differs from the
+reference's (for plan's LUT indices past the end, the reference's on the clamped indices SPEC D4 pins:
+``cases.reference_launch``), when a guard band or an input was written, when write or verify left its
+ring's scratch flags non-zero, when the launch raised, or when a golden case's pinned value is wrong.
 
 Under ``torchrun`` every process runs its own device (``cuda:LOCAL_RANK``, or the CPU without a GPU)
 plus the reference, the results are gathered with torch.distributed and rank 0 compares all of them,

@@ -3,11 +3,10 @@
 Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE``
 under torchrun) and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid
 plans, bytes compared with the torch reference) and K garbage plans between guard bands (no byte outside
-the outputs may change; bytes compared with the reference); every other
-differential round gives write long all-valid requests instead (``cases.long_write_case``: on CUDA its
-lockstep batches). Cases are the ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` /
-``garbage:SEED`` / ``long:SEED``), so a failing case is replayed with one conformance command, written
-next to it in the failures JSON.
+the outputs may change; bytes compared with the reference); every other differential round gives write
+long all-valid requests instead (``cases.long_write_case``: on CUDA its lockstep batches). Cases are
+the ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` / ``garbage:SEED`` / ``long:SEED``), so a
+failing case is replayed with one conformance command, written next to it in the failures JSON.
 """
 
 from __future__ import annotations
