@@ -87,10 +87,16 @@ def leave_flags_dirty(kernel: str) -> dict:
 
 
 def test_scratch_flags_left_non_zero_fail_the_case(tmp_path):
-    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "write",
-                             launches=leave_flags_dirty("write"))
+    try:
+        status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "write",
+                                 launches=leave_flags_dirty("write"))
+    finally:  # a later ring at the same address would be handed the dirty scratch
+        for owned in packing._flags.values():
+            for flags in owned:
+                flags.zero_()
     assert status == 1 and report["mismatches"] == 3  # golden, diff:0, garbage:50000
-    assert "scratch flags [0] of the violation ring left non-zero" in report["failures"][0]["why"]
+    # the ring's scratch list may hold an earlier ring's at the same address too (packing keys it by address)
+    assert re.search(r"scratch flags \[\d+\] of the violation ring left non-zero", report["failures"][0]["why"])
 
 
 def test_write_between_a_sources_rows_is_caught(tmp_path):
