@@ -139,6 +139,47 @@ def test_a_damaged_kernel_cache_entry_is_compiled_again(tmp_path, monkeypatch, c
         caplog.clear()
 
 
+def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):
+    """A build runs under TVM's default pass configuration whatever the caller holds: the disk cache and
+    ``tvm-canary build`` share its module with every later process. (Built inside a caller's
+    ``tirx.disable_assert``, the module lost the kernels' own ``kv-canary:`` checks, and every process
+    sharing the cache then ran without them.)"""
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
+        C.export(C.build("scatter", (), "llvm", geom), tmp_path / "scatter.so")
+    assert b"kv-canary: scatter:" in (tmp_path / "scatter.so").read_bytes()
+
+
+def test_the_module_key_covers_the_build_code():
+    """A module's key hashes the build code too (parsing, targets, ``build``): an edit there changes
+    what is generated, and a cache keyed on the kernels alone kept loading the modules built before it."""
+    names = {f"{p.parent.name}/{p.name}" for p in C.source_files()}
+    assert {"runtime/compile.py", "runtime/parse.py", "runtime/targets.py", "kernels/scatter.py"} <= names
+
+
+def test_cached_modules_are_readable_by_others_and_an_unwritable_cache_says_so(tmp_path, monkeypatch):
+    """A cached module gets the mode the process umask gives a new file (``tempfile``'s 0600 made a cache
+    warmed by one user unreadable to another: a raw PermissionError), and a cache that lacks a module and
+    cannot store it is named in one ``kv-canary:`` line."""
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache"))
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    umask = os.umask(0o022)
+    try:
+        path = C.cached_module("scatter", (), "llvm", geom)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o755
+    path.unlink()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path.with_suffix(".lock")))
+
+    monkeypatch.setattr(C, "_build_lock", read_only)
+    with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel cache .* lacks scatter-.*\.so and cannot "
+                                           r"store it \(Permission denied: .*\.lock\); set TVM_CANARY_CACHE"):
+        C.cached_module("scatter", (), "llvm", geom)
+
+
 def test_kernel_hashes_need_no_writable_cache_and_survive_a_damaged_memo(tmp_path, monkeypatch):
     """The kernel-hash memo is a cache: a read-only kernel cache (prebuilt modules) or a damaged memo
     file computes the hashes again instead of failing every launch that reads a tuning database."""

@@ -8,6 +8,8 @@ the torch reference running the same step.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import tvm
@@ -201,6 +203,33 @@ def test_relax_serving_step_equals_the_reference(device):
     short = torch.zeros(1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="kv-canary: verify: flags is shorter than the launch's marks need"):
         relax_step(vm, names, got, {k: v.to(device) for k, v in step_inputs(want, 3).items()}, flags=short)
+
+
+def test_relax_ir_cache_survives_damage_and_a_read_only_cache(tmp_path, monkeypatch, caplog):
+    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is parsed and written again (it
+    raised JSONDecodeError at every later ``add_kernel``), a cache that cannot store it costs a parse, and
+    a stored file is readable by others (``tempfile``'s 0600 locked other users out)."""
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    umask = os.umask(0o022)
+    try:
+        want = tvm.ir.save_json(canary_relax._default_ir("scatter", (), "llvm", geom))
+    finally:
+        os.umask(umask)
+    path = next(tmp_path.rglob("*.tir.json"))
+    assert path.stat().st_mode & 0o777 == 0o644
+    path.write_text(path.read_text()[:100])
+    with caplog.at_level("WARNING", logger="tvm_canary"):
+        assert tvm.ir.save_json(canary_relax._default_ir("scatter", (), "llvm", geom)) == want
+    assert "does not load" in caplog.text and path.read_text() == want
+    path.unlink()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(canary_relax.tempfile, "NamedTemporaryFile", read_only)
+    assert tvm.ir.save_json(canary_relax._default_ir("scatter", (), "llvm", geom)) == want
+    assert not path.exists()
 
 
 def test_relax_add_kernel_rejects_a_tuple_that_is_not_a_specialization():

@@ -32,6 +32,7 @@ the GPU pipeline does not re-schedule them.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -88,15 +89,24 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
 def _default_ir(kernel: str, spec: tuple, tag: str, geom) -> tvm.tirx.PrimFunc:
     """The kernel's TensorIR in geometry ``geom`` (a default of the tag). Parsing the TVMScript takes
     seconds, so the IR is kept as JSON beside the compiled modules in the disk cache (same key, so a
-    changed kernel source is never reused)."""
+    changed kernel source is never reused). A kept file that does not load (damaged) is parsed and
+    written again; a cache that cannot store the file (read-only) only costs the parse next time."""
     path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
     if path.exists():
-        return tvm.ir.load_json(path.read_text())
+        try:
+            return tvm.ir.load_json(path.read_text())
+        except Exception as e:  # noqa: BLE001 -- any damage (cut short, foreign bytes): parse it again
+            logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s does not load (%s); parsing "
+                                                    "the kernel again", path, compile_cache.error_line(e))
     func = parse.kernel_ir(kernel, spec, geom)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as tmp:
-        tmp.write(tvm.ir.save_json(func))
-    os.replace(tmp.name, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as tmp:
+            tmp.write(tvm.ir.save_json(func))
+        os.chmod(tmp.name, compile_cache.new_file_mode())
+        os.replace(tmp.name, path)
+    except PermissionError:
+        pass
     return func
 
 

@@ -7,7 +7,9 @@
 3. the disk cache (``$TVM_CANARY_CACHE`` or ``~/.cache/tvm_canary``);
 4. ``tvm.compile`` (needs the TVM compiler), stored into the disk cache.
 Module keys hold the kernel, its specialization, the geometry, the target tag, the TVM version and a
-hash of the kernel sources, so a stale module is never loaded.
+hash of the sources that shape the generated code (``source_files``: the kernels and the build code), so
+a stale module is never loaded. Every build runs under TVM's default pass configuration, whatever
+``PassContext`` the caller holds, since the disk cache and ``tvm-canary build`` share its modules.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=None)
 def source_files() -> list[pathlib.Path]:
-    """The sources of everything that shapes the generated code (kernels, consts, geometry)."""
+    """The sources of everything that shapes the generated code: the kernels, their constants and
+    geometry, and the build (the TVMScript parsing, the targets and their options, ``build`` itself)."""
     pkg = pathlib.Path(__file__).resolve().parent.parent
-    return sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py"]
+    build_code = [pkg / "runtime" / name for name in ("compile.py", "parse.py", "targets.py")]
+    return sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py",
+                                                     *build_code]
 
 
 def files_hash(files) -> str:
@@ -68,22 +73,34 @@ def build(name: str, spec: tuple, tag: str, geom):
     """Compile kernel ``name`` for one specialization; returns a ``tvm.runtime.Executable``.
 
     Built inside the target's scope so that, where TVM's CUDA runtime is loaded, the device code is
-    compiled for the tag's arch at build time (and so stored in exported artifacts).
+    compiled for the tag's arch at build time (and so stored in exported artifacts), and under a fresh
+    default ``PassContext``: a caller's (``tirx.disable_assert``, say, which would drop the kernels' own
+    checks) must not shape a module that the disk cache shares with every later process.
     """
     from .parse import kernel_ir  # the TVMScript parser: compiler hosts only
 
     target = targets.target_from_tag(tag)
-    with target:
+    with tvm.transform.PassContext(), target:
         return tvm.compile(kernel_ir(name, spec, geom), target=target)
 
 
 def export(ex, path: pathlib.Path) -> None:
-    """Write an executable to ``path`` atomically."""
+    """Write an executable to ``path`` atomically, readable as a file the process creates is
+    (``new_file_mode``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
     ex.export_library(tmp_path)
+    os.chmod(tmp_path, new_file_mode(executable=True))
     os.replace(tmp_path, path)
+
+
+def new_file_mode(executable: bool = False) -> int:
+    """The mode a file the process creates gets under its umask (``tempfile`` makes its files 0600, which
+    other users sharing a cache or a database could not read)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if executable else 0o666) & ~umask
 
 
 def get_kernel(name: str, spec: tuple, device: torch.device, size: int | tuple = 0, mode: int = 0):
@@ -195,13 +212,17 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
             f"TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} and this TVM has no compiler "
             "(runtime-only); build it with `tvm-canary build` on a host with the compiler"
         )
-    with _build_lock(path):  # another process building the same module: wait for its file instead
-        damage = damaged_module(path) if path.exists() else None
-        if damage:
-            logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s is damaged (%s); compiling it "
-                                                    "again", path, damage)
-        if damage or not path.exists():
-            export(build(name, spec, tag, geom), path)
+    try:
+        with _build_lock(path):  # another process building the same module: wait for its file instead
+            damage = damaged_module(path) if path.exists() else None
+            if damage:
+                logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s is damaged (%s); "
+                                                        "compiling it again", path, damage)
+            if damage or not path.exists():
+                export(build(name, spec, tag, geom), path)
+    except PermissionError as e:
+        raise RuntimeError(f"kv-canary: the kernel cache {path.parent} lacks {filename} and cannot store it "
+                           f"({e.strerror}: {e.filename}); set TVM_CANARY_CACHE to a writable folder") from None
     return path
 
 

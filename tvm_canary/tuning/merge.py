@@ -29,6 +29,7 @@ import pathlib
 import struct
 import tempfile
 
+from ..runtime import compile as C
 from .apply import default_row, measured_records, open_database, row_chosen_over
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
@@ -113,16 +114,8 @@ def _install(staged: pathlib.Path, out: pathlib.Path) -> None:
         (staged / "empty.json").write_text("")
         os.replace(staged / "empty.json", records)
     for name in DATABASE_FILES:
-        os.chmod(staged / name, _file_mode())
+        os.chmod(staged / name, C.new_file_mode())
         os.replace(staged / name, out / name)
-
-
-def _file_mode() -> int:
-    """The mode a new file gets under the process umask (``tempfile`` makes its files 0600, which a copy
-    to another host or user keeps)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def compact_entry(shash: str, encoded: str) -> str:
@@ -142,7 +135,7 @@ def write_workload_table(folder: pathlib.Path, lines: list[str]) -> int:
     returns their number. Order matters: records refer to workloads by position."""
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as tmp:
         tmp.write("".join(line + "\n" for line in lines))
-    os.chmod(tmp.name, _file_mode())
+    os.chmod(tmp.name, C.new_file_mode())
     os.replace(tmp.name, folder / DATABASE_FILES[0])
     return len(lines)
 
