@@ -4,6 +4,7 @@ replayable. Few cases, the seeds of the differential/memory-safety tests (no new
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -75,25 +76,29 @@ def test_corrupted_kernel_is_named_with_a_replay_command(tmp_path, capsys):
     assert status == 0 and report["kernels"]["verify"]["cases"] == ["golden:verify-anchor"]
 
 
-def leave_flags_dirty(kernel: str) -> dict:
+@contextlib.contextmanager
+def flags_left_dirty(kernel: str):
     """``cases.LAUNCH`` with ``kernel``'s launch leaving its ring's last scratch word (CUDA's last-block
-    ticket) at 1: the digests do not cover the scratch, the next launch on the ring would misread it."""
+    ticket) at 1: the digests do not cover the scratch, the next launch on the ring would misread it.
+    Every scratch is zeroed on exit: packing keys scratch by the ring's address, so a later ring at the
+    same address would be handed the dirty one."""
 
     def launch(**kw):
         C.LAUNCH[kernel](**kw)
         packing.flags_of(kw["context"].violation_ring)[-1][-1] = 1
 
-    return {**C.LAUNCH, kernel: launch}
-
-
-def test_scratch_flags_left_non_zero_fail_the_case(tmp_path):
     try:
-        status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "write",
-                                 launches=leave_flags_dirty("write"))
-    finally:  # a later ring at the same address would be handed the dirty scratch
+        yield {**C.LAUNCH, kernel: launch}
+    finally:
         for owned in packing._flags.values():
             for flags in owned:
                 flags.zero_()
+
+
+def test_scratch_flags_left_non_zero_fail_the_case(tmp_path):
+    with flags_left_dirty("write") as launches:
+        status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "write",
+                                 launches=launches)
     assert status == 1 and report["mismatches"] == 3  # golden, diff:0, garbage:50000
     # the ring's scratch list may hold an earlier ring's at the same address too (packing keys it by address)
     assert re.search(r"scratch flags \[\d+\] of the violation ring left non-zero", report["failures"][0]["why"])
@@ -157,6 +162,26 @@ def test_two_gloo_ranks_under_torchrun(tmp_path):
     assert [(d["rank"], d["device"]) for d in report["devices"]] == [(0, "reference"), (0, "cpu"),
                                                                      (1, "reference"), (1, "cpu")]
     assert proc.stdout.count("conformance: OK") == 1  # rank 0 alone reports
+
+
+def test_a_rank_whose_peers_never_join_stops_as_a_run_that_could_not_run(tmp_path):
+    """One rank of two started alone waits --timeout for the other, then stops with one kv-canary line
+    and exit status 2 (a run that could not run), not 1 (a failing case) with torch's traceback."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    proc = subprocess.run([sys.executable, "-m", "tvm_canary", "conformance", "--devices", "cpu", "--cases", "1",
+                           "--kernels", "scatter", "--timeout", "3"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(r"error: kv-canary: rank 0 of 2: joining the process group failed within --timeout 3 s: ",
+                     proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("argv", [["--devices", "tpu"], ["--devices", "cuda:7"], ["--kernels", "nope"],
@@ -308,5 +333,5 @@ def test_ranks_are_checked_before_running(monkeypatch, tmp_path):
     monkeypatch.setattr(conformance, "gather", lambda obj, group: [obj, obj | {"rank": 1, "cases": {}}])
     monkeypatch.setattr(conformance, "run_local", lambda *a: pytest.fail("ran cases"))
     args = build_parser().parse_args(["conformance", "--devices", "cpu", "--cases", "1", "--kernels", "scatter"])
-    with pytest.raises(ValueError, match=r"^kv-canary: rank 1 \(.*\) runs , rank 0"):
+    with pytest.raises(ValueError, match=r"^kv-canary: rank 1 \(.*\) runs no kernel, rank 0 \(.*\) scatter 2 cases"):
         conformance.run(args)

@@ -57,9 +57,10 @@ def test_injected_fault_is_caught_and_replayable(tmp_path, capsys):
 
 def test_scratch_flags_left_non_zero_are_caught(tmp_path):
     """The per-device check of conformance (``cases.scratch_left_dirty``) applies to every fuzz case."""
-    from test_conformance import leave_flags_dirty
+    from test_conformance import flags_left_dirty
 
-    status, report = campaign(tmp_path, "--cases", "2", "--kernels", "verify", launches=leave_flags_dirty("verify"))
+    with flags_left_dirty("verify") as launches:
+        status, report = campaign(tmp_path, "--cases", "2", "--kernels", "verify", launches=launches)
     assert status == 1 and [f["case"] for f in report["failures"]] == ["diff:0", "garbage:1"]
     assert all("scratch flags" in f["why"] for f in report["failures"])
 

@@ -35,6 +35,7 @@ from . import checks
 from .argtypes import fits_int64
 from .cliargs import duration, int_at_least, output_file, seed
 from .runtime import targets, use_backend
+from .runtime.compile import error_line
 from .tuning.keys import cpu_model
 
 REFERENCE_DEVICE = "reference"
@@ -197,7 +198,7 @@ def other_cases(ranks: list[dict]) -> str | None:
     ``--seed`` or ``--case``, or another checkout; ``compare`` matches cases by position), else None.
     ``ranks``: each rank's ``rank``, ``host``, ``cases`` (ids per kernel) and ``case_set`` (per kernel)."""
     def ran(ids: dict[str, list[str]]) -> str:
-        return ", ".join(f"{k} {len(v)} cases" + (f" from {v[0]}" if v else "") for k, v in ids.items())
+        return ", ".join(f"{k} {len(v)} cases" + (f" from {v[0]}" if v else "") for k, v in ids.items()) or "no kernel"
 
     first = ranks[0]
     for rank in ranks[1:]:
@@ -275,12 +276,13 @@ def init_distributed(timeout: float = DEFAULT_TIMEOUT_SECONDS):
     if world()[1] == 1:
         return None
     limit = datetime.timedelta(seconds=timeout)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(world()[2])
-        dist.init_process_group("nccl", device_id=torch.device(local_device()), timeout=limit)
-        return dist.new_group(backend="gloo", timeout=limit)
-    dist.init_process_group("gloo", timeout=limit)
-    return dist.group.WORLD
+    with _group_errors("joining the process group", timeout):
+        if torch.cuda.is_available():
+            torch.cuda.set_device(world()[2])
+            dist.init_process_group("nccl", device_id=torch.device(local_device()), timeout=limit)
+            return dist.new_group(backend="gloo", timeout=limit)
+        dist.init_process_group("gloo", timeout=limit)
+        return dist.group.WORLD
 
 
 def gather(obj, group) -> list:
@@ -290,7 +292,8 @@ def gather(obj, group) -> list:
     if group is None:
         return [obj]
     out = [None] * world()[1]
-    dist.all_gather_object(out, obj, group=group)
+    with _group_errors("gathering the ranks' results", None):
+        dist.all_gather_object(out, obj, group=group)
     return out
 
 
@@ -298,8 +301,23 @@ def finish(group) -> None:
     import torch.distributed as dist
 
     if group is not None:
-        dist.barrier()  # on the default group: NCCL between GPUs
+        with _group_errors("the closing barrier", None):
+            dist.barrier()  # on the default group: NCCL between GPUs
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _group_errors(what: str, timeout: float | None):
+    """A process-group failure (a rank that stopped, never joined, or outlasted ``--timeout``) as one
+    ``kv-canary:`` line naming this rank, so that it exits as a run that could not run (status 2), not
+    as a failing case (1). torch raises these as ``RuntimeError`` (its ``DistError`` family included)."""
+    try:
+        yield
+    except RuntimeError as e:
+        rank, size, _ = world()
+        limit = f" within --timeout {timeout:g} s" if timeout is not None else ""
+        raise ValueError(f"kv-canary: rank {rank} of {size}: {what} failed{limit}: {error_line(e)} (another rank "
+                         "stopped, never started, or took longer than --timeout)") from e
 
 
 # ---------------------------------------------------------------- command line
