@@ -4,6 +4,7 @@ API, and a folder built with the device's tuning database covers what loading wi
 from __future__ import annotations
 
 import dataclasses
+import errno
 import filecmp
 import os
 import pathlib
@@ -171,13 +172,14 @@ def test_cached_modules_are_readable_by_others_and_an_unwritable_cache_says_so(t
     assert path.stat().st_mode & 0o777 == 0o755
     path.unlink()
 
-    def read_only(*args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(path.with_suffix(".lock")))
+    for error in (PermissionError(errno.EACCES, "Permission denied"), OSError(errno.EROFS, "Read-only file system")):
+        def unwritable(*args, error=error, **kwargs):
+            raise type(error)(error.errno, error.strerror, str(path.with_suffix(".lock")))
 
-    monkeypatch.setattr(C, "_build_lock", read_only)
-    with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel cache .* lacks scatter-.*\.so and cannot "
-                                           r"store it \(Permission denied: .*\.lock\); set TVM_CANARY_CACHE"):
-        C.cached_module("scatter", (), "llvm", geom)
+        monkeypatch.setattr(C, "_build_lock", unwritable)
+        with pytest.raises(RuntimeError, match=rf"^kv-canary: the kernel cache .* lacks scatter-.*\.so and cannot "
+                                               rf"store it \({error.strerror}: .*\.lock\); set TVM_CANARY_CACHE"):
+            C.cached_module("scatter", (), "llvm", geom)
 
 
 def test_kernel_hashes_need_no_writable_cache_and_survive_a_damaged_memo(tmp_path, monkeypatch):

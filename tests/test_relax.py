@@ -8,6 +8,7 @@ the torch reference running the same step.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -224,8 +225,8 @@ def test_relax_ir_cache_survives_damage_and_a_read_only_cache(tmp_path, monkeypa
     assert "does not load" in caplog.text and path.read_text() == want
     path.unlink()
 
-    def read_only(*args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(tmp_path))
+    def read_only(*args, **kwargs):  # a cache on a read-only file system
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path))
 
     monkeypatch.setattr(canary_relax.tempfile, "NamedTemporaryFile", read_only)
     assert tvm.ir.save_json(canary_relax._default_ir("scatter", (), "llvm", geom)) == want

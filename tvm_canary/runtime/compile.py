@@ -220,7 +220,7 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
                                                         "compiling it again", path, damage)
             if damage or not path.exists():
                 export(build(name, spec, tag, geom), path)
-    except PermissionError as e:
+    except OSError as e:  # not writable (permissions, a read-only file system), full
         raise RuntimeError(f"kv-canary: the kernel cache {path.parent} lacks {filename} and cannot store it "
                            f"({e.strerror}: {e.filename}); set TVM_CANARY_CACHE to a writable folder") from None
     return path
