@@ -878,6 +878,12 @@ def run_timing(parts: list[dict]) -> dict:
     return {"empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"]}
 
 
+def complete(rows: list[dict]) -> bool:
+    """Whether a run holds rows of every kernel (``KERNELS``), however its parts were asked for: the
+    reports mark any other run incomplete (a cut-short run, or one part not yet resumed)."""
+    return set(KERNELS) <= {row["kernel"] for row in rows}
+
+
 def finish(rows):
     """Derived columns: GB/s, ratio to floor, speedups over baselines, targets with PASS/FAIL."""
     for r in rows:
@@ -1018,7 +1024,7 @@ def main(argv=None) -> int:
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),
-                "parts": parts, "complete": set(KERNELS) <= {row["kernel"] for row in rows}}
+                "parts": parts, "complete": complete(rows)}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(meta, rows=rows), f, indent=1)

@@ -64,9 +64,9 @@ def tuned_slower_labels(rows) -> list[str]:
 
 
 def ratio_text(ratio: float, limit: float) -> str:
-    """``ratio`` to two decimals, or to as many more (up to four) as put it on its side of ``limit``
-    (1.1004 against 1.10 prints 1.1004, not 1.10, which would read as passing)."""
-    for digits in (2, 3, 4):
+    """``ratio`` to two decimals, or to as many more as put it on its side of ``limit`` (1.1004 against
+    1.10 prints 1.1004, not 1.10, which would read as passing)."""
+    for digits in range(2, 17):
         text = f"{ratio:.{digits}f}"
         if (float(text) <= limit) == (ratio <= limit):
             break

@@ -84,6 +84,25 @@ def test_plot_tables_and_targets(tmp_path, capsys):
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
 
+def test_plots_take_a_row_without_a_tuned_time(tmp_path):
+    """A tuned time stored as null (no tuned arm) leaves the tuned series out instead of failing the PNGs
+    (where matplotlib, the ``bench`` extra, is installed)."""
+    pytest.importorskip("matplotlib")
+    import bench_kernels
+    import plot
+
+    rows = [_row("verify", f"NONE random {n}", 3.0, 2.5, mode="NONE", order="random", n=n) for n in (1024, 4096)]
+    rows += [_row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", reqs=4096, shape="4096x1")]
+    for r in rows:
+        r["tuned_us"] = None
+    bench_kernels.finish(rows)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0,
+                                "rows": rows, "complete": False}))
+    assert plot.main([str(path), "--out", str(tmp_path), "--dpi", "20"]) == 0
+    assert (tmp_path / "perf-verify.png").stat().st_size > 0 and (tmp_path / "perf-write.png").stat().st_size > 0
+
+
 def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
     """A real-KV write row's NONE target divides by NONE's kernel timed in the row's own rounds on its
     inputs (``none_us``); a row from a run before that arm compares with the NONE row of its shape."""
@@ -182,6 +201,8 @@ def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     assert bench_kernels.run_timing([first, redone, verify]) == {"empty_us": 1.17, "chain_ns": 101.0}
     assert bench_kernels.run_timing([{**first, "replaced": []}, verify]) == {"empty_us": 1.34, "chain_ns": 100.9}
     assert bench_kernels.run_timing([verify]) == {"empty_us": 1.14, "chain_ns": 101.1}
+    rows = [{"kernel": k} for k in ("verify", "write", "plan")]
+    assert not bench_kernels.complete(rows) and bench_kernels.complete([*rows, {"kernel": "scatter"}])
 
 
 def test_a_ratio_is_printed_on_its_side_of_the_limit():
@@ -189,7 +210,7 @@ def test_a_ratio_is_printed_on_its_side_of_the_limit():
     import verdicts
 
     assert [verdicts.ratio_text(r, 1.10) for r in (1.0951, 1.10, 1.1004, 1.109, 1.10004)] == [
-        "1.10", "1.10", "1.1004", "1.11", "1.1000"]
+        "1.10", "1.10", "1.1004", "1.11", "1.10004"]
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
