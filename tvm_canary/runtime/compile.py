@@ -98,9 +98,21 @@ def export(ex, path: pathlib.Path) -> None:
 def new_file_mode(executable: bool = False) -> int:
     """The mode a file the process creates gets under its umask (``tempfile`` makes its files 0600, which
     other users sharing a cache or a database could not read)."""
-    umask = os.umask(0)
+    return (0o777 if executable else 0o666) & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read where Linux shows it (``/proc/self/status``): setting it to read it back,
+    the only portable way, would briefly give files other threads create that moment the mode 0o666."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)  # the strictest while it is set, should another thread create a file
     os.umask(umask)
-    return (0o777 if executable else 0o666) & ~umask
+    return umask
 
 
 def get_kernel(name: str, spec: tuple, device: torch.device, size: int | tuple = 0, mode: int = 0):
