@@ -366,20 +366,14 @@ CASES = {"verify": verify_case, "write": write_case, "plan": plan_case, "scatter
 def reference_launch(kernel: str, kw: dict) -> None:
     """``REFERENCE[kernel](**kw)``, giving the result SPEC D4 pins for the compiled kernels wherever the
     reference is stricter: plan's LUT indices past the end are clamped to the last entry (the reference
-    raises on them). Plan translates every ``req_to_token`` value it reads through the LUT, so the
-    table's values are clamped for the call and restored afterwards: ``kw`` ends as the launch's would.
-    (The LUTs of ``plan_case`` are never empty.)"""
+    raises on them). Plan translates every ``req_to_token`` value it reads through the LUT and writes no
+    table, so the reference reads a clamped copy and ``kw`` ends as the launch's would. (The LUTs of
+    ``plan_case`` are never empty.)"""
     lut = kw.get("full_to_swa_index_mapping") if kernel == "plan" else None
     if lut is None:
         REFERENCE[kernel](**kw)
         return
-    table = kw["req_to_token"]
-    given = table.clone()
-    table.clamp_(max=lut.shape[0] - 1)
-    try:
-        REFERENCE[kernel](**kw)
-    finally:
-        table.copy_(given)
+    REFERENCE[kernel](**{**kw, "req_to_token": kw["req_to_token"].clamp(max=lut.shape[0] - 1)})
 
 
 # ---------------------------------------------------------------- golden cases (SPEC 1.5 vectors)
