@@ -11,8 +11,10 @@ Each specialization (``runtime.specializations.all_specs``) is built with each d
 target (``runtime.targets.distinct_defaults`` of its launch mode; a size class's is dumped as
 ``<kernel>-<spec>-mode<m>-from<size>``), as ``tvm-canary build`` builds it; no GPU is needed.
 ``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the metadata lines
-(``!N = ...``), which hold source line numbers and per-process pointer names, so it covers the
-instructions only.
+(``!N = ...``), which hold source line numbers and per-process pointer names, and reads every
+metadata reference (``!dbg !450``, ``!tbaa !451``) as ``!N``: a statement that moves to another source
+line (into a macro of another file) adds or drops a debug location node and renumbers every node
+after it. So it covers the instructions only.
 
 The folder gets one source file per specialization and ``digests.json`` (name -> sha256); with
 ``--against`` the exit status is 1 when any digest differs or a specialization is missing from either
@@ -25,6 +27,7 @@ import argparse
 import hashlib
 import json
 import pathlib
+import re
 import sys
 
 from tvm_canary.runtime import compile as C
@@ -69,6 +72,7 @@ def dump_one(path: pathlib.Path, kernel: str, spec: tuple, tag: str, geom) -> st
     path.write_text(source)
     if tag == "llvm":
         source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("!"))
+        source = re.sub(r"!\d+", "!N", source)
     return hashlib.sha256(source.encode()).hexdigest()
 
 
