@@ -130,9 +130,10 @@ CUDA_SIZE_DEFAULTS = {
     # verify PARTIAL above 16K entries (the same boundary): 1056 x 128 with min_blocks 8, full blocks,
     # single-chain folds. The 32-register cap of NONE's default costs 1.2-1.5x at 1M-16M entries; this
     # grid (64 registers, 1024 threads per SM) is within 0.96-1.01x of the floor there (fifth-session
-    # H200 run) and 1.00-1.05x in the seventeenth session's at 64K-16M. Since the fold's 8-word prefetch
-    # ptxas reports 36 bytes of spill stores (2 sources) at this cap; on the H200 PARTIAL moved by at
-    # most 2.5% with it (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
+    # H200 run) and 1.00-1.05x in the seventeenth session's at 64K-16M. The fold's 8-word prefetch once
+    # spilled 36 bytes (2 sources) at this cap, and PARTIAL moved by at most 2.5% then (chain 4M 227.5 ->
+    # 233.1 us, random 16M 1672.5 -> 1674.3 us). ptxas sm_90 now (fifty-fifth session): 60 registers, no
+    # spills with 2 sources; of every PARTIAL build only 4 sources with the token check spill (4 bytes).
     ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
     # 512-token tuning buckets' tokens per request; ALL: 128, below) keeps 8 entries of each chain in
