@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import pathlib
 import re
 
 import pytest
@@ -800,10 +801,11 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
             assert "[[1,9]]]" in records.read_text(), "no sampled decision to edit"
             want = "Wrong decision value"
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path / "logs"])
+    monkeypatch.setattr(apply, "_noticed", set())
     apply._records.cache_clear()
     with caplog.at_level("WARNING", logger="tvm_canary"):
         assert apply.tuned_geometry("write", torch.device("cpu"), 8) is None
-    assert any(want in r.getMessage() and str(folder) in r.getMessage() for r in caplog.records), caplog.text
+    assert [want in r.getMessage() and str(folder) in r.getMessage() for r in caplog.records] == [True], caplog.text
     apply._records.cache_clear()
     assert any(want in line and "none usable" in line for line in info.lines()), info.lines()
     (tmp_path / "out").mkdir()
@@ -1256,3 +1258,95 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
             "kept): write (8, 16), plan (8, 16)") in err
     clock[0] = 0.0
     assert main(argv) == 0 and "4 workloads in 40.0 s" in capsys.readouterr().out
+
+
+def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):
+    """An ``--out`` whose database folder cannot be created is one usage line before anything is built
+    (it was a PermissionError traceback, after the defaults' builds when the folder was the last step)."""
+    from tvm_canary.tuning import driver
+
+    monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built before checking --out"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TUNE_CI, "--out", "/proc/tvm-canary-no-such-folder", "--log-dir", str(tmp_path / "ms")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot" in err and "/proc" in err and "Traceback" not in err, err
+
+
+def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_logs, tmp_path, monkeypatch, capsys):
+    """A database file this process cannot write (a read-only copy, a read-only file system) is refused in
+    one line before tuning, and both files stay as they were (it was a traceback at the end of the run,
+    or TVM's error at the first record). Root ignores file modes, so the check's ``os.access`` is made to
+    answer as for another user."""
+    import os
+    import shutil
+
+    from tvm_canary import cliargs
+
+    out = tmp_path / "logs"
+    shutil.copytree(tuned_logs, out)
+    before = {p: p.read_bytes() for p in out.rglob("*.json")}
+    records = next(p for p in before if p.name == "database_tuning_record.json")
+    real_access = os.access
+    monkeypatch.setattr(cliargs.os, "access",
+                        lambda path, mode: pathlib.Path(path) != records and real_access(path, mode))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TUNE_CI, "--out", str(out), "--log-dir", str(tmp_path / "ms")])
+    assert exit_info.value.code == 2
+    assert f"kv-canary: cannot write to {records}" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*.json")} == before
+
+
+def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, monkeypatch, capsys):
+    """``tune-merge`` into a folder it cannot write is one ``kv-canary:`` line, not a traceback."""
+    import tempfile
+
+    key = keys.device_key(torch.device("cpu"))
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", refused)
+    assert main(["tune-merge", str(tuned_logs / key), "--out", str(tmp_path / "out" / key)]) == 1
+    assert "kv-canary: cannot write the merged database" in capsys.readouterr().err
+
+
+def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
+    """``--time-limit 0`` starts no workload, so it builds no default either (it built them all, then
+    discarded them); every workload is listed as left and the status is 3."""
+    from tvm_canary.tuning import driver
+
+    monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built defaults for no workload"))
+    assert main([*TUNE_CI, "--time-limit", "0", "--out", str(tmp_path / "out"), "--log-dir", str(tmp_path / "ms")]) == 3
+    assert "3 workloads not tuned in this run" in capsys.readouterr().err
+
+
+def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, monkeypatch, capsys):
+    """When the fleet's last server goes away between workloads, ``tune`` prints the table of what it
+    measured, lists the workloads left, leaves the workload table compact (as committed) and exits 1
+    with the fleet's ``kv-canary:`` line (the error escaped before the table and the compaction)."""
+    import json
+
+    from tvm_canary.runtime import targets
+    from tvm_canary.tuning import driver, fleet
+
+    asked = []
+
+    def require_servers():
+        asked.append(1)
+        if len(asked) > 1:
+            raise RuntimeError("kv-canary: the RPC tracker at 127.0.0.1:9 has no server under key 'k'")
+
+    cpu = torch.device("cpu")
+    remote = dataclasses.make_dataclass("Remote", ["device_key", "tag", "runner", "workers", "require_servers"])(
+        keys.device_key(cpu), targets.tag_for(cpu), driver.local_runner, 1, require_servers)
+    monkeypatch.setattr(fleet, "connect", lambda *a: remote)
+    out = tmp_path / "out"
+    assert main([*TUNE_CI, "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k", "--out", str(out),
+                 "--log-dir", str(tmp_path / "ms")]) == 1
+    printed = capsys.readouterr()
+    assert "tuned geometry" in printed.out and "1 workload in" in printed.out, printed.out
+    assert "stopped at the fleet went away: 2 workloads not tuned" in printed.err, printed.err
+    assert "kv-canary: the RPC tracker at 127.0.0.1:9 has no server" in printed.err
+    table = (out / remote.device_key / "database_workload.json").read_text().splitlines()
+    assert table and all(merge.compact_entry(*json.loads(line)) == line for line in table)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import pathlib
 import re
 
@@ -124,8 +125,28 @@ def output_file(text: str) -> pathlib.Path:
 
 
 def output_folder(text: str) -> pathlib.Path:
-    """An argparse ``type`` for a folder a command writes into (created when missing): not a file."""
+    """An argparse ``type`` for a folder a command writes into (created when missing): not a file, and
+    the folder, or where it would be created (its nearest existing parent), writable by this process."""
     path = pathlib.Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write into {existing} "
+                                         "(permissions or a read-only file system)")
     return path
+
+
+def writable_folder(folder: pathlib.Path, files: tuple[str, ...] = ()) -> None:
+    """Create ``folder`` (and its parents) when missing and check that this process can write into it and
+    to those of ``files`` (names in it) that exist; else ``UsageError``. A command that writes there at
+    its end (a tuning database) calls it before its work, so a bad path costs no run."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"kv-canary: cannot create the folder {folder}: {e.strerror}") from None
+    for path in (folder, *(folder / name for name in files if (folder / name).exists())):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"kv-canary: cannot write to {path} (permissions or a read-only file system)")

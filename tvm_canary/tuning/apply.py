@@ -49,6 +49,7 @@ def _records(key: str, cuda: bool) -> dict:
         return _chosen_geometries(open_database(work_dir, key), str(work_dir), cuda)
     except ValueError as e:  # open_database's kv-canary errors
         log.warning("tvm_canary: %s; using the default schedules", str(e).removeprefix("kv-canary: "))
+        _noticed.add(key)  # this warning says it: ``tuned_geometry`` adds no "no tuned schedule" one
         return {}
 
 

@@ -33,7 +33,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import UsageError, duration, int_at_least, output_folder
+from ..cliargs import UsageError, duration, int_at_least, output_folder, writable_folder
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import keys, workloads
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     work_dir = args.out / key
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
-    work_dir.mkdir(parents=True, exist_ok=True)
+    writable_folder(work_dir, DATABASE_FILES)
     if (work_dir / DATABASE_FILES[0]).exists():  # refused unless readable and of this device's target
         db = apply.open_database(work_dir, key)
     else:
@@ -109,9 +109,11 @@ def run(args: argparse.Namespace) -> int:
         jobs = stale
     builder, runner = CandidateBuilder(), make_runner()
     defaults, results, left = {}, [], []
+    fleet_gone = None  # the error of a fleet that went away mid-run: raised after the table
     try:
         start = time.monotonic()
-        defaults = build_defaults(jobs, tag, db, builder, args.trials)
+        if args.time_limit > 0:  # a limit of 0 s starts no workload: nothing to build for one
+            defaults = build_defaults(jobs, tag, db, builder, args.trials)
         defaults_seconds = time.monotonic() - start
         for kernel, bucket in tqdm(jobs, desc=f"tune {key}"):
             longest = max((r.seconds for r in results), default=0.0)
@@ -119,7 +121,12 @@ def run(args: argparse.Namespace) -> int:
                 left.append((kernel, bucket))
                 continue
             if servers_left is not None:
-                servers_left()  # a fleet that is gone ends the run (what was measured is kept)
+                try:
+                    servers_left()
+                except RuntimeError as e:  # the fleet is gone: the run ends, what was measured is kept
+                    fleet_gone = e
+                    left.append((kernel, bucket))
+                    continue
             results.append(tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose,
                                          defaults.pop((kernel, bucket), None)))
     finally:
@@ -150,7 +157,9 @@ def run(args: argparse.Namespace) -> int:
               f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
     new = sum(r.measured for r in results)
     if new == 0 and not results:
-        print(f"\nnothing measured: --time-limit {args.time_limit:g} s left no time for a workload.")
+        why = "the fleet went away before the first workload" if fleet_gone else (
+            f"--time-limit {args.time_limit:g} s left no time for a workload")
+        print(f"\nnothing measured: {why}.")
     elif new == 0 and all(r.candidates for r in results):
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
               f"database's, measured when it was tuned on a device with key {key} (not necessarily {where}).")
@@ -160,11 +169,14 @@ def run(args: argparse.Namespace) -> int:
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
-        print(f"tvm-canary tune: stopped at --time-limit {args.time_limit:g} s: "
+        why = "the fleet went away" if fleet_gone else f"--time-limit {args.time_limit:g} s"
+        print(f"tvm-canary tune: stopped at {why}: "
               f"{len(left)} workload{'s' if len(left) != 1 else ''} "
               "not tuned in this run (their earlier records, if any, are kept): "
               f"{', '.join(f'{k} {b}' for k, b in left)}",
               file=sys.stderr)
+    if fleet_gone is not None:
+        raise fleet_gone
     if failed:
         # The database is written and usable (those workloads run the default), but the run is not whole.
         print(f"tvm-canary tune: error: nothing measured for {len(failed)} workload{'s' if len(failed) != 1 else ''}: "

@@ -29,6 +29,7 @@ import pathlib
 import struct
 import tempfile
 
+from ..cliargs import output_folder
 from ..runtime import compile as C
 from .apply import default_row, measured_records, open_database, row_chosen_over
 
@@ -151,12 +152,15 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune-merge", help="merge tuning databases of one device model (e.g. from several hosts)",
                               description=__doc__.splitlines()[0])
     p.add_argument("sources", nargs="+", type=pathlib.Path, metavar="DIR", help="database folders (<...>/<device key>)")
-    p.add_argument("--out", type=pathlib.Path, required=True, help="the merged database: <root>/<device key>")
+    p.add_argument("--out", type=output_folder, required=True, help="the merged database: <root>/<device key>")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    result = merge(args.sources, args.out)
+    try:
+        result = merge(args.sources, args.out)
+    except OSError as e:  # the output's folder or files (the inputs were read before anything was written)
+        raise RuntimeError(f"kv-canary: cannot write the merged database to {args.out}: {e.strerror or e}") from None
     for folder, count in result.records_read.items():
         print(f"read {count:5} records from {folder}")
     print(f"wrote {result.workloads} workloads (the chosen record and the default's, each) to {args.out}")
