@@ -1350,3 +1350,16 @@ def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, m
     assert "kv-canary: the RPC tracker at 127.0.0.1:9 has no server" in printed.err
     table = (out / remote.device_key / "database_workload.json").read_text().splitlines()
     assert table and all(merge.compact_entry(*json.loads(line)) == line for line in table)
+
+
+def test_a_resumed_workload_measures_only_the_trials_it_lacks(tmp_path, capsys):
+    """A workload that holds fewer than ``--trials`` measured candidates measures the rest, not ``--trials``
+    more (a resume of 3 of 4 measured 4 new ones, and the row listed 7 candidates of a space of 4)."""
+    args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--out", str(tmp_path / "out"),
+            "--log-dir", str(tmp_path / "ms")]
+    for trials in ("2", "4"):
+        assert main([*args, "--trials", trials]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()[::-1] if line.startswith("write"))
+    candidates, new = row.split()[3:5]  # the bucket "(8, 16)" is two words
+    # the first run holds 2 or 3 (its default, measured apart when the search did not draw it)
+    assert (candidates, new) in {("4", "2"), ("4", "1")}, row

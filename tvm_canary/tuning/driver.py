@@ -175,7 +175,9 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
             ms_logger.removeHandler(handler)
         try:
             ms.tune_tir(
-                mod, target, str(log_dir), max_trials_global=trials, num_trials_per_iter=trials, builder=builder,
+                # the trials still missing: a resumed workload stops at ``trials`` measured candidates
+                mod, target, str(log_dir), max_trials_global=trials - before, num_trials_per_iter=trials - before,
+                builder=builder,
                 runner=runner, database=db, cost_model="random", space=generator,
                 # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
                 strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),
