@@ -7,6 +7,7 @@ database."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -117,6 +118,29 @@ def test_a_terminated_rpc_server_stops_its_server_process():
     finally:
         fleet.stop_process_group(proc)  # what a failure left behind
         proc.stdout.close()
+
+
+@pytest.mark.slow  # a loopback tracker and server
+def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
+    """A session process killed by a signal (OOM killer, segfaulting candidate) ended TVM's listen thread: the
+    ``rpc-server`` lived on, off the tracker for good, and a tune ended with "no server under key". It now
+    starts a new server, which registers again and serves the next session."""
+    import signal
+
+    import psutil
+
+    with fleet.local_fleet(RPC_KEY, [{}], log_dir=tmp_path) as address:
+        host, port = fleet.parse_address(address)
+        (rpc_server,) = (p for p in psutil.Process().children() if "rpc-server" in p.cmdline())
+        session = fleet._request(host, port, RPC_KEY)
+        (server,) = rpc_server.children()  # the TVM server process
+        (session_process,) = server.children()
+        session_process.send_signal(signal.SIGKILL)
+        del session
+        session = fleet._request(host, port, RPC_KEY)  # within TRACKER_TIMEOUT_S (was: refused, no server)
+        assert json.loads(session.get_function("tvm_canary.fleet.device_info")("llvm"))["protocol"]
+        assert rpc_server.is_running()
+        assert "kv-canary: the RPC server stopped serving" in (tmp_path / "server-0.log").read_text()
 
 
 def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):

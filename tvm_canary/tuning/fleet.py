@@ -19,7 +19,7 @@ and the session ends when the tuning run shuts the runner down. Hence one worker
 (``--rpc-workers`` is checked against the servers the tracker knows).
 
 Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session
-crashed leaves the tracker. So requests are made only when the tracker lists a free server, every
+crashed leaves the tracker (``rpc-server`` then starts a new one). So requests are made only when the tracker lists a free server, every
 candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed and the candidate
 fails), and the connection to the tracker is bounded too. Run a fleet under an outer timeout anyway
 (``scripts/fleet_tune.py`` does).
@@ -131,6 +131,25 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
                       server_init_callback=register_server_functions)
 
 
+def _listening() -> bool:
+    """Run in a ``tvm.rpc.Server``'s process (``serve``): whether its listen thread, which registers the server
+    with the tracker and serves its sessions, still runs. It ends, leaving the process alive but unreachable,
+    when a session process dies from a signal (``_serving`` raises) or the tracker refused connections for
+    60 s."""
+    from tvm.rpc.server import PopenRPCServerState
+
+    return PopenRPCServerState.current.thread.is_alive()
+
+
+def _serving(server) -> bool:
+    """Whether ``server`` (``serve``'s) still serves: its process is alive and its listen thread runs."""
+    try:
+        server.proc.send(_listening, timeout=TRACKER_TIMEOUT_S)
+        return server.proc.recv()
+    except (ChildProcessError, TimeoutError, OSError):  # the process ended or hangs
+        return False
+
+
 # -- the tuning host --------------------------------------------------------------------------------
 
 
@@ -154,11 +173,23 @@ class Fleet:
     device_key: str
     tag: str
     workers: int
+    # servers registered under the key when last asked (one element, so that a frozen Fleet can update it)
+    _last_seen: list = dataclasses.field(default_factory=list, init=False, compare=False, repr=False)
 
     def require_servers(self) -> None:
-        """Raise while the tracker lists no server under the key (the fleet is gone: every candidate would
-        fail, each after TRACKER_TIMEOUT_S); ``tune`` asks before each workload."""
-        _registered(self.host, self.port, self.rpc_key)
+        """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as were
+        registered under the key last time (at first: ``workers``), since an ``rpc-server`` whose session
+        crashed re-registers within seconds; raises when by then none is registered (the fleet is gone:
+        every candidate would fail, each after TRACKER_TIMEOUT_S). When fewer than before remain, and fewer
+        than ``workers``, says so once on stderr, with how many: each runner worker left without a server
+        fails every candidate it takes, after TRACKER_TIMEOUT_S."""
+        before = self._last_seen[-1] if self._last_seen else self.workers
+        servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= before)[0]
+        if servers < min(before, self.workers):
+            print(f"tvm-canary tune: warning: {servers} of the {self.workers} RPC servers under key {self.rpc_key!r} "
+                  f"remain registered; the other runner workers fail each candidate they take after "
+                  f"{TRACKER_TIMEOUT_S} s (restart the missing servers)", file=sys.stderr, flush=True)
+        self._last_seen[:] = [servers]
 
     def runner(self):
         """MetaSchedule's RPCRunner for a tuning run: held sessions, the server-side case and check."""
@@ -236,28 +267,36 @@ def _servers(host: str, port: int, rpc_key: str) -> tuple[int, int]:
     return servers, int(summary["queue_info"].get(rpc_key, {}).get("free", 0))
 
 
-def _registered(host: str, port: int, rpc_key: str) -> tuple[int, int]:
-    """``_servers``; RuntimeError when no server is registered under ``rpc_key``."""
-    servers, free = _servers(host, port, rpc_key)
+def _registered(host: str, port: int, rpc_key: str, counts: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``counts`` (default: ``_servers``' now); RuntimeError when no server is registered under ``rpc_key``."""
+    servers, free = _servers(host, port, rpc_key) if counts is None else counts
     if servers == 0:
         raise RuntimeError(f"kv-canary: the RPC tracker at {host}:{port} has no server under key {rpc_key!r} "
                            f"(start one with `tvm-canary rpc-server --tracker {host}:{port} --key {rpc_key}`)")
     return servers, free
 
 
+def _await_servers(host: str, port: int, rpc_key: str, ready) -> tuple[int, int]:
+    """``_servers``, asked every 0.5 s until ``ready(servers, free)`` or for TRACKER_TIMEOUT_S; the last answer,
+    refused as by ``_registered`` when it has no server under ``rpc_key``."""
+    deadline = time.monotonic() + TRACKER_TIMEOUT_S
+    counts = _servers(host, port, rpc_key)
+    while not ready(*counts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        counts = _servers(host, port, rpc_key)
+    return _registered(host, port, rpc_key, counts)
+
+
 def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
     """A session on a free server of ``rpc_key``, requested only once the tracker lists one free (a server
-    re-registers a moment after a session ends); refused after TRACKER_TIMEOUT_S without one, since a
-    request the tracker cannot serve would wait forever; refused at once when no server is registered
-    under the key at all (``_registered``)."""
+    re-registers a moment after a session ends, and an ``rpc-server`` whose session crashed comes back within
+    seconds); refused after TRACKER_TIMEOUT_S without one, since a request the tracker cannot serve would wait
+    forever, with ``_registered``'s error when by then no server is registered under the key at all."""
     from tvm import rpc
 
-    deadline = time.monotonic() + TRACKER_TIMEOUT_S
-    while _registered(host, port, rpc_key)[1] == 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"kv-canary: no free RPC server under key {rpc_key!r} at {host}:{port} within "
-                               f"{TRACKER_TIMEOUT_S} s (all taken by other clients, or gone)")
-        time.sleep(0.5)
+    if _await_servers(host, port, rpc_key, lambda _registered, free: free > 0)[1] == 0:
+        raise RuntimeError(f"kv-canary: no free RPC server under key {rpc_key!r} at {host}:{port} within "
+                           f"{TRACKER_TIMEOUT_S} s (all taken by other clients, or gone)")
     return _bounded(f"a session on key {rpc_key!r}",
                     lambda: rpc.connect_tracker(host, port).request(rpc_key, priority=1,
                                                                     session_timeout=session_timeout))
@@ -405,26 +444,33 @@ def add_parser(subparsers) -> None:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    """Serve until the server process ends (status 0), the tracker has been unreachable for TRACKER_GONE_S
-    (status 1, with a ``kv-canary:`` line on stderr), or this process gets SIGTERM or SIGINT (status 128 +
-    the signal's number). Either way the server process, which holds the port and the tracker registration,
-    is stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
-    leaves nothing behind. A signal during the start is left to ``tvm.rpc.Server``'s finalizer, which
+    """Serve until the tracker has been unreachable for TRACKER_GONE_S (status 1, with a ``kv-canary:`` line on
+    stderr) or this process gets SIGTERM or SIGINT (status 128 + the signal's number). Every 5 s while the
+    tracker answers, a server that stopped serving (``_serving``: a session process killed by a signal, e.g.
+    the OOM killer or a segfaulting candidate, ends TVM's listen thread and the server leaves the tracker for
+    good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr and the start
+    line on stdout. Either way the server process, which holds the port and the tracker registration, is
+    stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
+    leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
     terminates the same way."""
 
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
 
+    def start():
+        started = serve(args.tracker, args.key, args.host, args.port, args.port_end, args.custom_addr)
+        print(f"tvm_canary RPC server on port {started.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
+        return started
+
     with contextlib.ExitStack() as cleanup:
         for sig in (signal.SIGTERM, signal.SIGINT):
             cleanup.callback(signal.signal, sig, signal.signal(sig, stop))
-        server = serve(args.tracker, args.key, args.host, args.port, args.port_end, args.custom_addr)
-        cleanup.callback(server.terminate)
-        print(f"tvm_canary RPC server on port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
+        server = start()
+        cleanup.callback(lambda: server.terminate())  # the server serving then, after any restarts
         host, port = parse_address(args.tracker)
         reached = time.monotonic()
-        while server.proc.is_alive():
-            server.proc.join(5)
+        while True:
+            time.sleep(5)
             try:
                 socket.create_connection((host, port), timeout=5).close()
                 reached = time.monotonic()
@@ -433,4 +479,9 @@ def _serve_command(args: argparse.Namespace) -> int:
                     print(f"kv-canary: the RPC tracker at {args.tracker} has refused connections for "
                           f"{TRACKER_GONE_S} s; this server can no longer register (restart it)", file=sys.stderr)
                     return 1
-    return 0
+                continue
+            if not _serving(server):
+                print("kv-canary: the RPC server stopped serving and left the tracker (a session process died from "
+                      "a signal, or its process ended); starting a new one", file=sys.stderr, flush=True)
+                server.terminate()
+                server = start()
