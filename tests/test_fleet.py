@@ -70,7 +70,7 @@ def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_r
 
 
 @pytest.mark.slow  # the loopback fleet
-def test_preflight_refuses_what_would_hang(tracker):
+def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
     with pytest.raises(RuntimeError, match="kv-canary: the RPC tracker at .* has no server under key 'nobody'"):
         fleet.connect(tracker, "nobody", "llvm", None)
     with pytest.raises(ValueError, match="kv-canary: --rpc-workers must be between 1 and the 1 server registered"):
@@ -80,15 +80,16 @@ def test_preflight_refuses_what_would_hang(tracker):
     # the server's own refusal, one kv-canary line (it came inside TVM's RPCError, with a traceback)
     with pytest.raises(RuntimeError, match="^kv-canary: this RPC server has no CUDA GPU visible to torch$"):
         fleet.connect(tracker, RPC_KEY, "cuda", None)
-    # A fleet that is gone: a session request fails at once (it waited TRACKER_TIMEOUT_S per candidate), and
-    # ``tune`` asks before each workload (``Fleet.require_servers``).
+    # A fleet that is gone: a session request fails after TRACKER_TIMEOUT_S (the seconds a crashed server
+    # takes to come back; 1 s here), and ``tune`` asks before each workload (``Fleet.require_servers``).
+    monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 1)
     host, port = fleet.parse_address(tracker)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="has no server under key 'nobody'"):
         fleet._request(host, port, "nobody")
     with pytest.raises(RuntimeError, match="has no server under key 'nobody'"):
         fleet.Fleet(host, port, "nobody", "llvm", "amd-epyc", "llvm", 1).require_servers()
-    assert time.monotonic() - start < fleet.TRACKER_TIMEOUT_S / 2
+    assert time.monotonic() - start < 10
 
 
 def test_a_terminated_rpc_server_stops_its_server_process():
@@ -131,7 +132,7 @@ def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
 
     with fleet.local_fleet(RPC_KEY, [{}], log_dir=tmp_path) as address:
         host, port = fleet.parse_address(address)
-        (rpc_server,) = (p for p in psutil.Process().children() if "rpc-server" in p.cmdline())
+        (rpc_server,) = (p for p in psutil.Process().children() if {"rpc-server", address} <= set(p.cmdline()))
         session = fleet._request(host, port, RPC_KEY)
         (server,) = rpc_server.children()  # the TVM server process
         (session_process,) = server.children()

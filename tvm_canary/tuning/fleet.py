@@ -19,10 +19,10 @@ and the session ends when the tuning run shuts the runner down. Hence one worker
 (``--rpc-workers`` is checked against the servers the tracker knows).
 
 Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session
-crashed leaves the tracker (``rpc-server`` then starts a new one). So requests are made only when the tracker lists a free server, every
-candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed and the candidate
-fails), and the connection to the tracker is bounded too. Run a fleet under an outer timeout anyway
-(``scripts/fleet_tune.py`` does).
+crashed leaves the tracker (``rpc-server`` then starts a new one). So requests are made only when the
+tracker lists a free server, every candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is
+killed and the candidate fails), and the connection to the tracker is bounded too. Run a fleet under an
+outer timeout anyway (``scripts/fleet_tune.py`` does).
 """
 
 from __future__ import annotations
