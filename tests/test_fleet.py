@@ -452,3 +452,18 @@ def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
     rows = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))[("write", (8, 16))]
     assert [(round(c * 1e6, 2), apply.record_geometry(r, cuda=False)) for c, r in rows] == [(2.0, g[1]), (2.2, g[4])]
     assert apply.chosen("write", (8, 16), rows, cuda=False)[1] == g[1]
+
+
+def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, capsys):
+    """A server gone mid-run, with another still registered: each later workload lost a candidate and 30 s
+    to the worker without a server, and nothing said so. ``require_servers`` now warns once per drop."""
+    counts = iter([(2, 2), (1, 1), (1, 1), (1, 1), (1, 1)])
+    monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
+    monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 0)
+    remote = fleet.Fleet("127.0.0.1", 9, "k", "llvm", "amd-epyc", "llvm", 2)
+    remote.require_servers()
+    assert capsys.readouterr().err == ""
+    remote.require_servers()
+    remote.require_servers()
+    err = capsys.readouterr().err
+    assert err.count("tvm-canary tune: warning: 1 of the 2 RPC servers under key 'k' remain registered") == 1, err
