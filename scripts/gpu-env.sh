@@ -9,4 +9,6 @@ export LD_LIBRARY_PATH="${_nv}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TVM_CANARY_CACHE="${TVM_CANARY_CACHE:-/tmp/tvm_canary_cache}"
 unset _nv
-python3 -c "import tvm, torch; assert tvm.cuda(0).exist, 'TVM sees no CUDA device (libcudart.so.13?)'; print('tvm', tvm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
+python3 -c "import sys, tvm, torch
+if not tvm.cuda(0).exist: sys.exit('gpu-env: TVM sees no CUDA device (no GPU, or libcudart.so.13 not found)')
+print('tvm', tvm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"

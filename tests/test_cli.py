@@ -147,6 +147,7 @@ BAD_VALUES = [
     (["conformance", "--case", f"diff:{2**64}"], f"argument --case: kv-canary: case id 'diff:{2**64}': the seed must "
      "fit in int64"),
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
+    (["build", "--target", "cuda", "--arch", "sm_60", "-o", "x"], "argument --arch: sm_60 is older than sm_75"),
     (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
     (["tune", "--target", "llvm", "--time-limit", "-5"], "argument --time-limit: must be at least 0, got -5"),
     (["tune", "--target", "llvm", "--time-limit", "nan"], "argument --time-limit: must be at least 0, got nan"),

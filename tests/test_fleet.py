@@ -467,3 +467,19 @@ def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, cap
     remote.require_servers()
     err = capsys.readouterr().err
     assert err.count("tvm-canary tune: warning: 1 of the 2 RPC servers under key 'k' remain registered") == 1, err
+
+
+@pytest.mark.parametrize("argv", [["rpc-server", "--tracker", "nohost", "--key", "k"],
+                                  ["tune", "--target", "llvm", "--rpc-tracker", "nohost", "--rpc-key", "k"],
+                                  ["rpc-server", "--tracker", "127.0.0.1:1", "--key", "k", "--port", "9095",
+                                   "--port-end", "9095"]])
+def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, capsys):
+    """A tracker address without its port exited 1 (a run's error, not a usage error), and an empty port
+    range ended in TVM's 30-line traceback ("cannot bind to any port in [9095, 9095)")."""
+    from tvm_canary.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("expected HOST:PORT" in err or "--port-end 9095 must be above" in err), err

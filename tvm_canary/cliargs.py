@@ -106,11 +106,18 @@ def seed(text: str) -> int:
     return value
 
 
+OLDEST_CUDA_ARCH = 75  # CUDA 13 (nvcc, NVRTC) compiles for sm_75 and newer
+
+
 def cuda_arch(text: str) -> str:
     """An argparse ``type`` for a CUDA arch: ``sm_`` and a compute capability of two or more digits
-    (``sm_90``, ``sm_100a``), as nvcc and NVRTC name them."""
-    if not re.fullmatch(r"sm_\d{2,3}[af]?", text):
+    (``sm_90``, ``sm_100a``), as nvcc and NVRTC name them, from ``sm_75`` (``OLDEST_CUDA_ARCH``) on."""
+    match = re.fullmatch(r"sm_(\d{2,3})[af]?", text)
+    if not match:
         raise argparse.ArgumentTypeError(f"expected a CUDA arch such as sm_90, got {text!r}")
+    if int(match.group(1)) < OLDEST_CUDA_ARCH:
+        raise argparse.ArgumentTypeError(f"{text} is older than sm_{OLDEST_CUDA_ARCH}, the oldest arch CUDA 13 "
+                                         "compiles for")
     return text
 
 

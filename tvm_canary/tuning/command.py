@@ -36,7 +36,7 @@ from tqdm import tqdm
 from ..cliargs import UsageError, duration, int_at_least, output_folder, writable_folder
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
-from . import keys, workloads
+from . import fleet, keys, workloads
 
 
 def add_parser(subparsers) -> None:
@@ -59,7 +59,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--log-dir", type=pathlib.Path, default=None,
                    help="MetaSchedule's log folder; default: a new folder under $TVM_CANARY_CACHE/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
-    p.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", type=fleet.host_port, default=None,
                    help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), "
                         "not here")
     p.add_argument("--rpc-key", default=None, help="the RPC key of those servers (one key per device model)")

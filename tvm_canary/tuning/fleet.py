@@ -41,6 +41,8 @@ import sys
 import threading
 import time
 
+from ..cliargs import UsageError
+
 CANDIDATE_TIMEOUT_S = 120  # the first candidate of a workload builds its case (16M entries: seconds)
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
 TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's request
@@ -151,6 +153,15 @@ def _serving(server) -> bool:
 
 
 # -- the tuning host --------------------------------------------------------------------------------
+
+
+def host_port(text: str) -> str:
+    """An argparse ``type`` for an RPC tracker's address: ``HOST:PORT`` (``parse_address`` reads it)."""
+    try:
+        parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("kv-canary: ")) from None
+    return text
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -434,11 +445,11 @@ def add_parser(subparsers) -> None:
                               description="Start a TVM RPC server that measures tuning candidates with the canary's "
                               "reference check, registered with an RPC tracker. One server per GPU: set "
                               "CUDA_VISIBLE_DEVICES to the GPU it serves.")
-    p.add_argument("--tracker", required=True, help="the RPC tracker's HOST:PORT")
+    p.add_argument("--tracker", required=True, type=host_port, help="the RPC tracker's HOST:PORT")
     p.add_argument("--key", required=True, help="RPC key: one per device model (e.g. h200)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=9090, help="first port to try")
-    p.add_argument("--port-end", type=int, default=9199, help="last port to try")
+    p.add_argument("--port-end", type=int, default=9199, help="end of the port range (not tried itself)")
     p.add_argument("--custom-addr", default=None, help="address to report to the tracker (default: the one it sees)")
     p.set_defaults(func=_serve_command)
 
@@ -453,6 +464,10 @@ def _serve_command(args: argparse.Namespace) -> int:
     stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
     leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
     terminates the same way."""
+
+    if args.port_end <= args.port:
+        raise UsageError(f"kv-canary: --port-end {args.port_end} must be above --port {args.port} "
+                         "(the ports tried are [port, port-end))")
 
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
