@@ -7,6 +7,7 @@ of 15 replays, µs per launch) unheld and held; prints the median, min and max o
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -17,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no options; -h describes it
     if not torch.cuda.is_available():
         print("kv-canary: hold_probe.py needs a CUDA GPU and torch sees none; run it on a GPU host", file=sys.stderr)
         return 2

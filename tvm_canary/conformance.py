@@ -464,8 +464,9 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
                   f"{first['kernel']} {first['case']}: {first['why']}\n  replay: {first['replay']}", file=sys.stderr)
         else:
             total = sum(len(v) for v in ids.values())
-            print(f"conformance: OK, {total} cases x {sum(len(r['devices']) - 1 for r in ranks)} devices on "
-                  f"{size} processes match the reference")
+            devices = sum(len(r['devices']) - 1 for r in ranks)
+            print(f"conformance: OK, {total} cases x {devices} device{'s' if devices != 1 else ''} on "
+                  f"{size} process{'es' if size != 1 else ''} match the reference")
         if args.json:
             report = {
                 "devices": [{"rank": r["rank"], "host": r["host"], **{k: d[k] for k in ("device", "model", "arch")}}
