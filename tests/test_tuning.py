@@ -1254,7 +1254,7 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
     out, err = capsys.readouterr()
     assert rc == 3
     assert "2 workloads in 20.0 s" in out  # verify (1024,) and (1024, 2): a third would end at 30 s
-    assert ("stopped at --time-limit 25 s: 2 workloads not tuned in this run (their earlier records, if any, are "
+    assert ("stopped (at --time-limit 25 s): 2 workloads not tuned in this run (their earlier records, if any, are "
             "kept): write (8, 16), plan (8, 16)") in err
     clock[0] = 0.0
     assert main(argv) == 0 and "4 workloads in 40.0 s" in capsys.readouterr().out
@@ -1346,7 +1346,7 @@ def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, m
                  "--log-dir", str(tmp_path / "ms")]) == 1
     printed = capsys.readouterr()
     assert "tuned geometry" in printed.out and "1 workload in" in printed.out, printed.out
-    assert "stopped at the fleet went away: 2 workloads not tuned" in printed.err, printed.err
+    assert "stopped (the fleet went away): 2 workloads not tuned" in printed.err, printed.err
     assert "kv-canary: the RPC tracker at 127.0.0.1:9 has no server" in printed.err
     table = (out / remote.device_key / "database_workload.json").read_text().splitlines()
     assert table and all(merge.compact_entry(*json.loads(line)) == line for line in table)

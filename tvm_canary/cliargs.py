@@ -5,8 +5,8 @@ usage errors are one line (no usage block), and option help shows each default t
 does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
 GPU visible to torch is a usage error, not a traceback from inside torch; ``int_at_least(low)`` that of
 counts (steps, trials, workers), ``duration(zero=...)`` of durations, ``seed`` of seeds (torch takes
-int64), ``output_file`` and ``output_folder`` of paths a command writes (checked before it runs, so a
-long run is not lost to a bad path at its end).
+int64), ``output_file``, ``output_folder`` and ``output_root`` of paths a command writes (checked before
+it runs, so a long run is not lost to a bad path at its end).
 """
 
 from __future__ import annotations
@@ -131,12 +131,20 @@ def output_file(text: str) -> pathlib.Path:
     return path
 
 
-def output_folder(text: str) -> pathlib.Path:
-    """An argparse ``type`` for a folder a command writes into (created when missing): not a file, and
-    the folder, or where it would be created (its nearest existing parent), writable by this process."""
+def output_root(text: str) -> pathlib.Path:
+    """An argparse ``type`` for a folder under which a command writes into subfolders (created when
+    missing): not a file. The subfolder is checked when the command knows it (``writable_folder``), so a
+    read-only root with writable subfolders serves."""
     path = pathlib.Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path
+
+
+def output_folder(text: str) -> pathlib.Path:
+    """An argparse ``type`` for a folder a command writes into (created when missing): not a file, and
+    the folder, or where it would be created (its nearest existing parent), writable by this process."""
+    path = output_root(text)
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a folder")

@@ -33,7 +33,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import UsageError, duration, int_at_least, output_folder, writable_folder
+from ..cliargs import UsageError, duration, int_at_least, output_root, writable_folder
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import fleet, keys, workloads
@@ -48,7 +48,7 @@ def add_parser(subparsers) -> None:
                    help="measured candidates per workload (at most the design space's size)")
     p.add_argument("--workloads", choices=sorted(workloads.PRESETS), default=None,
                    help="size bucket preset (see tvm_canary/tuning/workloads.py); default: gpu for cuda, cpu for llvm")
-    p.add_argument("--out", type=output_folder, default=keys.default_out_dir(),
+    p.add_argument("--out", type=output_root, default=keys.default_out_dir(),
                    help="database root (one folder per device key)")
     p.add_argument("--time-limit", type=duration(zero=True), default=math.inf, metavar="SECONDS",
                    help="start no workload that would end past SECONDS of the run (judged by its longest workload "
@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
-        why = "the fleet went away" if fleet_gone else f"--time-limit {args.time_limit:g} s"
-        print(f"tvm-canary tune: stopped at {why}: "
+        why = "the fleet went away" if fleet_gone else f"at --time-limit {args.time_limit:g} s"
+        print(f"tvm-canary tune: stopped ({why}): "
               f"{len(left)} workload{'s' if len(left) != 1 else ''} "
               "not tuned in this run (their earlier records, if any, are kept): "
               f"{', '.join(f'{k} {b}' for k, b in left)}",

@@ -136,8 +136,8 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
 def _listening() -> bool:
     """Run in a ``tvm.rpc.Server``'s process (``serve``): whether its listen thread, which registers the server
     with the tracker and serves its sessions, still runs. It ends, leaving the process alive but unreachable,
-    when a session process dies from a signal (``_serving`` raises) or the tracker refused connections for
-    60 s."""
+    when a session process exits non-zero, e.g. killed by a signal (``tvm.rpc.server._serving`` raises), or
+    the tracker refused connections for 60 s."""
     from tvm.rpc.server import PopenRPCServerState
 
     return PopenRPCServerState.current.thread.is_alive()
@@ -189,14 +189,16 @@ class Fleet:
 
     def require_servers(self) -> None:
         """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as were
-        registered under the key last time (at first: ``workers``), since an ``rpc-server`` whose session
-        crashed re-registers within seconds; raises when by then none is registered (the fleet is gone:
+        registered under the key last time, at most ``workers`` (a spare server that went away costs no
+        wait), since an ``rpc-server`` whose session process died re-registers within seconds; raises when
+        by then none is registered (the fleet is gone:
         every candidate would fail, each after TRACKER_TIMEOUT_S). When fewer than before remain, and fewer
         than ``workers``, says so once on stderr, with how many: each runner worker left without a server
         fails every candidate it takes, after TRACKER_TIMEOUT_S."""
         before = self._last_seen[-1] if self._last_seen else self.workers
-        servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= before)[0]
-        if servers < min(before, self.workers):
+        wanted = min(before, self.workers)  # a spare server that went away costs no wait
+        servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= wanted)[0]
+        if servers < wanted:
             print(f"tvm-canary tune: warning: {servers} of the {self.workers} RPC servers under key {self.rpc_key!r} "
                   f"remain registered; the other runner workers fail each candidate they take after "
                   f"{TRACKER_TIMEOUT_S} s (restart the missing servers)", file=sys.stderr, flush=True)
@@ -457,10 +459,10 @@ def add_parser(subparsers) -> None:
 def _serve_command(args: argparse.Namespace) -> int:
     """Serve until the tracker has been unreachable for TRACKER_GONE_S (status 1, with a ``kv-canary:`` line on
     stderr) or this process gets SIGTERM or SIGINT (status 128 + the signal's number). Every 5 s while the
-    tracker answers, a server that stopped serving (``_serving``: a session process killed by a signal, e.g.
-    the OOM killer or a segfaulting candidate, ends TVM's listen thread and the server leaves the tracker for
-    good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr and the start
-    line on stdout. Either way the server process, which holds the port and the tracker registration, is
+    tracker answers, a server that stopped serving (``_serving``: a session process that exits non-zero, e.g.
+    killed by the OOM killer or a segfaulting candidate, ends TVM's listen thread and the server leaves the
+    tracker for good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr
+    and the start line on stdout. Either way the server process, which holds the port and the tracker registration, is
     stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
     leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
     terminates the same way."""
