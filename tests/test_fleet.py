@@ -483,3 +483,16 @@ def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ("expected HOST:PORT" in err or "--port-end 9095 must be above" in err), err
+
+
+def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
+    """With more servers than runner workers, one going away left enough for every worker, yet the next
+    workload waited TRACKER_TIMEOUT_S for the old count."""
+    counts = iter([(3, 3), (2, 2), (2, 2)])
+    monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
+    monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 5)
+    remote = fleet.Fleet("127.0.0.1", 9, "k", "llvm", "amd-epyc", "llvm", 2)
+    remote.require_servers()
+    start = time.monotonic()
+    remote.require_servers()
+    assert time.monotonic() - start < 1 and capsys.readouterr().err == ""
