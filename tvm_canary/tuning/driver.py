@@ -173,11 +173,10 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
         for handler in unnamed:
             ms_logger.removeHandler(handler)
+        missing = trials - before  # a resumed workload measures only the candidates it lacks
         try:
             ms.tune_tir(
-                # the trials still missing: a resumed workload stops at ``trials`` measured candidates
-                mod, target, str(log_dir), max_trials_global=trials - before, num_trials_per_iter=trials - before,
-                builder=builder,
+                mod, target, str(log_dir), max_trials_global=missing, num_trials_per_iter=missing, builder=builder,
                 runner=runner, database=db, cost_model="random", space=generator,
                 # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
                 strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),

@@ -191,10 +191,9 @@ class Fleet:
         """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as were
         registered under the key last time, at most ``workers`` (a spare server that went away costs no
         wait), since an ``rpc-server`` whose session process died re-registers within seconds; raises when
-        by then none is registered (the fleet is gone:
-        every candidate would fail, each after TRACKER_TIMEOUT_S). When fewer than before remain, and fewer
-        than ``workers``, says so once on stderr, with how many: each runner worker left without a server
-        fails every candidate it takes, after TRACKER_TIMEOUT_S."""
+        by then none is registered (the fleet is gone: every candidate would fail, each after
+        TRACKER_TIMEOUT_S). When fewer than that remain, says so once on stderr, with how many: each runner
+        worker left without a server fails every candidate it takes, after TRACKER_TIMEOUT_S."""
         before = self._last_seen[-1] if self._last_seen else self.workers
         wanted = min(before, self.workers)  # a spare server that went away costs no wait
         servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= wanted)[0]
@@ -462,9 +461,9 @@ def _serve_command(args: argparse.Namespace) -> int:
     tracker answers, a server that stopped serving (``_serving``: a session process that exits non-zero, e.g.
     killed by the OOM killer or a segfaulting candidate, ends TVM's listen thread and the server leaves the
     tracker for good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr
-    and the start line on stdout. Either way the server process, which holds the port and the tracker registration, is
-    stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
-    leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
+    and the start line on stdout. Either way the server process, which holds the port and the tracker
+    registration, is stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped
+    with ``kill PID`` leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
     terminates the same way."""
 
     if args.port_end <= args.port:
@@ -498,7 +497,8 @@ def _serve_command(args: argparse.Namespace) -> int:
                     return 1
                 continue
             if not _serving(server):
-                print("kv-canary: the RPC server stopped serving and left the tracker (a session process died from "
-                      "a signal, or its process ended); starting a new one", file=sys.stderr, flush=True)
+                print("kv-canary: the RPC server stopped serving and left the tracker (a session process exited "
+                      "non-zero, e.g. killed by a signal, or the server's process ended); starting a new one",
+                      file=sys.stderr, flush=True)
                 server.terminate()
                 server = start()
