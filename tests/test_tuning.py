@@ -568,8 +568,11 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     all_mode = specializations.spec("verify", num_sources=2, partial=False, check_token=False, fold_words=0)
     partial_mode = specializations.spec("verify", num_sources=2, partial=True, check_token=False, fold_words=0)
     full_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.ALL), 1 << 20)
-    partial_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.PARTIAL), 1 << 20)
-    assert aot.geometries("verify", partial_mode, "cuda-sm_90") == [partial, partial_large]  # every size class
+    partial_sizes = [targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.PARTIAL), n)
+                     for n in (1 << 16, 1 << 20)]
+    assert aot.geometries("verify", partial_mode, "cuda-sm_90") == [partial, *partial_sizes]  # every size class
+    assert all(knob_values_of(schedules.knobs("verify", True, mode), geom)  # in the tuner's design space
+               for mode in (0, 1, 2) for geom in targets.default_geometries("verify", "cuda", mode))
     assert aot.geometries("verify", all_mode, "cuda-sm_90") == [full, full_large]
     no_sources = specializations.spec("verify", num_sources=0, partial=False, check_token=False, fold_words=0)
     none_large = targets.default_geometry("verify", "cuda-sm_90", int(RealKvHashMode.NONE), 1 << 20)
@@ -604,7 +607,13 @@ def test_the_default_geometry_follows_the_launch_size_class():
     partial_large = targets.default_geometry("verify", "cuda-sm_90", 1, at_least)
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
-    assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large]
+    # From 256K entries on (NONE's bound, below) 512-lane blocks, two an SM.
+    (_, (partial_bound, wide_overrides)) = CUDA_SIZE_DEFAULTS[("verify", 1)]
+    assert (partial_bound, wide_overrides) == ((1 << 18) + 1, {"threads": 512, "min_blocks": 2})
+    partial_wide = dataclasses.replace(partial_large, threads=512, min_blocks=2)
+    for size, expected in ((partial_bound - 1, partial_large), (partial_bound, partial_wide), (1 << 24, partial_wide)):
+        assert targets.default_geometry("verify", "cuda-sm_90", 1, size) == expected, size
+    assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large, partial_wide]
     # NONE: 128 registers (min_blocks 4) up to 256K entries, 32 from there on.
     ((none_bound, none_overrides),) = CUDA_SIZE_DEFAULTS[("verify", 0)]
     assert (none_bound, none_overrides) == ((1 << 18) + 1, {"min_blocks": 16})

@@ -134,7 +134,18 @@ CUDA_SIZE_DEFAULTS = {
     # spilled 36 bytes (2 sources) at this cap, and PARTIAL moved by at most 2.5% then (chain 4M 227.5 ->
     # 233.1 us, random 16M 1672.5 -> 1674.3 us). ptxas sm_90 now (fifty-fifth session): 60 registers, no
     # spills with 2 sources; of every PARTIAL build only 4 sources with the token check spill (4 bytes).
-    ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),),
+    # From 256K entries on (NONE's boundary) 512-lane blocks, two an SM (min_blocks 2): against 128 lanes
+    # (H200, fifty-sixth session's GPU call 1, ab_kernels.py, interleaved, class scope from 16K) chain
+    # 1M / 4M / 16M 0.943 / 0.920 / 0.960x, random 0.990 / 1.004 / 1.011x, but 64K 1.026 / 1.017x
+    # (chain / random), hence the bound. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 /
+    # 0.936x, random 0.976 / 0.985 / 1.010x, 64K 3.3x; its chain 4M and 16M run about 0.95x the run of
+    # record's gather floors, which no floor variant bounds (docs/PERFORMANCE.md,
+    # "Floors as lower bounds: one open defect"), so the default keeps the grid that stays within the
+    # floors' noise. 2112 x 512 with min_blocks 1: chain 1M 1.090x, random 1M 1.061x. On an H100
+    # (the same session's call 5, interleaved) the default ran chain 0.935 / 0.940 / 0.971x, random
+    # 1.005 / 1.013 / 1.018x.
+    ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
+                    ((1 << 18) + 1, {"threads": 512, "min_blocks": 2})),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
     # 512-token tuning buckets' tokens per request; ALL: 128, below) keeps 8 entries of each chain in
     # flight, in every mode. The class follows tokens per request alone, the chain length the pipeline
