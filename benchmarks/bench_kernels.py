@@ -270,6 +270,15 @@ def memory_floors(mode: str, family: str) -> dict:
     return {f"{family}-{mode}": None} | ({f"{family}-split-{mode}": "split"} if split else {})
 
 
+def floor_grids(name: str) -> list:
+    """The grids floor ``name`` (``floor_makers``) is timed in: ``floors.floor_geometries``, with the
+    bounded grids for the gather's memory forms (``memory_floors``), whose grids verify's kernels have
+    run below (``floors.BOUNDED_GATHER_GRIDS``)."""
+    import floors
+
+    return floors.floor_geometries(bounded=any(name in memory_floors(mode, "gather") for mode in MODES))
+
+
 def order_label(order) -> str:
     """A floor's label suffix for its fold order: none for one lane an entry or "together"."""
     return "" if order in (None, "together") else f" sources {order}"
@@ -536,20 +545,16 @@ class Bench:
         return self.floor_fns[key]
 
     def prebuild_floors(self, kernels):
-        import floors
-
         for name in self.floor_makers:  # the bounds' variants compile when first used (small verify rows)
             if name.split("-")[0] in {FLOOR_OF[k] for k in kernels} and not {"hash", "ticket"} & set(name.split("-")):
-                for geom in floors.floor_geometries():
+                for geom in floor_grids(name):
                     self.floor_kernel(name, geom)
 
     def floor_arms(self, names, calls_of) -> dict:
         """The floor kernels ``names`` over every floor grid, as arms to time: {(name, grid label): calls};
         ``calls_of(fn)`` -> zero-arg calls."""
-        import floors
-
         return {(name, geometry_label(geom)): calls_of(self.floor_kernel(name, geom))
-                for name in names for geom in floors.floor_geometries()}
+                for name in names for geom in floor_grids(name)}
 
     def copy_arms(self, nbytes: int) -> dict:
         """The arms of a dense device-to-device copy of ``nbytes`` (half read, half written): torch's copy
@@ -581,10 +586,8 @@ class Bench:
     def fastest_floor(self, name, calls_of):
         """Fastest grid of floor kernel ``name``, its grids timed interleaved: (µs, its geometry);
         ``calls_of(fn)`` -> zero-arg calls."""
-        import floors
-
         us, label = self.fastest(medians(interleaved_us(self.floor_arms([name], calls_of))), name)
-        return us, next(geom for geom in floors.floor_geometries() if geometry_label(geom) == label)
+        return us, next(geom for geom in floor_grids(name) if geometry_label(geom) == label)
 
     def fastest_copy(self, times):
         """The fastest of ``copy_arms`` in ``times`` ({arm: µs}): (µs, which)."""

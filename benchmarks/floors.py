@@ -67,10 +67,22 @@ FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (5
 # "in turn" (``fold_hash``), and "split" (``split_fold_hash``, two lanes an entry or token). The memory
 # floors (gather, store) are timed in one lane an entry and split (their source order does not matter).
 FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name infix -> fold order
+# (blocks, threads, min_blocks) in which the gather's memory forms are also timed, declared
+# ``__launch_bounds__(threads, min_blocks)`` as verify's kernels are (``gather``). Declared with the
+# threads alone, ptxas builds the gather in 32 registers and issues its loads in source order: on sm_90
+# (nvcc 13.0, fifty-sixth session) it waits 5 times an entry with at most 4 loads in flight, where
+# verify's kernel (46-60 registers) waits 4 times with up to 6 loads issued together. With
+# (512, 2) the one-lane gather takes 48 registers, waits twice and keeps 11 loads in flight; (256, 4)
+# 48 registers; the split forms 40. These are the grids of the kernels that ran below every floor in chain order (1056 x 512
+# and 2112 x 512, two blocks an SM; 2112 x 256 with min_blocks 16, four at its registers).
+BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4))
 
 
-def floor_geometries():
-    return [Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
+def floor_geometries(bounded: bool = False):
+    """The grids a floor is timed in: ``FLOOR_GRIDS``; with ``bounded`` (the gather's memory forms)
+    also ``BOUNDED_GATHER_GRIDS``, as geometries whose ``min_blocks`` ``gather`` declares."""
+    return ([Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
+            + [Geometry(gpu=True, blocks=b, threads=t, min_blocks=m) for b, t, m in BOUNDED_GATHER_GRIDS if bounded])
 
 
 def ticket_protocol(geom: Geometry):
@@ -158,7 +170,9 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     the fold's source order (``fold_hash``), or "split": two lanes an entry, both gathering its fields,
     each reading one source (XOR-ed, or with ``hashing`` folded: ``split_fold_hash``), as verify's split
     folds spread an entry's bytes (``kernels.common.split_fold``). ``ticket``: also the least a single
-    launch that appends rows in entry order does in a clean launch (``ticket_protocol``).
+    launch that appends rows in entry order does in a clean launch (``ticket_protocol``). A ``geom``
+    with ``min_blocks`` above 1 declares ``__launch_bounds__(threads, min_blocks)`` (ptxas's register
+    budget, as verify's kernels declare theirs; ``BOUNDED_GATHER_GRIDS``); otherwise the threads alone.
     """
     assert num_sources <= 2 and fold_order in FOLD_ORDERS.values()
     TH = geom.threads
@@ -166,6 +180,49 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     assert TH % 32 == 0 or not split  # a pair's lanes in one warp
     to_entry, _ = lane_pairs(split)
     clean_append = ticket_protocol(geom)
+
+    @T.macro
+    def block_lanes(b, nb, buf, slots, etoks, epos, prevs, num_valid, src, rows, out, flags, counter):
+        for t in T.thread_binding(TH, thread="threadIdx.x"):
+            acc = T.alloc_buffer((1,), "int64", scope="local")
+            k = T.alloc_buffer((1,), "int64", scope="local")
+            h = T.alloc_buffer((1,), "uint64", scope="local")
+            part = T.alloc_buffer((1,), "uint64", scope="local")
+            part2 = T.alloc_buffer((1,), "uint64", scope="local")
+            drawn = T.alloc_buffer((1,), "int32", scope="local")
+            block_done = T.alloc_buffer((1,), "int32", scope="local")
+            acc[0] = T.int64(0)
+            k[0] = to_entry(T.Cast("int64", b * TH + t))
+            while k[0] < T.Cast("int64", num_valid[0]):
+                slot = slots[k[0]]
+                prev = prevs[k[0]]
+                acc[0] = acc[0] ^ epos[k[0]] ^ buf[slot, 0] ^ buf[slot, 1] ^ buf[slot, 2] ^ buf[slot, 3]
+                if check_token:
+                    acc[0] = acc[0] ^ etoks[k[0]]
+                if prev > T.int64(0):
+                    if hashing:
+                        slot_hash(h, buf, prev)
+                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                    else:
+                        acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
+                if hashing and split:
+                    split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
+                    acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                elif hashing:
+                    fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_order == "together")
+                    acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
+                elif split:  # the lane's own source
+                    for q in T.serial(fold_words):
+                        acc[0] = acc[0] ^ src[own_source_row(slot, rows, t), q]
+                else:
+                    for s in T.serial(num_sources):
+                        for q in T.serial(fold_words):
+                            acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
+                k[0] = k[0] + to_entry(nb * TH)
+            if acc[0] == T.int64(123456789):  # never true in practice; keeps the loads alive
+                out[0] = acc[0]
+            if ticket:
+                clean_append(block_done, drawn, flags, nb, b, t, counter)
 
     @T.prim_func(private=False)
     def gather_floor(buf_h: T.handle, slots_h: T.handle, etoks_h: T.handle, epos_h: T.handle, prevs_h: T.handle,
@@ -184,46 +241,11 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
         flags = T.match_buffer(flags_h, (NF,), "int32")
         nb = T.meta_var(blocks_for(geom, cap * 2 if split else cap))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
-            for t in T.thread_binding(TH, thread="threadIdx.x"):
-                acc = T.alloc_buffer((1,), "int64", scope="local")
-                k = T.alloc_buffer((1,), "int64", scope="local")
-                h = T.alloc_buffer((1,), "uint64", scope="local")
-                part = T.alloc_buffer((1,), "uint64", scope="local")
-                part2 = T.alloc_buffer((1,), "uint64", scope="local")
-                drawn = T.alloc_buffer((1,), "int32", scope="local")
-                block_done = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = T.int64(0)
-                k[0] = to_entry(T.Cast("int64", b * TH + t))
-                while k[0] < T.Cast("int64", num_valid[0]):
-                    slot = slots[k[0]]
-                    prev = prevs[k[0]]
-                    acc[0] = acc[0] ^ epos[k[0]] ^ buf[slot, 0] ^ buf[slot, 1] ^ buf[slot, 2] ^ buf[slot, 3]
-                    if check_token:
-                        acc[0] = acc[0] ^ etoks[k[0]]
-                    if prev > T.int64(0):
-                        if hashing:
-                            slot_hash(h, buf, prev)
-                            acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
-                        else:
-                            acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
-                    if hashing and split:
-                        split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
-                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
-                    elif hashing:
-                        fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_order == "together")
-                        acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
-                    elif split:  # the lane's own source
-                        for q in T.serial(fold_words):
-                            acc[0] = acc[0] ^ src[own_source_row(slot, rows, t), q]
-                    else:
-                        for s in T.serial(num_sources):
-                            for q in T.serial(fold_words):
-                                acc[0] = acc[0] ^ src[slot + s * (rows // 2), q]
-                    k[0] = k[0] + to_entry(nb * TH)
-                if acc[0] == T.int64(123456789):  # never true in practice; keeps the loads alive
-                    out[0] = acc[0]
-                if ticket:
-                    clean_append(block_done, drawn, flags, nb, b, t, counter)
+            if geom.min_blocks > 1:
+                with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", geom.min_blocks):
+                    block_lanes(b, nb, buf, slots, etoks, epos, prevs, num_valid, src, rows, out, flags, counter)
+            else:
+                block_lanes(b, nb, buf, slots, etoks, epos, prevs, num_valid, src, rows, out, flags, counter)
 
     return gather_floor
 

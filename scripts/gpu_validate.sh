@@ -6,7 +6,7 @@
 #   tune:  MetaSchedule tuning of all kernels at 20 trials in at most 420 s (no workload starts that would end past
 #          380 s of the run: exit 3, the rest listed), on top of tune_logs/ (databases in
 #          OUTDIR/tune.tgz; the committed databases are compacted, so every bucket is measured again: a
-#          whole tune at 32 trials took 399.1 s on an H200 in the forty-first session, docs/PERFORMANCE.md "Tuning")
+#          whole tune from empty at 32 trials took 552.1 s on an H200 in the fifty-sixth session, docs/PERFORMANCE.md "Tuning")
 #   tests: the CUDA test suite (with the tuned database active when tune ran)
 #   aot:   ahead-of-time build for sm_90 + sm_80 and a runtime-only run of the CUDA differential tests
 #   sanitize: a fuzz campaign under compute-sanitizer memcheck, racecheck and synccheck (scripts/sanitize.sh; SANITIZE_SECONDS, SANITIZE_TOOLS)

@@ -310,19 +310,22 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
         def tuned_geometry(self, kernel, kw):
             return Geometry(gpu=True, blocks=1056, threads=128, min_blocks=8)
 
-    grids = [bench_kernels.geometry_label(g) for g in floors.floor_geometries()]
-    # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family.
-    fastest = {"gather-ALL": ("2112x64", 4.0), "gather-split-ALL": ("1056x128", 3.9),
+    # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family (the split
+    # gather's in a bounded grid, which only the memory forms run).
+    fastest = {"gather-ALL": ("2112x64", 4.0), "gather-split-ALL": ("2112x512m2", 3.9),
                "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
                "gather-hash-split-ALL": ("2112x32", 4.8), "gather-ticket-ALL": ("1056x256", 6.4),
                "gather-ticket-seq-ALL": ("2112x32", 6.3), "gather-ticket-split-ALL": ("528x512", 6.6)}
+    grids = {name: [bench_kernels.geometry_label(g) for g in bench_kernels.floor_grids(name)] for name in fastest}
+    bounded = {name for name in fastest if len(grids[name]) > len(floors.FLOOR_GRIDS)}
+    assert bounded == {"gather-ALL", "gather-split-ALL"}
     timed_arms = []
 
     def interleaved(arms, iters):
         timed_arms.append(set(arms))
         rounds = {"default": [7.0, 9.0, 8.0, 30.0], "tuned": [6.0, 6.5, 7.5, 7.0], "none": [5.0, 5.5, 4.0, 9.0]}
         for name, (grid, us) in fastest.items():
-            for g in grids:
+            for g in grids[name]:
                 rounds[(name, g)] = [us if g == grid else 10.0] * 4
         return {arm: rounds[arm] for arm in arms}
 
@@ -337,7 +340,7 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
                                                  "store-ticket-ALL", "store-ticket-seq-ALL", "store-ticket-split-ALL"]
     row = {}
     times = bench.timed("verify", [{}, {}], row, bench.floor_arms(names, lambda fn: [lambda: fn] * 4))
-    assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids}]
+    assert timed_arms == [{"default", "tuned"} | {(name, g) for name in names for g in grids[name]}]
     assert (row["us"], row["tuned_us"], row["tuned_geometry"],
             row["tuned_same_geometry"]) == (8.5, 6.75, "1056x128m8", False)
     assert "none_us" not in row
@@ -346,8 +349,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert timed_arms[-1] == {"default", "tuned", "none"} and none_row["none_us"] == 5.25
     assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
     # the memory floor: the faster of one lane an entry and split
-    assert bench.fastest_memory(times, "gather", "ALL") == (3.9, "gather 1056x128 sources split")
-    assert (bench.fastest_memory({**times, ("gather-split-ALL", "1056x128"): 4.1}, "gather", "ALL")
+    assert bench.fastest_memory(times, "gather", "ALL") == (3.9, "gather 2112x512m2 sources split")
+    assert (bench.fastest_memory({**times, ("gather-split-ALL", "2112x512m2"): 4.1}, "gather", "ALL")
             == (4.0, "gather 2112x64"))
     assert list(bench_kernels.memory_floors("NONE", "gather")) == ["gather-NONE"]  # no sources to split
     assert list(bench_kernels.memory_floors("ALL", "store")) == ["store-ALL", "store-split-ALL"]
@@ -451,6 +454,32 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
     tail_write = next(op for op in operators if op.what == "write TAIL K FULL")
     assert (tail_write.floor == "store-PARTIAL"
             and tail_write.args[0].data_ptr() != w.session.canary_buffer("TAIL", "K").data_ptr())
+
+
+def test_the_gather_memory_floors_also_run_bounded_grids():
+    """The gather's memory forms (one lane an entry, and split) are timed in ``FLOOR_GRIDS`` and in
+    ``BOUNDED_GATHER_GRIDS``, where they declare ``__launch_bounds__(threads, min_blocks)`` as verify's
+    kernels do; every other floor runs ``FLOOR_GRIDS`` alone, and a plain grid declares the threads alone
+    (the CUDA source, generated without nvcc)."""
+    import bench_kernels
+    import floors
+    import tvm
+
+    from tvm_canary.geometry import Geometry
+
+    gather_forms = {"gather-NONE", "gather-PARTIAL", "gather-split-PARTIAL", "gather-ALL", "gather-split-ALL"}
+    plain = [(b, t, 1) for b, t in floors.FLOOR_GRIDS]
+    for name in bench_kernels.floor_makers():
+        grids = [(g.blocks, g.threads, g.min_blocks) for g in bench_kernels.floor_grids(name)]
+        assert grids == plain + (list(floors.BOUNDED_GATHER_GRIDS) if name in gather_forms else []), name
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
+    for blocks, threads, min_blocks in [floors.BOUNDED_GATHER_GRIDS[0], (2112, 512, 1)]:
+        geom = Geometry(gpu=True, blocks=blocks, threads=threads, min_blocks=min_blocks)
+        for order in ("together", "split"):
+            source = tvm.compile(floors.gather(geom, 2, False, 2, fold_order=order),
+                                 target=target).mod.imports[0].inspect_source("cuda")
+            bound = f"__launch_bounds__({threads}, {min_blocks})" if min_blocks > 1 else f"__launch_bounds__({threads})"
+            assert bound in source and source.count("__launch_bounds__") == source.count(bound), (geom, order)
 
 
 @pytest.mark.nvcc

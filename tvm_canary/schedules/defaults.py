@@ -136,14 +136,13 @@ CUDA_SIZE_DEFAULTS = {
     # spills with 2 sources; of every PARTIAL build only 4 sources with the token check spill (4 bytes).
     # From 256K entries on (NONE's boundary) 512-lane blocks, two an SM (min_blocks 2): against 128 lanes
     # (H200, fifty-sixth session's GPU call 1, ab_kernels.py, interleaved, class scope from 16K) chain
-    # 1M / 4M / 16M 0.943 / 0.920 / 0.960x, random 0.990 / 1.004 / 1.011x, but 64K 1.026 / 1.017x
-    # (chain / random), hence the bound. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 /
-    # 0.936x, random 0.976 / 0.985 / 1.010x, 64K 3.3x; its chain 4M and 16M run about 0.95x the run of
-    # record's gather floors, which no floor variant bounds (docs/PERFORMANCE.md,
-    # "Floors as lower bounds: one open defect"), so the default keeps the grid that stays within the
-    # floors' noise. 2112 x 512 with min_blocks 1: chain 1M 1.090x, random 1M 1.061x. On an H100
-    # (the same session's call 5, interleaved) the default ran chain 0.935 / 0.940 / 0.971x, random
-    # 1.005 / 1.013 / 1.018x.
+    # 1M / 4M / 16M 0.943 / 0.920 / 0.960x, random 0.990 / 1.004 / 1.011x, but 64K 1.027 / 1.017x
+    # (chain / random), hence the bound; on an H100 (call 5) chain 0.935 / 0.940 / 0.971x, random
+    # 1.005 / 1.013 / 1.018x. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 / 0.936x,
+    # random 0.976 / 0.985 / 1.010x, 64K 3.3x, but chain 4M at 0.935x the gather floor timed in the
+    # same rounds (one grid), which no floor variant bounds (docs/PERFORMANCE.md,
+    # "Floors as lower bounds: one open defect"); this grid ran 0.962x that floor, and 1.01x the
+    # benchmark's best floor on the H100 (call 6). 2112 x 512 min_blocks 1: chain 1M 1.090x, random 1.061x.
     ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
                     ((1 << 18) + 1, {"threads": 512, "min_blocks": 2})),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
