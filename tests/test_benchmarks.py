@@ -497,6 +497,8 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert set(bench_kernels.floor_makers()) < set(makers)
     geom = floors.floor_geometries()[0]
     funcs = [(name, make(geom)) for name, make in makers.items()]
+    bounded = floors.floor_geometries(bounded=True)[-1]  # a grid that declares its min_blocks
+    funcs += [(f"{name}-bounded", makers[name](bounded)) for name in ("gather-ALL", "gather-split-ALL")]
     funcs += [("chain", floors.chain()), ("empty", floors.empty())]
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
     files = []
@@ -515,6 +517,8 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
         assert "__shfl_xor_sync" in (tmp_path / f"{name}.cu").read_text()
     assert "__shfl_xor_sync" not in (tmp_path / "store-ALL.cu").read_text()
     assert "__shfl_xor_sync" not in (tmp_path / "gather-hash-seq-ALL.cu").read_text()
+    bound = f"__launch_bounds__({bounded.threads}, {bounded.min_blocks})"
+    assert bound in (tmp_path / "gather-ALL-bounded.cu").read_text()
 
 
 def test_kernel_ab_variants(capsys):
