@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 @pytest.mark.parametrize("script, args", [("bench_kernels.py", []), ("ab_kernels.py", ["--base", "HEAD"]),
-                                          ("hold_probe.py", [])])
+                                          ("hold_probe.py", []), ("bench_embedding.py", [])])
 def test_gpu_benchmarks_without_gpu_fail_in_one_line(script, args):
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                          check=False, timeout=120)
