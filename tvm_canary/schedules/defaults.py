@@ -140,7 +140,7 @@ CUDA_SIZE_DEFAULTS = {
     # (chain / random), hence the bound; on an H100 (call 5) chain 0.935 / 0.940 / 0.971x, random
     # 1.005 / 1.013 / 1.018x. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 / 0.936x,
     # random 0.976 / 0.985 / 1.010x, 64K 3.3x, but chain 4M at 0.935x the gather floor timed in the
-    # same rounds (one grid), which no floor variant bounds (docs/PERFORMANCE.md,
+    # same rounds (one grid), which no floor variant timed so far bounds (docs/PERFORMANCE.md,
     # "Floors as lower bounds: one open defect"); this grid ran 0.962x that floor, and 1.01x the
     # benchmark's best floor on the H100 (call 6). 2112 x 512 min_blocks 1: chain 1M 1.090x, random 1.061x.
     ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
