@@ -73,8 +73,9 @@ FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name inf
 # (nvcc 13.0, fifty-sixth session) it waits 5 times an entry with at most 4 loads in flight, where
 # verify's kernel (46-60 registers) waits 4 times with up to 6 loads issued together. With
 # (512, 2) the one-lane gather takes 48 registers, waits twice and keeps 11 loads in flight; (256, 4)
-# 48 registers; the split forms 40. These are the grids of the kernels that ran below every floor in chain order (1056 x 512
-# and 2112 x 512, two blocks an SM; 2112 x 256 with min_blocks 16, four at its registers).
+# 48 registers; the split forms 40. The grids are those of verify PARTIAL's kernels that ran chain
+# order below or near the floors: 2112 x 512 and 1056 x 512 (two blocks an SM at their registers;
+# ptxas ignores a min_blocks of 8 at 512 threads) and 2112 x 256 with min_blocks 16 (four at its).
 BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4))
 
 
