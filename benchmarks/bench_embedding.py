@@ -342,9 +342,8 @@ def main(argv=None) -> int:
                 json.dump(dict(device=str(device), host_overhead=host), f, indent=1)
         return 0
     if not torch.cuda.is_available():
-        print("kv-canary: bench_embedding.py needs a CUDA GPU and torch sees none; --host-only runs on the CPU",
-              file=sys.stderr)
-        return 2
+        return bench_kernels.fail("bench_embedding.py needs a CUDA GPU and torch sees none; "
+                                  "--host-only runs on the CPU")
     empty_us, bytes_per_us = empty_launch_us(), hbm_bytes_per_us()
     bench = floor_bench(targets.cuda_arch(0))
     iters = 20 if args.quick else 100
