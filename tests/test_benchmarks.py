@@ -544,8 +544,9 @@ def test_kernel_ab_variants(capsys):
             "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
     refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
             "kv-canary: --variant m4: verify NONE is not timed (--kernels write,")
-    refused(["--base", "HEAD", "--verify-sizes", "1024", "5000"],
-            "kv-canary: --verify-sizes: each one of 1024, 4096, 65536,")
+    for too_many in ("0", str((1 << 24) + 1)):  # any size the pool's chains hold (5000: a class bound's neighbour)
+        refused(["--base", "HEAD", "--verify-sizes", "5000", too_many],
+                "kv-canary: --verify-sizes: each from 1 to 16777216 (the pool's chains hold no more)")
     assert ab_kernels.parse_write_shape("256x4") == (256, 4, 256)
     assert ab_kernels.parse_write_shape("8x16c256") == (8, 16, 256)  # 8 requests in a plan of capacity 256
     for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4", "8x16c4", "8x16c0", "8x16c"):
@@ -594,7 +595,7 @@ def test_default_labels_name_modes_and_size_classes():
 
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
         "2112x128m4, NONE >= 262145 2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, "
-        "PARTIAL >= 262145 1056x512m2, ALL 528x32m2wpp, ALL >= 16385 528x128m2w")
+        "PARTIAL >= 262145 2112x512m2, ALL 528x32m2wpp, ALL >= 16385 528x128m2w")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
         "528x64u2, NONE >= 1x23 528x64u8, PARTIAL 264x32p, PARTIAL >= 1x5 528x64u2, PARTIAL >= 1x23 528x64u8, "
         "ALL 528x32wpp, ALL >= 1x128 528x256u8p")

@@ -607,10 +607,10 @@ def test_the_default_geometry_follows_the_launch_size_class():
     partial_large = targets.default_geometry("verify", "cuda-sm_90", 1, at_least)
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
-    # From 256K entries on (NONE's bound, below) 512-lane blocks, two an SM.
+    # From 256K entries on (NONE's bound, below) up to 2112 512-lane blocks, two an SM.
     (_, (partial_bound, wide_overrides)) = CUDA_SIZE_DEFAULTS[("verify", 1)]
-    assert (partial_bound, wide_overrides) == ((1 << 18) + 1, {"threads": 512, "min_blocks": 2})
-    partial_wide = dataclasses.replace(partial_large, threads=512, min_blocks=2)
+    assert (partial_bound, wide_overrides) == ((1 << 18) + 1, {"blocks": 2112, "threads": 512, "min_blocks": 2})
+    partial_wide = dataclasses.replace(partial_large, blocks=2112, threads=512, min_blocks=2)
     for size, expected in ((partial_bound - 1, partial_large), (partial_bound, partial_wide), (1 << 24, partial_wide)):
         assert targets.default_geometry("verify", "cuda-sm_90", 1, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large, partial_wide]

@@ -117,7 +117,13 @@ CUDA_SIZE_DEFAULTS = {
     # 1.04x single-chain, 1.27 / 1.14 / 1.08x paired; random 64K / 1M / 16M 1.11 / 1.04 / 1.04x
     # single-chain, 1.16 / 1.02 / 1.01x paired. Single-chain meets every target from 64K up (chain 1M:
     # 1.10x), paired does not (the fourteenth session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K
-    # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md).
+    # paired is 0.81-0.86x the single-chain time (docs/PERFORMANCE.md). Against this class's 528 x 128
+    # (H100, fifty-seventh session's GPU call 4, interleaved, single-chain from 16K entries on): 1056 x
+    # 128 min_blocks 4, 1056 x 256 min_blocks 2, 2112 x 256 min_blocks 4 and 1056 x 512 min_blocks 2 ran
+    # random 1M 1.012 / 1.025 / 1.121 / 1.220x; 1056 x 256 chain 256K / 16M 0.960 / 0.971x but random
+    # 256K-16M 0.986-1.059x, so none replaced it. ALL random 1M ran 1.12x the H200's bounded gather floor
+    # (its run of record), while the call's floor with SPEC 1's hashing and ordered append (2112 x 32)
+    # took 1.003x this class's time.
     ("verify", 2): (((1 << 14) + 1, {"threads": 128, "pairs": 0}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
     # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
@@ -143,8 +149,13 @@ CUDA_SIZE_DEFAULTS = {
     # same rounds (one grid), which no floor variant timed so far bounds (docs/PERFORMANCE.md,
     # "Floors as lower bounds: one open defect"); this grid ran 0.962x that floor, and 1.01x the
     # benchmark's best floor on the H100 (call 6). 2112 x 512 min_blocks 1: chain 1M 1.090x, random 1.061x.
+    # Since the fifty-seventh session 2112 such blocks, not 1056 (a launch takes at most one per 512
+    # entries, so up to 512K entries the grid is the same): against 1056 (H100, its GPU calls 4 and 5,
+    # ab_kernels.py, interleaved, two processes; A/A 0.999-1.005x) chain 1M / 2M / 4M / 16M 0.970 /
+    # 0.975 / 0.977-0.978 / 0.979-0.981x, random 0.993-0.995 / 0.987 / 0.993 / 0.998x. That H200's
+    # run of record, at 1056 blocks: PARTIAL chain 1M 1.11x its floor (docs/PERFORMANCE.md).
     ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
-                    ((1 << 18) + 1, {"threads": 512, "min_blocks": 2})),
+                    ((1 << 18) + 1, {"blocks": 2112, "threads": 512, "min_blocks": 2})),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
     # 512-token tuning buckets' tokens per request; ALL: 128, below) keeps 8 entries of each chain in
     # flight, in every mode. The class follows tokens per request alone, the chain length the pipeline
