@@ -928,7 +928,7 @@ def print_table(meta, rows, baselines):
     slower = verdicts.tuned_slower_labels(rows)
     if any("tuned_us" in r for r in rows):
         print(f"tuned more than {verdicts.TUNED_SLOWER_PERCENT} slower than default (interleaved A/B): "
-              f"{', '.join(slower) if slower else 'none'}")
+              f"{', '.join(slower) if slower else 'none'}." + verdicts.aa_note(rows))
     print("agreement with the reference: " + "; ".join(f"{k}: {v}" for k, v in meta["agreement"].items()))
 
 

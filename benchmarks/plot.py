@@ -268,7 +268,7 @@ def markdown(run) -> str:
     if tuned:
         slower = verdicts.tuned_slower_labels(run["rows"])
         lines.append(f"Tuned more than {verdicts.TUNED_SLOWER_PERCENT} slower than default (A/B interleaved): "
-                     f"{', '.join(slower) if slower else 'none'}.")
+                     f"{', '.join(slower) if slower else 'none'}." + verdicts.aa_note(run["rows"]))
     below = [label for r in run["rows"] if (label := verdicts.below_floor_label(r))]
     lines.append(f"Rows faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT} (default or tuned arm): "
                  f"{', '.join(below) if below else 'none'}.")

@@ -7,9 +7,10 @@ compared with, limit; verify split by size range): how many rows meet it, and ea
 with its ratio; for the small verify rows and the one-token write rows also the same limit against their
 ordered floor, and their hash floor against the target's limit (for reference: neither is the target;
 they say what the floor really is: a row whose hash floor alone is over the limit is past the hardware
-for a kernel that hashes as SPEC requires). Then the tuning check (no row tuned more than 3% slower than default, A/B
-interleaved) and the rows faster than a floor by more than 5% in either arm (a floor that is not a lower
-bound): both checks are ``verdicts``', computed from the rows' times.
+for a kernel that hashes as SPEC requires). Then the tuning check (no row tuned to a geometry of its
+own more than 3% slower than default, A/B interleaved; the rows tuned to their default, an A/A, shown
+as the method's noise) and the rows faster than a floor by more than 5% in either arm (a floor that is
+not a lower bound): both checks are ``verdicts``', computed from the rows' times.
 Reads the targets the run stored; needs no GPU.
 """
 
@@ -74,8 +75,11 @@ def summary(run) -> str:
     if tuned:
         slower = verdicts.tuned_slower_labels(tuned)
         slower_than = f"more than {verdicts.TUNED_SLOWER_PERCENT} slower"
-        lines.append(f"Tuned vs default (A/B interleaved, {len(tuned)} rows): "
-                     + (f"FAIL, {slower_than}: {', '.join(slower)}." if slower else f"PASS, none {slower_than}."))
+        own = sum(not r.get("tuned_same_geometry") for r in tuned)
+        lines.append(f"Tuned vs default (A/B interleaved, {len(tuned)} rows, {own} of them tuned to a geometry of "
+                     f"their own): "
+                     + (f"FAIL, {slower_than}: {', '.join(slower)}." if slower else f"PASS, none {slower_than}.")
+                     + verdicts.aa_note(tuned))
     below = [label for r in run["rows"] if (label := verdicts.below_floor_label(r))]
     faster_than = f"faster than a floor by more than {verdicts.BELOW_FLOOR_PERCENT} (default or tuned arm)"
     lines.append("Floors as lower bounds: " + (f"FAIL, rows {faster_than}: {', '.join(below)}." if below

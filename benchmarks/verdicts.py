@@ -9,7 +9,9 @@ comparison of two runs (``compare.py``); ``bench_embedding.py``'s rows, of anoth
   fifteenth session's run found one only in the tuned arm (verify PARTIAL chain 16M in a 1024-lane
   grid, 0.933x a gather floor whose grids stopped at 512 lanes), which a check of the default alone
   had missed.
-* **Tuning never costs.** A row whose tuned time is more than ``TUNED_SLOWER`` times its default's.
+* **Tuning never costs.** A row whose tuned geometry is not the default and whose tuned time is more
+  than ``TUNED_SLOWER`` times its default's. A row tuned to its default geometry launches one module in
+  both arms: an A/A, whose difference is the method's noise, reported beside the check (``aa_note``).
 
 Both are computed from a row's times, so a run recorded before a check existed is judged by it too.
 Needs neither a GPU nor torch.
@@ -53,9 +55,23 @@ def below_floor_label(row) -> str:
 
 
 def tuned_slower(row) -> float | None:
-    """tuned / default of ``row`` when the tuned arm is more than ``TUNED_SLOWER`` times slower, else None."""
-    ratio = row["tuned_us"] / row["us"] if row.get("tuned_us") else 0.0
+    """tuned / default of ``row`` when its tuned arm runs a geometry of its own and is more than
+    ``TUNED_SLOWER`` times slower, else None (also for an A/A row: ``tuned_same_geometry``)."""
+    if not row.get("tuned_us") or row.get("tuned_same_geometry"):
+        return None
+    ratio = row["tuned_us"] / row["us"]
     return ratio if ratio > TUNED_SLOWER else None
+
+
+def aa_note(rows) -> str:
+    """How many of ``rows`` were tuned to their default geometry (both arms one module, an A/A) and the
+    range of their tuned / default, as a sentence to follow the tuning check's; "" when there are none."""
+    ratios = [r["tuned_us"] / r["us"] for r in rows if r.get("tuned_us") and r.get("tuned_same_geometry")]
+    if not ratios:
+        return ""
+    return (f" {len(ratios)} of {sum(bool(r.get('tuned_us')) for r in rows)} rows are tuned to their default "
+            f"geometry, so both arms launch one module (A/A): tuned / default {min(ratios):.3f}-{max(ratios):.3f}, "
+            f"the method's noise, not judged.")
 
 
 def tuned_slower_labels(rows) -> list[str]:
