@@ -15,6 +15,7 @@ from tvm_canary.geometry import FOLD_PAIRS_MAX_THREADS, Geometry
 from tvm_canary.reference.hashing import real_kv_fold_t, valid_slot_mask
 from tvm_canary.runtime import compile as compile_
 from tvm_canary.runtime import targets, use_backend
+from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
 
 from tree import assert_same_bytes, devices, require, tensors
 
@@ -229,6 +230,39 @@ def launch_grids(monkeypatch, grids) -> list:
     monkeypatch.setattr(compile_, "_by_launch", {})
     monkeypatch.setattr(compile_, "_write_geometries", lambda device, mode: [])
     return chosen
+
+
+@pytest.mark.gpu
+def test_verify_every_default_geometry_on_cuda(monkeypatch):
+    """Verify on CUDA with plans on either side of each size class's bound (``CUDA_SIZE_DEFAULTS``: 16K
+    and 256K entries) until every real-KV mode has run at each, so that each of verify's default
+    geometries (grid, lanes, register cap, folds; ``targets.default_geometries``) launches at least
+    once with the defaults alone (no tuning database): reference bytes."""
+    require("cuda")
+    monkeypatch.setenv("TVM_CANARY_TUNED", "0")
+    monkeypatch.setattr(compile_, "_by_launch", {})
+    bounds = sorted({at_least for (kernel, _), classes in CUDA_SIZE_DEFAULTS.items() if kernel == "verify"
+                     for at_least, _ in classes})
+    launched = set()
+    real_geometry = compile_.geometry
+
+    def recorded(name, device, size, mode=0):
+        geom = real_geometry(name, device, size, mode)
+        launched.add((mode, geom))
+        return geom
+
+    monkeypatch.setattr(compile_, "geometry", recorded)
+    for capacity in [c for bound in bounds for c in (bound - 1, bound)]:
+        modes_run = set()
+        for seed in range(40):
+            mode = int(CASES["verify"](torch.Generator().manual_seed(seed), "cpu", capacity=1)
+                       ["context"].real_kv_hash_mode)
+            if mode not in modes_run:
+                modes_run.add(mode)
+                run_differential("verify", "cuda", seed, capacity=capacity)
+        assert modes_run == {0, 1, 2}, (capacity, modes_run)
+    for mode in (0, 1, 2):
+        assert set(targets.default_geometries("verify", "cuda", mode)) <= {g for m, g in launched if m == mode}, mode
 
 
 @pytest.mark.gpu
