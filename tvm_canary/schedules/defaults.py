@@ -146,14 +146,14 @@ CUDA_SIZE_DEFAULTS = {
     # (chain / random), hence the bound; on an H100 (call 5) chain 0.935 / 0.940 / 0.971x, random
     # 1.005 / 1.013 / 1.018x. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 / 0.936x,
     # random 0.976 / 0.985 / 1.010x, 64K 3.3x, but chain 4M at 0.935x the gather floor timed in the
-    # same rounds (one grid), which no floor variant timed so far bounds (docs/PERFORMANCE.md,
+    # same rounds (one grid), which no floor variant timed beside it bounds (docs/PERFORMANCE.md,
     # "Floors as lower bounds: one open defect"); this grid ran 0.962x that floor, and 1.01x the
     # benchmark's best floor on the H100 (call 6). 2112 x 512 min_blocks 1: chain 1M 1.090x, random 1.061x.
     # Since the fifty-seventh session 2112 such blocks, not 1056 (a launch takes at most one per 512
     # entries, so up to 512K entries the grid is the same): against 1056 (H100, its GPU calls 4 and 5,
     # ab_kernels.py, interleaved, two processes; A/A 0.999-1.005x) chain 1M / 2M / 4M / 16M 0.970 /
-    # 0.975 / 0.977-0.978 / 0.979-0.981x, random 0.993-0.995 / 0.987 / 0.993 / 0.998x. That H200's
-    # run of record, at 1056 blocks: PARTIAL chain 1M 1.11x its floor (docs/PERFORMANCE.md).
+    # 0.975 / 0.977-0.978 / 0.979-0.981x, random 0.993-0.995 / 0.987 / 0.993-0.994 / 0.998x. The
+    # session's H200 run of record, at 1056 blocks: PARTIAL chain 1M 1.108x its floor (docs/PERFORMANCE.md).
     ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
                     ((1 << 18) + 1, {"blocks": 2112, "threads": 512, "min_blocks": 2})),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
