@@ -84,8 +84,16 @@ PLAN_SHAPES = ((64, 2048), (1024, 2048), (4096, 2048))  # (bs, prefix)
 SCATTER_SHAPES = ((256, 1024), (4096, 1024))  # (bs, tokens per request)
 COPY_FLOOR_LAUNCHES = 8  # copies per graph of the plan/scatter copy floor (the kernels' graphs hold 2)
 # Verify rows up to this size are small (latency-bound): their target is 1.25x the floor, and they also get
-# the hash and ordered floors (Bench.bounds).
+# the hash and ordered floors (Bench.bounds; ``bounded_row``).
 SMALL_VERIFY_ENTRIES = 1 << 16
+
+
+def bounded_row(mode: str, n: int) -> bool:
+    """Whether the verify row of ``n`` entries in ``mode`` also times what bounds it beyond its bytes
+    (``Bench.bounds``: the hash and ordered floors): every row up to ``SMALL_VERIFY_ENTRIES``, which
+    launch latency bounds, and ALL's at every size, whose fold hashes each source's whole row in 32
+    dependent steps, so that SPEC's hashing, not the bytes, may be what bounds it."""
+    return n <= SMALL_VERIFY_ENTRIES or mode == "ALL"
 
 
 def fail(message: str) -> int:
@@ -545,7 +553,7 @@ class Bench:
         return self.floor_fns[key]
 
     def prebuild_floors(self, kernels):
-        for name in self.floor_makers:  # the bounds' variants compile when first used (small verify rows)
+        for name in self.floor_makers:  # the bounds' variants compile when first used (bounded_row)
             if name.split("-")[0] in {FLOOR_OF[k] for k in kernels} and not {"hash", "ticket"} & set(name.split("-")):
                 for geom in floor_grids(name):
                     self.floor_kernel(name, geom)
@@ -600,12 +608,12 @@ class Bench:
 
     @staticmethod
     def bound_names(family, mode) -> list:
-        """The floors that bound a small row beyond its bytes (``bounds``): the ``hash`` and ``ticket``
-        variants of ``family`` in ``mode``, per fold order."""
+        """The floors that bound a row beyond its bytes (``bounds``; verify: ``bounded_row``): the ``hash``
+        and ``ticket`` variants of ``family`` in ``mode``, per fold order."""
         return [f"{family}-{variant}-{infix}{mode}" for variant in ("hash", "ticket") for infix in fold_orders(mode)]
 
     def bounds(self, row, family, mode, times, empty_us):
-        """What bounds a small (latency-bound) verify or a many-request write beyond its bytes, from the
+        """What bounds a verify (``bounded_row``) or a many-request write beyond its bytes, from the
         row's interleaved ``times`` of ``bound_names`` (``family``: "gather" for verify, "store" for
         write): ``hash_floor_us``, the floor that also hashes as SPEC 1 requires (chain links, real-KV
         fold; the ordered floor when that ran faster), and ``ordered_floor_us``, the least a kernel that
@@ -681,13 +689,13 @@ class Bench:
                                                p.verify_prev_slot_indices, p.verify_num_valid, pool.kv, pool.counters,
                                                pool.floor_flags, pool.floor_counter) for p in plans]
 
-                    small = n <= SMALL_VERIFY_ENTRIES
-                    names = list(memory_floors(mode, "gather")) + (self.bound_names("gather", mode) if small else [])
+                    bounded = bounded_row(mode, n)
+                    names = list(memory_floors(mode, "gather")) + (self.bound_names("gather", mode) if bounded else [])
                     floor_times = self.timed("verify", kws, row, self.floor_arms(names, calls_of))
                     if pool.flagged():
                         self.warn(f"verify {row['case']} flagged violations (the benchmark's verify is clean)")
                     row["floor_us"], row["floor"] = self.fastest_memory(floor_times, "gather", mode)
-                    if small:
+                    if bounded:
                         self.bounds(row, "gather", mode, floor_times, empty_us)
                     src_bytes = n_src * (32 if mode == "PARTIAL" else KV_BYTES) if n_src else 0
                     row["bytes"] = n * (24 + 32 + 32 + src_bytes)

@@ -4,9 +4,9 @@
 
 PNGs (needs matplotlib, the ``bench`` extra):
 * ``perf-verify.png``: time vs active entries, one column per real-KV mode; the kernel (default and,
-  when measured, tuned geometry), its gather floor (and, for small rows, the ordered floor as x) and
-  the baselines, random (solid) and chain (dashed) order; below, each time divided by the floor (x:
-  by the ordered floor), with the targets;
+  when measured, tuned geometry), its gather floor (and, for the rows timed against their bounds, the
+  ordered floor as x) and the baselines, random (solid) and chain (dashed) order; below, each time
+  divided by the floor (x: by the ordered floor), with the targets;
 * ``perf-write.png``: ns per written token for each shape and mode, beside the floor and baselines;
 * ``perf-plan-scatter.png``: plan and scatter times beside their copy floors and baselines.
 The markdown holds one table per kernel with the same numbers, the targets and PASS/FAIL, and the run's
@@ -83,7 +83,7 @@ def plot_verify(run, out: pathlib.Path, plt, dpi: int = DEFAULT_DPI) -> pathlib.
                 ax.plot(n, [r["tuned_us"] for r in sel], dash, color="tab:cyan", marker=".",
                         label=f"tvm_canary tuned, {order}")
             ax.plot(n, [r["floor_us"] for r in sel], dash, color="black", linewidth=1, label=f"gather floor, {order}")
-            bounded = [r for r in sel if "ordered_floor_us" in r]  # small rows: what bounds them beyond their bytes
+            bounded = [r for r in sel if "ordered_floor_us" in r]  # what bounds them beyond their bytes
             if bounded:
                 ax.plot([r["n"] for r in bounded], [r["ordered_floor_us"] for r in bounded], "x", color="black",
                         label=f"ordered floor (hashing + ordered append), {order}")
@@ -234,13 +234,16 @@ def markdown(run) -> str:
                 cells += [_fmt(t), _fmt(t / r["us"] if t else None, 3), r.get("tuned_geometry", "-") + same]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    for kernel, title, floor in (("verify", "verify, small plans", "gather"),
-                                 ("write", "write, one-token requests", "store")):
+    for kernel, title, floor, which in (
+            ("verify", "verify, small plans and ALL", "gather",
+             "`bench_kernels.bounded_row`: small plans, which launch latency bounds, and ALL's at every size"),
+            ("write", "write, one-token requests", "store", "one-token requests, which launch latency bounds")):
         bounded = [r for r in run["rows"] if r["kernel"] == kernel and "ordered_floor_us" in r]
         if not bounded:
             continue
         lines += [f"### {title}: what bounds it beyond its bytes", "",
-                  f"Latency-bound rows (`bench_kernels.Bench.bounds`): the {floor} floor; "
+                  f"Rows timed against what bounds them beyond their bytes (`bench_kernels.Bench.bounds`; {which}): "
+                  f"the {floor} floor; "
                   f"`hash`, the {floor} that also "
                   "hashes as SPEC 1 requires; `ordered`, the least on top of that for rows appended in order "
                   "(one launch with the clean protocol, or one more launch). Ratios are the kernel's time over each.",

@@ -84,6 +84,41 @@ def test_plot_tables_and_targets(tmp_path, capsys):
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 
 
+def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
+    """Verify rows up to 64K entries and ALL's at every size are timed against their hash and ordered
+    floors (``bounded_row``); the summary's reference lines group them by size range, each range with
+    its own limit, so a 1M row is judged at 1.10x, not at the small rows' 1.25x."""
+    import bench_kernels
+    import report
+
+    cases = (("NONE", 1 << 16), ("PARTIAL", 1 << 10), ("ALL", 1 << 24), ("NONE", 1 << 20), ("PARTIAL", 1 << 24))
+    assert [bench_kernels.bounded_row(mode, n) for mode, n in cases] == [True] * 3 + [False] * 2
+    bounds = {"ordered_floor": "hash + ticket 2112x32"}
+    rows = [_row("verify", "ALL random 4096", 5.0, 4.0, mode="ALL", order="random", n=4096, hash_floor_us=4.5,
+                 ordered_floor_us=4.6, **bounds),
+            # 1.12x its gather floor, but hashing as SPEC requires alone takes 1.11x: past the hardware at 1.10x
+            _row("verify", "ALL random 1048576", 460.0, 410.0, mode="ALL", order="random", n=1 << 20,
+                 hash_floor_us=455.0, ordered_floor_us=458.0, **bounds),
+            _row("verify", "NONE random 1048576", 60.0, 58.0, mode="NONE", order="random", n=1 << 20)]
+    bench_kernels.finish(rows)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"env": {"gpu": "test GPU"}, "rows": rows, "complete": True}))
+    summary = tmp_path / "summary.md"
+    assert report.main([str(path), "--markdown", str(summary)]) == 0
+    lines = [line for line in summary.read_text().splitlines() if line.startswith("| verify") or "reference" in line]
+    ordered, hashed = "ordered floor (gather + SPEC hashing + ordered append)", "hash floor (gather + SPEC hashing)"
+    past = "over it the target is past the hardware"
+    assert lines == [
+        "| verify, <= 64K entries: <= 1.25 x floor | 1 | 0 | - |",
+        "| verify, >= 1M entries: <= 1.10 x floor | 1 | 1 | ALL random 1048576 (1.12) |",
+        f"| (for reference) verify, <= 64K entries: <= 1.25 x {ordered} | 1 | 0 | - |",
+        f"| (for reference) verify, <= 64K entries: {hashed} <= 1.25 x floor; {past} | 1 | 0 | - |",
+        f"| (for reference) verify, >= 1M entries: <= 1.10 x {ordered} | 1 | 0 | - |",
+        f"| (for reference) verify, >= 1M entries: {hashed} <= 1.10 x floor; {past} | 0 | 1 | "
+        "ALL random 1048576 (1.110) |",
+    ]
+
+
 def test_plots_take_a_row_without_a_tuned_time(tmp_path):
     """A tuned time stored as null (no tuned arm) leaves the tuned series out instead of failing the PNGs
     (where matplotlib, the ``bench`` extra, is installed)."""
