@@ -2,7 +2,7 @@
 
     python3 benchmarks/ab_kernels.py --base REV [--variant NAME:KERNEL:MODE:FIELD=VALUE[,FIELD=VALUE...][:SCOPE]]...
         [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...]
-        [--verify-sizes N ...] [--kv-bytes B] [--quick] [--json OUT.json]
+        [--verify-sizes N ...] [--floor-grids G ...] [--kv-bytes B] [--quick] [--json OUT.json]
 
 Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
 holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
@@ -22,9 +22,12 @@ of 4 plans, write 7; medians) in CUDA graphs, on ``bench_kernels.py``'s inputs (
 2^22 with ``--quick``, chains stamped by head's write), verify beside two floors of one grid
 (2112 x 32, ``floors.gather``: ``fl-gather``, and ``fl-ordered``, which hashes as SPEC 1 requires,
 folding the sources one after another, and appends in order; the benchmark also times the order
-that folds them together). The benchmark's floors are the fastest of several grids and orders, so a
-ratio to these is at most the benchmark's. Checked before a row is reported: no verify launch of any arm flagged a
-violation, and every write arm stamped the bytes base stamped (a row that fails says so).
+that folds them together), and the gather in each of ``--floor-grids`` (``BLOCKSxTHREADS[mMIN_BLOCKS]``,
+e.g. ``2112x512m2``, a grid of ``floors.BOUNDED_GATHER_GRIDS``: ``fl-LABEL``, one lane an entry, and with
+two sources ``fl-split-LABEL``, two lanes). The benchmark's floors are the fastest of several grids and
+orders, so a ratio to these is at most the benchmark's. Checked before a row is reported: no verify
+launch of any arm flagged a violation, and every write arm stamped the bytes base stamped (a row that
+fails says so).
 Write's rows are ``bench_kernels.WRITE_SHAPES`` (requests x tokens per request), or ``--write-shapes``
 (e.g. ``256x4 128x16 128x22 128x23``: the size classes' boundary and the shapes between the
 benchmark's, which it does not time); ``RxTcC`` puts the R requests in a plan of capacity C > R, the rest
@@ -159,6 +162,20 @@ def parse_write_shape(text: str) -> tuple[int, int, int]:
     return requests, tokens, int(match.group(3) or requests)
 
 
+def parse_floor_grid(text: str):
+    """``--floor-grids``' ``BLOCKSxTHREADS[mMIN_BLOCKS]`` (THREADS a multiple of 32, as the split form's
+    lane pairs need) -> the CUDA Geometry the gather floor is built in (``floors.gather`` declares
+    ``__launch_bounds__(THREADS, MIN_BLOCKS)`` when MIN_BLOCKS > 1)."""
+    from tvm_canary.geometry import Geometry
+
+    match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)(?:m([1-9][0-9]*))?", text)
+    if not match or int(match.group(2)) % 32:
+        raise ValueError(f"--floor-grids {text!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS], THREADS a multiple of 32, "
+                         "e.g. 2112x512m2")
+    return Geometry(gpu=True, blocks=int(match.group(1)), threads=int(match.group(2)),
+                    min_blocks=int(match.group(3) or 1))
+
+
 def point_key(point) -> str:
     """A launch's workload point (``KernelCall.size``: an int, or write's tuple) as the child's JSON key."""
     return json.dumps(list(point) if isinstance(point, tuple) else point)
@@ -243,6 +260,9 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-sizes", nargs="+", type=int, metavar="N",
                     help="verify's rows, entries per plan, each at most the largest of bench_kernels.VERIFY_SIZES "
                          "(e.g. a size class's bound, which the benchmark does not time; default: all of them)")
+    ap.add_argument("--floor-grids", nargs="+", default=[], metavar="G",
+                    help="verify's gather floor also in these grids, BLOCKSxTHREADS[mMIN_BLOCKS] (e.g. 2112x512m2: "
+                         "declared __launch_bounds__(512, 2)), one lane an entry and split")
     ap.add_argument("--kv-bytes", type=int, metavar="B",
                     help="bytes per token of each of the pool's two sources (default bench_kernels.KV_BYTES, 256; "
                          "a multiple of 8): ALL folds B / 8 words per source")
@@ -269,6 +289,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--kv-bytes {args.kv_bytes}: a multiple of 8, at least 16")
         write_shapes = ([parse_write_shape(t) for t in args.write_shapes] if args.write_shapes
                         else [(reqs, length, reqs) for reqs, length in WRITE_SHAPES])
+        floor_grids = [parse_floor_grid(text) for text in args.floor_grids]
         base = resolve_base(args.base)
     except ValueError as e:
         return fail(str(e))
@@ -314,6 +335,10 @@ def main(argv=None) -> int:
                              "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n,
                                                                              hashing=True, ticket=True,
                                                                              fold_order="in turn"), arch)}
+                      | {f"fl-{infix}{B.geometry_label(geom)}":
+                         floors.compile_cuda(floors.gather(geom, B.fold_words(mode), False, n, fold_order=order), arch)
+                         for geom in floor_grids for infix, order in (("", "together"), ("split-", "split"))
+                         if n == 2 or not infix}
                       for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2)) if mode in args.modes}
                      if "verify" in args.kernels else {})
         pool = B.Pool(B.POOL_SLOTS["quick" if args.quick else "full"])
@@ -383,16 +408,17 @@ def main(argv=None) -> int:
                 shape = f"{reqs}x{length}" + (f"c{capacity}" if capacity != reqs else "")
                 time_row("write", mode, f"write {mode} {shape}", calls, {}, lambda problem=problem: problem)
 
-    names = [arm.name for arm in arms] + (["fl-gather", "fl-ordered"] if floor_fns else [])
-    print(f"\n{'case':28}" + "".join(f"{n[:10]:>11}" for n in names) + f"{'head/base':>10}")
+    names = [arm.name for arm in arms] + list(dict.fromkeys(name for fns in floor_fns.values() for name in fns))
+    print(f"\n{'case':28}" + "".join(f"{n[:16]:>17}" for n in names) + f"{'head/base':>10}")
     for r in rows:
-        print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):11.2f}" for n in names)
+        print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):17.2f}" for n in names)
               + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base,
                                                        "variants": args.variant, "packages": args.package,
                                                        "modes": args.modes, "write_shapes": write_shapes,
-                                                       "floor_grid": FLOOR_GRID, "rounds": ROUNDS,
+                                                       "floor_grid": FLOOR_GRID, "floor_grids": args.floor_grids,
+                                                       "rounds": ROUNDS,
                                                        "rows": rows}, indent=1))
     return 1 if any(r["problem"] for r in rows) else 0
 

@@ -565,6 +565,8 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
 def test_kernel_ab_variants(capsys):
     import ab_kernels
 
+    from tvm_canary.geometry import Geometry
+
     def refused(argv, message):  # exit status 2 and the message (a GPU-less host also exits 2, for want of a GPU)
         assert ab_kernels.main(argv) == 2
         assert message in capsys.readouterr().err
@@ -588,6 +590,12 @@ def test_kernel_ab_variants(capsys):
     for too_many in ("0", str((1 << 24) + 1)):  # any size the pool's chains hold (5000: a class bound's neighbour)
         refused(["--base", "HEAD", "--verify-sizes", "5000", too_many],
                 "kv-canary: --verify-sizes: each from 1 to 16777216 (the pool's chains hold no more)")
+    assert ab_kernels.parse_floor_grid("2112x512m2") == Geometry(gpu=True, blocks=2112, threads=512, min_blocks=2)
+    assert ab_kernels.parse_floor_grid("1056x128") == Geometry(gpu=True, blocks=1056, threads=128)
+    for bad in ("2112x48", "2112", "2112x512m", "0x32", "2112x512m2w"):
+        with pytest.raises(ValueError, match="--floor-grids"):
+            ab_kernels.parse_floor_grid(bad)
+    refused(["--base", "HEAD", "--floor-grids", "2112x512m2", "64x40"], "kv-canary: --floor-grids '64x40': expected")
     assert ab_kernels.parse_write_shape("256x4") == (256, 4, 256)
     assert ab_kernels.parse_write_shape("8x16c256") == (8, 16, 256)  # 8 requests in a plan of capacity 256
     for bad in ("256", "256x0", "0x4", "256x4x2", "x4", "-1x4", "8x16c4", "8x16c0", "8x16c"):
