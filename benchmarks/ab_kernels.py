@@ -284,7 +284,7 @@ def main(argv=None) -> int:
                                  f"--modes {' '.join(args.modes)})")
         known_sizes = VERIFY_SIZES["quick" if args.quick else "full"]
         if any(not 1 <= n <= max(known_sizes) for n in args.verify_sizes or ()):
-            raise ValueError(f"--verify-sizes: each from 1 to {max(known_sizes)} (the pool's chains hold no more)")
+            raise ValueError(f"--verify-sizes: each from 1 to {max(known_sizes)} (the benchmark's largest size)")
         if args.kv_bytes is not None and (args.kv_bytes < 16 or args.kv_bytes % 8):
             raise ValueError(f"--kv-bytes {args.kv_bytes}: a multiple of 8, at least 16")
         write_shapes = ([parse_write_shape(t) for t in args.write_shapes] if args.write_shapes

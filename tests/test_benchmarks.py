@@ -587,9 +587,9 @@ def test_kernel_ab_variants(capsys):
             "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
     refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
             "kv-canary: --variant m4: verify NONE is not timed (--kernels write,")
-    for too_many in ("0", str((1 << 24) + 1)):  # any size the pool's chains hold (5000: a class bound's neighbour)
+    for too_many in ("0", str((1 << 24) + 1)):  # any size up to the benchmark's largest (5000: not one of them)
         refused(["--base", "HEAD", "--verify-sizes", "5000", too_many],
-                "kv-canary: --verify-sizes: each from 1 to 16777216 (the pool's chains hold no more)")
+                "kv-canary: --verify-sizes: each from 1 to 16777216 (the benchmark's largest size)")
     assert ab_kernels.parse_floor_grid("2112x512m2") == Geometry(gpu=True, blocks=2112, threads=512, min_blocks=2)
     assert ab_kernels.parse_floor_grid("1056x128") == Geometry(gpu=True, blocks=1056, threads=128)
     for bad in ("2112x48", "2112", "2112x512m", "0x32", "2112x512m2w"):

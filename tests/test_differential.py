@@ -235,9 +235,10 @@ def launch_grids(monkeypatch, grids) -> list:
 @pytest.mark.gpu
 def test_verify_every_default_geometry_on_cuda(monkeypatch):
     """Verify on CUDA with plans on either side of each size class's bound (``CUDA_SIZE_DEFAULTS``: 16K
-    and 256K entries) until every real-KV mode has run at each, so that each of verify's default
-    geometries (grid, lanes, register cap, folds; ``targets.default_geometries``) launches at least
-    once with the defaults alone (no tuning database): reference bytes."""
+    and 256K entries), and one past the largest default grid's reach (blocks x lanes: there every lane
+    strides over more than one entry), until every real-KV mode has run at each, so that each of
+    verify's default geometries (grid, lanes, register cap, folds; ``targets.default_geometries``)
+    launches at least once with the defaults alone (no tuning database): reference bytes."""
     require("cuda")
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})
@@ -252,7 +253,9 @@ def test_verify_every_default_geometry_on_cuda(monkeypatch):
         return geom
 
     monkeypatch.setattr(compile_, "geometry", recorded)
-    for capacity in [c for bound in bounds for c in (bound - 1, bound)]:
+    reach = max(geom.blocks * geom.threads
+                for mode in (0, 1, 2) for geom in targets.default_geometries("verify", "cuda", mode))
+    for capacity in [c for bound in bounds for c in (bound - 1, bound)] + [reach + 1]:
         modes_run = set()
         for seed in range(40):
             mode = int(CASES["verify"](torch.Generator().manual_seed(seed), "cpu", capacity=1)
