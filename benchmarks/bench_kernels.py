@@ -280,11 +280,12 @@ def memory_floors(mode: str, family: str) -> dict:
 
 def floor_grids(name: str) -> list:
     """The grids floor ``name`` (``floor_makers``) is timed in: ``floors.floor_geometries``, with the
-    bounded grids for the gather's memory forms (``memory_floors``), whose grids verify's kernels have
-    run below (``floors.BOUNDED_GATHER_GRIDS``)."""
+    bounded grids for each of the gather's floors (its memory forms, ``memory_floors``, and the hash and
+    ticket variants that bound a row beyond its bytes, ``Bench.bound_names``): grids verify's kernels
+    have run below (``floors.BOUNDED_GATHER_GRIDS``)."""
     import floors
 
-    return floors.floor_geometries(bounded=any(name in memory_floors(mode, "gather") for mode in MODES))
+    return floors.floor_geometries(bounded=name.split("-")[0] == "gather")
 
 
 def order_label(order) -> str:

@@ -67,7 +67,7 @@ FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (5
 # "in turn" (``fold_hash``), and "split" (``split_fold_hash``, two lanes an entry or token). The memory
 # floors (gather, store) are timed in one lane an entry and split (their source order does not matter).
 FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name infix -> fold order
-# (blocks, threads, min_blocks) in which the gather's memory forms are also timed, declared
+# (blocks, threads, min_blocks) in which the gather's floors (memory, hash and ticket forms) are also timed, declared
 # ``__launch_bounds__(threads, min_blocks)`` as verify's kernels are (``gather``). Declared with the
 # threads alone, ptxas builds the gather in 32 registers and issues its loads in source order: on sm_90
 # (nvcc 13.0, fifty-sixth session) it waits 5 times an entry with at most 4 loads in flight, where
@@ -80,8 +80,8 @@ BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4))
 
 
 def floor_geometries(bounded: bool = False):
-    """The grids a floor is timed in: ``FLOOR_GRIDS``; with ``bounded`` (the gather's memory forms)
-    also ``BOUNDED_GATHER_GRIDS``, as geometries whose ``min_blocks`` ``gather`` declares."""
+    """The grids a floor is timed in: ``FLOOR_GRIDS``; with ``bounded`` (the gather's floors) also
+    ``BOUNDED_GATHER_GRIDS``, as geometries whose ``min_blocks`` ``gather`` declares."""
     return ([Geometry(gpu=True, blocks=b, threads=t) for b, t in FLOOR_GRIDS]
             + [Geometry(gpu=True, blocks=b, threads=t, min_blocks=m) for b, t, m in BOUNDED_GATHER_GRIDS if bounded])
 

@@ -352,14 +352,13 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
             return Geometry(gpu=True, blocks=1056, threads=128, min_blocks=8)
 
     # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family (the split
-    # gather's in a bounded grid, which only the memory forms run).
+    # gather's in a bounded grid).
     fastest = {"gather-ALL": ("2112x64", 4.0), "gather-split-ALL": ("2112x512m2", 3.9),
                "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
                "gather-hash-split-ALL": ("2112x32", 4.8), "gather-ticket-ALL": ("1056x256", 6.4),
                "gather-ticket-seq-ALL": ("2112x32", 6.3), "gather-ticket-split-ALL": ("528x512", 6.6)}
     grids = {name: [bench_kernels.geometry_label(g) for g in bench_kernels.floor_grids(name)] for name in fastest}
-    bounded = {name for name in fastest if len(grids[name]) > len(floors.FLOOR_GRIDS)}
-    assert bounded == {"gather-ALL", "gather-split-ALL"}
+    assert all(len(grids[name]) == len(floors.FLOOR_GRIDS) + len(floors.BOUNDED_GATHER_GRIDS) for name in fastest)
     timed_arms = []
 
     def interleaved(arms, iters):
@@ -497,22 +496,24 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
             and tail_write.args[0].data_ptr() != w.session.canary_buffer("TAIL", "K").data_ptr())
 
 
-def test_the_gather_memory_floors_also_run_bounded_grids():
-    """The gather's memory forms (one lane an entry, and split) are timed in ``FLOOR_GRIDS`` and in
-    ``BOUNDED_GATHER_GRIDS``, where they declare ``__launch_bounds__(threads, min_blocks)`` as verify's
-    kernels do; every other floor runs ``FLOOR_GRIDS`` alone, and a plain grid declares the threads alone
-    (the CUDA source, generated without nvcc)."""
+def test_the_gather_floors_also_run_bounded_grids():
+    """The gather's floors (memory forms, one lane an entry and split, and the hash and ticket forms) are
+    timed in ``FLOOR_GRIDS`` and in ``BOUNDED_GATHER_GRIDS``, where they declare
+    ``__launch_bounds__(threads, min_blocks)`` as verify's kernels do; every other floor runs
+    ``FLOOR_GRIDS`` alone, and a plain grid declares the threads alone (the CUDA source, generated
+    without nvcc)."""
     import bench_kernels
     import floors
     import tvm
 
     from tvm_canary.geometry import Geometry
 
-    gather_forms = {"gather-NONE", "gather-PARTIAL", "gather-split-PARTIAL", "gather-ALL", "gather-split-ALL"}
     plain = [(b, t, 1) for b, t in floors.FLOOR_GRIDS]
+    gathers = {name for name in bench_kernels.floor_makers() if name.startswith("gather-")}
+    assert {"gather-NONE", "gather-split-ALL", "gather-hash-split-ALL", "gather-ticket-seq-PARTIAL"} <= gathers
     for name in bench_kernels.floor_makers():
         grids = [(g.blocks, g.threads, g.min_blocks) for g in bench_kernels.floor_grids(name)]
-        assert grids == plain + (list(floors.BOUNDED_GATHER_GRIDS) if name in gather_forms else []), name
+        assert grids == plain + (list(floors.BOUNDED_GATHER_GRIDS) if name in gathers else []), name
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
     for blocks, threads, min_blocks in [floors.BOUNDED_GATHER_GRIDS[0], (2112, 512, 1)]:
         geom = Geometry(gpu=True, blocks=blocks, threads=threads, min_blocks=min_blocks)
@@ -539,7 +540,8 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     geom = floors.floor_geometries()[0]
     funcs = [(name, make(geom)) for name, make in makers.items()]
     bounded = floors.floor_geometries(bounded=True)[-1]  # a grid that declares its min_blocks
-    funcs += [(f"{name}-bounded", makers[name](bounded)) for name in ("gather-ALL", "gather-split-ALL")]
+    funcs += [(f"{name}-bounded", makers[name](bounded)) for name in bench_kernels.floor_makers()
+              if name.startswith("gather-") and name.endswith("-ALL")]
     funcs += [("chain", floors.chain()), ("empty", floors.empty())]
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
     files = []
