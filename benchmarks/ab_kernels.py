@@ -164,14 +164,14 @@ def parse_write_shape(text: str) -> tuple[int, int, int]:
 
 def parse_floor_grid(text: str):
     """``--floor-grids``' ``BLOCKSxTHREADS[mMIN_BLOCKS]`` (THREADS a multiple of 32, as the split form's
-    lane pairs need) -> the CUDA Geometry the gather floor is built in (``floors.gather`` declares
+    lane pairs need, up to 1024) -> the CUDA Geometry the gather floor is built in (``floors.gather`` declares
     ``__launch_bounds__(THREADS, MIN_BLOCKS)`` when MIN_BLOCKS > 1)."""
     from tvm_canary.geometry import Geometry
 
     match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)(?:m([1-9][0-9]*))?", text)
-    if not match or int(match.group(2)) % 32:
-        raise ValueError(f"--floor-grids {text!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS], THREADS a multiple of 32, "
-                         "e.g. 2112x512m2")
+    if not match or int(match.group(2)) % 32 or int(match.group(2)) > 1024:
+        raise ValueError(f"--floor-grids {text!r}: expected BLOCKSxTHREADS[mMIN_BLOCKS], THREADS a multiple of 32 "
+                         "up to 1024 (CUDA's most a block), e.g. 2112x512m2")
     return Geometry(gpu=True, blocks=int(match.group(1)), threads=int(match.group(2)),
                     min_blocks=int(match.group(3) or 1))
 
@@ -409,9 +409,10 @@ def main(argv=None) -> int:
                 time_row("write", mode, f"write {mode} {shape}", calls, {}, lambda problem=problem: problem)
 
     names = [arm.name for arm in arms] + list(dict.fromkeys(name for fns in floor_fns.values() for name in fns))
-    print(f"\n{'case':28}" + "".join(f"{n[:16]:>17}" for n in names) + f"{'head/base':>10}")
+    width = max(11, *(len(n) + 1 for n in names))
+    print(f"\n{'case':28}" + "".join(f"{n:>{width}}" for n in names) + f"{'head/base':>10}")
     for r in rows:
-        print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):17.2f}" for n in names)
+        print(f"{r['case']:28}" + "".join(f"{r['us'].get(n, float('nan')):{width}.2f}" for n in names)
               + f"{r['us']['head'] / r['us']['base']:10.3f}" + (f"  {r['problem']}" if r["problem"] else ""))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"env": B.environment(), "base": args.base,

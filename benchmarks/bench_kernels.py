@@ -280,12 +280,15 @@ def memory_floors(mode: str, family: str) -> dict:
 
 def floor_grids(name: str) -> list:
     """The grids floor ``name`` (``floor_makers``) is timed in: ``floors.floor_geometries``, with the
-    bounded grids for each of the gather's floors (its memory forms, ``memory_floors``, and the hash and
+    bounded grids for each of verify's gather floors (its memory forms, ``memory_floors``, and the hash and
     ticket variants that bound a row beyond its bytes, ``Bench.bound_names``): grids verify's kernels
-    have run below (``floors.BOUNDED_GATHER_GRIDS``)."""
+    have run below (``floors.BOUNDED_GATHER_GRIDS``). Other floors (``bench_embedding``'s token-reading
+    gathers among them) run the plain grids."""
     import floors
 
-    return floors.floor_geometries(bounded=name.split("-")[0] == "gather")
+    verify_floors = {floor for mode in MODES
+                     for floor in (*memory_floors(mode, "gather"), *Bench.bound_names("gather", mode))}
+    return floors.floor_geometries(bounded=name in verify_floors)
 
 
 def order_label(order) -> str:

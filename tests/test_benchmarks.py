@@ -502,6 +502,7 @@ def test_the_gather_floors_also_run_bounded_grids():
     ``__launch_bounds__(threads, min_blocks)`` as verify's kernels do; every other floor runs
     ``FLOOR_GRIDS`` alone, and a plain grid declares the threads alone (the CUDA source, generated
     without nvcc)."""
+    import bench_embedding
     import bench_kernels
     import floors
     import tvm
@@ -511,7 +512,10 @@ def test_the_gather_floors_also_run_bounded_grids():
     plain = [(b, t, 1) for b, t in floors.FLOOR_GRIDS]
     gathers = {name for name in bench_kernels.floor_makers() if name.startswith("gather-")}
     assert {"gather-NONE", "gather-split-ALL", "gather-hash-split-ALL", "gather-ticket-seq-PARTIAL"} <= gathers
-    for name in bench_kernels.floor_makers():
+    # every floor either benchmark builds; the embedding's token-reading gathers keep the plain grids
+    makers = dict(bench_embedding.floor_bench("sm_90").floor_makers)
+    assert {"gather-token-NONE", "gather-token-PARTIAL"} <= set(makers)
+    for name in makers:
         grids = [(g.blocks, g.threads, g.min_blocks) for g in bench_kernels.floor_grids(name)]
         assert grids == plain + (list(floors.BOUNDED_GATHER_GRIDS) if name in gathers else []), name
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
@@ -594,7 +598,7 @@ def test_kernel_ab_variants(capsys):
                 "kv-canary: --verify-sizes: each from 1 to 16777216 (the benchmark's largest size)")
     assert ab_kernels.parse_floor_grid("2112x512m2") == Geometry(gpu=True, blocks=2112, threads=512, min_blocks=2)
     assert ab_kernels.parse_floor_grid("1056x128") == Geometry(gpu=True, blocks=1056, threads=128)
-    for bad in ("2112x48", "2112", "2112x512m", "0x32", "2112x512m2w"):
+    for bad in ("2112x48", "2112", "2112x512m", "0x32", "2112x512m2w", "64x2048"):
         with pytest.raises(ValueError, match="--floor-grids"):
             ab_kernels.parse_floor_grid(bad)
     refused(["--base", "HEAD", "--floor-grids", "2112x512m2", "64x40"], "kv-canary: --floor-grids '64x40': expected")

@@ -234,11 +234,12 @@ def launch_grids(monkeypatch, grids) -> list:
 
 @pytest.mark.gpu
 def test_verify_every_default_geometry_on_cuda(monkeypatch):
-    """Verify on CUDA with plans on either side of each size class's bound (``CUDA_SIZE_DEFAULTS``: 16K
-    and 256K entries), and one past the largest default grid's reach (blocks x lanes: there every lane
-    strides over more than one entry), until every real-KV mode has run at each, so that each of
-    verify's default geometries (grid, lanes, register cap, folds; ``targets.default_geometries``)
-    launches at least once with the defaults alone (no tuning database): reference bytes."""
+    """Verify on CUDA with full, enabled plans on either side of each size class's bound
+    (``CUDA_SIZE_DEFAULTS``: 16K and 256K entries), and of twice the largest default grid's reach and one
+    more (blocks x lanes: every lane of every default grid strides over at least two entries), until
+    every real-KV mode has run at each, so that each of verify's default geometries (grid, lanes,
+    register cap, folds; ``targets.default_geometries``) launches at least once with the defaults alone
+    (no tuning database): reference bytes."""
     require("cuda")
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})
@@ -255,14 +256,18 @@ def test_verify_every_default_geometry_on_cuda(monkeypatch):
     monkeypatch.setattr(compile_, "geometry", recorded)
     reach = max(geom.blocks * geom.threads
                 for mode in (0, 1, 2) for geom in targets.default_geometries("verify", "cuda", mode))
-    for capacity in [c for bound in bounds for c in (bound - 1, bound)] + [reach + 1]:
+    def full(case, launch):  # every entry valid and the plan enabled (the case draws both at random)
+        case["plan"].verify_num_valid.fill_(case["plan"].verify_slot_indices.numel())
+        case["plan"].enable.fill_(1)
+
+    for capacity in [c for bound in bounds for c in (bound - 1, bound)] + [2 * reach + 1]:
         modes_run = set()
         for seed in range(40):
             mode = int(CASES["verify"](torch.Generator().manual_seed(seed), "cpu", capacity=1)
                        ["context"].real_kv_hash_mode)
             if mode not in modes_run:
                 modes_run.add(mode)
-                run_differential("verify", "cuda", seed, capacity=capacity)
+                run_differential("verify", "cuda", seed, full, capacity=capacity)
         assert modes_run == {0, 1, 2}, (capacity, modes_run)
     for mode in (0, 1, 2):
         assert set(targets.default_geometries("verify", "cuda", mode)) <= {g for m, g in launched if m == mode}, mode
