@@ -335,10 +335,10 @@ def main(argv=None) -> int:
                              "fl-ordered": floors.compile_cuda(floors.gather(grid, B.fold_words(mode), False, n,
                                                                              hashing=True, ticket=True,
                                                                              fold_order="in turn"), arch)}
-                      | {f"fl-{infix}{B.geometry_label(geom)}":
-                         floors.compile_cuda(floors.gather(geom, B.fold_words(mode), False, n, fold_order=order), arch)
-                         for geom in floor_grids for infix, order in (("", "together"), ("split-", "split"))
-                         if n == 2 or not infix}
+                      | {f"fl-{'split-' if order else ''}{B.geometry_label(geom)}":  # memory forms: one lane, split
+                         floors.compile_cuda(floors.gather(geom, B.fold_words(mode), False, n,
+                                                           fold_order=order or "together"), arch)
+                         for geom in floor_grids for order in B.memory_floors(mode, "gather").values()}
                       for mode, n in (("NONE", 0), ("PARTIAL", 2), ("ALL", 2)) if mode in args.modes}
                      if "verify" in args.kernels else {})
         pool = B.Pool(B.POOL_SLOTS["quick" if args.quick else "full"])

@@ -322,9 +322,6 @@ def floor_makers() -> dict:
     return out
 
 
-FLOOR_OF = {"verify": "gather", "write": "store", "plan": "copy", "scatter": "copy"}
-
-
 def write_args(pool, mode, slots_2d, ids, capacity=None):
     """Write launch arguments for requests = rows of ``slots_2d`` (positions 0.., anchor seeds), in a plan
     of ``capacity`` requests (default: as many as rows; the requests past the rows are empty and not
@@ -557,8 +554,9 @@ class Bench:
         return self.floor_fns[key]
 
     def prebuild_floors(self, kernels):
+        families = {verdicts.FLOOR_OF[k] for k in kernels}
         for name in self.floor_makers:  # the bounds' variants compile when first used (bounded_row)
-            if name.split("-")[0] in {FLOOR_OF[k] for k in kernels} and not {"hash", "ticket"} & set(name.split("-")):
+            if name.split("-")[0] in families and not {"hash", "ticket"} & set(name.split("-")):
                 for geom in floor_grids(name):
                     self.floor_kernel(name, geom)
 

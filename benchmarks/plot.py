@@ -234,10 +234,11 @@ def markdown(run) -> str:
                 cells += [_fmt(t), _fmt(t / r["us"] if t else None, 3), r.get("tuned_geometry", "-") + same]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    for kernel, title, floor, which in (
-            ("verify", "verify, small plans and ALL", "gather",
+    for kernel, title, which in (
+            ("verify", "verify, small plans and ALL",
              "`bench_kernels.bounded_row`: small plans, which launch latency bounds, and ALL's at every size"),
-            ("write", "write, one-token requests", "store", "one-token requests, which launch latency bounds")):
+            ("write", "write, one-token requests", "one-token requests, which launch latency bounds")):
+        floor = verdicts.FLOOR_OF[kernel]
         bounded = [r for r in run["rows"] if r["kernel"] == kernel and "ordered_floor_us" in r]
         if not bounded:
             continue

@@ -65,7 +65,7 @@ def summary(run) -> str:
             rows_of = verify_sizes(r) if r["kernel"] == "verify" else "one-token requests"
             references.setdefault((r["kernel"], rows_of, target["limit"]), []).append(r)
     for (kernel, rows_of, limit), bounded in sorted(references.items(), key=lambda kv: (kv[0][0] != "verify", kv[0])):
-        floor = {"verify": "gather", "write": "store"}[kernel]
+        floor = verdicts.FLOOR_OF[kernel]
         over = [f"{r['case']} ({r['us'] / r['ordered_floor_us']:.2f})" for r in bounded
                 if r["us"] > limit * r["ordered_floor_us"]]
         lines.append(f"| (for reference) {kernel}, {rows_of}: <= {limit:.2f} x ordered floor ({floor} + SPEC hashing + "

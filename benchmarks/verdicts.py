@@ -21,6 +21,9 @@ from __future__ import annotations
 
 BELOW_FLOOR_RATIO = 0.95  # time / floor under this: the floor is not a lower bound
 TUNED_SLOWER = 1.03  # tuned / default above this fails the tuning check
+# The floor family of each kernel's rows (``bench_kernels.floor_makers``; named here for the reports,
+# which do without torch).
+FLOOR_OF = {"verify": "gather", "write": "store", "plan": "copy", "scatter": "copy"}
 FLOOR_KEYS = ("floor_us", "hash_floor_us", "ordered_floor_us")  # a row's floors (the latter two: bounded rows)
 # The two margins as the reports print them ("3%", "5%").
 TUNED_SLOWER_PERCENT = f"{round((TUNED_SLOWER - 1) * 100)}%"
