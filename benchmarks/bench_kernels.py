@@ -35,7 +35,7 @@ Scatter: 8 B read + 4 B written per token.
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
-        [--json OUT.json [--resume [--redo KERNEL ...]]]
+        [--verify-sizes ENTRIES ...] [--json OUT.json [--resume [--redo KERNEL ...]]]
 
 ``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
 every kernel that file finished (a kernel's rows are written when its sweep ends), runs the rest of
@@ -47,6 +47,9 @@ run on a freshly started host can take longer than one call of a lent GPU allows
 session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``. ``--redo write``
 (with ``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel
 alone (its code, defaults or database); the part that timed the dropped rows names them ``replaced``.
+``--verify-sizes`` times verify's rows of those sizes only; with ``--redo verify`` it drops and times
+again only those, after a change to them alone: every verify row kept must have run the default this
+checkout gives it (``verify_default_of``), or the resume is refused.
 
 Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
 freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
@@ -454,6 +457,7 @@ class Bench:
     baselines: tuple
     candidates: tuple
     plan_candidates: tuple = ()
+    verify_sizes: tuple = ()  # verify's rows, entries per plan (empty: VERIFY_SIZES)
     launchers: Launchers = None
     arch: str = ""
     warnings: list = dataclasses.field(default_factory=list)
@@ -672,7 +676,7 @@ class Bench:
     def verify_rows(self, pool, empty_us):
 
         rows = []
-        sizes = VERIFY_SIZES["quick" if self.quick else "full"]
+        sizes = self.verify_sizes or VERIFY_SIZES["quick" if self.quick else "full"]
         candidates = [(c, parse_geometry(c)) for c in self.candidates]
         words = pool.canary.view(torch.int64)
         for mode in MODES:
@@ -857,13 +861,28 @@ def environment() -> dict:
 RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
 
 
-def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[list, list[str], list]:
+def verify_default_of(labels: str, mode: str, n: int) -> str:
+    """The geometry that ``default_labels("verify", ...)``'s text ``labels`` gives a verify launch in
+    ``mode`` over ``n`` entries: the mode's size class of the highest bound at most ``n``, else the
+    mode's default, else the kernel's (the first label)."""
+    chosen, bound = labels.split(", ")[0], -1
+    for words in (label.split(" ") for label in labels.split(", ")[1:]):
+        at_least = int(words[2]) if len(words) == 4 else 0
+        if words[0] == mode and bound < at_least <= n:
+            chosen, bound = words[-1], at_least
+    return chosen
+
+
+def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes=()) -> tuple[list, list[str], list]:
     """(rows kept, kernels of ``kernels`` still to run, ``prior``'s ``parts``) when the run ``prior`` (a
     ``--json`` file) is continued by an invocation whose environment, options and default geometries
     are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError``
     naming the first difference when it is not the same run (a kept kernel's defaults are those its
     rows ran, ``prior``'s ``default_geometries``). Every row is kept but those of the kernels ``redo``
-    (``--redo``), which run again; a part that timed them names them ``replaced``."""
+    (``--redo``), which run again; a part that timed them names them ``replaced``. With
+    ``verify_sizes`` (``--verify-sizes``) a redone verify drops only its rows of those sizes, which a
+    part that timed them names ``replaced_verify_sizes``; each verify row kept must have run the default
+    this checkout gives it (``verify_default_of``)."""
     for key in ("env", *RESUME_KEYS):
         if prior.get(key) != now[key]:
             raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
@@ -873,13 +892,36 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=()) -> tuple[lis
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, "
                              f"this checkout's are {now['default_geometries'][kernel]!r}")
+    partial = "verify" in redo and bool(verify_sizes)
 
-    def marked(part) -> dict:  # the part, naming the kernels whose rows a later invocation timed again
-        replaced = [k for k in part["kernels"] if k in redo or k in part.get("replaced", ())]
+    def kept(row) -> bool:
+        return row["kernel"] in done or (partial and row["kernel"] == "verify" and row["n"] not in verify_sizes)
+
+    rows = [row for row in prior["rows"] if kept(row)]
+    for row in rows:
+        if row["kernel"] == "verify" and partial:
+            then, current = (verify_default_of(d["default_geometries"]["verify"], row["mode"], row["n"])
+                             for d in (prior, now))
+            if then != current:
+                raise ValueError(f"--resume: the run in --json timed verify {row['case']} at {then}, this checkout's "
+                                 f"default there is {current}: give --verify-sizes {row['n']} too")
+
+    def marked(part) -> dict:  # the part, naming the kernels (and sizes) whose rows a later invocation timed again
+        part = dict(part)
+        redone = [k for k in part["kernels"] if k in redo]
+        if partial and "verify" in redone:
+            redone.remove("verify")  # some of its sizes
+            sizes = set(part.get("verify_sizes") or VERIFY_SIZES["full"]) & set(verify_sizes)
+            sizes |= set(part.get("replaced_verify_sizes", ()))
+            if sizes:
+                part["replaced_verify_sizes"] = sorted(sizes)
+        replaced = [k for k in part["kernels"] if k in redone or k in part.get("replaced", ())]
+        if "verify" in replaced:
+            part.pop("replaced_verify_sizes", None)  # all of them
         return {**part, "replaced": replaced} if replaced else part
 
     parts = [marked(part) for part in prior.get("parts", [])]
-    return [row for row in prior["rows"] if row["kernel"] in done], [k for k in kernels if k not in done], parts
+    return rows, [k for k in kernels if k not in done], parts
 
 
 def run_timing(parts: list[dict]) -> dict:
@@ -961,6 +1003,9 @@ def main(argv=None) -> int:
     ap.add_argument("--redo", nargs="+", default=[], choices=KERNELS, metavar="KERNEL",
                     help="with --resume: drop these finished kernels' rows and time them again "
                          "(after a change to them alone)")
+    ap.add_argument("--verify-sizes", nargs="+", type=int, default=[], metavar="ENTRIES",
+                    help="verify's rows of these sizes only (of bench_kernels.VERIFY_SIZES); with --resume "
+                         "--redo verify, only they are timed again")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -984,6 +1029,9 @@ def main(argv=None) -> int:
         return fail("--resume continues the run in --json: give --json a run's file")
     if args.redo and not (args.resume and set(args.redo) <= set(args.kernels)):
         return fail("--redo times kernels of a run again: give --resume, and --kernels including them")
+    known_sizes = VERIFY_SIZES["quick" if args.quick else "full"]
+    if not set(args.verify_sizes) <= set(known_sizes):
+        return fail(f"--verify-sizes: verify's sizes are {', '.join(map(str, known_sizes))}")
 
     sys.path.insert(0, HERE)
     import floors
@@ -992,7 +1040,7 @@ def main(argv=None) -> int:
 
     t_start = time.time()
     bench = Bench(quick=args.quick, ab=args.ab, baselines=tuple(args.baselines), candidates=tuple(args.candidates),
-                  plan_candidates=tuple(args.plan_candidates))
+                  plan_candidates=tuple(args.plan_candidates), verify_sizes=tuple(sorted(set(args.verify_sizes))))
     bench.launchers = Launchers()
     bench.arch = targets.cuda_arch(0)
     options = {"arch": bench.arch, "ab": args.ab, "quick": args.quick, "baselines": list(args.baselines),
@@ -1007,7 +1055,7 @@ def main(argv=None) -> int:
             prior = json.load(f)
         try:
             rows, kernels, prior["parts"] = resume_run(prior, {"env": env, "default_geometries": defaults, **options},
-                                                       kernels, args.redo)
+                                                       kernels, args.redo, bench.verify_sizes)
         except ValueError as e:
             return fail(str(e))
         if not kernels:
@@ -1033,7 +1081,8 @@ def main(argv=None) -> int:
         so a run cut short still leaves its finished sweeps."""
         finish(rows)
         parts = prior["parts"] + [{"kernels": done, "wall_s": time.time() - t_start, "empty_us": empty_us,
-                                   "chain_ns": chain_ns}]
+                                   "chain_ns": chain_ns,
+                                   **({"verify_sizes": list(bench.verify_sizes)} if bench.verify_sizes else {})}]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),

@@ -182,6 +182,14 @@ def _title(run) -> str:
             f"torch {env.get('torch')}, TVM {env.get('tvm')}, tvm-ffi {env.get('tvm_ffi')}, Triton {env.get('triton')}")
 
 
+def part_kernels(kernels, verify_sizes=None) -> str:
+    """The kernels of a run's part (``parts``: those it timed, or those whose rows a later one replaced),
+    verify with its sizes when the part had only those (``verify_sizes``, ``replaced_verify_sizes``)."""
+    names = list(kernels) if not verify_sizes or "verify" in kernels else ["verify", *kernels]
+    return ", ".join(f"verify ({', '.join(map(str, verify_sizes))} entries)" if k == "verify" and verify_sizes else k
+                     for k in names) or "nothing"
+
+
 def _fmt(x, digits=1) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
@@ -202,10 +210,11 @@ def markdown(run) -> str:
     if len(parts) > 1:
         lines += [f"The run was made in {len(parts)} invocations (`bench_kernels.py --resume`), each timing its rows' "
                   "floors in its own process: " + "; ".join(
-                      f"{', '.join(p['kernels']) or 'nothing'} in {p['wall_s']:.0f} s "
+                      f"{part_kernels(p['kernels'], p.get('verify_sizes'))} in {p['wall_s']:.0f} s "
                       f"(empty launch {p['empty_us']:.2f} µs, "
                       f"register-only chain {p['chain_ns']:.1f} ns/step"
-                      + (f"; its {', '.join(p['replaced'])} rows replaced by a later invocation's" if p.get("replaced")
+                      + (f"; its {part_kernels(p.get('replaced', []), p.get('replaced_verify_sizes'))} rows "
+                         "replaced by a later invocation's" if p.get("replaced") or p.get("replaced_verify_sizes")
                          else "")
                       + ")" for p in parts) + ".", ""]
     if not run.get("complete", True):

@@ -223,6 +223,45 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
             "its write rows replaced by a later invocation's); write in 186 s") in plot.markdown(run)
 
 
+def test_a_run_redoes_only_the_verify_sizes_asked_for():
+    """``--redo verify --verify-sizes``: only verify's rows of those sizes are dropped and timed again; a
+    kept row whose default changed is refused, naming the size to add; the parts say which sizes a later
+    invocation replaced, and the tables say so."""
+    import bench_kernels
+    import plot
+
+    options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": [], "candidates": [], "plan_candidates": []}
+    env = {"gpu": "test GPU", "driver": "580.1", "tvm": "0.27"}
+    old = "2112x128m4, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, PARTIAL >= 262145 1056x512m2"
+    new = "2112x128m4, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, PARTIAL >= 262145 2112x512m2"
+    assert [bench_kernels.verify_default_of(new, mode, n) for mode, n in
+            (("NONE", 1 << 24), ("PARTIAL", 4096), ("PARTIAL", 16385), ("PARTIAL", 262144), ("PARTIAL", 262145))] == [
+        "2112x128m4", "2112x128m2wp", "1056x128m8", "1056x128m8", "2112x512m2"]
+    rows = [_row("verify", f"{mode} chain {n}", 3.0, 2.0, mode=mode, order="chain", n=n)
+            for mode in ("NONE", "PARTIAL") for n in (1 << 16, 1 << 20, 1 << 22)]
+    write_row = _row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", n=4096)
+    parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
+    prior = {"env": env, **options, "default_geometries": {"verify": old, "write": "528x64u2"},
+             "rows": [*rows, write_row], "parts": parts}
+    now = {"env": env, **options, "default_geometries": {"verify": new}}
+    kept, kernels, marked = bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 20, 1 << 22))
+    assert kept == [rows[0], rows[3], write_row] and kernels == ["verify"]
+    assert marked == [{**parts[0], "replaced_verify_sizes": [1 << 20, 1 << 22]}]
+    with pytest.raises(ValueError, match="timed verify PARTIAL chain 4194304 at 1056x512m2, this checkout's default "
+                                         "there is 2112x512m2: give --verify-sizes 4194304 too"):
+        bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 20,))
+    # a later whole redo of verify names the kernel, not its sizes
+    assert bench_kernels.resume_run({**prior, "parts": marked}, now, ["verify"], ["verify"])[2] == [
+        {**parts[0], "replaced": ["verify"]}]
+    run = {"env": env, "arch": "sm_90", "empty_us": 1.2, "chain_ns": 100.9, "rows": kept[:2], "complete": False,
+           "parts": [*marked, {"kernels": ["verify"], "wall_s": 90.0, "empty_us": 1.2, "chain_ns": 100.9,
+                               "verify_sizes": [1 << 20, 1 << 22]}]}
+    bench_kernels.finish(run["rows"])
+    assert ("verify, write in 400 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; its verify (1048576, "
+            "4194304 entries) rows replaced by a later invocation's); verify (1048576, 4194304 entries) in 90 s"
+            ) in plot.markdown(run)
+
+
 def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     """The run's empty launch and register-only chain are those of the part whose write rows it keeps (a
     part whose write rows a later ``--redo write`` replaced is passed over, as is a later part without
