@@ -830,6 +830,8 @@ class Bench:
 
     def progress(self, row):
         extra = "".join(f"  {name} {us:.1f} us" for name, us in row.get("plan_candidates", {}).items())
+        extra += "".join(f"  {key[:-9]} floor {row[key]:.1f} us" for key in ("hash_floor_us", "ordered_floor_us")
+                         if key in row)
         print(f"  {row['kernel']:8} {row['case']:24} {row['us']:10.1f} us  floor {row['floor_us']:10.1f} us{extra}",
               flush=True)
 
