@@ -935,10 +935,13 @@ def run_timing(parts: list[dict]) -> dict:
     return {"empty_us": timing["empty_us"], "chain_ns": timing["chain_ns"]}
 
 
-def complete(rows: list[dict]) -> bool:
-    """Whether a run holds rows of every kernel (``KERNELS``), however its parts were asked for: the
-    reports mark any other run incomplete (a cut-short run, or one part not yet resumed)."""
-    return set(KERNELS) <= {row["kernel"] for row in rows}
+def complete(rows: list[dict], quick: bool = False) -> bool:
+    """Whether a run holds rows of every kernel (``KERNELS``) and verify's rows of every size of its
+    preset (``VERIFY_SIZES``), however its parts were asked for: the reports mark any other run
+    incomplete (a cut-short run, one part not yet resumed, or verify timed at some sizes alone)."""
+    verify_sizes = {row["n"] for row in rows if row["kernel"] == "verify"}
+    return (set(KERNELS) <= {row["kernel"] for row in rows}
+            and set(VERIFY_SIZES["quick" if quick else "full"]) <= verify_sizes)
 
 
 def finish(rows):
@@ -1088,7 +1091,7 @@ def main(argv=None) -> int:
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),
-                "parts": parts, "complete": complete(rows)}
+                "parts": parts, "complete": complete(rows, args.quick)}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(meta, rows=rows), f, indent=1)

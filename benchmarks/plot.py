@@ -32,8 +32,8 @@ DEFAULT_DPI = 60  # plot.py --dpi: the PNGs' resolution, the docs' (small files:
 PALETTE_COLOURS = 64
 
 
-INCOMPLETE = ("**Incomplete run**: it holds only the kernels below (cut short, or made a part at a time and not "
-              "yet resumed); the other kernels' targets are missing.")
+INCOMPLETE = ("**Incomplete run**: it holds only the kernels and sizes below (cut short, made a part at a time "
+              "and not yet resumed, or verify timed at some sizes alone); the other rows' targets are missing.")
 
 
 def read_run(path) -> dict:

@@ -275,8 +275,13 @@ def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     assert bench_kernels.run_timing([first, redone, verify]) == {"empty_us": 1.17, "chain_ns": 101.0}
     assert bench_kernels.run_timing([{**first, "replaced": []}, verify]) == {"empty_us": 1.34, "chain_ns": 100.9}
     assert bench_kernels.run_timing([verify]) == {"empty_us": 1.14, "chain_ns": 101.1}
-    rows = [{"kernel": k} for k in ("verify", "write", "plan")]
+    rows = [{"kernel": k, "n": n} for k in ("verify", "write", "plan") for n in bench_kernels.VERIFY_SIZES["full"]]
     assert not bench_kernels.complete(rows) and bench_kernels.complete([*rows, {"kernel": "scatter"}])
+    some_sizes = [r for r in rows if r["kernel"] != "verify" or r["n"] == 1 << 20] + [{"kernel": "scatter"}]
+    assert not bench_kernels.complete(some_sizes)  # verify timed at some sizes alone (--verify-sizes)
+    quick = [r for r in rows if r["kernel"] != "verify" or r["n"] in bench_kernels.VERIFY_SIZES["quick"]]
+    assert bench_kernels.complete([*quick, {"kernel": "scatter"}], quick=True)
+    assert not bench_kernels.complete([*quick, {"kernel": "scatter"}])
 
 
 def test_a_ratio_is_printed_on_its_side_of_the_limit():
