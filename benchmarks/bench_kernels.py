@@ -863,6 +863,26 @@ def environment() -> dict:
 RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
 
 
+def verify_sizes_problem(verify_sizes, quick: bool, kernels) -> str | None:
+    """Why ``--verify-sizes`` cannot apply to an invocation that times ``kernels`` (after ``--resume``:
+    those still to run), or None: a size outside the preset's ``VERIFY_SIZES``, or no verify rows to time."""
+    known = VERIFY_SIZES["quick" if quick else "full"]
+    if not set(verify_sizes) <= set(known):
+        return f"--verify-sizes: verify's sizes are {', '.join(map(str, known))}"
+    if verify_sizes and "verify" not in kernels:
+        return ("--verify-sizes chooses verify's rows, and this invocation times none: give --kernels verify "
+                "(with --resume, and --redo verify on a run whose verify is finished)")
+    return None
+
+
+def row_order(row) -> tuple:
+    """A run's row order: the kernels as in ``KERNELS``, verify's rows as its sweep makes them (mode, order,
+    size), so rows timed again by a later part (``--redo``) stand where the sweep puts them."""
+    sweep = ((MODES.index(row["mode"]), ("random", "chain").index(row["order"]), row["n"])
+             if row["kernel"] == "verify" else ())
+    return (KERNELS.index(row["kernel"]), *sweep)
+
+
 def verify_default_of(labels: str, mode: str, n: int) -> str:
     """The geometry that ``default_labels("verify", ...)``'s text ``labels`` gives a verify launch in
     ``mode`` over ``n`` entries: the mode's size class of the highest bound at most ``n``, else the
@@ -1034,9 +1054,8 @@ def main(argv=None) -> int:
         return fail("--resume continues the run in --json: give --json a run's file")
     if args.redo and not (args.resume and set(args.redo) <= set(args.kernels)):
         return fail("--redo times kernels of a run again: give --resume, and --kernels including them")
-    known_sizes = VERIFY_SIZES["quick" if args.quick else "full"]
-    if not set(args.verify_sizes) <= set(known_sizes):
-        return fail(f"--verify-sizes: verify's sizes are {', '.join(map(str, known_sizes))}")
+    if problem := verify_sizes_problem(args.verify_sizes, args.quick, args.kernels):
+        return fail(problem)
 
     sys.path.insert(0, HERE)
     import floors
@@ -1065,6 +1084,8 @@ def main(argv=None) -> int:
             return fail(str(e))
         if not kernels:
             return fail(f"--resume: the run in --json has finished {', '.join(args.kernels)}; nothing is left to run")
+        if problem := verify_sizes_problem(args.verify_sizes, args.quick, kernels):
+            return fail(problem)
         bench.agreement.update(prior["agreement"])
         bench.warnings += prior["warnings"]
     flag = torch.zeros(1, dtype=torch.int32, device=DEV)
@@ -1084,10 +1105,11 @@ def main(argv=None) -> int:
     def report(done: list[str]) -> dict:
         """The run so far (rows, derived columns, environment); written to --json after every kernel,
         so a run cut short still leaves its finished sweeps."""
+        rows.sort(key=row_order)
         finish(rows)
         parts = prior["parts"] + [{"kernels": done, "wall_s": time.time() - t_start, "empty_us": empty_us,
-                                   "chain_ns": chain_ns,
-                                   **({"verify_sizes": list(bench.verify_sizes)} if bench.verify_sizes else {})}]
+                                   "chain_ns": chain_ns, **({"verify_sizes": list(bench.verify_sizes)}
+                                                            if bench.verify_sizes and "verify" in done else {})}]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),

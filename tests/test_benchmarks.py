@@ -253,6 +253,21 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
     # a later whole redo of verify names the kernel, not its sizes
     assert bench_kernels.resume_run({**prior, "parts": marked}, now, ["verify"], ["verify"])[2] == [
         {**parts[0], "replaced": ["verify"]}]
+    # a part that timed some sizes alone is marked only for those, and earlier marks stay
+    later = {"kernels": ["verify"], "wall_s": 60.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 22]}
+    again = {**prior, "default_geometries": {**prior["default_geometries"], "verify": new}, "parts": [*marked, later]}
+    assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 20,))[2] == [*marked, later]
+    assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 22,))[2] == [
+        *marked, {**later, "replaced_verify_sizes": [1 << 22]}]
+    assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 16,))[2] == [
+        {**parts[0], "replaced_verify_sizes": [1 << 16, 1 << 20, 1 << 22]}, later]
+    # --verify-sizes needs verify rows to time, of the preset's sizes
+    assert bench_kernels.verify_sizes_problem([1 << 20], False, ["verify", "write"]) is None
+    assert "sizes are 1024, 4096, 65536, 1048576" in bench_kernels.verify_sizes_problem([1 << 22], True, ["verify"])
+    assert "this invocation times none" in bench_kernels.verify_sizes_problem([1 << 20], False, ["write"])
+    # a run's rows stand in the sweeps' order, wherever a later part put them
+    shuffled = [write_row, rows[4], rows[0], rows[3], rows[1]]
+    assert sorted(shuffled, key=bench_kernels.row_order) == [rows[0], rows[1], rows[3], rows[4], write_row]
     run = {"env": env, "arch": "sm_90", "empty_us": 1.2, "chain_ns": 100.9, "rows": kept[:2], "complete": False,
            "parts": [*marked, {"kernels": ["verify"], "wall_s": 90.0, "empty_us": 1.2, "chain_ns": 100.9,
                                "verify_sizes": [1 << 20, 1 << 22]}]}
