@@ -946,6 +946,13 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
     return rows, [k for k in kernels if k not in done], parts
 
 
+def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=()) -> dict:
+    """One invocation's entry in a run's ``parts``: the kernels it finished, its wall time, empty launch
+    and register-only chain, and verify's sizes when ``--verify-sizes`` chose them and it timed verify."""
+    sizes = {"verify_sizes": list(verify_sizes)} if verify_sizes and "verify" in done else {}
+    return {"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **sizes}
+
+
 def run_timing(parts: list[dict]) -> dict:
     """A run's top-level ``empty_us`` and ``chain_ns``: those of the part whose write rows it holds
     (write's targets were measured against them), the last part that timed write and whose write rows
@@ -1107,9 +1114,7 @@ def main(argv=None) -> int:
         so a run cut short still leaves its finished sweeps."""
         rows.sort(key=row_order)
         finish(rows)
-        parts = prior["parts"] + [{"kernels": done, "wall_s": time.time() - t_start, "empty_us": empty_us,
-                                   "chain_ns": chain_ns, **({"verify_sizes": list(bench.verify_sizes)}
-                                                            if bench.verify_sizes and "verify" in done else {})}]
+        parts = prior["parts"] + [part_record(done, time.time() - t_start, empty_us, chain_ns, bench.verify_sizes)]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),

@@ -261,6 +261,11 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
         *marked, {**later, "replaced_verify_sizes": [1 << 22]}]
     assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 16,))[2] == [
         {**parts[0], "replaced_verify_sizes": [1 << 16, 1 << 20, 1 << 22]}, later]
+    # an invocation's part names verify's sizes only when it timed verify
+    assert bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9, (1 << 20,)) == {
+        "kernels": ["verify"], "wall_s": 90.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 20]}
+    assert "verify_sizes" not in bench_kernels.part_record(["write"], 90.0, 1.2, 100.9, (1 << 20,))
+    assert "verify_sizes" not in bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9)
     # --verify-sizes needs verify rows to time, of the preset's sizes
     assert bench_kernels.verify_sizes_problem([1 << 20], False, ["verify", "write"]) is None
     assert "sizes are 1024, 4096, 65536, 1048576" in bench_kernels.verify_sizes_problem([1 << 22], True, ["verify"])
