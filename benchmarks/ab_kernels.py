@@ -371,7 +371,7 @@ def main(argv=None) -> int:
             return f"{count} violation rows recorded (the launches must be clean)" if count else None
 
         for mode in args.modes if "verify" in args.kernels else ():
-            for order in ("random", "chain"):
+            for order in B.ORDERS:
                 slots_2d, _ = B.stamp_chains(Stamper, pool, mode, order)
                 context = pool.context(mode)
                 for n in sizes:

@@ -78,6 +78,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = torch.device("cuda", 0)
 KV_BYTES = 256  # bytes per token per source (K and V)
 MODES = ("NONE", "PARTIAL", "ALL")
+ORDERS = ("random", "chain")  # verify's entry orders (``verify_plans``), in the sweep's order
 KERNELS = ("verify", "write", "plan", "scatter")  # every sweep, in a whole run's order
 POOL_SLOTS = {"full": 1 << 25, "quick": 1 << 22}  # canary slots (the K/V pool is 512 B per slot)
 VERIFY_SIZES = {"full": (1 << 10, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24),
@@ -680,7 +681,7 @@ class Bench:
         candidates = [(c, parse_geometry(c)) for c in self.candidates]
         words = pool.canary.view(torch.int64)
         for mode in MODES:
-            for order in ("random", "chain"):
+            for order in ORDERS:
                 slots_2d, _ = stamp_chains(self, pool, mode, order)
                 ctx = pool.context(mode)
                 n_src = len(ctx.real_kv_sources)
@@ -878,7 +879,7 @@ def verify_sizes_problem(verify_sizes, quick: bool, kernels) -> str | None:
 def row_order(row) -> tuple:
     """A run's row order: the kernels as in ``KERNELS``, verify's rows as its sweep makes them (mode, order,
     size), so rows timed again by a later part (``--redo``) stand where the sweep puts them."""
-    sweep = ((MODES.index(row["mode"]), ("random", "chain").index(row["order"]), row["n"])
+    sweep = ((MODES.index(row["mode"]), ORDERS.index(row["order"]), row["n"])
              if row["kernel"] == "verify" else ())
     return (KERNELS.index(row["kernel"]), *sweep)
 

@@ -24,7 +24,7 @@ import sys
 import verdicts  # benchmarks/, the script's folder
 
 
-def verify_sizes(row) -> str:
+def size_range(row) -> str:
     """The size range of a verify row's target."""
     return ">= 1M entries" if row["n"] >= 1 << 20 else "<= 64K entries"
 
@@ -33,7 +33,7 @@ def group_of(row, target) -> str:
     """The target group of one of a row's targets, as a reader of docs/PERFORMANCE.md names it."""
     what, limit = target["what"], target["limit"]
     if row["kernel"] == "verify":
-        return f"verify, {verify_sizes(row)}: <= {limit:.2f} x floor"
+        return f"verify, {size_range(row)}: <= {limit:.2f} x floor"
     if row["kernel"] == "write":
         return {
             "chain": f"write, one long chain (NONE): <= {limit:.2f} x register-only chain",
@@ -62,7 +62,7 @@ def summary(run) -> str:
     for r in run["rows"]:
         target = next((t for t in r.get("targets", []) if t["what"] == "floor"), None)
         if "ordered_floor_us" in r and target:
-            rows_of = verify_sizes(r) if r["kernel"] == "verify" else "one-token requests"
+            rows_of = size_range(r) if r["kernel"] == "verify" else "one-token requests"
             references.setdefault((r["kernel"], rows_of, target["limit"]), []).append(r)
     for (kernel, rows_of, limit), bounded in sorted(references.items(), key=lambda kv: (kv[0][0] != "verify", kv[0])):
         floor = verdicts.FLOOR_OF[kernel]

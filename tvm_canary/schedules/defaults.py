@@ -146,9 +146,10 @@ CUDA_SIZE_DEFAULTS = {
     # (chain / random), hence the bound; on an H100 (call 5) chain 0.935 / 0.940 / 0.971x, random
     # 1.005 / 1.013 / 1.018x. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 / 0.936x,
     # random 0.976 / 0.985 / 1.010x, 64K 3.3x, but chain 4M at 0.935x the gather floor timed in the
-    # same rounds (one grid), which no floor variant timed beside it bounds (docs/PERFORMANCE.md,
-    # "Floors as lower bounds: the one-grid defect"); this grid ran 0.962x that floor, and 1.01x the
-    # benchmark's best floor on the H100 (call 6). 2112 x 512 min_blocks 1: chain 1M 1.090x, random 1.061x.
+    # same rounds (one grid), which the bounded gather grids bound (1.007x their best on an H100,
+    # fifty-eighth session; docs/PERFORMANCE.md, "Floors as lower bounds: the one-grid defect"); this
+    # grid ran 0.962x that floor, and 1.01x the benchmark's best floor on the H100 (call 6). 2112 x 512
+    # min_blocks 1: chain 1M 1.090x, random 1.061x.
     # Since the fifty-seventh session 2112 such blocks, not 1056 (a launch takes at most one per 512
     # entries, so up to 512K entries the grid is the same): against 1056 (H100, its GPU calls 4 and 5,
     # ab_kernels.py, interleaved, two processes; A/A 0.999-1.005x) chain 1M / 2M / 4M / 16M 0.970 /
