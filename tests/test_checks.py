@@ -182,6 +182,40 @@ _MISALIGNED_BUF_PTR = _MISALIGNED_BUF.data_ptr()
 assert _MISALIGNED_BUF_PTR % 8 != 0 and _MISALIGNED_BUF.is_contiguous()
 
 
+def _off_word_storage(rows: int, width: int) -> torch.Tensor:
+    """uint8 ``[rows, width]`` at an 8-byte aligned address, in a storage that starts 4 bytes past a word
+    (``torch.from_numpy`` of an odd slice): the kernels' int64 view counts words from the storage's start."""
+    raw = np.zeros(rows * width + 16, dtype=np.uint8)
+    flat = torch.from_numpy(raw[(4 - raw.ctypes.data) % 8:])
+    tensor = flat[4: 4 + rows * width].view(rows, width)
+    assert tensor.data_ptr() % 8 == 0 and tensor.untyped_storage().data_ptr() % 8 == 4
+    return tensor
+
+
+_OFF_WORD_SOURCE, _OFF_WORD_BUF = _off_word_storage(8, 32), _off_word_storage(8, 32)
+
+
+def _restrided_source() -> RealKvSource:
+    """A source whose tensor is re-strided in place after the source was built: rows 36 bytes apart."""
+    built = source(zeros(8, 48, dtype=U8)[:, :32])
+    built.tensor.as_strided_((8, 32), (36, 1))
+    return built
+
+
+def on_meta(value):
+    """``value`` (launch arguments, a record or a tuple) with every tensor moved to the meta device."""
+    if isinstance(value, torch.Tensor):
+        return meta(value)
+    if isinstance(value, dict):
+        return {k: on_meta(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(map(on_meta, value))
+    if dataclasses.is_dataclass(value):
+        fields = dataclasses.fields(value)
+        return dataclasses.replace(value, **{f.name: on_meta(getattr(value, f.name)) for f in fields})
+    return value
+
+
 # ---------------------------------------------------------------------------------------------
 # Construction-time errors (context.py, plans.py).
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +310,22 @@ LAUNCH_CASES = [
      f"kv-canary: real_kv_sources[0].tensor data pointer must be 8-byte aligned, got {_MISALIGNED_PTR:#x}"),
     ("source_device", W, CW, sources(source(meta(zeros(8, 32, dtype=U8)))), ValueError,
      "kv-canary: real_kv_sources[0].tensor must be on canary_buf's device cpu, got meta"),
+    ("source_storage_off_word", V, CV, sources(source(_OFF_WORD_SOURCE)), ValueError,
+     "kv-canary: real_kv_sources[0].tensor storage must start 8-byte aligned, got "
+     f"{_OFF_WORD_SOURCE.untyped_storage().data_ptr():#x}"),
+    ("w_canary_buf_storage_off_word", W, CW, ctx(canary_buf=_OFF_WORD_BUF), ValueError,
+     f"kv-canary: canary_buf storage must start 8-byte aligned, got {_OFF_WORD_BUF.untyped_storage().data_ptr():#x}"),
+    ("source_restrided", W, CW, sources(_restrided_source()), ValueError,
+     "kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes, got 36 bytes (shape=(8, 32), "
+     "strides=(36, 1), dtype=torch.uint8)"),
+    ("w_source_list_inside_canary_buf", W, CW, lambda a: dict(a, context=dataclasses.replace(
+        a["context"], real_kv_sources=[source(a["context"].canary_buf)])), ValueError,
+     "kv-canary: context.canary_buf shares memory with context.real_kv_sources[0].tensor: a tensor the launch "
+     "writes must not overlap any other tensor argument"),
+    ("w_all_meta", W, CW, on_meta, ValueError, "kv-canary: unsupported device type 'meta' (expected cpu or cuda)"),
+    ("v_all_meta", V, CV, on_meta, ValueError, "kv-canary: unsupported device type 'meta' (expected cpu or cuda)"),
+    ("p_all_meta", P, CP, on_meta, ValueError, "kv-canary: unsupported device type 'meta' (expected cpu or cuda)"),
+    ("s_all_meta", S, CS, on_meta, ValueError, "kv-canary: unsupported device type 'meta' (expected cpu or cuda)"),
     ("w_canary_buf_misaligned", W, CW, ctx(canary_buf=_MISALIGNED_BUF), ValueError,
      f"kv-canary: canary_buf data pointer must be 8-byte aligned, got {_MISALIGNED_BUF_PTR:#x}"),
     ("v_canary_buf_misaligned", V, CV, ctx(canary_buf=_MISALIGNED_BUF), ValueError,
@@ -635,7 +685,7 @@ TYPE_CASES = [
      lambda a: arg("prefix_lens", retype(I32))(dict(a, verify_capacity=8.0)), ValueError,
      "kv-canary: prefix_lens must have dtype torch.int64, got torch.int32"),
     ("t_p_offset_str", P, CP, lambda a: dict(a, kv_token_id_vs_position_offset="1"), TypeError,
-     "kv-canary: kv_token_id_vs_position_offset must be an int, got str '1'"),
+     "kv-canary: kv_token_id_vs_position_offset must be an int, got str"),
     # --- scatter: ranks (ValueError), then dtypes (TypeError), as in the contract ---
     ("t_s_flat_in_numpy", S, CS, arg("flat_in", numpy), TypeError,
      "kv-canary: scatter_req_token_ids flat_in must be a torch.Tensor, got numpy.ndarray"),
@@ -744,6 +794,8 @@ TYPE_CONSTRUCTION_CASES = [
     # --- VerifyOrWriteContext: launch tag (any int64 is stamped as it is), hash mode and sources ---
     ("t_context_kind_float", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=2.5)), TypeError,
      "kv-canary: kernel_kind must be an int, got float 2.5"),
+    ("t_context_kind_none", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=None)), TypeError,
+     "kv-canary: kernel_kind must be an int, got NoneType"),
     ("t_context_kind_past_int64", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=2**63)), ValueError,
      "kv-canary: kernel_kind must fit in int64, got 9223372036854775808"),
     ("t_context_mode_7", lambda: VerifyOrWriteContext(**_context_fields(real_kv_hash_mode=7)), ValueError,

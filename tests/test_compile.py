@@ -199,7 +199,8 @@ def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
     Dynamo turned operator.index's TypeError into an internal error); with fullgraph=True Dynamo's
     Unsupported carries it in its chain."""
     s = make_state("cpu")
-    message = f"^kv-canary: (RealKvSource.)?{field} must be an int, got {type(wrong).__name__} {wrong!r}$"
+    shown = f"{type(wrong).__name__} {wrong!r}" if isinstance(wrong, float) else type(wrong).__name__  # SPEC 4
+    message = f"^kv-canary: (RealKvSource.)?{field} must be an int, got {shown}$"
     with pytest.raises(TypeError, match=message):
         step_context(s, **{field: wrong})
     with pytest.raises(TypeError, match=message):

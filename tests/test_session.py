@@ -188,12 +188,21 @@ def zero_source(page_size: int = 1) -> RealKvSource:
      "lut_tensor must have dtype torch.int64, got torch.int32"),
     (dict(swa_lut=torch.zeros(0, dtype=torch.int64)), "lut_len must be positive when has_swa_lut is True"),
     (dict(swa_lut=torch.zeros(2, NUM_SLOTS, dtype=torch.int64)), "lut_tensor must be 1-D"),
+    (dict(ring_capacity=0), "ring_capacity must be positive, got 0"),
+    (dict(device="meta"), "unsupported device type 'meta' (expected cpu or cuda)"),
 ], ids=["num_slots", "write_entry_capacity", "pool_rows", "pool_rank", "sources", "narrow_source",
-        "lut_dtype", "lut_empty", "lut_rank"])
+        "lut_dtype", "lut_empty", "lut_rank", "ring_capacity", "meta"])
 def test_the_constructor_rejects_what_a_step_would_fail_on(changes, message):
     """Checked when the session is built, with the launches' messages (SPEC 4) where they have one."""
     with pytest.raises(ValueError, match=re.escape(f"kv-canary: {message}")):
         make_session(**changes)
+
+
+@pytest.mark.parametrize("ring_capacity, message", [
+    (1.5, "ring_capacity must be an int, got float 1.5"), (None, "ring_capacity must be an int, got NoneType")])
+def test_the_constructor_refuses_a_ring_capacity_that_is_not_an_int(ring_capacity, message):
+    with pytest.raises(TypeError, match=re.escape(f"kv-canary: {message}")):
+        make_session(ring_capacity=ring_capacity)
 
 
 # ---------------------------------------------------------------------- detection through the session
@@ -239,8 +248,15 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
      re.escape("the expected-token pool (3, 16) (expected_token_pool_shape) is smaller than req_to_token (4, 16)")),
     (dict(req_to_token=torch.nn.functional.pad(TABLE, (0, 1))), ValueError,
      re.escape("the expected-token pool (3, 16) (expected_token_pool_shape) is smaller than req_to_token (3, 17)")),
+    # Inputs that are not integers are refused, not truncated (slots 1.9 and 2.7 were stamped as 1 and 2).
+    (dict(out_cache_loc=torch.tensor([1.9, 2.7])), TypeError,
+     "out_cache_loc must hold int64 values, got torch.float32"),
+    (dict(input_ids=[2**63, 0]), TypeError, "input_ids must hold int64 values, got list"),
+    (dict(req_to_token=TABLE.float()), TypeError, "req_to_token must hold int64 values, got torch.float32"),
+    (dict(req_pool_indices=torch.tensor(1)), ValueError, re.escape("req_pool_indices must be 1-D, got shape ()")),
+    (dict(token_lens=torch.tensor(5)), ValueError, re.escape("token_lens must be 1-D, got shape ()")),
 ], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
-        "pool_rows", "pool_columns"])
+        "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "scalar_rows", "scalar_lens"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """A rejected call raises before the step is counted or anything runs: nothing changes, and later steps
     (health-checked every step) run clean."""
@@ -477,6 +493,21 @@ def test_labels_of_sweep_unknown_token_and_invalid_rows():
     assert unknown.line().startswith(
         "kv_canary violation: launch_tag=unknown(9999) fail_reason=verify_position+invalid_index ")
     assert make_row().line().split()[3] == "fail_reason=none"
+
+
+def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step():
+    """SPEC D10 for a whole step: prefix_lens carved from the expected-token pool, which the step's scatter
+    writes before the plan kernels read prefix_lens, is refused before the step begins (it was accepted,
+    and the scatter rewrote it: prefix lengths 51539607563 and 0)."""
+    session, kv = make_session(expected_token_pool_shape=(3, MAX_LEN))
+    step(session, kv, 0, 4)
+    carved = session.expected_token_pool[1].view(torch.int64)[: len(ROWS)]
+    carved.copy_(torch.tensor([4] * len(ROWS)))
+    before = session_state(session)
+    with pytest.raises(ValueError, match="^kv-canary: expected_token_pool shares memory with prefix_lens"):
+        session.before_forward(**{**step_inputs(session, 4, 1), "prefix_lens": carved})
+    assert session.step == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
 
 
 def test_step_inputs_inside_any_endpoints_buffer_are_refused_before_the_step():

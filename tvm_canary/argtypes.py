@@ -79,9 +79,10 @@ def require_integer(value: object, name: str) -> int:
     def not_an_int() -> TypeError:
         return TypeError(f"kv-canary: {name} must be an int, got {type_name(value)} {value!r}")
 
-    # The common wrong types are refused before operator.index: inside torch.compile, torch 2.11's Dynamo
-    # turns operator.index's TypeError into its own internal error, which the except below never sees.
-    if value is None or isinstance(value, (float, complex, str, bytes)):
+    require_number(value, name)  # not a number (None, a str, ...): the type alone (SPEC 4 "Argument types")
+    # A float is refused before operator.index: inside torch.compile, torch 2.11's Dynamo turns
+    # operator.index's TypeError into its own internal error, which the except below never sees.
+    if isinstance(value, float):
         raise not_an_int()
     try:
         return operator.index(value)

@@ -38,7 +38,7 @@ from .argtypes import (
     require_positive,
     require_tensor,
 )
-from .context import SINK_FIELDS, VerifyOrWriteContext
+from .context import SINK_FIELDS, VerifyOrWriteContext, check_row_stride
 from .plans import VerifyPlan, WritePlan
 
 NamedTensor = tuple[torch.Tensor, str]
@@ -171,8 +171,9 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
     """Launch-time checks of ``context.real_kv_sources`` (SPEC 2.6, D5; docs/SEMANTICS.md).
 
     At most 4 sources; each tensor has innermost stride 1 (rows may be ``stride(0)`` apart), is 2-D
-    when viewed as uint8, has rows at least ``page_size * num_bytes_per_token`` bytes wide, an
-    8-byte-aligned data pointer, and lives on ``canary_buf``'s device. Checked on every backend,
+    when viewed as uint8, has rows at least ``page_size * num_bytes_per_token`` bytes wide and a whole
+    number of 16-byte units apart, an 8-byte-aligned data pointer and storage, and lives on
+    ``canary_buf``'s device. Checked on every backend,
     whatever the hash mode.
     """
     _check_real_kv_source_count(context)
@@ -194,6 +195,7 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
                 f"{row_bytes} bytes but page_size={source.page_size} x "
                 f"num_bytes_per_token={source.num_bytes_per_token} needs {needed}"
             )
+        check_row_stride(tensor)
         if not tracing():  # no data pointer while tracing: the operator checks it
             check_word_aligned(tensor, name)
         _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
@@ -224,12 +226,18 @@ def check_expected_inputs_given(enable_write_input_assert: bool, expected_input_
 
 
 def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
-    """``tensor``'s data pointer is 8-byte aligned, as the kernels' int64 view of it needs (canary_buf,
-    real-KV sources; docs/SEMANTICS.md). Run by the front-end checks in eager code, and by the
-    write/verify operators on every call (a traced caller's checks cannot see pointers)."""
+    """``tensor``'s data pointer and its storage's start are 8-byte aligned, as the kernels' int64 view of
+    it needs (canary_buf, real-KV sources; docs/SEMANTICS.md): the view counts whole words from the
+    storage's start (``packing.source_view``, ``packing.canary_words``), so a storage starting off a word
+    (``torch.from_numpy`` of an odd slice) would shift it off the tensor. Run by the front-end checks in
+    eager code, and by the write/verify operators on every call (a traced caller's checks cannot see
+    pointers)."""
     ptr = tensor.data_ptr()
     if ptr % 8 != 0:
         raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
+    storage_ptr = tensor.untyped_storage().data_ptr()
+    if storage_ptr % 8 != 0:
+        raise ValueError(f"kv-canary: {name} storage must start 8-byte aligned, got {storage_ptr:#x}")
 
 
 # The tensors each kernel writes (SPEC 3.1-3.4), by their names in ``launch_tensors`` (the operators'
@@ -313,9 +321,22 @@ def check_disjoint(kernel: str, launch_kwargs: dict) -> None:
     if tracing():
         return
     written, read = launch_tensors(kernel, launch_kwargs)
+    require_supported_device(written[0][0].device)  # a meta tensor's null pointer would overlap every other
     written_ranges, read_ranges = byte_ranges(written), byte_ranges(read)
     for i, written_range in enumerate(written_ranges):
         _require_apart([written_range], written_ranges[i + 1:] + read_ranges)
+
+
+def require_supported_device(device: torch.device) -> None:
+    """The kernels run on the CPU and on CUDA GPUs; any other device type is refused."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"kv-canary: unsupported device type {device.type!r} (expected cpu or cuda)")
+
+
+def require_apart(written_ranges: list[tuple[int, int, str]], named: Iterable[NamedTensor]) -> None:
+    """No tensor of ``named`` shares a byte with any range of ``written_ranges`` (``byte_ranges`` of
+    tensors that a caller's launches write: a session's own), by ``check_disjoint``'s message."""
+    _require_apart(written_ranges, byte_ranges(named))
 
 
 def _require_apart(written: list[tuple[int, int, str]], others: list[tuple[int, int, str]]) -> None:
@@ -450,7 +471,7 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
         check_real_kv_sources(context)
     _require_same_device(context.canary_buf, "canary_buf", others)
     if context_and_plan_checked:
-        _require_apart(written_ranges, byte_ranges(token_tensors + expected_tensors))
+        require_apart(written_ranges, token_tensors + expected_tensors)
     else:
         check_disjoint("write", dict(
             context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,

@@ -79,14 +79,22 @@ class RealKvSource:
         require_tensor(t, "RealKvSource.tensor")
         if t.ndim < 2:
             raise ValueError(f"kv-canary: RealKvSource.tensor must be at least 2-D, got shape {tuple(t.shape)}")
-        row_stride_bytes = t.stride(0) * t.element_size()
-        if row_stride_bytes % 16 != 0:
-            raise ValueError(
-                "kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes, got "
-                f"{row_stride_bytes} bytes (shape={tuple(t.shape)}, strides={tuple(t.stride())}, dtype={t.dtype})"
-            )
+        check_row_stride(t)
         for name in ("page_size", "num_bytes_per_token", "read_bytes"):
             require_integer(getattr(self, name), f"RealKvSource.{name}")
+
+
+def check_row_stride(tensor: torch.Tensor) -> None:
+    """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6): checked when the
+    source is built and again at every launch (``checks.check_real_kv_sources``), since a tensor may be
+    re-strided in place (``as_strided_``) after."""
+    row_stride_bytes = tensor.stride(0) * tensor.element_size()
+    if row_stride_bytes % 16 != 0:
+        raise ValueError(
+            "kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes, got "
+            f"{row_stride_bytes} bytes (shape={tuple(tensor.shape)}, strides={tuple(tensor.stride())}, "
+            f"dtype={tensor.dtype})"
+        )
 
 
 # The modes by value, looked up instead of calling ``RealKvHashMode(value)``: torch 2.11's Dynamo cannot
@@ -141,6 +149,9 @@ class VerifyOrWriteContext:
         sources = self.real_kv_sources
         if not isinstance(sources, (tuple, list)):
             raise TypeError(f"kv-canary: real_kv_sources must be a tuple of RealKvSource, got {type_name(sources)}")
+        if type(sources) is not tuple:  # a list (or a tuple subclass) is kept as a tuple: it cannot change
+            sources = tuple(sources)
+            object.__setattr__(self, "real_kv_sources", sources)
         for i, source in enumerate(sources):
             require_instance(source, RealKvSource, f"real_kv_sources[{i}]")
         mode = hash_mode(self.real_kv_hash_mode)

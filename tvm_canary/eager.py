@@ -18,10 +18,9 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   pointer, shape, strides and dtype compared with those it had when packed. Equal, every check passes
   again and every view addresses the same bytes with the same layout. The device follows from a
   non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
-* Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; a
-  ``real_kv_sources`` that is not a tuple (a list can change); tensors that are not exactly
-  ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor with a null data
-  pointer (no elements: its device would not follow from it).
+* Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; tensors
+  that are not exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor
+  with a null data pointer (no elements: its device would not follow from it).
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
   launch key for the life of the process); write's again when a launch's token count differs from
   the last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
@@ -152,8 +151,8 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
     ``own_tensors``: the plan's tensors and any other the kernel's checks read besides the context's."""
     if key is None:
         return
-    sources = context.real_kv_sources
-    if type(context) is not VerifyOrWriteContext or type(sources) is not tuple:
+    sources = context.real_kv_sources  # a tuple: the context keeps a list given to it as one
+    if type(context) is not VerifyOrWriteContext:
         return
     if any(type(s) is not RealKvSource for s in sources):
         return

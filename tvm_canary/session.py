@@ -30,7 +30,7 @@ import torch
 
 from . import checks
 from ._consts import CANARY_SLOT_BYTES
-from .argtypes import RECORD, require_positive
+from .argtypes import RECORD, require_positive, type_name
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .launch import (
@@ -187,6 +187,7 @@ class CanarySession:
             for size, what in zip(expected_token_pool_shape, ("rows", "max_context_len")):
                 require_positive(size, f"expected_token_pool_shape {what}")
         self.device = torch.device(device)
+        checks.require_supported_device(self.device)
         self.write_req_capacity = write_req_capacity
         self.write_entry_capacity = write_entry_capacity
         self.verify_capacity = verify_capacity if verify_capacity is not None else 3 * full.num_slots
@@ -215,18 +216,24 @@ class CanarySession:
         )
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self._check_config()
-        # The byte ranges of every tensor the step's writes write (session-owned), which its inputs must not
-        # overlap (SPEC D10): checked before the step begins, as each write launch checks its own context's.
-        self._written_ranges = checks.byte_ranges(
-            {id(t): (t, name) for g in self._groups for context in g.contexts.values()
-             for t, name in checks.launch_tensors("write", {"context": context})[0]}.values())
+        self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
+        # The byte ranges of every session-owned tensor a step writes (the write contexts' buffers and sinks,
+        # the plans, the expected-token pool, the scatter's offsets), which its inputs must not overlap
+        # (SPEC D10): checked before the step begins (``_check_step``), as each launch checks its own.
+        written = [pair for g in self._groups for context in g.contexts.values()
+                   for pair in checks.launch_tensors("write", {"context": context})[0]]
+        written += [pair for g in self._groups for pair in checks.launch_tensors(
+            "plan", {"verify_plan_out": g.verify_plan, "write_plan_out": g.write_plan})[0]]
+        written += [(g.out_cache_loc, f"{g.name} group out_cache_loc") for g in self._groups]
+        if self.expected_token_pool is not None:
+            written += [(self.expected_token_pool, "expected_token_pool"), (self._scatter_offsets, "scatter offsets")]
+        self._written_ranges = checks.byte_ranges({id(t): (t, name) for t, name in written}.values())
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
         self._health_failures: list[str] = []  # decoded, not yet raised
         self._raised = False
-        # Allocated once: scatter offsets, sweep plans (grown on demand), status snapshots.
-        self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
+        # Allocated once: sweep plans (grown on demand), status snapshots.
         self._staging = torch.empty(0, dtype=torch.int64, device=self.device)  # host inputs of eager steps
         self._sweep_plans: dict[str, VerifyPlan] = {}
         self._free_snapshots = [host_buffer(self._status) for _ in range(SNAPSHOT_SLOTS)]
@@ -347,17 +354,21 @@ class CanarySession:
         stamp other tokens than the HEAD). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
         staged and reach the device with one non-blocking copy; mixed ones are converted one by one
         (host data then copies synchronously).
+        Every input holds integers (int64 values; ``req_to_token`` int32): tensors of floats or booleans are
+        refused, not truncated. No input may share memory with a tensor the step writes (the session's
+        buffers, plans and expected-token pool; SPEC D10).
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
-        capacities, ValueError when ``req_to_token`` is larger than the expected-token pool, and the
-        launches' errors (SPEC 4), before anything is counted or launched: a rejected call changes nothing
-        (a pending step stays pending).
+        capacities, ValueError when ``req_to_token`` is larger than the expected-token pool, TypeError for
+        inputs that are not integers, and the launches' errors (SPEC 4), before anything is counted or
+        launched: a rejected call changes nothing (a pending step stays pending).
         """
         self._refuse_while_pending("before_forward()")
-        self._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
-        given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
-                     token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-                     expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
-                     token_ids=token_ids)
+        given = _integer_inputs(dict(
+            req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+            token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+            expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
+            token_ids=token_ids))
+        self._check_expected_tokens(given["token_ids"], given["token_lens"], _batch_rows(given))
         batch = self._staged_batch(given, req_to_token) if self._stages(given) else None
         if batch is None:
             batch = self._converted_batch(given, req_to_token)
@@ -378,7 +389,7 @@ class CanarySession:
         concatenated on the host, the scatter offsets included, then copied into a staging buffer (grown
         to the next power of two when too small). None when an input is not 1-D (then converted one by
         one, and checked as such)."""
-        values = {name: torch.as_tensor(v, dtype=torch.int64) for name, v in given.items() if v is not None}
+        values = {name: v for name, v in given.items() if v is not None}
         if any(v.dim() != 1 for v in values.values()):
             return None
         lens = values.get("token_lens")
@@ -390,13 +401,13 @@ class CanarySession:
         on_device = self._staging[: staged.shape[0]]
         on_device.copy_(staged, non_blocking=True)
         views = dict(zip(values, on_device.split([v.shape[0] for v in values.values()])))
-        return _Batch(req_to_token=self._on_device(req_to_token, torch.int32),
+        return _Batch(req_to_token=self._table_on_device(req_to_token),
                       **{name: views.get(name) for name in (*given, "token_offsets")})
 
     def _converted_batch(self, given: dict, req_to_token) -> _Batch:
         """``before_forward``'s inputs, each on the session device (used as they are when already there with
         the right dtype)."""
-        return _Batch(req_to_token=self._on_device(req_to_token, torch.int32),
+        return _Batch(req_to_token=self._table_on_device(req_to_token),
                       **{name: None if v is None else self._on_device(v) for name, v in given.items()})
 
     def _refuse_while_pending(self, call: str) -> None:
@@ -426,7 +437,7 @@ class CanarySession:
         live chains already hold but whose TAIL stamps are not written yet (each would be reported).
         """
         self._refuse_while_pending("sweep()")
-        chains = self._on_device(chains)
+        chains = self._on_device(_integers(chains, "chains"))
         if chains.numel() and (chains.ndim != 2 or chains.shape[1] != 3):
             raise ValueError(f"kv-canary: sweep chains must be [n, 3] (slot, position, prev_slot), got shape "
                              f"{tuple(chains.shape)}")
@@ -513,6 +524,10 @@ class CanarySession:
         if self.expected_token_pool is not None:
             checks.check_scatter(**self._scatter_args(batch))
         self._check_pool_covers(batch.req_to_token)
+        checks.require_apart(self._written_ranges, [
+            (getattr(batch, name), name) for name in ("req_to_token", "req_pool_indices", "prefix_lens",
+                                                      "extend_seq_lens", "token_lens", "token_ids", "token_offsets")
+            if getattr(batch, name) is not None])
         checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
                                   batch.out_cache_loc, self.enable_write_input_assert, batch.expected_input_tokens,
                                   batch.expected_input_positions, self._written_ranges)
@@ -655,8 +670,13 @@ class CanarySession:
 
     # ------------------------------------------------------------------ helpers
 
-    def _on_device(self, x, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=dtype, device=self.device).contiguous()
+    def _on_device(self, x: torch.Tensor) -> torch.Tensor:
+        """An int64 tensor (``_integers``) on the session device, dense (itself when it already is)."""
+        return x.to(self.device).contiguous()
+
+    def _table_on_device(self, req_to_token) -> torch.Tensor:
+        """``req_to_token`` as the plan kernels take it: int32 on the session device, dense."""
+        return _integers(req_to_token, "req_to_token", torch.int32).to(self.device).contiguous()
 
     def _sweep_plan(self, group: str, entries: int) -> VerifyPlan:
         """The group's sweep plan, reallocated (to the next power of two) only when ``entries`` outgrows
@@ -675,7 +695,10 @@ class CanarySession:
                 "kv-canary: token_ids and token_lens are required exactly when the session has an "
                 "expected-token pool (expected_token_pool_shape)"
             )
-        if token_lens is not None and len(token_lens) != batch_size:
+        if token_lens is None:
+            return
+        checks.require_same_length([(token_lens, "token_lens")])
+        if len(token_lens) != batch_size:
             raise ValueError(
                 f"kv-canary: token_lens has {len(token_lens)} entries for a batch of {batch_size} requests")
 
@@ -786,25 +809,28 @@ class StepGraph:
         refill would pad them) raise ``before_forward``'s errors before anything is copied or counted."""
         session = self.session
         session._refuse_while_pending("StepGraph.replay()")
-        session._check_expected_tokens(token_ids, token_lens, len(req_pool_indices))
+        inputs = _integer_inputs(dict(
+            req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+            token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+            expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
+            token_ids=token_ids))
+        bs = _batch_rows(inputs)
+        session._check_expected_tokens(inputs["token_ids"], inputs["token_lens"], bs)
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
         checks.check_expected_inputs_given(session.enable_write_input_assert, expected_input_tokens,
                                            expected_input_positions)
-        bs, n = len(req_pool_indices), len(input_ids)
+        checks.require_same_length([(inputs["input_ids"], "input_ids")])
+        n = inputs["input_ids"].shape[0]
         if bs > self.batch_size or n > self.num_tokens:
             raise RuntimeError(
                 f"kv-canary: batch of {bs} requests / {n} tokens exceeds the captured bucket of "
                 f"{self.batch_size} requests / {self.num_tokens} tokens"
             )
-        given = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
-                     token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-                     expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions)
-        values = {name: torch.as_tensor(given[name], dtype=torch.int64) for name, _, _ in self._fields}
+        values = {name: inputs[name] for name, _, _ in self._fields}
         for names in (self._rows, self._tokens):
             checks.require_same_length([(values[name], name) for name in names])
-        self._refill(list(values.values()),
-                     None if token_ids is None else torch.as_tensor(token_ids, dtype=torch.int64))
+        self._refill(list(values.values()), inputs["token_ids"])
         session._begin_step()  # after the refill, which may reject the inputs: a rejected call is not a step
         self.graph.replay()
         session._dirty = True
@@ -841,6 +867,33 @@ class StepGraph:
         torch.cat(pieces + [t.to(where, non_blocking=True) for t in tail], out=self._static[self._offsets_len : end])
         if lens is not None:
             torch.cumsum(lens, 0, out=self.inputs.token_offsets[1:])
+
+
+def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``value`` (a tensor, an array, a list or a number of integers) as a ``dtype`` tensor where it is
+    (host data on the host; itself when it already is one). Values that are not integers (floats,
+    booleans, complex numbers) or not numbers, and ints outside int64, are refused rather than
+    converted; an empty list is an empty tensor."""
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as error:  # not numbers, or ints past int64
+            raise TypeError(f"kv-canary: {name} must hold int64 values, got {type_name(value)} ({error})") from None
+    if value.numel() and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        raise TypeError(f"kv-canary: {name} must hold int64 values, got {value.dtype}")
+    return value.to(dtype)
+
+
+def _integer_inputs(given: dict) -> dict:
+    """A step's inputs (``given``, by name; None where not given) as ``_integers``."""
+    return {name: None if value is None else _integers(value, name) for name, value in given.items()}
+
+
+def _batch_rows(inputs: dict) -> int:
+    """The batch size: the length of ``inputs["req_pool_indices"]``, which must be 1-D."""
+    req_pool_indices = inputs["req_pool_indices"]
+    checks.require_same_length([(req_pool_indices, "req_pool_indices")])
+    return req_pool_indices.shape[0]
 
 
 def _host_offsets(lens: torch.Tensor) -> torch.Tensor:

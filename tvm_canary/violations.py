@@ -14,6 +14,7 @@ import dataclasses
 import torch
 
 from . import _consts, consts
+from .argtypes import require_positive
 from .consts import FailReason
 from .context import CanaryLaunchTag
 
@@ -181,8 +182,7 @@ class ViolationLog:
     def __init__(self, *, ring_capacity: int, device: torch.device, write_index: torch.Tensor) -> None:
         """``write_index``: a zeroed int32 ``[1]`` tensor on ``device`` to use as the write index (the
         session keeps it inside its status buffer)."""
-        if ring_capacity <= 0:
-            raise ValueError(f"kv-canary: ring_capacity must be positive, got {ring_capacity}")
+        ring_capacity = require_positive(ring_capacity, "ring_capacity")
         self.violation_ring = torch.zeros(ring_capacity, consts.VIOLATION_FIELDS, dtype=torch.int64, device=device)
         self.violation_write_index = write_index
         self._mirror = host_buffer(self.violation_ring)

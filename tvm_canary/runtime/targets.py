@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from ..checks import require_supported_device
 from ..geometry import Geometry
 from ..schedules import CPU_DEFAULTS, CUDA_DEFAULTS, CUDA_MODE_DEFAULTS, CUDA_SIZE_DEFAULTS
 
@@ -27,11 +28,10 @@ def device_index(device: torch.device) -> int:
 
 
 def tag_for(device: torch.device) -> str:
+    require_supported_device(device)
     if device.type == "cpu":
         return "llvm"
-    if device.type == "cuda":
-        return f"cuda-{cuda_arch(device_index(device))}"
-    raise ValueError(f"kv-canary: unsupported device type {device.type!r} (expected cpu or cuda)")
+    return f"cuda-{cuda_arch(device_index(device))}"
 
 
 def target_from_tag(tag: str):
