@@ -719,10 +719,10 @@ def test_operators_run_the_launch_checks(base, check, mutate, error, message):
     """Called directly, each operator raises what the public launch raises on the same arguments, before
     anything runs: the operators had trusted the caller for all but pointers, and a canary row under 32
     bytes, a short plan tensor or an empty offsets vector was written or read past its end, or crashed
-    the process. Two refusals come earlier, and also before anything runs: a one-element state of
-    another length raises the operator's own message (``ops._require_one_element``, which says why that
-    happens under torch.compile), and an int past int64 the schema's. Cases with a meta tensor are left
-    out (they dispatch to the fake implementation, which runs nothing)."""
+    the process. Two refusals come earlier, and also before anything runs: an empty one-element state
+    raises the operator's own message (``ops._refuse_empty_state``, which says why that happens under
+    torch.compile), and an int past int64 the schema's. Cases with a meta tensor are left out (they
+    dispatch to the fake implementation, which runs nothing)."""
     from tvm_canary import ops
     from tvm_canary.cases import tensors
 
@@ -734,10 +734,10 @@ def test_operators_run_the_launch_checks(base, check, mutate, error, message):
     with pytest.raises(Exception) as info:
         getattr(torch.ops.tvm_canary, kernel)(*ops.ARGS[kernel](**args))
     got = str(info.value)
-    one_element = re.match(r"kv-canary: (\w+) reached the operator with \d+ elements, not 1", got)
+    one_element = re.match(r"kv-canary: (\w+) reached the operator with 0 elements, not 1", got)
     past_int64 = got.startswith(f"tvm_canary::{kernel}() Expected a value of type 'int'") and "int64" in message
     if one_element:
-        assert re.match(rf"kv-canary: (plan\.|out_)?{one_element[1]} length must be 1", message), got
+        assert re.match(rf"kv-canary: (plan\.|out_)?{one_element[1]} length must be 1, got 0", message), got
     elif not past_int64:
         assert (type(info.value), got) == (error, message)
     assert all(torch.equal(t, b) for t, b in zip(tensors(args), before))

@@ -8,6 +8,8 @@ graphs, replayed). The graph holds only the operators and views, so Inductor com
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -213,3 +215,23 @@ def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
         chain.append(str(cause))
         cause = cause.__cause__ or cause.__context__
     assert any("kv-canary: " in text and field in text for text in chain), chain
+
+
+def test_a_wrong_shape_prints_its_numbers_from_a_step_with_dynamic_sizes():
+    """A shape in an error raised while torch.compile traces with symbolic sizes prints as eagerly (it printed
+    the symbols: ``got shape (1, s56)``); fullgraph=True, so the error is the one raised while tracing."""
+    s = make_state("cpu")
+    refill(s, 0)
+    s["ids"] = s["ids"].view(1, -1).clone()
+    message = f"kv-canary: input_ids must be 1-D, got shape (1, {TOKENS})"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        serving_step(s)
+    for name in ("ids", "pos", "ocl"):
+        torch._dynamo.maybe_mark_dynamic(s[name], s[name].dim() - 1)
+    with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+        torch.compile(serving_step, fullgraph=True, backend="eager")(s)
+    chain, cause = [], raised.value
+    while cause is not None:
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    assert any(message in text for text in chain), chain

@@ -26,6 +26,13 @@ def type_name(value: object) -> str:
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__.split('.')[0]}.{cls.__qualname__}"
 
 
+def shape_text(tensor: torch.Tensor) -> str:
+    """``tensor``'s shape as a tuple prints (``(3,)``, ``(2, 4)``), in numbers also while torch.compile traces
+    it with symbolic sizes (a ``torch.SymInt`` formats as its value; the tuple's repr would show ``s56``)."""
+    dims = [f"{d}" for d in tensor.shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+
 def require_tensor(value: object, name: str) -> None:
     """``value`` is a ``torch.Tensor`` (numpy arrays and lists are not converted)."""
     if not isinstance(value, torch.Tensor):

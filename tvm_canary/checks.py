@@ -37,6 +37,7 @@ from .argtypes import (
     require_number,
     require_positive,
     require_tensor,
+    shape_text,
 )
 from .context import SINK_FIELDS, VerifyOrWriteContext, check_row_stride
 from .plans import VerifyPlan, WritePlan
@@ -51,10 +52,6 @@ _SCATTER = "scatter_req_token_ids"
 # ---------------------------------------------------------------------------------------------
 # Private helpers (one message format each).
 # ---------------------------------------------------------------------------------------------
-
-
-def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(tensor.shape)
 
 
 def _require_contiguous(tensor: torch.Tensor, name: str) -> None:
@@ -92,7 +89,7 @@ def _require_ndim(tensor: torch.Tensor, name: str, ndim: int) -> None:
     if not hasattr(tensor, "ndim"):  # array-likes with a rank get their rank checked first, as in the contract
         require_tensor(tensor, name)
     if tensor.ndim != ndim:
-        raise ValueError(f"kv-canary: {name} must be {ndim}-D, got shape {_shape(tensor)}")
+        raise ValueError(f"kv-canary: {name} must be {ndim}-D, got shape {shape_text(tensor)}")
 
 
 def _require_1d(tensor: torch.Tensor, name: str) -> None:

@@ -19,6 +19,7 @@ from .argtypes import (
     require_integer,
     require_number,
     require_tensor,
+    shape_text,
     type_name,
 )
 from .consts import RealKvHashMode
@@ -78,7 +79,7 @@ class RealKvSource:
         t = self.tensor
         require_tensor(t, "RealKvSource.tensor")
         if t.ndim < 2:
-            raise ValueError(f"kv-canary: RealKvSource.tensor must be at least 2-D, got shape {tuple(t.shape)}")
+            raise ValueError(f"kv-canary: RealKvSource.tensor must be at least 2-D, got shape {shape_text(t)}")
         check_row_stride(t)
         for name in ("page_size", "num_bytes_per_token", "read_bytes"):
             require_integer(getattr(self, name), f"RealKvSource.{name}")
@@ -92,7 +93,7 @@ def check_row_stride(tensor: torch.Tensor) -> None:
     if row_stride_bytes % 16 != 0:
         raise ValueError(
             "kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes, got "
-            f"{row_stride_bytes} bytes (shape={tuple(tensor.shape)}, strides={tuple(tensor.stride())}, "
+            f"{row_stride_bytes} bytes (shape={shape_text(tensor)}, strides={tuple(tensor.stride())}, "
             f"dtype={tensor.dtype})"
         )
 

@@ -148,7 +148,7 @@ def write(
     expected_input_tokens: Optional[Tensor], expected_input_positions: Optional[Tensor],
 ) -> None:
     """``launch_canary_write_kernel`` and its argument checks (``_run_checked``; SPEC 3.1)."""
-    _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
+    _refuse_empty_state(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter,
                          enable_chain_position_assert=enable_chain_position_assert,
                          write_num_valid_reqs=write_num_valid_reqs)
@@ -172,7 +172,7 @@ def verify(
     verify_prev_slot_indices: Tensor, verify_num_valid: Tensor, enable: Tensor, check_verify_expected_token: bool,
 ) -> None:
     """``launch_canary_verify_kernel`` and its argument checks (``_run_checked``; SPEC 3.2)."""
-    _require_one_element(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
+    _refuse_empty_state(violation_write_index=violation_write_index, slot_run_counter=slot_run_counter,
                          kernel_run_counter=kernel_run_counter, verify_num_valid=verify_num_valid, enable=enable)
     _run_checked("verify", dict(
         context=_context(canary_buf, violation_ring, violation_write_index, slot_run_counter, kernel_run_counter,
@@ -196,7 +196,7 @@ def plan(
     kv_token_id_vs_position_offset: int,
 ) -> None:
     """``launch_canary_plan_kernels`` and its argument checks (``_run_checked``; SPEC 3.3)."""
-    _require_one_element(verify_num_valid=verify_num_valid, enable=enable, write_num_valid_reqs=write_num_valid_reqs)
+    _refuse_empty_state(verify_num_valid=verify_num_valid, enable=enable, write_num_valid_reqs=write_num_valid_reqs)
     _run_checked("plan", dict(
         verify_plan_out=VerifyPlan(verify_slot_indices=verify_slot_indices,
                                    verify_expected_tokens=verify_expected_tokens,
@@ -220,17 +220,19 @@ def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out
                                  pool_out=pool_out))
 
 
-def _require_one_element(**tensors: Tensor) -> None:
-    """The operator's one-element state (write index, counters, flags, counts) arrived whole. Under
+def _refuse_empty_state(**tensors: Tensor) -> None:
+    """No one-element state of the operator (write index, counters, flags, counts) arrived empty: under
     ``torch.compile`` (aot_eager, Inductor) a one-element view of another dtype at a nonzero offset of a
-    larger buffer (``buf[i : i + 1].view(torch.int32)[:1]``) reaches an operator empty: torch rebuilds
-    the view wrongly, and its writes would be lost (violations unreported, on every backend)."""
+    larger buffer (``buf[i : i + 1].view(torch.int32)[:1]``) reaches an operator empty (torch rebuilds the
+    view wrongly), and its writes would be lost (violations unreported, on every backend). Run before the
+    launch checks, whose message for it (``length must be 1, got 0``) would not say why; any other wrong
+    length is theirs to refuse."""
     for name, tensor in tensors.items():
         require_tensor(tensor, name)
-        if tensor.numel() != 1:
+        if tensor.numel() == 0:
             raise ValueError(
-                f"kv-canary: {name} reached the operator with {tensor.numel()} elements, not 1: under torch.compile "
-                "a one-element view of another dtype inside a larger buffer arrives empty; view the buffer whole "
+                f"kv-canary: {name} reached the operator with 0 elements, not 1: under torch.compile a one-element "
+                "view of another dtype inside a larger buffer arrives empty; view the buffer whole "
                 "(buf.view(torch.int32)[2 * i : 2 * i + 1], not buf[i : i + 1].view(torch.int32)[:1])")
 
 
