@@ -83,6 +83,7 @@ def main() -> int:
                         help="results folder (default: fleet-tune/ in the repository)")
     parser.add_argument("--timeout", type=float, default=1800, help="outer limit of each tune run, seconds")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the tune runs start in the repository, this script where it was called
 
     from tvm_canary.tuning import fleet
 

@@ -971,6 +971,9 @@ def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_p
         assert geom != default
         commit_measurement(db, mod, schedules.knobs(kernel, False), geom or default, [2e-3], target)
     assert apply.stale_buckets(db, jobs, False) == [("write", (1, 64)), ("write", (256, 1))]
+    # --stale-only adds the buckets the database holds (tuned with another preset) to the preset's
+    assert apply.database_buckets(db, {"write"}) == [("write", (1, 64)), ("write", (8, 16))]
+    assert apply.database_buckets(db, {"write", "scatter"})[0] == ("scatter", (8, 16))
     monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)  # write changes
     assert apply.stale_buckets(db, jobs, False) == jobs[:3]
 
@@ -1070,6 +1073,30 @@ def test_restamp_command_line(tmp_path, capsys):
     assert restamp.main([str(copy)]) == 0
     assert capsys.readouterr().out == f"{copy}: {workloads_in_table} workloads re-stamped\n"
     assert (copy / "database_tuning_record.json").read_bytes() == records
+
+
+def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch, capsys):
+    """A database whose write records were timed on write's previous tuning case (re-stamped while that
+    case was current) is refused: re-stamping made them current again, silently (their times are not
+    comparable with the current case's), and nothing is written."""
+    import shutil
+
+    from tvm_canary.tuning import restamp
+
+    copy = shutil.copytree(keys.committed_tune_logs() / "amd-epyc", tmp_path / "amd-epyc")
+    current = workloads.CASE_VERSIONS["write"]
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "write", current - 1)
+    assert restamp.main([str(copy)]) == 0  # stamped as on the earlier case
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "write", current)
+    capsys.readouterr()
+    table = (copy / "database_workload.json").read_bytes()
+    refused = r"kv-canary: .* holds records of write \(.*\) timed on an earlier tuning case"
+    with pytest.raises(SystemExit, match=refused):
+        restamp.main([str(copy)])
+    assert (copy / "database_workload.json").read_bytes() == table
+    stale: set = set()
+    apply.measured_records(apply.open_database(copy, "amd-epyc"), stale)
+    assert stale == {"write"}
 
 
 def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):

@@ -167,6 +167,12 @@ def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     return next((row for row in rows if record_geometry(row[1], cuda) == default), None)
 
 
+def database_buckets(db, kernels) -> list:
+    """The ``(kernel, bucket)`` of every workload of ``db`` with a measured record, for the kernels named in
+    ``kernels``, sorted (those a database tuned with another size preset holds too)."""
+    return sorted({key for key, _, _ in _measured(db) if key[0] in kernels})
+
+
 def stale_buckets(db, jobs: list, cuda: bool) -> list:
     """The ``(kernel, bucket)`` of ``jobs``, in order, whose default geometry has no current valid record
     in ``db`` (``default_row`` of ``measured_records``): never tuned, or tuned for other kernel code,

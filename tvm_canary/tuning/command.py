@@ -15,10 +15,10 @@ written; that workload runs the default). ``--time-limit``: no workload starts o
 (from the defaults' builds on, after the process's start) plus its longest workload so far would pass
 the limit (a lent device's call, an outer ``timeout``); the workloads left are listed, keep their
 earlier records, and make the command exit 3 (a later run resumes them). A workload is never cut, so
-the database and the table stay whole. ``--stale-only``: tune only the workloads whose default geometry
-has no current record in the database (``apply.stale_buckets``: new buckets, and those a kernel change
-staled, as load warns), so that a re-tune after a kernel change measures nothing else; with none, the
-command says so and exits 0.
+the database and the table stay whole. ``--stale-only``: tune only the workloads (the preset's, and the
+other buckets the database holds) whose default geometry has no current record in the database
+(``apply.stale_buckets``: new buckets, and those a kernel change staled, as load warns), so that a
+re-tune after a kernel change measures nothing else; with none, the command says so and exits 0.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from ..cliargs import UsageError, duration, int_at_least, output_root, writable_folder
+from ..console import counted
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
 from . import fleet, keys, workloads
@@ -54,8 +55,9 @@ def add_parser(subparsers) -> None:
                    help="start no workload that would end past SECONDS of the run (judged by its longest workload "
                         "so far); the rest keep their records and the command exits 3")
     p.add_argument("--stale-only", action="store_true",
-                   help="tune only the workloads whose default geometry has no current record in the database "
-                        "(never tuned, or staled by a kernel change); the others keep their records")
+                   help="tune only the workloads (the preset's and the database's own buckets) whose default "
+                        "geometry has no current record in the database (never tuned, or staled by a kernel "
+                        "change); the others keep their records")
     p.add_argument("--log-dir", type=pathlib.Path, default=None,
                    help="MetaSchedule's log folder; default: a new folder under $TVM_CANARY_CACHE/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
@@ -95,12 +97,13 @@ def run(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     writable_folder(work_dir, DATABASE_FILES)
-    if (work_dir / DATABASE_FILES[0]).exists():  # refused unless readable and of this device's target
+    if any((work_dir / name).exists() for name in DATABASE_FILES):  # refused unless readable, of this target
         db = apply.open_database(work_dir, key)
     else:
         db = ms.database.JSONDatabase(work_dir=str(work_dir))
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
-    if args.stale_only:
+    if args.stale_only:  # the preset's buckets, and any other the database holds (tuned with another preset)
+        jobs = list(dict.fromkeys(jobs + apply.database_buckets(db, args.kernels)))
         stale = apply.stale_buckets(db, jobs, cuda)
         listed = f": {', '.join(f'{k} {b}' for k, b in stale)}" if stale else "; nothing to tune"
         print(f"--stale-only: {len(stale)} of {len(jobs)} workloads without a current record of their default{listed}")
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")
-    print(f"\n{len(results)} workload{'s' if len(results) != 1 else ''} in "
+    print(f"\n{counted(len(results), 'workload')} in "
           f"{defaults_seconds + sum(r.seconds for r in results):.1f} s "
           f"(the defaults built first: {defaults_seconds:.1f} s; "
           f"waiting on builds {builder.build_seconds:.1f} s in all; "
@@ -164,14 +167,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nnothing measured: every workload already had its candidates in {work_dir}. The times above are the "
               f"database's, measured when it was tuned on a device with key {key} (not necessarily {where}).")
     else:
-        print(f"\nmeasured {new} candidate{'s' if new != 1 else ''} on {where} ({key}); "
+        print(f"\nmeasured {counted(new, 'candidate')} on {where} ({key}); "
               "rows with fewer new than candidates also show the "
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
         why = "the fleet went away" if fleet_gone else f"at --time-limit {args.time_limit:g} s"
         print(f"tvm-canary tune: stopped ({why}): "
-              f"{len(left)} workload{'s' if len(left) != 1 else ''} "
+              f"{counted(len(left), 'workload')} "
               "not tuned in this run (their earlier records, if any, are kept): "
               f"{', '.join(f'{k} {b}' for k, b in left)}",
               file=sys.stderr)
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         raise fleet_gone
     if failed:
         # The database is written and usable (those workloads run the default), but the run is not whole.
-        print(f"tvm-canary tune: error: nothing measured for {len(failed)} workload{'s' if len(failed) != 1 else ''}: "
+        print(f"tvm-canary tune: error: nothing measured for {counted(len(failed), 'workload')}: "
               f"{', '.join(failed)} (reasons in the table above)", file=sys.stderr)
         return 1
     return 3 if left else 0

@@ -29,13 +29,17 @@ from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
 from .apply import chosen, default_row, launch_seconds, measured_records, previous_pick, record_geometry
 
+# Search rounds per workload at most: a round that draws only geometries measured before adds nothing.
+SEARCH_ROUNDS = 4
+
 
 @dataclasses.dataclass
 class Result:
-    """One workload's outcome. ``measured``: candidates measured in this run (0 when the database
-    already held enough); times in microseconds (NaN when every candidate failed); ``seconds``: the
-    workload's wall time in this run, ``build_seconds`` the part of it spent waiting on the builder;
-    ``default_error``: why the default's measurement in this run failed, if it did."""
+    """One workload's outcome. ``candidates``: the distinct geometries the database holds measured for
+    it; ``measured``: those this run added (0 when the database already held enough); times in
+    microseconds (NaN when every candidate failed); ``seconds``: the workload's wall time in this run,
+    ``build_seconds`` the part of it spent waiting on the builder; ``default_error``: why the default's
+    measurement in this run failed, if it did."""
 
     kernel: str
     bucket: tuple
@@ -156,7 +160,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     mod = workload_module(kernel, bucket, kind)
     space = Space.of(kernel, bucket, cuda)
     trials = min(trials, space.size)
-    before = len(measured_records(db).get((kernel, bucket), []))
+    before = _geometries(measured_records(db).get((kernel, bucket), []), cuda)
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
     only_default = space.size == 1 and space.has_default
@@ -173,15 +177,23 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
         for handler in unnamed:
             ms_logger.removeHandler(handler)
-        missing = trials - before  # a resumed workload measures only the candidates it lacks
         try:
-            ms.tune_tir(
-                mod, target, str(log_dir), max_trials_global=missing, num_trials_per_iter=missing, builder=builder,
-                runner=runner, database=db, cost_model="random", space=generator,
-                # Evolutionary search deduplicates candidates; eps_greedy=0 measures them in one round.
-                strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),
-                seed=0,
-            )
+            # A resumed workload measures only the candidates it lacks. The search deduplicates within a
+            # round but may draw a geometry the database holds already (the default, measured apart, or
+            # one a shorter run measured): up to SEARCH_ROUNDS rounds, each with its own seed.
+            found = before
+            for seed in range(SEARCH_ROUNDS):
+                missing = trials - found
+                ms.tune_tir(
+                    mod, target, str(log_dir), max_trials_global=missing, num_trials_per_iter=missing,
+                    builder=builder, runner=runner, database=db, cost_model="random", space=generator,
+                    # eps_greedy=0 measures a round's candidates in one batch.
+                    strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),
+                    seed=seed,
+                )
+                found = _geometries(measured_records(db).get((kernel, bucket), []), cuda)
+                if found >= trials:
+                    break
         finally:
             for handler in unnamed:
                 ms_logger.addHandler(handler)
@@ -208,13 +220,20 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         if run_secs:
             commit_measurement(db, mod, space.knobs, previous, run_secs, target)
             rows = measured_records(db).get((kernel, bucket), [])
-    measured = len(rows) - before
+    candidates = _geometries(rows, cuda)
+    measured = candidates - before
     if not rows:
         why = f" (the default's: {default_error})" if default_error else ""
         return Result(kernel, bucket, 0, measured, default_us, float("nan"),
                       f"every candidate failed{why}: the default applies; MetaSchedule logs: {log_dir / 'logs'}")
     cost, geom = chosen(kernel, bucket, rows, cuda)
-    return Result(kernel, bucket, len(rows), measured, default_us, 1e6 * cost, geom.key(), default_error=default_error)
+    return Result(kernel, bucket, candidates, measured, default_us, 1e6 * cost, geom.key(), default_error=default_error)
+
+
+def _geometries(rows: list, cuda: bool) -> int:
+    """The distinct geometries among a bucket's measured records (``measured_records`` rows): a search may
+    measure a geometry again."""
+    return len({record_geometry(record, cuda) for _, record in rows})
 
 
 def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> None:

@@ -42,6 +42,7 @@ import threading
 import time
 
 from ..cliargs import UsageError
+from ..console import counted
 
 CANDIDATE_TIMEOUT_S = 120  # the first candidate of a workload builds its case (16M entries: seconds)
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
@@ -235,8 +236,8 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
     servers, _ = _registered(host, port, rpc_key)
     workers = servers if workers is None else workers
     if not 1 <= workers <= servers:
-        raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {servers} server"
-                         f"{'s' if servers != 1 else ''} registered under key {rpc_key!r}, got {workers}")
+        raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {counted(servers, 'server')} "
+                         f"registered under key {rpc_key!r}, got {workers}")
     session = _request(host, port, rpc_key)
     try:
         info = _server_info(session, rpc_key, device_type)

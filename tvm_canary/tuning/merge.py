@@ -166,6 +166,6 @@ def run(args) -> int:
     print(f"wrote {result.workloads} workloads (the chosen record and the default's, each) to {args.out}")
     if result.stale_kernels:
         print(f"dropped the records of {', '.join(sorted(result.stale_kernels))} tuned for older kernel code or "
-              "another tuning case (re-tune them with `tvm-canary tune --stale-only`; a change that keeps the "
-              "generated code: `python -m tvm_canary.tuning.restamp` before merging)")
+              "another tuning case (re-tune them with `tvm-canary tune --stale-only`; a kernel change that keeps "
+              "the generated code and the tuning case: `python -m tvm_canary.tuning.restamp` before merging)")
     return 0

@@ -6,7 +6,8 @@ Only for a kernel change that provably keeps the generated code identical (e.g. 
 every specialization compared byte for byte before and after) but changes the kernel hash
 (``workloads.kernel_hash``); any other change needs a re-tune, which ignoring the old records forces.
 The hash also carries the kernel's tuning case version (``workloads.CASE_VERSIONS``): records timed on
-an earlier case are stale for a reason the code cannot show, so never re-stamp them: re-tune.
+an earlier case are stale for a reason the code cannot show, so a folder holding a workload stamped
+with the current code on an earlier case (``workloads.earlier_case_hashes``) is refused: re-tune.
 Each workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (so it
 carries the current hash), in the same order, so ``database_tuning_record.json``, whose records refer
 to workloads by position, stays byte-identical; the table is written compact
@@ -28,7 +29,7 @@ def restamp(work_dir: pathlib.Path) -> int:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from .workloads import bucket_of, descriptor
+    from .workloads import bucket_of, descriptor, earlier_case_hashes
 
     records = [json.loads(line) for line in (work_dir / "database_tuning_record.json").read_text().splitlines()
                if line.strip()]
@@ -40,7 +41,12 @@ def restamp(work_dir: pathlib.Path) -> int:
     entries = []
     for line in table.read_text().splitlines():
         func = ms.database.Workload.from_json(json.loads(line)).mod["main"]
-        mod = tvm.IRModule({"main": descriptor(str(func.attrs["canary.kernel"]), bucket_of(func), kind)})
+        kernel, bucket = str(func.attrs["canary.kernel"]), bucket_of(func)
+        if str(func.attrs["canary.kernel_hash"]) in earlier_case_hashes(kernel, bucket, kind):
+            raise SystemExit(f"kv-canary: {work_dir} holds records of {kernel} {bucket} timed on an earlier tuning "
+                             "case (workloads.CASE_VERSIONS); they cannot be re-stamped: re-tune it "
+                             "(tvm-canary tune --stale-only)")
+        mod = tvm.IRModule({"main": descriptor(kernel, bucket, kind)})
         shash, encoded = ms.database.Workload(mod).as_json()
         entries.append(compact_entry(str(shash), str(encoded)))
     return write_workload_table(work_dir, entries)
