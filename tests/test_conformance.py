@@ -297,8 +297,9 @@ def test_a_failure_between_two_processes_replays_on_every_host():
 def test_ranks_that_ran_other_cases_are_refused(tmp_path, other):
     """Cases are compared by position, so a rank started with another --cases, --seed or --kernels than
     rank 0 is a one-line error naming it (it raised IndexError or KeyError, or blamed the rank's reference
-    for a case compared with another case)."""
-    argv = ["--devices", "cpu", "--cases", "1", "--kernels", "scatter"]
+    for a case compared with another case); the error names each kernel's first seeded case, not a golden
+    case every rank runs."""
+    argv = ["--devices", "cpu", "--cases", "1", "--kernels", "verify"]
     _, first = conform(tmp_path, *argv)
     _, second = conform(tmp_path, *argv, *other)
     rank1 = second["ranks"][0] | {"rank": 1, "host": "b"}
@@ -335,3 +336,60 @@ def test_ranks_are_checked_before_running(monkeypatch, tmp_path):
     args = build_parser().parse_args(["conformance", "--devices", "cpu", "--cases", "1", "--kernels", "scatter"])
     with pytest.raises(ValueError, match=r"^kv-canary: rank 1 \(.*\) runs no kernel, rank 0 \(.*\) scatter 2 cases"):
         conformance.run(args)
+
+
+def _recombined(report: dict) -> dict:
+    """``report`` with its rows' combined digests and mismatch count recomputed from its per-case digests
+    (as a run that had computed those digests would have written them)."""
+    verdict = conformance.compare(report["ranks"], list(report["kernels"]))
+    for kernel, entry in report["kernels"].items():
+        entry["combined"] = [row for row in verdict["rows"] if row["kernel"] == kernel]
+    report["mismatches"] = len(verdict["failures"])
+    return report
+
+
+def test_against_an_earlier_run(tmp_path, capsys):
+    """``--against`` compares every case with an earlier run's reference: equal runs pass; a case whose
+    digest the earlier run had otherwise (on every row, so that the report is consistent) fails the run
+    (exit 1) and is named with its tensors; an edited report, one of other case sets or not a report at all
+    is refused before anything runs (exit 2: a usage error)."""
+    status, earlier = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter")
+    assert status == 0
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    capsys.readouterr()
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter",
+                             "--against", str(path))
+    assert status == 0 and report["against"] == {"file": str(path), "differences": []}
+    cases = sum(len(entry["cases"]) for entry in earlier["kernels"].values())
+    assert f"against: OK, {cases} cases x 2 rows (the references included) equal the reference of {path}" in (
+        capsys.readouterr().out)
+
+    changed = copy.deepcopy(earlier)
+    for row in changed["ranks"][0]["devices"]:
+        case = row["kernels"]["scatter"][1]
+        case["digest"], case["tensors"]["pool_out"] = "0" * 64, "0" * 16
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_recombined(changed)))
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter",
+                             "--against", str(other))
+    assert status == 1 and report["mismatches"] == 0
+    assert [(d["device"], d["kernel"], d["case"]) for d in report["against"]["differences"]] == [
+        ("reference", "scatter", "garbage:50000"), ("cpu", "scatter", "garbage:50000")]
+    assert report["against"]["differences"][0]["why"] == f"digest differs from {other}'s reference in pool_out"
+    assert "against: FAILED, 2 cases differ from" in capsys.readouterr().err
+
+    edited = copy.deepcopy(earlier)
+    edited["ranks"][0]["devices"][1]["kernels"]["verify"][0]["digest"] = "0" * 64  # its rows say otherwise
+    refusals = {"edited": (edited, "its combined digests or mismatch count are not those of its per-case digests"),
+                "not a report": ({"kernels": []}, "not a conformance report")}
+    for name, (content, message) in refusals.items():
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(json.dumps(content))
+        with pytest.raises(SystemExit) as exit_status:
+            build_parser().parse_args(["conformance", "--against", str(bad)])
+        assert exit_status.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"kv-canary: cannot compare with .*earlier.json: its verify case set is "):
+        conform(tmp_path, "--devices", "cpu", "--cases", "2", "--kernels", "verify", "--against", str(path))
+    with pytest.raises(ValueError, match="kv-canary: cannot compare with .*: it ran no plan case"):
+        conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "plan", "--against", str(path))

@@ -33,7 +33,7 @@ def test_clean_campaign(tmp_path, capsys):
     assert status == 0
     assert report["cases"] == 8 and report["failures"] == []
     assert report["ranks"][0]["device"] == "cpu" and report["ranks"][0]["cases_per_second"] > 0
-    assert "fuzz: 8 cases on 1 processes, 0 failures" in capsys.readouterr().out
+    assert "fuzz: 8 cases on 1 process, 0 failures" in capsys.readouterr().out
 
 
 def test_injected_fault_is_caught_and_replayable(tmp_path, capsys):

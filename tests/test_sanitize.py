@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_PYTHON = """#!/bin/sh
-echo "fuzz: 12 cases on 1 processes, 0 failures"
+echo "fuzz: 12 cases on 1 process, 0 failures"
 exit "${FAKE_FUZZ_RC:-0}"
 """
 # Passes the tool's options, runs the program, reports FAKE_ERRORS_<TOOL> errors like the real tool.

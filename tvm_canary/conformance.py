@@ -12,6 +12,11 @@ ring's scratch flags non-zero, when the launch raised, or when a golden case's p
 Under ``torchrun`` every process runs its own device (``cuda:LOCAL_RANK``, or the CPU without a GPU)
 plus the reference, the results are gathered with torch.distributed and rank 0 compares all of them,
 prints the table and writes the JSON; every rank exits with the same status.
+
+``--against EARLIER.json`` compares the run with an earlier one (its ``--json``, from another GPU, host,
+driver or version): rank 0 reads it, checks it against itself (``report_problem``), refuses a run whose
+case sets differ from it before anything runs (``against_problem``), and after the run compares every
+row's case digests with its reference's (``against``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from . import cases as C
 from . import checks
 from .argtypes import fits_int64
 from .cliargs import duration, int_at_least, output_file, seed
+from .console import counted
 from .runtime import targets, use_backend
 from .runtime.compile import error_line
 from .tuning.keys import cpu_model
@@ -68,10 +74,10 @@ def case_digest(kernel: str, kw: dict) -> tuple[str, dict[str, str]]:
     return hashlib.sha256("".join(each.values()).encode()).hexdigest(), {n: d[:16] for n, d in each.items()}
 
 
-def digest_differs(got: dict[str, str], want: dict[str, str]) -> str:
-    """Why a case's digest differs from the reference's: the tensors (by name) whose digests differ."""
+def digest_differs(got: dict[str, str], want: dict[str, str], whose: str = "the reference") -> str:
+    """Why a case's digest differs from ``whose`` digest: the tensors (by name) whose digests differ."""
     names = [name for name, d in got.items() if want.get(name) != d] + [name for name in want if name not in got]
-    return "digest differs from the reference" + (f" in {', '.join(names[:8])}" if names else "")
+    return f"digest differs from {whose}" + (f" in {', '.join(names[:8])}" if names else "")
 
 
 def case_ids(kernel: str, cases: int, seed: int) -> list[str]:
@@ -198,7 +204,12 @@ def other_cases(ranks: list[dict]) -> str | None:
     ``--seed`` or ``--case``, or another checkout; ``compare`` matches cases by position), else None.
     ``ranks``: each rank's ``rank``, ``host``, ``cases`` (ids per kernel) and ``case_set`` (per kernel)."""
     def ran(ids: dict[str, list[str]]) -> str:
-        return ", ".join(f"{k} {len(v)} cases" + (f" from {v[0]}" if v else "") for k, v in ids.items()) or "no kernel"
+        """Each kernel's case count and first seeded case (golden cases are the same on every rank)."""
+        def first(v: list[str]) -> str:
+            return next((c for c in v if not c.startswith("golden:")), v[0])
+
+        return ", ".join(f"{k} {len(v)} cases" + (f" from {first(v)}" if v else "") for k, v in ids.items()) or (
+            "no kernel")
 
     first = ranks[0]
     for rank in ranks[1:]:
@@ -238,6 +249,74 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
                              "model": row["model"], "arch": row["arch"], "kernel": kernel, "cases": len(mine),
                              "combined": combined(mine), "mismatches": bad})
     return {"rows": rows, "failures": failures}
+
+
+def report_problem(report: object) -> str | None:
+    """Why ``report`` (an earlier run's ``--json``, parsed) cannot be compared with, else None: not such a
+    report, or its rows' combined digests and its mismatch count are not those of its own per-case
+    digests (``compare`` on its ``ranks``: a report edited by hand)."""
+    try:
+        kernels, ranks = list(report["kernels"]), report["ranks"]
+        verdict = compare(ranks, kernels)
+        stated = [row for k in kernels for row in report["kernels"][k]["combined"]]
+        consistent = (sorted(map(_row_key, verdict["rows"])) == sorted(map(_row_key, stated))
+                      and len(verdict["failures"]) == report["mismatches"])
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return "not a conformance report (the --json of tvm-canary conformance)"
+    if not consistent:
+        return "its combined digests or mismatch count are not those of its per-case digests (edited?)"
+    return None
+
+
+def _row_key(row: dict) -> tuple:
+    return row["rank"], row["device"], row["kernel"], row["cases"], row["combined"], row["mismatches"]
+
+
+def against_problem(earlier: dict, case_sets: dict[str, str]) -> str | None:
+    """The ``kv-canary:`` refusal of a run whose kernels (``case_sets``: this run's, per kernel) cannot be
+    compared with the report ``earlier`` (``--against``): a kernel it did not run, or another case set."""
+    for kernel, mine in case_sets.items():
+        theirs = earlier["kernels"].get(kernel, {}).get("case_set")
+        if theirs != mine:
+            ran = f"its {kernel} case set is {theirs}" if theirs else f"it ran no {kernel} case"
+            return (f"kv-canary: cannot compare with {earlier['path']}: {ran}, this run's {mine} (run with its "
+                    "--kernels, --cases, --seed and --case, on the same checkout and torch)")
+    return None
+
+
+def against(ranks: list[dict], kernels: list[str], earlier: dict) -> list[dict]:
+    """Every case of every row of this run (``ranks``, gathered) whose digest differs from the reference's
+    of the report ``earlier`` (its rank 0's; equal case sets, ``against_problem``): rank, host, device,
+    kernel, case, why. A case that raised here is this run's own failure (``compare``), not listed."""
+    want = {k: earlier["ranks"][0]["devices"][0]["kernels"][k] for k in kernels}
+    differences = []
+    for rank in ranks:
+        for row in rank["devices"]:
+            for kernel in kernels:
+                for got, theirs in zip(row["kernels"][kernel], want[kernel]):
+                    if got["digest"] is not None and got["digest"] != theirs["digest"]:
+                        differences.append({
+                            "rank": rank["rank"], "host": rank["host"], "device": row["device"], "kernel": kernel,
+                            "case": got["case"],
+                            "why": digest_differs(got["tensors"], theirs["tensors"], f"{earlier['path']}'s reference"),
+                        })
+    return differences
+
+
+def earlier_report(text: str) -> dict | None:
+    """argparse ``type=`` of ``--against``: an earlier run's ``--json`` report, read and checked
+    (``report_problem``) on rank 0 (and outside torchrun), with its ``path``; None on the other ranks,
+    whose hosts need not have it."""
+    if world()[0] != 0:
+        return None
+    try:
+        report = json.loads(pathlib.Path(text).read_text())
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"kv-canary: cannot read {text}: {e}") from None
+    problem = report_problem(report)
+    if problem:
+        raise argparse.ArgumentTypeError(f"kv-canary: {text}: {problem}")
+    return {**report, "path": text}
 
 
 def table(rows: list[dict]) -> str:
@@ -400,6 +479,9 @@ def add_parser(subparsers) -> None:
                    help="run only this case id (replay), e.g. diff:17 or garbage:50017")
     p.add_argument("--json", type=rank0_output_file, default=None, metavar="OUT",
                    help="write the results as JSON (rank 0)")
+    p.add_argument("--against", type=earlier_report, default=None, metavar="EARLIER",
+                   help="also compare every case with the reference of an earlier run's --json (another GPU, "
+                        "host or version; same case sets), read by rank 0")
     add_timeout(p)
     p.set_defaults(func=run)
 
@@ -447,13 +529,17 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
         raise ValueError(f"kv-canary: no case to run: --cases 0 and no golden case for {','.join(kernels)}")
     plan = {"rank": rank, "host": socket.gethostname(), "cases": ids,
             "case_set": {k: case_set(k, ids[k]) for k in kernels}}
-    refused = other_cases(gather(plan, group))
+    earlier = getattr(args, "against", None)
+    plans = gather({**plan, "against": earlier and against_problem(earlier, plan["case_set"])}, group)
+    refused = plans[0]["against"] or other_cases(plans)
     if refused:  # before running; every rank gathered the same plans: all leave the group and raise it
         finish(group)
         raise ValueError(refused)
     ranks = gather({**plan, "local_rank": local_rank, **run_local(devices, kernels, ids, launches)}, group)
     verdict = compare(ranks, kernels)
     mismatches = len(verdict["failures"])
+    differences = against(ranks, kernels, earlier) if earlier else []
+    differ = gather(len(differences), group)[0]  # rank 0's count: every rank exits with one status
     if rank == 0:
         print(table(verdict["rows"]))
         print("case sets (combined digests compare between runs of equal case sets): "
@@ -465,8 +551,10 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
         else:
             total = sum(len(v) for v in ids.values())
             devices = sum(len(r['devices']) - 1 for r in ranks)
-            print(f"conformance: OK, {total} cases x {devices} device{'s' if devices != 1 else ''} on "
-                  f"{size} process{'es' if size != 1 else ''} match the reference")
+            print(f"conformance: OK, {counted(total, 'case')} x {counted(devices, 'device')} on "
+                  f"{counted(size, 'process')} match the reference")
+        if earlier:
+            print_against(earlier, differences, sum(len(r["devices"]) for r in ranks), sum(map(len, ids.values())))
         if args.json:
             report = {
                 "devices": [{"rank": r["rank"], "host": r["host"], **{k: d[k] for k in ("device", "model", "arch")}}
@@ -476,8 +564,26 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
                 "mismatches": mismatches,
                 "failures": verdict["failures"],
                 "ranks": ranks,
+                **({"against": {"file": earlier["path"], "differences": differences}} if earlier else {}),
             }
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
     finish(group)
-    return 1 if mismatches else 0
+    return 1 if mismatches or differ else 0
+
+
+def print_against(earlier: dict, differences: list[dict], rows: int, cases: int) -> None:
+    """``--against``'s verdict: every row's cases equal the earlier run's reference, or the first that
+    differs (stderr)."""
+    hosts = sorted({d["host"] for d in earlier["devices"]})
+    models = sorted({d["model"] for d in earlier["devices"] if d["device"] != REFERENCE_DEVICE})
+    where = f"{earlier['path']} ({', '.join(hosts)}: {', '.join(models) or 'the reference only'})"
+    if earlier["mismatches"]:
+        print(f"against: {where} had {counted(earlier['mismatches'], 'mismatching case')} of its own")
+    if differences:
+        first = differences[0]
+        print(f"against: FAILED, {counted(len(differences), 'case')} differ from {where}; first: rank {first['rank']} "
+              f"{first['device']} {first['kernel']} {first['case']}: {first['why']}", file=sys.stderr)
+    else:
+        print(f"against: OK, {counted(cases, 'case')} x {counted(rows, 'row')} (the references included) equal "
+              f"the reference of {where}")

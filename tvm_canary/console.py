@@ -1,5 +1,6 @@
-"""Notices of the ``tvm_canary`` logger (e.g. "no tuned schedule for ...", each logged once per process)
-printed by the command line above its tqdm progress bars instead of through them."""
+"""The command line's output: notices of the ``tvm_canary`` logger (e.g. "no tuned schedule for ...", each
+logged once per process) printed above its tqdm progress bars instead of through them, and counts of
+things in words (``counted``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from tqdm import tqdm
 class _AboveProgressBars(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         tqdm.write(self.format(record), file=sys.stderr)
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 case``, ``2 cases``, ``2 processes``: ``count`` and ``noun``, in the plural unless it is 1."""
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
 
 
 def print_notices_above_progress_bars() -> None:

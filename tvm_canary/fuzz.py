@@ -19,6 +19,7 @@ import time
 from . import cases as C
 from . import conformance as X
 from .cliargs import duration, int_at_least, seed
+from .console import counted
 
 RANK_SEED_STRIDE = 1_000_000_000
 PROGRESS_SECONDS = 10.0
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
             print(f"fuzz rank {r['rank']} {r['device']} ({r['model']}, {r['arch']}): {r['cases']} cases in "
                   f"{r['seconds']:.1f} s ({r['cases_per_second']}/s), {len(r['failures'])} failures")
         total = sum(r["cases"] for r in ranks)
-        print(f"fuzz: {total} cases on {size} processes, {len(failures)} failures"
+        print(f"fuzz: {counted(total, 'case')} on {counted(size, 'process')}, {counted(len(failures), 'failure')}"
               + (f" (written to {args.out})" if failures else ""))
         with open(args.out, "w") as f:
             json.dump({"kernels": kernels, "cases": total, "failures": failures, "ranks": ranks}, f, indent=1)
