@@ -913,3 +913,18 @@ def test_check_real_kv_sources_valid():
 def test_checks_are_keyword_only():
     with pytest.raises(TypeError):
         checks.check_scatter(*scatter_args().values())  # type: ignore[misc]
+
+
+def test_written_ranges_find_every_overlap():
+    """``WrittenRanges.overlap`` (bisect over the sorted ranges and their running reach) answers as the
+    pairwise comparison does, on random ranges that nest, touch and repeat."""
+    gen = np.random.default_rng(0)
+    for _ in range(200):
+        starts = gen.integers(0, 100, size=gen.integers(0, 8))
+        ranges = [(int(s), int(s + gen.integers(1, 30)), f"r{i}") for i, s in enumerate(starts)]
+        written = checks.WrittenRanges.of(ranges)
+        for _ in range(20):
+            start = int(gen.integers(0, 130))
+            end = start + int(gen.integers(1, 20))
+            want = any(start < e and s < end for s, e, _ in ranges)
+            assert written.overlap(start, end) == want, (ranges, start, end)

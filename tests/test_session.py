@@ -253,10 +253,13 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
      "out_cache_loc must hold int64 values, got torch.float32"),
     (dict(input_ids=[2**63, 0]), TypeError, "input_ids must hold int64 values, got list"),
     (dict(req_to_token=TABLE.float()), TypeError, "req_to_token must hold int64 values, got torch.float32"),
+    (dict(req_to_token=(TABLE.to(torch.int64) + 2**32).tolist()), ValueError,
+     "req_to_token holds values outside torch.int32: 4294967296 .. "),
     (dict(req_pool_indices=torch.tensor(1)), ValueError, re.escape("req_pool_indices must be 1-D, got shape ()")),
     (dict(token_lens=torch.tensor(5)), ValueError, re.escape("token_lens must be 1-D, got shape ()")),
 ], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
-        "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "scalar_rows", "scalar_lens"])
+        "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
+        "scalar_lens"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """A rejected call raises before the step is counted or anything runs: nothing changes, and later steps
     (health-checked every step) run clean."""
@@ -506,6 +509,22 @@ def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step(
     before = session_state(session)
     with pytest.raises(ValueError, match="^kv-canary: expected_token_pool shares memory with prefix_lens"):
         session.before_forward(**{**step_inputs(session, 4, 1), "prefix_lens": carved})
+    assert session.step == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+
+
+def test_step_inputs_inside_a_plan_are_refused_before_the_step():
+    """SPEC D10 for a whole step: input_ids carved from the FULL group's verify plan, which the step's plan
+    kernel writes before write reads input_ids, is refused before the step begins (it was accepted)."""
+    session, kv = make_session()
+    step(session, kv, 0, 4)
+    inputs = step_inputs(session, 4, 1)
+    carved = session._groups[0].verify_plan.verify_slot_indices[: len(inputs["input_ids"])]
+    carved.copy_(torch.tensor(inputs["input_ids"]))
+    before = session_state(session)
+    with pytest.raises(ValueError, match="^kv-canary: FULL group verify_plan_out.verify_slot_indices shares memory "
+                                         "with input_ids"):
+        session.before_forward(**{**inputs, "input_ids": carved})
     assert session.step == 1
     assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
 

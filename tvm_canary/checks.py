@@ -21,8 +21,10 @@ own check would have crashed on them, so every contract message keeps its text a
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import itertools
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Optional
@@ -223,12 +225,12 @@ def check_expected_inputs_given(enable_write_input_assert: bool, expected_input_
 
 
 def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
-    """``tensor``'s data pointer and its storage's start are 8-byte aligned, as the kernels' int64 view of
-    it needs (canary_buf, real-KV sources; docs/SEMANTICS.md): the view counts whole words from the
-    storage's start (``packing.source_view``, ``packing.canary_words``), so a storage starting off a word
-    (``torch.from_numpy`` of an odd slice) would shift it off the tensor. Run by the front-end checks in
-    eager code, and by the write/verify operators on every call (a traced caller's checks cannot see
-    pointers)."""
+    """``tensor``'s data pointer and its storage's start are 8-byte aligned, as the kernels' int64 views
+    need (canary_buf, real-KV sources; docs/SEMANTICS.md): a source's view counts whole words from the
+    storage's start (``packing.source_view``), so a storage starting off a word (``torch.from_numpy`` of
+    an odd slice) would shift it off the tensor; for ``canary_buf`` torch's own int64 view would raise
+    (``packing.canary_words``). Run by the front-end checks in eager code, and by the write/verify
+    operators on every call (a traced caller's checks cannot see pointers)."""
     ptr = tensor.data_ptr()
     if ptr % 8 != 0:
         raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
@@ -330,10 +332,35 @@ def require_supported_device(device: torch.device) -> None:
         raise ValueError(f"kv-canary: unsupported device type {device.type!r} (expected cpu or cuda)")
 
 
-def require_apart(written_ranges: list[tuple[int, int, str]], named: Iterable[NamedTensor]) -> None:
-    """No tensor of ``named`` shares a byte with any range of ``written_ranges`` (``byte_ranges`` of
-    tensors that a caller's launches write: a session's own), by ``check_disjoint``'s message."""
-    _require_apart(written_ranges, byte_ranges(named))
+@dataclasses.dataclass(frozen=True)
+class WrittenRanges:
+    """``byte_ranges`` of the tensors a caller's launches write (a memoised write's context, a session's
+    own tensors), kept to check many calls' tensors against (``require_apart``): ``starts`` in order, and
+    for each the largest end of the ranges up to it."""
+
+    ranges: list[tuple[int, int, str]]
+    starts: list[int]
+    reach: list[int]
+
+    @classmethod
+    def of(cls, ranges: list[tuple[int, int, str]]) -> WrittenRanges:
+        ordered = sorted(ranges)
+        return cls(ranges, [start for start, _, _ in ordered], list(itertools.accumulate(
+            (end for _, end, _ in ordered), max)))
+
+    def overlap(self, start: int, end: int) -> bool:
+        """Whether ``[start, end)`` shares a byte with a range (those starting before ``end`` reach past
+        ``start``)."""
+        before = bisect.bisect_left(self.starts, end)
+        return before > 0 and self.reach[before - 1] > start
+
+
+def require_apart(written: WrittenRanges, named: Iterable[NamedTensor]) -> None:
+    """No tensor of ``named`` shares a byte with any range of ``written``, by ``check_disjoint``'s message
+    (naming the first overlapping pair, written ranges outer, as ``check_disjoint`` does)."""
+    ranges = byte_ranges(named)
+    if any(written.overlap(start, end) for start, end, _ in ranges):
+        _require_apart(written.ranges, ranges)
 
 
 def _require_apart(written: list[tuple[int, int, str]], others: list[tuple[int, int, str]]) -> None:
@@ -411,7 +438,7 @@ def check_write_inputs(
     enable_write_input_assert: bool,
     expected_input_tokens: Optional[torch.Tensor],
     expected_input_positions: Optional[torch.Tensor],
-    written_ranges: list[tuple[int, int, str]],
+    written_ranges: WrittenRanges,
 ) -> None:
     """``check_write`` for a context and plan known to pass it (``tvm_canary.eager``: the same objects
     passed before with the same tensor metadata): only the checks that read the per-step arguments, in
@@ -424,7 +451,7 @@ def check_write_inputs(
 
 def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions, *, context_and_plan_checked: bool,
-                 written_ranges: list[tuple[int, int, str]] | None = None) -> None:
+                 written_ranges: WrittenRanges | None = None) -> None:
     """``check_write``'s sequence; with ``context_and_plan_checked`` the checks of the context and the
     plan alone are skipped (each would pass), and the per-step tensors are checked for overlaps against
     ``written_ranges`` only."""

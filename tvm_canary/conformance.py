@@ -546,8 +546,9 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
               + ", ".join(f"{k} {v}" for k, v in plan["case_set"].items()))
         if mismatches:
             first = verdict["failures"][0]
-            print(f"conformance: FAILED, {mismatches} mismatching cases; first: rank {first['rank']} {first['device']} "
-                  f"{first['kernel']} {first['case']}: {first['why']}\n  replay: {first['replay']}", file=sys.stderr)
+            print(f"conformance: FAILED, {counted(mismatches, 'mismatching case')}; first: rank {first['rank']} "
+                  f"{first['device']} {first['kernel']} {first['case']}: {first['why']}\n  replay: {first['replay']}",
+                  file=sys.stderr)
         else:
             total = sum(len(v) for v in ids.values())
             devices = sum(len(r['devices']) - 1 for r in ranks)
@@ -575,8 +576,9 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
 def print_against(earlier: dict, differences: list[dict], rows: int, cases: int) -> None:
     """``--against``'s verdict: every row's cases equal the earlier run's reference, or the first that
     differs (stderr)."""
-    hosts = sorted({d["host"] for d in earlier["devices"]})
-    models = sorted({d["model"] for d in earlier["devices"] if d["device"] != REFERENCE_DEVICE})
+    hosts = sorted({rank["host"] for rank in earlier["ranks"]})  # the ranks: what report_problem checked
+    models = sorted({row["model"] for rank in earlier["ranks"] for row in rank["devices"]
+                     if row["device"] != REFERENCE_DEVICE})
     where = f"{earlier['path']} ({', '.join(hosts)}: {', '.join(models) or 'the reference only'})"
     if earlier["mismatches"]:
         print(f"against: {where} had {counted(earlier['mismatches'], 'mismatching case')} of its own")

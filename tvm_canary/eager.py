@@ -57,8 +57,8 @@ class _Packed:
         token count) and its arguments; write's per-step tensors go between ``head`` and
         ``tail`` (verify: ``tail`` is empty).
     lifelines: weak references to the context and the plan, whose callbacks forget the entry.
-    written_ranges: write's: ``checks.byte_ranges`` of the context's tensors the kernel writes, which its
-        per-step tensors must not overlap (``checks.check_write_inputs``); verify's: empty.
+    written_ranges: write's: ``checks.WrittenRanges`` of the context's tensors the kernel writes, which
+        its per-step tensors must not overlap (``checks.check_write_inputs``); verify's: empty.
     """
 
     tensors: tuple
@@ -67,7 +67,7 @@ class _Packed:
     head: tuple
     tail: tuple
     lifelines: tuple
-    written_ranges: list
+    written_ranges: checks.WrittenRanges
 
 
 # (kernel, id(context), id(plan), flag) -> its checked launch; only bool flags are memoised
@@ -169,7 +169,7 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
         return
     head, tail = _converted(head, keep_first=True), _converted(tail)
     written = checks.launch_tensors("write", {"context": context})[0] if key[0] == "write" else []
-    written_ranges = checks.byte_ranges(written)
+    written_ranges = checks.WrittenRanges.of(checks.byte_ranges(written))
     _memo[key] = _Packed(tensors, _metadata(tensors), fn, head, tail, lifelines, written_ranges)
 
 

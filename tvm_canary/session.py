@@ -222,12 +222,13 @@ class CanarySession:
         # (SPEC D10): checked before the step begins (``_check_step``), as each launch checks its own.
         written = [pair for g in self._groups for context in g.contexts.values()
                    for pair in checks.launch_tensors("write", {"context": context})[0]]
-        written += [pair for g in self._groups for pair in checks.launch_tensors(
+        written += [(t, f"{g.name} group {name}") for g in self._groups for t, name in checks.launch_tensors(
             "plan", {"verify_plan_out": g.verify_plan, "write_plan_out": g.write_plan})[0]]
         written += [(g.out_cache_loc, f"{g.name} group out_cache_loc") for g in self._groups]
         if self.expected_token_pool is not None:
             written += [(self.expected_token_pool, "expected_token_pool"), (self._scatter_offsets, "scatter offsets")]
-        self._written_ranges = checks.byte_ranges({id(t): (t, name) for t, name in written}.values())
+        self._written_ranges = checks.WrittenRanges.of(
+            checks.byte_ranges({id(t): (t, name) for t, name in written}.values()))
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
@@ -873,15 +874,26 @@ def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tenso
     """``value`` (a tensor, an array, a list or a number of integers) as a ``dtype`` tensor where it is
     (host data on the host; itself when it already is one). Values that are not integers (floats,
     booleans, complex numbers) or not numbers, and ints outside int64, are refused rather than
-    converted; an empty list is an empty tensor."""
+    converted, and so are host values outside a narrower ``dtype`` (``req_to_token``'s int32; reading a
+    device tensor's values would synchronise the host, so its conversion wraps as torch's does); an empty
+    list is an empty tensor."""
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:  # not numbers, or ints past int64
             raise TypeError(f"kv-canary: {name} must hold int64 values, got {type_name(value)} ({error})") from None
-    if value.numel() and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+    if value.dtype not in _INTEGER_DTYPES and value.numel():
         raise TypeError(f"kv-canary: {name} must hold int64 values, got {value.dtype}")
+    if value.dtype == dtype:
+        return value
+    bounds = torch.iinfo(dtype)
+    if value.device.type == "cpu" and value.numel() and not bounds.min <= value.min() <= value.max() <= bounds.max:
+        raise ValueError(f"kv-canary: {name} holds values outside {dtype}: {int(value.min())} .. {int(value.max())}")
     return value.to(dtype)
+
+
+_INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+                             torch.uint64})
 
 
 def _integer_inputs(given: dict) -> dict:

@@ -93,6 +93,20 @@ def _measured(db):
         yield key, record, current
 
 
+def tried_geometries(db, kernel: str, bucket: tuple, cuda: bool) -> set[Geometry]:
+    """The distinct geometries of every record of a bucket's workload for the current kernel in ``db``,
+    failed ones included: what searches have tried (``driver``'s rounds)."""
+    from .workloads import bucket_of, kernel_hash, workload_kernel_hash
+
+    tried = set()
+    for record in db.get_all_tuning_records():
+        func = record.workload.mod["main"]
+        if ((str(func.attrs["canary.kernel"]), bucket_of(func)) == (kernel, bucket)
+                and workload_kernel_hash(func) == kernel_hash(kernel, bucket, str(record.target.kind.name))):
+            tried.add(record_geometry(record, cuda))
+    return tried
+
+
 def _fastest_first(pairs) -> dict:
     """{key: [(seconds of the case, record), ...] fastest first} of ``(key, record)`` pairs."""
     out: dict = {}

@@ -27,7 +27,15 @@ from ..runtime import targets
 from ..schedules import knobs as design_knobs
 from ..schedules.space import knob_values_of, make_space
 from . import measure, workloads
-from .apply import chosen, default_row, launch_seconds, measured_records, previous_pick, record_geometry
+from .apply import (
+    chosen,
+    default_row,
+    launch_seconds,
+    measured_records,
+    previous_pick,
+    record_geometry,
+    tried_geometries,
+)
 
 # Search rounds per workload at most: a round that draws only geometries measured before adds nothing.
 SEARCH_ROUNDS = 4
@@ -180,10 +188,10 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         try:
             # A resumed workload measures only the candidates it lacks. The search deduplicates within a
             # round but may draw a geometry the database holds already (the default, measured apart, or
-            # one a shorter run measured): up to SEARCH_ROUNDS rounds, each with its own seed.
-            found = before
+            # one a shorter run measured): another round, with its own seed, while fewer than ``trials``
+            # geometries were tried (failed ones count), at most SEARCH_ROUNDS in all.
+            missing = trials - before
             for seed in range(SEARCH_ROUNDS):
-                missing = trials - found
                 ms.tune_tir(
                     mod, target, str(log_dir), max_trials_global=missing, num_trials_per_iter=missing,
                     builder=builder, runner=runner, database=db, cost_model="random", space=generator,
@@ -191,8 +199,8 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
                     strategy=ms.search_strategy.EvolutionarySearch(population_size=4 * trials + 16, eps_greedy=0.0),
                     seed=seed,
                 )
-                found = _geometries(measured_records(db).get((kernel, bucket), []), cuda)
-                if found >= trials:
+                missing = trials - len(tried_geometries(db, kernel, bucket, cuda))
+                if missing <= 0:
                     break
         finally:
             for handler in unnamed:
