@@ -1,5 +1,6 @@
-"""Compare two ``bench_kernels.py --json`` runs row by row (e.g. two runs of the same kernels, or of two
-versions), the default arm of each.
+"""Compare two ``bench_kernels.py --json`` runs row by row, the default arm of each.
+
+For example two runs of the same kernels, or of two versions.
 
     python benchmarks/compare.py FIRST.json SECOND.json
 

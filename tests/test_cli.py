@@ -176,3 +176,13 @@ def test_output_paths_must_be_of_the_right_kind(tmp_path):
         cliargs.output_folder(str(a_file))
     assert cliargs.output_folder(str(tmp_path / "new")) == tmp_path / "new"
     assert cliargs.output_file(str(tmp_path / "out.json")) == tmp_path / "out.json"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``tvm-canary info | head -1``: the reader closes the pipe, and the command stops with status 1 and no
+    traceback (it printed a BrokenPipeError traceback in most runs)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", "info"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command writes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err

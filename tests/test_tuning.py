@@ -67,7 +67,8 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     # the wait counts the defaults' round (part of their time) and each workload's own
     assert sum(b for _, b in seconds) - rounding <= waited <= defaults + sum(b for _, b in seconds) + rounding
     # and what a build costs a worker, which tells a slow build from a pool that builds few at once
-    builds = re.search(r"builds: (\d+) candidates in (\d+) worker processes, ([\d.]+) s of a worker's time", printed)
+    builds = re.search(r"builds: (\d+) candidates? in (\d+) worker process(?:es)?, ([\d.]+) s of a worker's time",
+                       printed)
     new = sum(int(re.search(r"\)\s+\d+\s+(\d+)", row)[1]) for row in rows)  # each measured record was built
     assert builds and int(builds[1]) >= max(new, 1) and int(builds[2]) >= 1
     assert 0 < float(builds[3]) * int(builds[1]) <= waited * int(builds[2])

@@ -20,7 +20,8 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from .cliargs import UsageError, cuda_arch, int_at_least, output_folder
+from .cliargs import UsageError, cuda_arch, int_at_least, output_folder, summary
+from .console import counted
 from .runtime import compile as C
 from .runtime.aot import build_all
 from .runtime.specializations import KERNELS
@@ -29,7 +30,7 @@ from .tuning import keys
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("build", help="write ahead-of-time compiled kernel modules",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU code per --arch; llvm: the CPU")
     p.add_argument("--arch", type=cuda_arch, action="append", default=[],
                    help="CUDA arch such as sm_90 (repeatable; cuda only)")
@@ -80,5 +81,5 @@ def run(args: argparse.Namespace) -> int:
           else "geometries: defaults (no tuning database)")
     files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
                       progress=lambda builds, total: tqdm(builds, total=total, desc="build"), workers=args.jobs)
-    print(f"wrote {len(files)} modules and manifest.json to {args.out}")
+    print(f"wrote {counted(len(files), 'module')} and manifest.json to {args.out}")
     return 0

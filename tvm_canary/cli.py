@@ -6,13 +6,15 @@ A subcommand module provides ``add_parser(subparsers)``, which registers its par
 Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``, also
 for a ``cliargs.UsageError`` a subcommand raises after parsing) and
 the package's own ``kv-canary:`` errors raised while a subcommand runs (exit status 1; 2 for the
-``FINDINGS_EXIT_1`` commands, whose status 1 means that their check found a mismatch). Anything
-else is a bug and keeps its traceback.
+``FINDINGS_EXIT_1`` commands, whose status 1 means that their check found a mismatch). Output to a
+reader that went away (``tvm-canary info | head -1``) ends the command quietly with status 1, as a
+Python program that writes to a closed pipe does. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import pathlib
 import re
 import sys
@@ -60,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     print_notices_above_progress_bars()
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # Python's recipe: point stdout at /dev/null so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UsageError as e:
         parser.subcommands[args.command].error(str(e))
     except (ValueError, TypeError, RuntimeError, KeyError) as e:

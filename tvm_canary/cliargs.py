@@ -53,6 +53,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def summary(doc: str) -> str:
+    """A subcommand's help description: the first line of its module's docstring without reST's
+    literal markup (``tvm-canary info``: ... -> tvm-canary info: ...)."""
+    return doc.splitlines()[0].replace("``", "")
+
+
 def default_device() -> str:
     """``cuda`` when torch sees a GPU, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -38,7 +38,7 @@ import torch
 from . import cases as C
 from . import checks
 from .argtypes import fits_int64
-from .cliargs import duration, int_at_least, output_file, seed
+from .cliargs import duration, int_at_least, output_file, seed, summary
 from .console import counted
 from .runtime import targets, use_backend
 from .runtime.compile import error_line
@@ -466,7 +466,7 @@ def add_timeout(p) -> None:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("conformance",
                               help="compare every kernel's output bytes across devices and the reference",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--devices", type=device_list, default=None,
                    help="comma-separated cpu,cuda:0,... (default: the CPU and every visible GPU; under torchrun each "
                         "process's own GPU, or the CPU)")

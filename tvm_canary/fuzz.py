@@ -18,7 +18,7 @@ import time
 
 from . import cases as C
 from . import conformance as X
-from .cliargs import duration, int_at_least, seed
+from .cliargs import duration, int_at_least, seed, summary
 from .console import counted
 
 RANK_SEED_STRIDE = 1_000_000_000
@@ -80,7 +80,7 @@ def one_device(text: str) -> str:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fuzz", help="differential and guard-band fuzz campaign on one device",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--device", type=one_device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK under torchrun or when a GPU is visible, "
                         "else cpu)")

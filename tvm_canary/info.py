@@ -13,13 +13,14 @@ import pathlib
 
 import torch
 
+from .cliargs import summary
 from .runtime import compile as C
 from .tuning import keys
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("info", help="show versions, devices, tuning databases and module folders",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.set_defaults(func=run)
 
 

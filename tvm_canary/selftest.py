@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from .cliargs import default_device, torch_device
+from .cliargs import default_device, summary, torch_device
 from .consts import CANARY_FIELD_POSITION, CANARY_FIELD_TOKEN, FailReason
 from .session import CanaryGroup, CanarySession
 from .testing import KvPool
@@ -21,7 +21,7 @@ REQS = 3
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("selftest", help="detect a few injected faults on a synthetic batch",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--device", type=torch_device, choices=("cpu", "cuda"), default=default_device(),
                    help="where the canary buffers and kernels run (default: cuda when torch sees a GPU, else cpu)")
     p.set_defaults(func=run)

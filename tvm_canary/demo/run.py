@@ -27,6 +27,7 @@ from ..testing.faults import NoTarget
 WARMUP_STEPS = 3  # no fault before this step: requests need some cached KV first
 HEALTH_WARMUP_STEPS = 10
 HEALTH_CHECK_INTERVAL = 20
+DEFAULT_WINDOW = 16  # --window
 
 
 def add_parser(subparsers) -> None:
@@ -34,14 +35,15 @@ def add_parser(subparsers) -> None:
         "demo", help="simulated serving with injected KV faults",
         description="Run a simulated serving engine with the canary on, inject KV faults at random steps and "
                     "report which launch caught each one. Exits 0 only if every fault that took effect was "
-                    "detected and nothing else was flagged.",
+                    "detected, at least one took effect (when faults were asked for) and nothing else was "
+                    "flagged.",
     )
     p.add_argument("--steps", type=int_at_least(1), default=200, help="engine steps")
     p.add_argument("--seed", type=seed, default=0, help="seed of the workload and the faults")
     p.add_argument("--device", type=torch_device, choices=("cpu", "cuda"), default=default_device(),
                    help="device of the KV pool and the canary (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--swa", action="store_true", help="add an SWA buffer group")
-    p.add_argument("--window", type=int_at_least(1), default=16, help="SWA window in tokens (with --swa)")
+    p.add_argument("--window", type=int_at_least(1), default=DEFAULT_WINDOW, help="SWA window in tokens (with --swa)")
     p.add_argument("--real-kv", choices=("partial", "all"), default="partial", help="real-KV hash mode")
     p.add_argument("--slots", type=int_at_least(2), default=512, help="KV pool slots (slot 0 is reserved)")
     p.add_argument("--max-running", type=int_at_least(1), default=8, help="concurrent requests")
@@ -64,7 +66,9 @@ def _schedule(args: argparse.Namespace, rng: random.Random) -> list[tuple[int, s
     rng.shuffle(jobs)
     last = args.steps - args.sweep_interval - 2
     if jobs and last - WARMUP_STEPS < len(jobs):
-        raise UsageError(f"--steps {args.steps} leaves too few steps for {len(jobs)} faults")
+        needed = len(jobs) + WARMUP_STEPS + args.sweep_interval + 2
+        raise UsageError(f"--steps {args.steps} leaves too few steps for {len(jobs)} faults with --sweep-interval "
+                         f"{args.sweep_interval}: give at least {needed} steps (or fewer faults, a shorter interval)")
     steps = sorted(rng.sample(range(WARMUP_STEPS, last), len(jobs)))
     return [(s, kind, group) for s, (kind, group) in zip(steps, jobs)]
 
@@ -104,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     if args.cuda_graph and device.type != "cuda":
         raise UsageError("--cuda-graph needs --device cuda")
+    if args.window != DEFAULT_WINDOW and not args.swa:
+        raise UsageError("--window needs --swa (the window of the SWA group)")
     cfg = EngineConfig(num_slots=args.slots, max_running=args.max_running, swa_window=args.window if args.swa else 0)
     engine = Engine(cfg, seed=args.seed, device=device)
     session = _session(args, engine)

@@ -72,7 +72,9 @@ def compile_missing(jobs: list, workers: int, progress) -> None:
     side by side (a CUDA module's build compiles device code for its arch: seconds each, minutes for a
     whole target one by one). ``progress(iterable, total)`` wraps the builds as they finish."""
     missing = [job for job in jobs if not C.cache_path(job[1], job[2], job[0], job[3]).exists()]
-    if workers <= 1 or len(missing) <= 1:
+    if not missing:  # nothing to build: no progress bar either
+        return
+    if workers <= 1 or len(missing) == 1:
         for tag, kernel, spec, geom in progress(missing, len(missing)):
             C.cached_module(kernel, spec, tag, geom)
         return

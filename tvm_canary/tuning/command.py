@@ -33,7 +33,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import UsageError, duration, int_at_least, output_root, writable_folder
+from ..cliargs import UsageError, duration, int_at_least, output_root, summary, writable_folder
 from ..console import counted
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
@@ -42,7 +42,7 @@ from . import fleet, keys, workloads
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="autotune kernel geometries with MetaSchedule",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("--target", choices=("cuda", "llvm"), required=True, help="cuda: GPU 0; llvm: this CPU")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="kernels to tune")
     p.add_argument("--trials", type=int_at_least(1), default=32,
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
           f"waiting on builds {builder.build_seconds:.1f} s in all; "
           f"the rest measures on {where} and searches)")
     if builder.built:
-        print(f"builds: {builder.built} candidates in {builder.max_workers} worker processes, "
+        print(f"builds: {counted(builder.built, 'candidate')} in {counted(builder.max_workers, 'worker process')}, "
               f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
     new = sum(r.measured for r in results)
     if new == 0 and not results:

@@ -29,7 +29,7 @@ import pathlib
 import struct
 import tempfile
 
-from ..cliargs import output_folder
+from ..cliargs import output_folder, summary
 from ..runtime import compile as C
 from .apply import default_row, measured_records, open_database, row_chosen_over
 
@@ -150,7 +150,7 @@ def compact_workload_table(folder: pathlib.Path) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune-merge", help="merge tuning databases of one device model (e.g. from several hosts)",
-                              description=__doc__.splitlines()[0])
+                              description=summary(__doc__))
     p.add_argument("sources", nargs="+", type=pathlib.Path, metavar="DIR", help="database folders (<...>/<device key>)")
     p.add_argument("--out", type=output_folder, required=True, help="the merged database: <root>/<device key>")
     p.set_defaults(func=run)
