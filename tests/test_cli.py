@@ -157,7 +157,9 @@ BAD_VALUES = [
     (["build", "--target", "llvm", "--tuning", "no-such-device", "-o", "x"], "no tuning database for no-such-device"),
     (["tune", "--target", "llvm", "--rpc-tracker", "127.0.0.1:9190"], "--rpc-tracker and --rpc-key go together"),
     (["demo", "--device", "cpu", "--cuda-graph"], "--cuda-graph needs --device cuda"),
-    (["demo", "--device", "cpu", "--steps", "10"], "--steps 10 leaves too few steps for 6 faults"),
+    (["demo", "--device", "cpu", "--steps", "10"], "--steps 10 leaves too few steps for 6 faults with "
+     "--sweep-interval 4: give at least 15 steps"),
+    (["demo", "--device", "cpu", "--window", "8"], "--window needs --swa"),
 ]
 
 
