@@ -529,7 +529,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
         raise ValueError(f"kv-canary: no case to run: --cases 0 and no golden case for {','.join(kernels)}")
     plan = {"rank": rank, "host": socket.gethostname(), "cases": ids,
             "case_set": {k: case_set(k, ids[k]) for k in kernels}}
-    earlier = getattr(args, "against", None)
+    earlier = args.against
     plans = gather({**plan, "against": earlier and against_problem(earlier, plan["case_set"])}, group)
     refused = plans[0]["against"] or other_cases(plans)
     if refused:  # before running; every rank gathered the same plans: all leave the group and raise it

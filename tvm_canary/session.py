@@ -886,9 +886,12 @@ def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tenso
         raise TypeError(f"kv-canary: {name} must hold int64 values, got {value.dtype}")
     if value.dtype == dtype:
         return value
-    bounds = torch.iinfo(dtype)
-    if value.device.type == "cpu" and value.numel() and not bounds.min <= value.min() <= value.max() <= bounds.max:
-        raise ValueError(f"kv-canary: {name} holds values outside {dtype}: {int(value.min())} .. {int(value.max())}")
+    if value.numel() and value.device.type == "cpu":  # an empty list is float32: no bounds to compare
+        bounds, held = torch.iinfo(dtype), torch.iinfo(value.dtype)
+        narrowing = held.min < bounds.min or held.max > bounds.max  # widening needs no look at the values
+        if narrowing and not bounds.min <= value.min() <= value.max() <= bounds.max:
+            raise ValueError(f"kv-canary: {name} holds values outside {dtype}: "
+                             f"{int(value.min())} .. {int(value.max())}")
     return value.to(dtype)
 
 

@@ -137,17 +137,17 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     named constants or reformatting the kernel source leaves it unchanged; a change of the TensorIR (and
     so possibly of the generated code) changes it. Computing it parses the kernel (about a second), so
     code hashes are remembered per ``compile.source_hash()`` in the kernel cache folder."""
-    return _with_case(kernel, code_hash(kernel, bucket, target_kind), CASE_VERSIONS.get(kernel))
+    return _with_case(code_hash(kernel, bucket, target_kind), CASE_VERSIONS.get(kernel))
 
 
 def earlier_case_hashes(kernel: str, bucket: tuple, target_kind: str) -> set[str]:
     """The hashes that ``kernel_hash`` gave the current code on the kernel's earlier tuning cases (every
     version before ``CASE_VERSIONS``'s; the first case's is the code's hash alone)."""
     code = code_hash(kernel, bucket, target_kind)
-    return {_with_case(kernel, code, v) for v in range(1, CASE_VERSIONS.get(kernel, 1))}
+    return {_with_case(code, v) for v in range(1, CASE_VERSIONS.get(kernel, 1))}
 
 
-def _with_case(kernel: str, code: str, version: int | None) -> str:
+def _with_case(code: str, version: int | None) -> str:
     """A code hash with the tuning case's version (``kernel_hash``): the code's hash alone for the first
     case (``None`` or 1), else the SHA-256 (16 hex digits) of both."""
     if version is None or version == 1:
