@@ -752,7 +752,8 @@ class Bench:
                     self.bounds(row, "store", mode, floor_times, empty_us)
                     # The hash floor does the store floor's work and more, so a store floor measured above
                     # it was inflated by noise (the eighth session's run: NONE 4096 x 1 store 4.49 µs beside
-                    # hash 3.38 µs, the same work with anchor seeds): the lower of the two bounds the row.
+                    # hash 3.38 µs, the same work with anchor seeds): the lower of the two bounds the row's
+                    # target; a kernel under the store floor still fails "floors as lower bounds".
                     store_floor = min(store_floor, (row["hash_floor_us"], row["hash_floor"]))
                 row["floor_us"], row["floor"] = max((chain_floor, f"chain {chain_ns:.1f}ns/step"), store_floor)
                 row["bytes"] = reqs * 16 + reqs * length * (56 + (2 * (16 if mode == "PARTIAL" else KV_BYTES)

@@ -310,6 +310,44 @@ def test_a_ratio_is_printed_on_its_side_of_the_limit():
 
     assert [verdicts.ratio_text(r, 1.10) for r in (1.0951, 1.10, 1.1004, 1.109, 1.10004)] == [
         "1.10", "1.10", "1.1004", "1.11", "1.10004"]
+    assert [verdicts.ratio_text(r, 1.25, 3) for r in (1.3333, 1.25004)] == ["1.333", "1.25004"]
+
+
+def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
+    """A row 1.2505x its floors: plot.py's ratio cells and report.py's reference lines print 1.2505, not
+    1.25 (which would read as passing; the run of record printed NONE chain 1024's 1.255 as 1.25)."""
+    import bench_kernels
+    import plot
+    import report
+
+    rows = [_row("verify", "NONE chain 1024", 2.5010, 2.0, mode="NONE", order="chain", n=1024, hash_floor_us=2.0,
+                 hash_floor="hash 2112x32", ordered_floor_us=2.0, ordered_floor="hash + ticket 2112x32")]
+    bench_kernels.finish(rows)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0,
+                                "rows": rows, "complete": True}))
+    tables, summary = tmp_path / "tables.md", tmp_path / "summary.md"
+    assert plot.main([str(path), "--markdown", str(tables), "--no-png"]) == 0
+    assert report.main([str(path), "--markdown", str(summary)]) == 0
+    text = tables.read_text()
+    assert "| NONE chain 1024 | 2.5 | gather 1056x128 | 2.0 | 1.2505 | floor 1.2505 <= 1.25 | FAIL |" in text
+    assert "| NONE chain 1024 | 2.5 | 2.0 (1.2505) | 2.0 (1.2505) | hash + ticket 2112x32 | 2.0 (1.2505) |" in text
+    assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor (gather + SPEC hashing + ordered "
+            "append) | 0 | 1 | NONE chain 1024 (1.2505) |") in summary.read_text().splitlines()
+
+
+def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
+    """A one-token write row's target floor is the lower of its store and hash floors, but a kernel more
+    than 5% under the store floor still fails "floors as lower bounds"."""
+    import bench_kernels
+
+    shape = dict(mode="NONE", reqs=4096, shape="4096x1", chain_floor_us=1.0, hash_floor_us=2.80,
+                 ordered_floor_us=2.85)
+    rows = [_row("write", "NONE 4096x1", 2.82, 2.80, store_floor_us=3.0, **shape),
+            _row("write", "NONE 4096x1", 2.9, 2.80, store_floor_us=3.0, **shape)]
+    bench_kernels.finish(rows)
+    assert [r["below_floor"] for r in rows] == [True, False]
+    assert rows[0]["floor_ratios"] == pytest.approx({"default": 2.82 / 3.0})
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
