@@ -329,6 +329,25 @@ def test_write_input_assert():
         step(session, kv, 4, 1)
 
 
+def test_a_step_turns_the_write_input_assert_off():
+    """``write_input_assert=False`` (an EAGLE draft-decode step, SPEC 6 item 4: no oracle for its inputs)
+    turns the session's assert off for that step alone: no expected inputs are needed or taken, and a
+    wrong one given is refused before anything runs; the next step asserts again."""
+    session, kv = make_session(enable_write_input_assert=True)
+    step(session, kv, 0, 4, expected_input_tokens=[token(r, p) for r in ROWS for p in range(4)],
+         expected_input_positions=[p for _ in ROWS for p in range(4)])
+    wrong = dict(expected_input_tokens=[0, 0], expected_input_positions=[0, 0])
+    step_count = session.step
+    with pytest.raises(ValueError, match="expected input tensors must be None"):
+        session.before_forward(**step_inputs(session, 4, 1, **wrong), write_input_assert=False)
+    assert session.step == step_count
+    session.before_forward(**step_inputs(session, 4, 1), write_input_assert=False)
+    session.after_forward()
+    assert session.step == step_count + 1 and not session.violations()
+    step(session, kv, 5, 1, **wrong)  # asserting again: both rows' token and position rows, on 4 endpoints
+    assert len(session.violations().records) == 4 * 2
+
+
 def test_sweep_finds_a_stale_chain():
     session, kv = make_session(sweep_interval=1)
     step(session, kv, 0, 4)

@@ -214,3 +214,23 @@ def test_capturing_is_refused_while_a_step_awaits_after_forward(monkeypatch):
         run.session.capture_step(batch_size=decode.BUCKET, req_to_token=run.table)
     run.session.after_forward()
     assert not run.session.flush().records
+
+
+def test_a_step_graph_captured_without_the_write_input_assert(monkeypatch):
+    """``capture_step(write_input_assert=False)`` (an EAGLE draft-decode graph) on a session that asserts:
+    its replays take no expected inputs and refuse them as ``before_forward`` does; a graph captured with
+    the assert needs them."""
+    from test_session import TABLE, make_session, step_inputs
+
+    stand_in_cuda_graphs(monkeypatch)
+    session, _ = make_session(enable_write_input_assert=True)
+    draft = session.capture_step(batch_size=2, req_to_token=TABLE, write_input_assert=False)
+    draft.replay(**step_inputs(session, 0, 1))
+    assert session.step == 1 and not session.violations()
+    given = dict(expected_input_tokens=[0, 0], expected_input_positions=[0, 0])
+    with pytest.raises(ValueError, match="^kv-canary: expected input tensors must be None"):
+        draft.replay(**step_inputs(session, 1, 1, **given))
+    target = session.capture_step(batch_size=2, req_to_token=TABLE)
+    with pytest.raises(ValueError, match="^kv-canary: expected input tensors are required"):
+        target.replay(**step_inputs(session, 1, 1))
+    assert session.step == 1

@@ -108,6 +108,9 @@ class _Batch:
     expected_input_tokens: torch.Tensor | None
     expected_input_positions: torch.Tensor | None
     token_offsets: torch.Tensor | None = None  # the scatter's offsets when given (StepGraph), else computed
+    # The write input assert is on this step: the session's ``enable_write_input_assert`` and the step's
+    # ``write_input_assert`` (off in an EAGLE draft-decode step, SPEC 6 item 4).
+    input_assert: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +140,8 @@ class CanarySession:
             on the per-forward verify-token check; ``before_forward`` then needs ``token_ids``/``token_lens``
             and a ``req_to_token`` no larger than the pool in either dimension (a request row or position
             past the pool would go unchecked without a word; SPEC 6 sizes both alike).
-        enable_write_input_assert: ``before_forward`` then needs ``expected_input_tokens/positions``.
+        enable_write_input_assert: ``before_forward`` then needs ``expected_input_tokens/positions``, but in
+            a step that passes ``write_input_assert=False`` (no oracle: an EAGLE draft-decode step).
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
         sweep_interval: ``sweep_due`` every this many steps (0: sweeping off).
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
@@ -288,7 +292,8 @@ class CanarySession:
         empty = _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
                        out_cache_loc=none, req_to_token=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
                        token_ids=none if pool else None, token_lens=none if pool else None,
-                       expected_input_tokens=expected, expected_input_positions=expected)
+                       expected_input_tokens=expected, expected_input_positions=expected,
+                       input_assert=self.enable_write_input_assert)
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, empty))
             for context in g.contexts.values():
@@ -342,6 +347,7 @@ class CanarySession:
         token_lens=None,
         expected_input_tokens=None,
         expected_input_positions=None,
+        write_input_assert: bool = True,
     ) -> None:
         """Plan every group, then verify + write on the HEAD endpoints.
 
@@ -349,6 +355,9 @@ class CanarySession:
         ``req_to_token`` = padding); ``input_ids``/``positions``/``out_cache_loc`` one per token, full-pool
         slots (negative = skip). ``token_ids`` is every row's known tokens (prompt + output) concatenated
         and ``token_lens`` their lengths; both are needed iff the expected-token pool exists.
+        ``expected_input_tokens/positions`` are needed iff the write input assert is on this step: the
+        session was built with ``enable_write_input_assert`` and ``write_input_assert`` is true (pass False
+        for a step whose inputs have no oracle, SPEC 6 item 4: an EAGLE draft-decode step).
         Inputs already on the session device with the right dtype are used as they are (no copy, no
         host synchronisation), so ``after_forward`` reads ``input_ids``, ``positions``, ``out_cache_loc``
         and the expected input tensors again: they must not change until it has run (the TAIL would
@@ -370,9 +379,10 @@ class CanarySession:
             expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
             token_ids=token_ids))
         self._check_expected_tokens(given["token_ids"], given["token_lens"], _batch_rows(given))
-        batch = self._staged_batch(given, req_to_token) if self._stages(given) else None
+        input_assert = self.enable_write_input_assert and bool(write_input_assert)
+        batch = self._staged_batch(given, req_to_token, input_assert) if self._stages(given) else None
         if batch is None:
-            batch = self._converted_batch(given, req_to_token)
+            batch = self._converted_batch(given, req_to_token, input_assert)
         self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
         self._check_step(batch)
         self._begin_step()
@@ -385,7 +395,7 @@ class CanarySession:
         return self.device.type != "cpu" and all(
             not isinstance(v, torch.Tensor) or v.device.type == "cpu" for v in given.values() if v is not None)
 
-    def _staged_batch(self, given: dict, req_to_token) -> _Batch | None:
+    def _staged_batch(self, given: dict, req_to_token, input_assert: bool) -> _Batch | None:
         """``before_forward``'s host inputs on the device with one non-blocking copy: converted and
         concatenated on the host, the scatter offsets included, then copied into a staging buffer (grown
         to the next power of two when too small). None when an input is not 1-D (then converted one by
@@ -402,13 +412,13 @@ class CanarySession:
         on_device = self._staging[: staged.shape[0]]
         on_device.copy_(staged, non_blocking=True)
         views = dict(zip(values, on_device.split([v.shape[0] for v in values.values()])))
-        return _Batch(req_to_token=self._table_on_device(req_to_token),
+        return _Batch(req_to_token=self._table_on_device(req_to_token), input_assert=input_assert,
                       **{name: views.get(name) for name in (*given, "token_offsets")})
 
-    def _converted_batch(self, given: dict, req_to_token) -> _Batch:
+    def _converted_batch(self, given: dict, req_to_token, input_assert: bool) -> _Batch:
         """``before_forward``'s inputs, each on the session device (used as they are when already there with
         the right dtype)."""
-        return _Batch(req_to_token=self._table_on_device(req_to_token),
+        return _Batch(req_to_token=self._table_on_device(req_to_token), input_assert=input_assert,
                       **{name: None if v is None else self._on_device(v) for name, v in given.items()})
 
     def _refuse_while_pending(self, call: str) -> None:
@@ -480,13 +490,14 @@ class CanarySession:
         return self._report(self.violation_log.read_new(wait=True))
 
     def capture_step(self, *, batch_size: int, num_tokens: int | None = None, req_to_token: torch.Tensor,
-                     forward: Callable[[], None] | None = None) -> "StepGraph":
+                     forward: Callable[[], None] | None = None, write_input_assert: bool = True) -> "StepGraph":
         """Record one decode step's canary work in one CUDA graph for batches of up to ``batch_size``
-        rows and ``num_tokens`` tokens (default ``batch_size``, one token per row). See ``StepGraph``."""
+        rows and ``num_tokens`` tokens (default ``batch_size``, one token per row); ``write_input_assert``
+        as ``before_forward``'s, for every replay of the graph. See ``StepGraph``."""
         if self.device.type != "cuda":
             raise ValueError(f"kv-canary: capture_step needs a CUDA session, this one is on {self.device}")
         return StepGraph(self, batch_size=batch_size, num_tokens=num_tokens or batch_size,
-                         req_to_token=req_to_token, forward=forward)
+                         req_to_token=req_to_token, forward=forward, write_input_assert=write_input_assert)
 
     # ------------------------------------------------------------------ the step's launches
 
@@ -530,7 +541,7 @@ class CanarySession:
                                                       "extend_seq_lens", "token_lens", "token_ids", "token_offsets")
             if getattr(batch, name) is not None])
         checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
-                                  batch.out_cache_loc, self.enable_write_input_assert, batch.expected_input_tokens,
+                                  batch.out_cache_loc, batch.input_assert, batch.expected_input_tokens,
                                   batch.expected_input_positions, self._written_ranges)
 
     def _plan_args(self, g: _Group, batch: _Batch) -> dict:
@@ -595,7 +606,7 @@ class CanarySession:
                 input_ids=batch.input_ids,
                 positions=batch.positions,
                 out_cache_loc=out_cache_loc,
-                enable_write_input_assert=self.enable_write_input_assert,
+                enable_write_input_assert=batch.input_assert,
                 expected_input_tokens=batch.expected_input_tokens,
                 expected_input_positions=batch.expected_input_positions,
             )
@@ -750,7 +761,7 @@ class StepGraph:
     """
 
     def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,
-                 forward: Callable[[], None] | None) -> None:
+                 forward: Callable[[], None] | None, write_input_assert: bool = True) -> None:
         session._refuse_while_pending("capture_step()")  # capturing runs a step's work: it re-plans every group
         session._check_capacities(batch_size, num_tokens)
         if req_to_token.dtype != torch.int32 or req_to_token.device.type != session.device.type:
@@ -759,8 +770,9 @@ class StepGraph:
         self.session, self.batch_size, self.num_tokens, self.forward = session, batch_size, num_tokens, forward
         pool = session.expected_token_pool
         rows = ("req_pool_indices", "prefix_lens", "extend_seq_lens") + (() if pool is None else ("token_lens",))
+        input_assert = session.enable_write_input_assert and bool(write_input_assert)
         tokens = ("input_ids", "positions", "out_cache_loc") + (
-            ("expected_input_tokens", "expected_input_positions") if session.enable_write_input_assert else ())
+            ("expected_input_tokens", "expected_input_positions") if input_assert else ())
         self._rows, self._tokens = rows, tokens  # each led by the input that sets their length
         # The refilled inputs in buffer order: (name, capacity, padding value). The buffer holds the scatter
         # offsets first (computed by replay), then these, then token_ids (any length up to its capacity).
@@ -787,7 +799,7 @@ class StepGraph:
             token_offsets=None if pool is None else self._static[: self._offsets_len],
             input_ids=views["input_ids"], positions=views["positions"], out_cache_loc=views["out_cache_loc"],
             expected_input_tokens=views.get("expected_input_tokens"),
-            expected_input_positions=views.get("expected_input_positions"),
+            expected_input_positions=views.get("expected_input_positions"), input_assert=input_assert,
         )
         counters = (session.kernel_run_counters, session.slot_run_counters)
         saved = [c.clone() for c in counters]
@@ -819,7 +831,7 @@ class StepGraph:
         session._check_expected_tokens(inputs["token_ids"], inputs["token_lens"], bs)
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
-        checks.check_expected_inputs_given(session.enable_write_input_assert, expected_input_tokens,
+        checks.check_expected_inputs_given(self.inputs.input_assert, expected_input_tokens,
                                            expected_input_positions)
         checks.require_same_length([(inputs["input_ids"], "input_ids")])
         n = inputs["input_ids"].shape[0]
