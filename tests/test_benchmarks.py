@@ -31,6 +31,20 @@ def _row(kernel, case, us, floor_us, **extra):
     return dict(kernel=kernel, case=case, us=us, floor="gather 1056x128", floor_us=floor_us, bytes=1000, **extra)
 
 
+def _render(tmp_path, rows, empty_us=1.0) -> tuple[str, list[str]]:
+    """plot.py's tables (text) and report.py's summary (lines) of a complete run holding ``rows``."""
+    import plot
+    import report
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": empty_us, "chain_ns": 100.0,
+                                "rows": rows, "complete": True}))
+    tables, summary = tmp_path / "tables.md", tmp_path / "summary.md"
+    assert plot.main([str(path), "--markdown", str(tables), "--no-png"]) == 0
+    assert report.main([str(path), "--markdown", str(summary)]) == 0
+    return tables.read_text(), summary.read_text().splitlines()
+
+
 def test_plot_tables_and_targets(tmp_path, capsys):
     import bench_kernels
     import plot
@@ -315,25 +329,17 @@ def test_a_ratio_is_printed_on_its_side_of_the_limit():
 
 def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
     """A row 1.2505x its floors: plot.py's ratio cells and report.py's reference lines print 1.2505, not
-    1.25 (which would read as passing; the run of record printed NONE chain 1024's 1.255 as 1.25)."""
+    1.25 (which would read as passing; the fifty-seventh session's tables printed NONE chain 1024's 1.255 as 1.25)."""
     import bench_kernels
-    import plot
-    import report
 
     rows = [_row("verify", "NONE chain 1024", 2.5010, 2.0, mode="NONE", order="chain", n=1024, hash_floor_us=2.0,
                  hash_floor="hash 2112x32", ordered_floor_us=2.0, ordered_floor="hash + ticket 2112x32")]
     bench_kernels.finish(rows)
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps({"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0,
-                                "rows": rows, "complete": True}))
-    tables, summary = tmp_path / "tables.md", tmp_path / "summary.md"
-    assert plot.main([str(path), "--markdown", str(tables), "--no-png"]) == 0
-    assert report.main([str(path), "--markdown", str(summary)]) == 0
-    text = tables.read_text()
+    text, lines = _render(tmp_path, rows)
     assert "| NONE chain 1024 | 2.5 | gather 1056x128 | 2.0 | 1.2505 | floor 1.2505 <= 1.25 | FAIL |" in text
     assert "| NONE chain 1024 | 2.5 | 2.0 (1.2505) | 2.0 (1.2505) | hash + ticket 2112x32 | 2.0 (1.2505) |" in text
     assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor (gather + SPEC hashing + ordered "
-            "append) | 0 | 1 | NONE chain 1024 (1.2505) |") in summary.read_text().splitlines()
+            "append) | 0 | 1 | NONE chain 1024 (1.2505) |") in lines
 
 
 def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
@@ -356,8 +362,6 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
     over the limit is past the hardware), and a row faster than any of its floors by more than 5% is a
     floor bug."""
     import bench_kernels
-    import plot
-    import report
 
     rows = [
         _row("verify", "NONE random 1024", 5.0, 3.0, mode="NONE", order="random", n=1024, hash_floor_us=3.2,
@@ -369,17 +373,8 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
     ]
     bench_kernels.finish(rows)
     assert [(r["status"], r["below_floor"]) for r in rows] == [("FAIL", False), ("FAIL", False), ("PASS", True)]
-    run = {"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 1.0, "chain_ns": 100.0, "rows": rows,
-           "complete": True}
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps(run))
-    out = tmp_path / "tables.md"
-    assert plot.main([str(path), "--markdown", str(out), "--no-png"]) == 0
-    assert ("| NONE random 1024 | 5.0 | 3.0 (1.67) | 3.2 (1.56) | hash 2112x64 + launch | 4.2 (1.19) |"
-            in out.read_text())
-    summary = tmp_path / "summary.md"
-    assert report.main([str(path), "--markdown", str(summary)]) == 0
-    lines = summary.read_text().splitlines()
+    tables, lines = _render(tmp_path, rows)
+    assert "| NONE random 1024 | 5.0 | 3.0 (1.67) | 3.2 (1.56) | hash 2112x64 + launch | 4.2 (1.19) |" in tables
     assert ("| verify, <= 64K entries: <= 1.25 x floor | 1 | 2 | NONE random 1024 (1.67), ALL random 4096 (1.83) |"
             in lines)
     assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor "
@@ -397,8 +392,6 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
     in the benchmark's rows, plot.py's tables and report.py's summary alike; a run recorded before the
     tuned arm was checked (no ``floor_ratios`` in its rows) is judged from its times."""
     import bench_kernels
-    import plot
-    import report
 
     rows = [
         _row("verify", "PARTIAL chain 16777216", 937.0, 915.0, mode="PARTIAL", order="chain", n=1 << 24,
@@ -416,13 +409,7 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
     assert rows[0]["floor_ratios"] == pytest.approx({"default": 937.0 / 915.0, "tuned": 853.5 / 915.0})
     for r in rows:
         del r["floor_ratios"], r["below_floor"]
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps({"env": {"gpu": "test GPU"}, "arch": "sm_90", "empty_us": 2.0, "chain_ns": 100.0,
-                                "rows": rows, "complete": True}))
-    out, summary = tmp_path / "tables.md", tmp_path / "summary.md"
-    assert plot.main([str(path), "--markdown", str(out), "--no-png"]) == 0
-    assert report.main([str(path), "--markdown", str(summary)]) == 0
-    tables, lines = out.read_text(), summary.read_text().splitlines()
+    tables, lines = _render(tmp_path, rows, empty_us=2.0)
     assert "| PASS BELOW FLOOR |" in tables
     assert ("Rows faster than a floor by more than 5% (default or tuned arm): "
             "verify PARTIAL chain 16777216 (tuned 0.933).") in tables
