@@ -121,6 +121,32 @@ def test_differential_sources_folded_one_after_another(kernel, pairs_capped, mon
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_verify_a_lone_failing_entry(device, where):
+    """Every entry padding (slot 0) but one, at the plan's first, middle or last position, in slot 1 of a
+    random canary (so it records a row): the reference's row alone, on every backend. The fuzz's random
+    plans mark nearly every chunk of entries, so a kernel that skipped an entry (the last one, say)
+    would still emit its row when recomputing a chunk another failure marked; here nothing else marks."""
+    require(device)
+    for seed in range(8):
+        want, got = (CASES["verify"](torch.Generator().manual_seed(seed), dev, capacity=1 + 37 * seed)
+                     for dev in ("cpu", device))
+        for case in (want, got):
+            plan = case["plan"]
+            cap = plan.verify_slot_indices.numel()
+            lone = {"first": 0, "middle": cap // 2, "last": cap - 1}[where]
+            plan.verify_slot_indices.fill_(0)[lone] = 1
+            plan.verify_num_valid.fill_(cap)
+            plan.enable.fill_(1)
+        rows_before = int(want["context"].violation_write_index[0])
+        REFERENCE["verify"](**want)
+        with use_backend("tvm"):
+            LAUNCH["verify"](**got)
+        assert int(want["context"].violation_write_index[0]) == rows_before + 1
+        assert_same_bytes(tensors(got), tensors(want))
+
+
+@pytest.mark.parametrize("device", devices())
 def test_differential_long_chains(device):
     """Requests of 33-100 tokens with every slot valid (``cases.long_write_case``): on CUDA their full
     batches of 32 take write's lockstep path, with position gaps at and inside batches, input-assert

@@ -557,6 +557,19 @@ def test_verify_ring_overflow_and_kernel_kind(impl):
     assert counters(ctx) == (2, 6)
 
 
+def test_verify_ring_after_a_wrapped_write_index(impl):
+    """A write index that wrapped past 2**31 - 1 (here -1): the launch's first row would land before the
+    ring and is dropped, the next ones land at 0, 1, ...; the index counts every row (-1 + 3 = 2)."""
+    buf = chain_buf(impl.device)
+    kind = int(CanaryLaunchTag.SWEEP_V_SWA)
+    ctx = make_context(buf, kind=CanaryLaunchTag.SWEEP_V_SWA, ring_capacity=3, write_index=-1)
+    plan = make_verify_plan([3, 4, 5], [10, 11, 12], [1, 2, 3], [-1, 3, 4], device=impl.device)
+    run_verify(impl, ctx, plan)
+    sh = [get_slot(buf, s)[2] for s in (3, 4, 5)]
+    rows = [[kind, s, p, 10 + p, 10 + p, h, h, V_POS] for s, p, h in zip((3, 4, 5), (0, 1, 2), sh)]
+    assert ring_state(ctx) == (2, expected_ring(3, rows[1:]))
+
+
 # ================================================================ plan (SPEC 3.3)
 
 
@@ -675,6 +688,22 @@ def test_plan_swa_window_and_lut(impl):
         "enable": 1,
     }
     assert write_state(wplan) == {"offsets": [0, 1, 2, 2], "seeds": [-1, 120, -1], "num_reqs": 3}
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2, 3, 4])
+def test_plan_swa_window_boundary(impl, prefix):
+    """Window 2 at every prefix around its length: positions max(0, P-2)..P-1, the first one chained to
+    the slot of position P-3 when P > 2 (P = 3 is the boundary: the window starts at 1, not 0), else to
+    nothing (-1)."""
+    window, lut = 2, list(range(40))
+    vplan, wplan = poisoned_plans(impl.device, 8, 2)
+    run_plan(impl, vplan, wplan, rpi=[1], prefix=[prefix], extend=[0], rtt=RTT, window=window, lut=lut)
+    positions = list(range(max(0, prefix - window), prefix))
+    prevs = [RTT[1][p - 1] if p > 0 else -1 for p in positions]
+    state = verify_state(vplan)
+    assert (state["num_valid"], state["positions"][:len(positions)]) == (len(positions), positions)
+    assert state["slots"][:len(positions)] == [RTT[1][p] for p in positions]
+    assert state["prevs"][:len(positions)] == prevs
 
 
 def test_plan_lut_index_past_end(impl):
