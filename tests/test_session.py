@@ -116,6 +116,24 @@ def test_swa_group_verifies_the_window_in_swa_slots():
         Tag.HEAD_K_SWA, slot(1, 4) + NUM_SLOTS, 11, FailReason.VERIFY_POSITION_MISMATCH)
 
 
+def test_a_sweep_translates_its_chains_for_the_swa_group():
+    """A sweep's full-pool slots and predecessors reach the SWA group through its LUT: a clean sweep of
+    both rows' chains reports nothing there (an untranslated slot or predecessor would read other slots),
+    and a stale SWA fingerprint is reported at its SWA slot (and its successor's chain) on the SWA sweep
+    endpoint alone."""
+    lut = torch.zeros(NUM_SLOTS, dtype=torch.int64)
+    lut[1:] = torch.arange(1, NUM_SLOTS) + NUM_SLOTS  # SWA slot = full slot + 64
+    session, kv = make_session(swa_lut=lut, sweep_interval=1)
+    step(session, kv, 0, 4)
+    session.sweep(chain(1, 4) + chain(2, 4))
+    assert not session.violations()
+    poke(session, "TAIL", "V", slot(2, 2) + NUM_SLOTS, 1, 7, group="SWA")  # SWEEP reads the TAIL buffers
+    session.sweep(chain(1, 4) + chain(2, 4))
+    assert [(r.tag, r.slot, r.position, r.reasons) for r in session.violations().records] == [
+        (Tag.SWEEP_V_SWA, slot(2, 2) + NUM_SLOTS, 9, FailReason.VERIFY_POSITION_MISMATCH),
+        (Tag.SWEEP_V_SWA, slot(2, 3) + NUM_SLOTS, 3, FailReason.VERIFY_CHAIN_HASH_MISMATCH)]  # its successor
+
+
 def test_capacities_raise():
     session, kv = make_session(write_req_capacity=1)
     with pytest.raises(RuntimeError, match="batch of 2 requests exceeds the session's write request capacity 1"):
