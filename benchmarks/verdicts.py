@@ -87,8 +87,8 @@ def tuned_slower_labels(rows) -> list[str]:
 def ratio_text(ratio: float, limit: float, digits: int = 2) -> str:
     """``ratio`` to ``digits`` decimals, or to as many more as put it on its side of ``limit`` (1.1004
     against 1.10 prints 1.1004, not 1.10, which would read as passing)."""
-    for places in range(digits, 17):
+    places, text = digits, f"{ratio:.{digits}f}"
+    while (float(text) <= limit) != (ratio <= limit) and places < 16:
+        places += 1
         text = f"{ratio:.{places}f}"
-        if (float(text) <= limit) == (ratio <= limit):
-            break
     return text

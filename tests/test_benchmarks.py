@@ -325,6 +325,7 @@ def test_a_ratio_is_printed_on_its_side_of_the_limit():
     assert [verdicts.ratio_text(r, 1.10) for r in (1.0951, 1.10, 1.1004, 1.109, 1.10004)] == [
         "1.10", "1.10", "1.1004", "1.11", "1.10004"]
     assert [verdicts.ratio_text(r, 1.25, 3) for r in (1.3333, 1.25004)] == ["1.333", "1.25004"]
+    assert verdicts.ratio_text(1.2, 1.25, 17) == f"{1.2:.17f}"
 
 
 def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
@@ -340,6 +341,19 @@ def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
     assert "| NONE chain 1024 | 2.5 | 2.0 (1.2505) | 2.0 (1.2505) | hash + ticket 2112x32 | 2.0 (1.2505) |" in text
     assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor (gather + SPEC hashing + ordered "
             "append) | 0 | 1 | NONE chain 1024 (1.2505) |") in lines
+
+
+def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
+    """The reference lines compare a ratio with the limit as the targets do: 1.8 / 1.44 is 1.25 and passes
+    both (compared as 1.8 > 1.25 * 1.44, a product that rounds up, it was listed as over, at "1.25")."""
+    import bench_kernels
+
+    rows = [_row("verify", "NONE chain 1024", 1.8, 1.44, mode="NONE", order="chain", n=1024, hash_floor_us=1.44,
+                 hash_floor="hash 2112x32", ordered_floor_us=1.44, ordered_floor="hash + ticket 2112x32")]
+    bench_kernels.finish(rows)
+    _, lines = _render(tmp_path, rows)
+    assert rows[0]["status"] == "PASS"
+    assert [line.split(" | ")[1:3] for line in lines if line.startswith("| (for reference)")] == [["1", "0"]] * 2
 
 
 def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():

@@ -356,8 +356,12 @@ def test_a_step_turns_the_write_input_assert_off():
          expected_input_positions=[p for _ in ROWS for p in range(4)])
     wrong = dict(expected_input_tokens=[0, 0], expected_input_positions=[0, 0])
     step_count = session.step
-    with pytest.raises(ValueError, match="expected input tensors must be None"):
+    with pytest.raises(ValueError, match="^kv-canary: expected input tensors must be None in a step with "
+                                         "write_input_assert=False$"):
         session.before_forward(**step_inputs(session, 4, 1, **wrong), write_input_assert=False)
+    for not_a_bool in (None, 0, "False"):  # None or 0 would turn the assert off, "False" leave it on
+        with pytest.raises(TypeError, match="^kv-canary: write_input_assert must be a bool, got "):
+            session.before_forward(**step_inputs(session, 4, 1), write_input_assert=not_a_bool)
     assert session.step == step_count
     session.before_forward(**step_inputs(session, 4, 1), write_input_assert=False)
     session.after_forward()

@@ -228,8 +228,11 @@ def test_a_step_graph_captured_without_the_write_input_assert(monkeypatch):
     draft.replay(**step_inputs(session, 0, 1))
     assert session.step == 1 and not session.violations()
     given = dict(expected_input_tokens=[0, 0], expected_input_positions=[0, 0])
-    with pytest.raises(ValueError, match="^kv-canary: expected input tensors must be None"):
+    with pytest.raises(ValueError, match="^kv-canary: expected input tensors must be None in a step with "
+                                         "write_input_assert=False$"):
         draft.replay(**step_inputs(session, 1, 1, **given))
+    with pytest.raises(TypeError, match="^kv-canary: write_input_assert must be a bool, got NoneType$"):
+        session.capture_step(batch_size=2, req_to_token=TABLE, write_input_assert=None)
     target = session.capture_step(batch_size=2, req_to_token=TABLE)
     with pytest.raises(ValueError, match="^kv-canary: expected input tensors are required"):
         target.replay(**step_inputs(session, 1, 1))

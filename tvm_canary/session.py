@@ -369,17 +369,18 @@ class CanarySession:
         buffers, plans and expected-token pool; SPEC D10).
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
         capacities, ValueError when ``req_to_token`` is larger than the expected-token pool, TypeError for
-        inputs that are not integers, and the launches' errors (SPEC 4), before anything is counted or
+        inputs that are not integers or a ``write_input_assert`` that is not a bool, and the launches' errors (SPEC 4), before anything is counted or
         launched: a rejected call changes nothing (a pending step stays pending).
         """
         self._refuse_while_pending("before_forward()")
+        input_assert = _step_input_assert(self.enable_write_input_assert, write_input_assert,
+                                          (expected_input_tokens, expected_input_positions))
         given = _integer_inputs(dict(
             req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
             token_lens=token_lens, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
             expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions,
             token_ids=token_ids))
         self._check_expected_tokens(given["token_ids"], given["token_lens"], _batch_rows(given))
-        input_assert = self.enable_write_input_assert and bool(write_input_assert)
         batch = self._staged_batch(given, req_to_token, input_assert) if self._stages(given) else None
         if batch is None:
             batch = self._converted_batch(given, req_to_token, input_assert)
@@ -770,7 +771,7 @@ class StepGraph:
         self.session, self.batch_size, self.num_tokens, self.forward = session, batch_size, num_tokens, forward
         pool = session.expected_token_pool
         rows = ("req_pool_indices", "prefix_lens", "extend_seq_lens") + (() if pool is None else ("token_lens",))
-        input_assert = session.enable_write_input_assert and bool(write_input_assert)
+        input_assert = _step_input_assert(session.enable_write_input_assert, write_input_assert, ())
         tokens = ("input_ids", "positions", "out_cache_loc") + (
             ("expected_input_tokens", "expected_input_positions") if input_assert else ())
         self._rows, self._tokens = rows, tokens  # each led by the input that sets their length
@@ -831,6 +832,8 @@ class StepGraph:
         session._check_expected_tokens(inputs["token_ids"], inputs["token_lens"], bs)
         if req_to_token.data_ptr() != self.inputs.req_to_token.data_ptr():
             raise ValueError("kv-canary: StepGraph.replay() needs the req_to_token tensor it was captured with")
+        _step_input_assert(session.enable_write_input_assert, self.inputs.input_assert,
+                           (expected_input_tokens, expected_input_positions))
         checks.check_expected_inputs_given(self.inputs.input_assert, expected_input_tokens,
                                            expected_input_positions)
         checks.require_same_length([(inputs["input_ids"], "input_ids")])
@@ -909,6 +912,18 @@ def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tenso
 
 _INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
                              torch.uint64})
+
+
+def _step_input_assert(session_assert: bool, write_input_assert: object, expected: tuple) -> bool:
+    """Whether the write input assert runs in a step (or every replay of a captured step): the session's
+    ``enable_write_input_assert`` unless the step passes ``write_input_assert=False`` (a bool: any other
+    value is refused, not read as true or false). Expected inputs given to a step that turned the session's
+    assert off are refused, naming the step's flag (SPEC 4's message names the session's)."""
+    if type(write_input_assert) is not bool:
+        raise TypeError(f"kv-canary: write_input_assert must be a bool, got {type(write_input_assert).__name__}")
+    if session_assert and not write_input_assert and any(e is not None for e in expected):
+        raise ValueError("kv-canary: expected input tensors must be None in a step with write_input_assert=False")
+    return session_assert and write_input_assert
 
 
 def _integer_inputs(given: dict) -> dict:
