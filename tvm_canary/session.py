@@ -369,8 +369,9 @@ class CanarySession:
         buffers, plans and expected-token pool; SPEC D10).
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
         capacities, ValueError when ``req_to_token`` is larger than the expected-token pool, TypeError for
-        inputs that are not integers or a ``write_input_assert`` that is not a bool, and the launches' errors (SPEC 4), before anything is counted or
-        launched: a rejected call changes nothing (a pending step stays pending).
+        inputs that are not integers or a ``write_input_assert`` that is not a bool, and the launches'
+        errors (SPEC 4), before anything is counted or launched: a rejected call changes nothing (a
+        pending step stays pending).
         """
         self._refuse_while_pending("before_forward()")
         input_assert = _step_input_assert(self.enable_write_input_assert, write_input_assert,
