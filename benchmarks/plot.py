@@ -194,11 +194,11 @@ def _fmt(x, digits=1) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def _ratio(r, us: float, floor_us: float) -> str:
-    """``us / floor_us`` to two decimals, more where that would put it on the other side of the row's floor
-    target (1.255 against 1.25 prints 1.255)."""
+def _ratio(r, floor_us: float) -> str:
+    """The row's time over ``floor_us`` to two decimals, more where that would put it on the other side of
+    the row's floor target (1.255 against 1.25 prints 1.255)."""
     limit = next((t["limit"] for t in r.get("targets", []) if t["what"] == "floor"), None)
-    return _fmt(us / floor_us, 2) if limit is None else verdicts.ratio_text(us / floor_us, limit)
+    return _fmt(r["us"] / floor_us, 2) if limit is None else verdicts.ratio_text(r["us"] / floor_us, limit)
 
 
 def markdown(run) -> str:
@@ -239,7 +239,7 @@ def markdown(run) -> str:
         for r in rows:
             target = ", ".join(f"{t['what']} {verdicts.ratio_text(t['ratio'], t['limit'])} <= {t['limit']:.2f}"
                                for t in r.get("targets", []))
-            cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _ratio(r, r["us"], r["floor_us"]),
+            cells = [r["case"], _fmt(r["us"]), r["floor"], _fmt(r["floor_us"]), _ratio(r, r["floor_us"]),
                      target, r.get("status", "") + (" BELOW FLOOR" if verdicts.below_floor(r) else "")]
             for b in baselines:
                 t = r.get("baselines", {}).get(b)
@@ -268,10 +268,10 @@ def markdown(run) -> str:
                   "|" + " --- |" * 6]
         for r in bounded:
             lines.append(f"| {r['case']} | {_fmt(r['us'])} | "
-                         f"{_fmt(r['floor_us'])} ({_ratio(r, r['us'], r['floor_us'])}) | "
-                         f"{_fmt(r['hash_floor_us'])} ({_ratio(r, r['us'], r['hash_floor_us'])}) | "
+                         f"{_fmt(r['floor_us'])} ({_ratio(r, r['floor_us'])}) | "
+                         f"{_fmt(r['hash_floor_us'])} ({_ratio(r, r['hash_floor_us'])}) | "
                          f"{r['ordered_floor']} | "
-                         f"{_fmt(r['ordered_floor_us'])} ({_ratio(r, r['us'], r['ordered_floor_us'])}) |")
+                         f"{_fmt(r['ordered_floor_us'])} ({_ratio(r, r['ordered_floor_us'])}) |")
         lines.append("")
     if any("candidates" in r for r in run["rows"]):
         cands = run.get("candidates", [])

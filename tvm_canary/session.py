@@ -292,8 +292,7 @@ class CanarySession:
         empty = _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
                        out_cache_loc=none, req_to_token=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
                        token_ids=none if pool else None, token_lens=none if pool else None,
-                       expected_input_tokens=expected, expected_input_positions=expected,
-                       input_assert=self.enable_write_input_assert)
+                       expected_input_tokens=expected, expected_input_positions=expected)
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, empty))
             for context in g.contexts.values():

@@ -43,7 +43,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", type=torch_device, choices=("cpu", "cuda"), default=default_device(),
                    help="device of the KV pool and the canary (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--swa", action="store_true", help="add an SWA buffer group")
-    p.add_argument("--window", type=int_at_least(1), default=DEFAULT_WINDOW, help="SWA window in tokens (with --swa)")
+    p.add_argument("--window", type=int_at_least(1), default=None,
+                   help=f"SWA window in tokens, with --swa (default: {DEFAULT_WINDOW})")
     p.add_argument("--real-kv", choices=("partial", "all"), default="partial", help="real-KV hash mode")
     p.add_argument("--slots", type=int_at_least(2), default=512, help="KV pool slots (slot 0 is reserved)")
     p.add_argument("--max-running", type=int_at_least(1), default=8, help="concurrent requests")
@@ -108,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     if args.cuda_graph and device.type != "cuda":
         raise UsageError("--cuda-graph needs --device cuda")
-    if args.window != DEFAULT_WINDOW and not args.swa:
+    if args.window is not None and not args.swa:
         raise UsageError("--window needs --swa (the window of the SWA group)")
+    args.window = args.window or DEFAULT_WINDOW  # unset means the default; refused above without --swa
     cfg = EngineConfig(num_slots=args.slots, max_running=args.max_running, swa_window=args.window if args.swa else 0)
     engine = Engine(cfg, seed=args.seed, device=device)
     session = _session(args, engine)
