@@ -122,16 +122,18 @@ def stand_in_cuda_graphs(monkeypatch) -> None:
     monkeypatch.setattr(session_module, "record_event", lambda device: None)
 
 
+@pytest.mark.parametrize("write_input_assert", [None, True, False], ids=["no-assert", "asserting", "step-turns-it-off"])
 @pytest.mark.parametrize("staged_on_host", [True, False], ids=["host-staging", "device-concatenation"])
-def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_on_host):
-    """StepGraph's own logic (static buffers, padding rows and tokens, scatter offsets, step bookkeeping)
-    on CPU, with both ways of refilling its inputs (on CUDA: host inputs / device inputs). The real
-    capture is tests/test_session_cuda.py's (GPU)."""
+def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_on_host, write_input_assert):
+    """StepGraph's own logic (static buffers, padding rows and tokens, scatter offsets, step bookkeeping,
+    the write input assert's inputs) on CPU, with both ways of refilling its inputs (on CUDA: host inputs /
+    device inputs). The real capture is tests/test_session_cuda.py's (GPU)."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
     monkeypatch.setattr(session_module.StepGraph, "_stage_on_host", staticmethod(lambda values: staged_on_host))
-    eager, graphed = decode.DecodeRun(graph=False, device="cpu"), decode.DecodeRun(graph=True, device="cpu")
+    eager, graphed = (decode.DecodeRun(graph=graph, device="cpu", write_input_assert=write_input_assert)
+                      for graph in (False, True))
     decode.check_replay_equals_eager(eager, graphed)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tvm_canary.consts import FailReason
 from tvm_canary.context import CanaryLaunchTag as Tag
 from tvm_canary.context import RealKvSource
 from tvm_canary.session import CanaryGroup, CanarySession
@@ -29,16 +30,22 @@ FAULTS = {
     13: ("HEAD_V_SWA", 1, None),  # a position inside the SWA window
     17: ("TAIL_V_FULL", 3, 1),
 }
+WRONG_INPUT_STEP, WRONG_INPUT_ROW = 11, 2  # asserting runs: that step's expected token of that row is off by one
 
 pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
 
 class DecodeRun:
     """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens).
-    ``swa=False`` leaves the SWA group out (the faults and ``state()`` need it)."""
+    ``swa=False`` leaves the SWA group out (the faults and ``state()`` need it). ``write_input_assert``:
+    None, a session without the write input assert; True, a session with it, every step given the
+    expected inputs (one wrong at ``WRONG_INPUT_STEP``); False, a session with it whose every step
+    (and captured graph) turns it off, as an EAGLE draft-decode step does."""
 
-    def __init__(self, graph: bool, device: str = "cuda", swa: bool = True) -> None:
+    def __init__(self, graph: bool, device: str = "cuda", swa: bool = True,
+                 write_input_assert: bool | None = None) -> None:
         dev = self.device = torch.device(device)
+        self.write_input_assert = write_input_assert
         self.reported: list[Violation] = []  # rows returned by violations() and flush(), in order
         gen = torch.Generator().manual_seed(0)
         slots = torch.randperm(SLOTS - 1, generator=gen)[: ROWS * MAX_LEN] + 1
@@ -58,11 +65,13 @@ class DecodeRun:
             swa=swa_group if swa else None,
             device=dev, write_req_capacity=BUCKET, write_entry_capacity=ROWS * PROMPT,
             expected_token_pool_shape=(ROWS + 1, MAX_LEN), sweep_interval=4, health_warmup_steps=4,
-            health_check_interval=4, violation_mode="quiet",
+            health_check_interval=4, violation_mode="quiet", enable_write_input_assert=write_input_assert is not None,
         )
         self.session.mark_init_finished()
         self.rows = torch.arange(1, ROWS + 1, device=dev)
-        self.graph = self.session.capture_step(batch_size=BUCKET, req_to_token=self.table) if graph else None
+        self.step_flags = {"write_input_assert": False} if write_input_assert is False else {}
+        self.graph = (self.session.capture_step(batch_size=BUCKET, req_to_token=self.table, **self.step_flags)
+                      if graph else None)
 
     def sources(self, half: str) -> tuple[RealKvSource, ...]:
         return tuple(RealKvSource(tensor=t, page_size=PAGE, num_bytes_per_token=STRIP, read_bytes=STRIP)
@@ -75,12 +84,17 @@ class DecodeRun:
         pos = (start + torch.arange(extend, device=dev)).repeat(ROWS)
         row_of_token = rows.repeat_interleave(extend, output_size=ROWS * extend)
         known = 1000 * rows[:, None] + torch.arange(start + extend, device=dev)
-        return dict(
+        input_ids = 1000 * row_of_token + pos
+        batch = dict(
             req_pool_indices=rows, prefix_lens=torch.full((ROWS,), start, device=dev),
-            extend_seq_lens=torch.full((ROWS,), extend, device=dev), input_ids=1000 * row_of_token + pos,
+            extend_seq_lens=torch.full((ROWS,), extend, device=dev), input_ids=input_ids,
             positions=pos, out_cache_loc=self.table[row_of_token, pos].long(), req_to_token=self.table,
             token_ids=known.flatten(), token_lens=torch.full((ROWS,), start + extend, device=dev),
         )
+        if self.write_input_assert:
+            wrong = (row_of_token == WRONG_INPUT_ROW) & (k == WRONG_INPUT_STEP)
+            batch.update(expected_input_tokens=input_ids + wrong, expected_input_positions=pos)
+        return batch
 
     def forward(self, out_cache_loc: torch.Tensor) -> None:
         """The model: fresh K/V bytes for the step's slots."""
@@ -93,7 +107,7 @@ class DecodeRun:
     def step(self, k: int) -> None:
         batch = self.inputs(k)
         if self.graph is None or k == 0:  # the prefill runs eagerly in both runs
-            self.session.before_forward(**batch)
+            self.session.before_forward(**batch, **self.step_flags)
             self.forward(batch["out_cache_loc"])
             self.session.after_forward()
         else:
@@ -174,7 +188,8 @@ def test_session_steps_never_synchronise_and_report_one_step_late(graph):
 
 def check_replay_equals_eager(eager: DecodeRun, graphed: DecodeRun) -> None:
     """Step both runs; every state tensor is equal after every step, and both report the same rows,
-    which detect every injected fault."""
+    which detect every injected fault and hold write rows iff the steps assert their inputs: at the
+    wrong expected token's slot alone."""
     for k in range(STEPS):
         eager.step(k)
         graphed.step(k)
@@ -183,10 +198,15 @@ def check_replay_equals_eager(eager: DecodeRun, graphed: DecodeRun) -> None:
     rows = graphed.flush()
     assert eager.flush() == rows
     check_detection(graphed, rows)
+    wrong_slot = graphed.slot(WRONG_INPUT_ROW, PROMPT + WRONG_INPUT_STEP - 1)
+    write_rows = {(r.slot - SLOTS if r.tag.name.endswith("SWA") else r.slot, r.reasons) for r in rows if r.is_write}
+    assert write_rows == ({(wrong_slot, FailReason.WRITE_TOKEN_MISMATCH)} if graphed.write_input_assert else set())
 
 
-def test_step_graph_replay_equals_the_eager_session():
-    check_replay_equals_eager(DecodeRun(graph=False), DecodeRun(graph=True))
+@pytest.mark.parametrize("write_input_assert", [None, True, False], ids=["no-assert", "asserting", "step-turns-it-off"])
+def test_step_graph_replay_equals_the_eager_session(write_input_assert):
+    check_replay_equals_eager(DecodeRun(graph=False, write_input_assert=write_input_assert),
+                              DecodeRun(graph=True, write_input_assert=write_input_assert))
 
 
 def test_demo_with_cuda_graph_detects_every_fault(capsys):
