@@ -753,7 +753,7 @@ def test_default_labels_name_modes_and_size_classes():
 
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
         "2112x128m4, NONE >= 262145 2112x128m16, PARTIAL 2112x128m2wp, PARTIAL >= 16385 1056x128m8, "
-        "PARTIAL >= 262145 2112x512m2, ALL 528x32m2wpp, ALL >= 16385 528x128m2w")
+        "PARTIAL >= 262145 2112x512m2, ALL 528x32m2wpp, ALL >= 16385 2112x256m4pp")
     assert bench_kernels.default_labels("write", "cuda-sm_90") == (
         "528x64u2, NONE >= 1x23 528x64u8, PARTIAL 264x32p, PARTIAL >= 1x5 528x64u2, PARTIAL >= 1x23 528x64u8, "
         "ALL 528x32wpp, ALL >= 1x128 528x256u8p")

@@ -144,8 +144,9 @@ def test_write_folds_split_where_the_specialization_allows():
     shuffle = "__shfl_xor_sync(pair_mask"
     assert shuffle in source((2, False, False, 32)) and shuffle in source((2, False, False, 256))
     assert shuffle not in source((2, False, False, 0))
-    # verify ALL's default below 16K entries checks entries split; its size class from 16K on does not
+    # verify ALL checks entries split at every size: below 16K entries in thin 32-lane blocks, from 16K on in
+    # 2112 blocks of 256 lanes
     assert shuffle in cuda_build("verify", (2, False, False, 32), "sm_90").mod.imports[0].inspect_source("cuda")
     large = targets.default_geometry("verify", "cuda", 2, 1 << 20)
     built = C.build("verify", (2, False, False, 32), "cuda-sm_90", large)
-    assert large.pairs == 0 and shuffle not in built.mod.imports[0].inspect_source("cuda")
+    assert large.pairs == 2 and shuffle in built.mod.imports[0].inspect_source("cuda")

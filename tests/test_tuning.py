@@ -582,7 +582,8 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
 
 def test_the_default_geometry_follows_the_launch_size_class():
     """From ``CUDA_SIZE_DEFAULTS``' size on (verify ALL: 16K entries) a launch's default folds the sources
-    one after another in 128 lanes; below it, and with no size, the mode's default (split, 32 lanes). The size is the
+    split in 2112 full blocks of 256 lanes, 4 an SM; below it, and with no size, the mode's default (split,
+    32 thin lanes). The size is the
     launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
     the tuner's default record and ahead-of-time builds agree. Write's classes bound its tokens per
     request (the point's second coordinate). Plan, scatter and the CPU have no size class."""
@@ -595,13 +596,14 @@ def test_the_default_geometry_follows_the_launch_size_class():
         bounds = [at_least for at_least, _ in classes]
         assert all(targets.reaches(b, a) and a != b for a, b in zip(bounds, bounds[1:])), bounds
     ((at_least, overrides),) = CUDA_SIZE_DEFAULTS[("verify", 2)]
-    assert (at_least, overrides) == ((1 << 14) + 1, {"threads": 128, "pairs": 0})
+    assert (at_least, overrides) == ((1 << 14) + 1, {"blocks": 2112, "threads": 256, "min_blocks": 4, "thin": 0,
+                                                     "pairs": 2})
     split = targets.default_geometry("verify", "cuda-sm_90", 2)
-    single = dataclasses.replace(split, threads=128, pairs=0)
-    assert (split.threads, split.pairs) == (32, 2) and split.fold_pairs()
-    for size, expected in ((None, split), (1, split), (at_least - 1, split), (at_least, single), (1 << 24, single)):
+    wide = dataclasses.replace(split, blocks=2112, threads=256, min_blocks=4, thin=0)
+    assert (split.threads, split.pairs) == (32, 2) and split.fold_pairs() and not wide.fold_pairs()
+    for size, expected in ((None, split), (1, split), (at_least - 1, split), (at_least, wide), (1 << 24, wide)):
         assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
-    assert targets.default_geometries("verify", "cuda", 2) == [split, single]
+    assert targets.default_geometries("verify", "cuda", 2) == [split, wide]
     # PARTIAL: thin and paired below the same boundary, full blocks and single-chain folds from it on.
     assert CUDA_SIZE_DEFAULTS[("verify", 1)][0][0] == at_least
     partial_small = targets.default_geometry("verify", "cuda-sm_90", 1)
@@ -660,8 +662,8 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert workloads.point_of("verify", (1 << 16, 2)) == 1 << 16
     assert workloads.point_of("write", (64, 512, 2)) == (64, 512)
     assert workloads.default_of("verify", (4096, 2), "cuda") == split
-    assert workloads.default_of("verify", (1 << 16, 2), "cuda") == single
-    assert workloads.default_of("verify", (1 << 24, 2), "cuda") == single
+    assert workloads.default_of("verify", (1 << 16, 2), "cuda") == wide
+    assert workloads.default_of("verify", (1 << 24, 2), "cuda") == wide
     assert workloads.default_of("write", (4096, 1, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
     # The class boundary is where the tuning buckets split: a launch of exactly 16K takes the 4K bucket
     # (ties go to the smaller), whose default is split, as the launch's own default is.
@@ -669,7 +671,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
     for size in (at_least - 1, at_least):
         launch_default = targets.default_geometry("verify", "cuda", 2, size)
         assert workloads.default_of("verify", apply.nearest(buckets, size), "cuda") == launch_default, size
-    assert knob_values_of(schedules.knobs("verify", True, 2), single)  # a point of the design space: tune measures it
+    assert knob_values_of(schedules.knobs("verify", True, 2), wide)  # a point of the design space: tune measures it
 
 
 def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
@@ -682,7 +684,7 @@ def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
     device = torch.device("cuda", 0)
     assert C.geometry("verify", device, 1024, 2).pairs == 2
     assert C.geometry("verify", device, 1 << 20, 2) == targets.default_geometry("verify", "cuda-sm_90", 2, 1 << 20)
-    assert C.geometry("verify", device, 1 << 20, 2).pairs == 0
+    assert C.geometry("verify", device, 1 << 20, 2).threads == 256
 
 
 def write_bucket_database(folder):

@@ -124,7 +124,13 @@ CUDA_SIZE_DEFAULTS = {
     # 256K-16M 0.986-1.059x, so none replaced it. ALL random 1M ran 1.12x the H200's bounded gather floor
     # (its run of record), while the call's floor with SPEC 1's hashing and ordered append (2112 x 32)
     # took 1.003x this class's time.
-    ("verify", 2): (((1 << 14) + 1, {"threads": 128, "pairs": 0}),),
+    # Since the sixtieth session the sources fold split here too (pairs 2: two lanes an entry, a source each,
+    # one chain per lane, so the 64-register cap of 2112 x 256 min_blocks 4 costs no spills: ptxas sm_90 63
+    # registers). Against 528 x 128 single-chain (H200, ab_kernels.py, interleaved, same host start as the
+    # sixtieth session's run; A/A 0.999-1.000x): random 1M / 16M 0.923 / 0.938x, chain 1M / 16M 1.005 /
+    # 0.994x; 2112 x 512 min_blocks 2 split 0.926 / 0.948 / 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 /
+    # 1.008 / 1.013x. 64K entries were not timed.
+    ("verify", 2): (((1 << 14) + 1, {"blocks": 2112, "threads": 256, "min_blocks": 4, "thin": 0, "pairs": 2}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
     # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
     # entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries from 1.24-1.28x to
