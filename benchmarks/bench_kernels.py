@@ -35,7 +35,7 @@ Scatter: 8 B read + 4 B written per token.
 
     python benchmarks/bench_kernels.py [--quick] [--ab] [--kernels verify write plan scatter]
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
-        [--verify-sizes ENTRIES ...] [--json OUT.json [--resume [--redo KERNEL ...]]]
+        [--verify-sizes ENTRIES ...] [--verify-modes MODE ...] [--json OUT.json [--resume [--redo KERNEL ...]]]
 
 ``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
 every kernel that file finished (a kernel's rows are written when its sweep ends), runs the rest of
@@ -47,9 +47,9 @@ run on a freshly started host can take longer than one call of a lent GPU allows
 session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``. ``--redo write``
 (with ``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel
 alone (its code, defaults or database); the part that timed the dropped rows names them ``replaced``.
-``--verify-sizes`` times verify's rows of those sizes only; with ``--redo verify`` it drops and times
-again only those, after a change to them alone: every verify row kept must have run the default this
-checkout gives it (``verify_default_of``), or the resume is refused.
+``--verify-sizes`` and ``--verify-modes`` time verify's rows of those sizes and modes only; with ``--redo
+verify`` they drop and time again only those, after a change to them alone: every verify row kept must
+have run the default this checkout gives it (``verify_default_of``), or the resume is refused.
 
 Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
 freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
@@ -459,6 +459,7 @@ class Bench:
     candidates: tuple
     plan_candidates: tuple = ()
     verify_sizes: tuple = ()  # verify's rows, entries per plan (empty: VERIFY_SIZES)
+    verify_modes: tuple = ()  # verify's rows, launch modes (empty: MODES)
     launchers: Launchers = None
     arch: str = ""
     warnings: list = dataclasses.field(default_factory=list)
@@ -680,7 +681,7 @@ class Bench:
         sizes = self.verify_sizes or VERIFY_SIZES["quick" if self.quick else "full"]
         candidates = [(c, parse_geometry(c)) for c in self.candidates]
         words = pool.canary.view(torch.int64)
-        for mode in MODES:
+        for mode in self.verify_modes or MODES:
             for order in ORDERS:
                 slots_2d, _ = stamp_chains(self, pool, mode, order)
                 ctx = pool.context(mode)
@@ -865,16 +866,39 @@ def environment() -> dict:
 RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
 
 
-def verify_sizes_problem(verify_sizes, quick: bool, kernels) -> str | None:
-    """Why ``--verify-sizes`` cannot apply to an invocation that times ``kernels`` (after ``--resume``:
-    those still to run), or None: a size outside the preset's ``VERIFY_SIZES``, or no verify rows to time."""
+def verify_rows_problem(verify_sizes, verify_modes, quick: bool, kernels) -> str | None:
+    """Why ``--verify-sizes`` / ``--verify-modes`` cannot apply to an invocation that times ``kernels``
+    (after ``--resume``: those still to run), or None: a size outside the preset's ``VERIFY_SIZES``, or
+    no verify rows to time."""
     known = VERIFY_SIZES["quick" if quick else "full"]
     if not set(verify_sizes) <= set(known):
         return f"--verify-sizes: verify's sizes are {', '.join(map(str, known))}"
-    if verify_sizes and "verify" not in kernels:
-        return ("--verify-sizes chooses verify's rows, and this invocation times none: give --kernels verify "
-                "(with --resume, and --redo verify on a run whose verify is finished)")
+    if (verify_sizes or verify_modes) and "verify" not in kernels:
+        return ("--verify-sizes and --verify-modes choose verify's rows, and this invocation times none: give "
+                "--kernels verify (with --resume, and --redo verify on a run whose verify is finished)")
     return None
+
+
+def verify_chosen(mode: str, n: int, verify_sizes=(), verify_modes=()) -> bool:
+    """Whether verify's rows of ``mode`` at ``n`` entries are among those ``--verify-sizes`` and
+    ``--verify-modes`` choose (each empty: all)."""
+    return (not verify_sizes or n in verify_sizes) and (not verify_modes or mode in verify_modes)
+
+
+def replaced_verify_rows(part: dict) -> set:
+    """{(mode, entries)} of the verify rows a run's ``part`` timed that later invocations replaced:
+    ``replaced_verify_sizes`` (every mode at those sizes) and ``replaced_verify_rows`` ("MODE ENTRIES")."""
+    return ({(mode, n) for n in part.get("replaced_verify_sizes", ()) for mode in MODES}
+            | {(case.split()[0], int(case.split()[1])) for case in part.get("replaced_verify_rows", ())})
+
+
+def replaced_verify_keys(pairs: set) -> dict:
+    """A part's record of the replaced verify rows ``pairs`` {(mode, entries)}: sizes replaced in every
+    mode as ``replaced_verify_sizes``, the other rows as ``replaced_verify_rows`` ("MODE ENTRIES")."""
+    whole = sorted({n for _, n in pairs if all((mode, n) in pairs for mode in MODES)})
+    rest = sorted((p for p in pairs if p[1] not in whole), key=lambda p: (p[1], MODES.index(p[0])))
+    return ({"replaced_verify_sizes": whole} if whole else {}) | (
+        {"replaced_verify_rows": [f"{mode} {n}" for mode, n in rest]} if rest else {})
 
 
 def row_order(row) -> tuple:
@@ -897,16 +921,17 @@ def verify_default_of(labels: str, mode: str, n: int) -> str:
     return chosen
 
 
-def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes=()) -> tuple[list, list[str], list]:
+def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes=(),
+               verify_modes=()) -> tuple[list, list[str], list]:
     """(rows kept, kernels of ``kernels`` still to run, ``prior``'s ``parts``) when the run ``prior`` (a
     ``--json`` file) is continued by an invocation whose environment, options and default geometries
     are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError``
     naming the first difference when it is not the same run (a kept kernel's defaults are those its
     rows ran, ``prior``'s ``default_geometries``). Every row is kept but those of the kernels ``redo``
     (``--redo``), which run again; a part that timed them names them ``replaced``. With
-    ``verify_sizes`` (``--verify-sizes``) a redone verify drops only its rows of those sizes, which a
-    part that timed them names ``replaced_verify_sizes``; each verify row kept must have run the default
-    this checkout gives it (``verify_default_of``)."""
+    ``verify_sizes`` / ``verify_modes`` (``--verify-sizes`` / ``--verify-modes``) a redone verify drops
+    only its rows of those sizes and modes, which a part that timed them names (``replaced_verify_keys``);
+    each verify row kept must have run the default this checkout gives it (``verify_default_of``)."""
     for key in ("env", *RESUME_KEYS):
         if prior.get(key) != now[key]:
             raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
@@ -916,10 +941,11 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, "
                              f"this checkout's are {now['default_geometries'][kernel]!r}")
-    partial = "verify" in redo and bool(verify_sizes)
+    partial = "verify" in redo and bool(verify_sizes or verify_modes)
 
     def kept(row) -> bool:
-        return row["kernel"] in done or (partial and row["kernel"] == "verify" and row["n"] not in verify_sizes)
+        return row["kernel"] in done or (partial and row["kernel"] == "verify"
+                                         and not verify_chosen(row["mode"], row["n"], verify_sizes, verify_modes))
 
     rows = [row for row in prior["rows"] if kept(row)]
     for row in rows:
@@ -927,32 +953,41 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
             then, current = (verify_default_of(d["default_geometries"]["verify"], row["mode"], row["n"])
                              for d in (prior, now))
             if then != current:
+                add = (f"--verify-modes {row['mode']}" if verify_chosen(row["mode"], row["n"], verify_sizes)
+                       else f"--verify-sizes {row['n']}")
                 raise ValueError(f"--resume: the run in --json timed verify {row['case']} at {then}, this checkout's "
-                                 f"default there is {current}: give --verify-sizes {row['n']} too")
+                                 f"default there is {current}: give {add} too")
 
     def marked(part) -> dict:  # the part, naming the kernels (and sizes) whose rows a later invocation timed again
         part = dict(part)
         redone = [k for k in part["kernels"] if k in redo]
         if partial and "verify" in redone:
-            redone.remove("verify")  # some of its sizes
-            sizes = set(part.get("verify_sizes") or VERIFY_SIZES["full"]) & set(verify_sizes)
-            sizes |= set(part.get("replaced_verify_sizes", ()))
-            if sizes:
-                part["replaced_verify_sizes"] = sorted(sizes)
+            redone.remove("verify")  # some of its rows
+            timed = {(mode, n) for mode in part.get("verify_modes") or MODES
+                     for n in part.get("verify_sizes") or VERIFY_SIZES["full"]}
+            pairs = {(mode, n) for mode, n in timed if verify_chosen(mode, n, verify_sizes, verify_modes)}
+            pairs |= replaced_verify_rows(part)
+            part.pop("replaced_verify_sizes", None)
+            part.pop("replaced_verify_rows", None)
+            part.update(replaced_verify_keys(pairs))
         replaced = [k for k in part["kernels"] if k in redone or k in part.get("replaced", ())]
-        if "verify" in replaced:
-            part.pop("replaced_verify_sizes", None)  # all of them
+        if "verify" in replaced:  # all of them
+            part.pop("replaced_verify_sizes", None)
+            part.pop("replaced_verify_rows", None)
         return {**part, "replaced": replaced} if replaced else part
 
     parts = [marked(part) for part in prior.get("parts", [])]
     return rows, [k for k in kernels if k not in done], parts
 
 
-def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=()) -> dict:
+def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=(),
+                verify_modes=()) -> dict:
     """One invocation's entry in a run's ``parts``: the kernels it finished, its wall time, empty launch
-    and register-only chain, and verify's sizes when ``--verify-sizes`` chose them and it timed verify."""
-    sizes = {"verify_sizes": list(verify_sizes)} if verify_sizes and "verify" in done else {}
-    return {"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **sizes}
+    and register-only chain, and verify's sizes and modes when ``--verify-sizes`` / ``--verify-modes``
+    chose them and it timed verify."""
+    chosen = {key: list(values) for key, values in (("verify_sizes", verify_sizes), ("verify_modes", verify_modes))
+              if values and "verify" in done}
+    return {"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **chosen}
 
 
 def run_timing(parts: list[dict]) -> dict:
@@ -1040,6 +1075,9 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-sizes", nargs="+", type=int, default=[], metavar="ENTRIES",
                     help="verify's rows of these sizes only (of bench_kernels.VERIFY_SIZES); with --resume "
                          "--redo verify, only they are timed again")
+    ap.add_argument("--verify-modes", nargs="+", default=[], choices=MODES, metavar="MODE",
+                    help="verify's rows of these launch modes only (NONE, PARTIAL, ALL); with --resume "
+                         "--redo verify, only they are timed again")
     ap.add_argument("--probe", choices=tuple(BASELINE_MODULES), help=argparse.SUPPRESS)  # child of load_baselines
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -1063,7 +1101,7 @@ def main(argv=None) -> int:
         return fail("--resume continues the run in --json: give --json a run's file")
     if args.redo and not (args.resume and set(args.redo) <= set(args.kernels)):
         return fail("--redo times kernels of a run again: give --resume, and --kernels including them")
-    if problem := verify_sizes_problem(args.verify_sizes, args.quick, args.kernels):
+    if problem := verify_rows_problem(args.verify_sizes, args.verify_modes, args.quick, args.kernels):
         return fail(problem)
 
     sys.path.insert(0, HERE)
@@ -1073,7 +1111,8 @@ def main(argv=None) -> int:
 
     t_start = time.time()
     bench = Bench(quick=args.quick, ab=args.ab, baselines=tuple(args.baselines), candidates=tuple(args.candidates),
-                  plan_candidates=tuple(args.plan_candidates), verify_sizes=tuple(sorted(set(args.verify_sizes))))
+                  plan_candidates=tuple(args.plan_candidates), verify_sizes=tuple(sorted(set(args.verify_sizes))),
+                  verify_modes=tuple(m for m in MODES if m in args.verify_modes))
     bench.launchers = Launchers()
     bench.arch = targets.cuda_arch(0)
     options = {"arch": bench.arch, "ab": args.ab, "quick": args.quick, "baselines": list(args.baselines),
@@ -1088,12 +1127,12 @@ def main(argv=None) -> int:
             prior = json.load(f)
         try:
             rows, kernels, prior["parts"] = resume_run(prior, {"env": env, "default_geometries": defaults, **options},
-                                                       kernels, args.redo, bench.verify_sizes)
+                                                       kernels, args.redo, bench.verify_sizes, bench.verify_modes)
         except ValueError as e:
             return fail(str(e))
         if not kernels:
             return fail(f"--resume: the run in --json has finished {', '.join(args.kernels)}; nothing is left to run")
-        if problem := verify_sizes_problem(args.verify_sizes, args.quick, kernels):
+        if problem := verify_rows_problem(args.verify_sizes, args.verify_modes, args.quick, kernels):
             return fail(problem)
         bench.agreement.update(prior["agreement"])
         bench.warnings += prior["warnings"]
@@ -1116,7 +1155,8 @@ def main(argv=None) -> int:
         so a run cut short still leaves its finished sweeps."""
         rows.sort(key=row_order)
         finish(rows)
-        parts = prior["parts"] + [part_record(done, time.time() - t_start, empty_us, chain_ns, bench.verify_sizes)]
+        parts = prior["parts"] + [part_record(done, time.time() - t_start, empty_us, chain_ns, bench.verify_sizes,
+                                              bench.verify_modes)]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),

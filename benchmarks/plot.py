@@ -182,12 +182,27 @@ def _title(run) -> str:
             f"torch {env.get('torch')}, TVM {env.get('tvm')}, tvm-ffi {env.get('tvm_ffi')}, Triton {env.get('triton')}")
 
 
-def part_kernels(kernels, verify_sizes=None) -> str:
+def part_kernels(kernels, verify_sizes=None, verify_modes=None, verify_cases=None) -> str:
     """The kernels of a run's part (``parts``: those it timed, or those whose rows a later one replaced),
-    verify with its sizes when the part had only those (``verify_sizes``, ``replaced_verify_sizes``)."""
-    names = list(kernels) if not verify_sizes or "verify" in kernels else ["verify", *kernels]
-    return ", ".join(f"verify ({', '.join(map(str, verify_sizes))} entries)" if k == "verify" and verify_sizes else k
-                     for k in names) or "nothing"
+    verify with its rows when the part had only those: its modes and sizes (``verify_modes``,
+    ``verify_sizes``), or the sizes and single rows a later part replaced (``replaced_verify_sizes``,
+    ``replaced_verify_rows``), e.g. "verify (ALL; 65536, 1048576 entries)"."""
+    chosen = "; ".join(filter(None, (", ".join(verify_modes or ()),
+                                     verify_sizes and f"{', '.join(map(str, verify_sizes))} entries",
+                                     ", ".join(verify_cases or ()))))
+    names = list(kernels) if not chosen or "verify" in kernels else ["verify", *kernels]
+    return ", ".join(f"verify ({chosen})" if k == "verify" and chosen else k for k in names) or "nothing"
+
+
+def part_text(part) -> str:
+    """One invocation of a run made in parts: what it timed, its wall time, empty launch and register-only
+    chain, and which of its rows a later invocation replaced."""
+    replaced = part_kernels(part.get("replaced", []), part.get("replaced_verify_sizes"), None,
+                            part.get("replaced_verify_rows"))
+    return (f"{part_kernels(part['kernels'], part.get('verify_sizes'), part.get('verify_modes'))} in "
+            f"{part['wall_s']:.0f} s (empty launch {part['empty_us']:.2f} µs, register-only chain "
+            f"{part['chain_ns']:.1f} ns/step" + (f"; its {replaced} rows replaced by a later invocation's"
+                                                 if replaced != "nothing" else "") + ")")
 
 
 def _fmt(x, digits=1) -> str:
@@ -216,14 +231,7 @@ def markdown(run) -> str:
     parts = run.get("parts", [])
     if len(parts) > 1:
         lines += [f"The run was made in {len(parts)} invocations (`bench_kernels.py --resume`), each timing its rows' "
-                  "floors in its own process: " + "; ".join(
-                      f"{part_kernels(p['kernels'], p.get('verify_sizes'))} in {p['wall_s']:.0f} s "
-                      f"(empty launch {p['empty_us']:.2f} µs, "
-                      f"register-only chain {p['chain_ns']:.1f} ns/step"
-                      + (f"; its {part_kernels(p.get('replaced', []), p.get('replaced_verify_sizes'))} rows "
-                         "replaced by a later invocation's" if p.get("replaced") or p.get("replaced_verify_sizes")
-                         else "")
-                      + ")" for p in parts) + ".", ""]
+                  "floors in its own process: " + "; ".join(part_text(p) for p in parts) + ".", ""]
     if not run.get("complete", True):
         lines += [INCOMPLETE, ""]
     baselines = [b for b in BASELINES if any(b in r.get("baselines", {}) for r in run["rows"])]

@@ -280,10 +280,11 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
         "kernels": ["verify"], "wall_s": 90.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 20]}
     assert "verify_sizes" not in bench_kernels.part_record(["write"], 90.0, 1.2, 100.9, (1 << 20,))
     assert "verify_sizes" not in bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9)
-    # --verify-sizes needs verify rows to time, of the preset's sizes
-    assert bench_kernels.verify_sizes_problem([1 << 20], False, ["verify", "write"]) is None
-    assert "sizes are 1024, 4096, 65536, 1048576" in bench_kernels.verify_sizes_problem([1 << 22], True, ["verify"])
-    assert "this invocation times none" in bench_kernels.verify_sizes_problem([1 << 20], False, ["write"])
+    # --verify-sizes and --verify-modes need verify rows to time, of the preset's sizes
+    assert bench_kernels.verify_rows_problem([1 << 20], [], False, ["verify", "write"]) is None
+    assert "sizes are 1024, 4096, 65536, 1048576" in bench_kernels.verify_rows_problem([1 << 22], [], True, ["verify"])
+    for sizes, modes in (([1 << 20], []), ([], ["ALL"])):
+        assert "this invocation times none" in bench_kernels.verify_rows_problem(sizes, modes, False, ["write"])
     # a run's rows stand in the sweeps' order, wherever a later part put them
     shuffled = [write_row, rows[4], rows[0], rows[3], rows[1]]
     assert sorted(shuffled, key=bench_kernels.row_order) == [rows[0], rows[1], rows[3], rows[4], write_row]
@@ -294,6 +295,50 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
     assert ("verify, write in 400 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; its verify (1048576, "
             "4194304 entries) rows replaced by a later invocation's); verify (1048576, 4194304 entries) in 90 s"
             ) in plot.markdown(run)
+
+
+def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
+    """``--redo verify --verify-modes ALL --verify-sizes ...`` after a change to ALL's default above 16K:
+    only ALL's rows of those sizes are dropped; a kept ALL row whose default changed is refused, naming
+    the mode or the size to add; each part records the rows a later invocation replaced (whole sizes, then
+    single rows), and the tables say so."""
+    import bench_kernels
+    import plot
+
+    options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": [], "candidates": [], "plan_candidates": []}
+    env = {"gpu": "test GPU", "driver": "580.1", "tvm": "0.27"}
+    old = "2112x128m4, ALL 528x32m2wpp, ALL >= 16385 528x128m2w"
+    new = "2112x128m4, ALL 528x32m2wpp, ALL >= 16385 2112x256m4p"
+    rows = {(mode, n): _row("verify", f"{mode} random {n}", 3.0, 2.0, mode=mode, order="random", n=n)
+            for mode in ("NONE", "ALL") for n in (1 << 12, 1 << 16, 1 << 20)}
+    first = {"kernels": ["verify"], "wall_s": 300.0, "empty_us": 1.3, "chain_ns": 101.0}
+    second = {**first, "wall_s": 200.0, "verify_sizes": [1 << 20]}
+    first_marked = {**first, "replaced_verify_sizes": [1 << 20]}
+    prior = {"env": env, **options, "default_geometries": {"verify": old}, "rows": list(rows.values()),
+             "parts": [first_marked, second]}
+    now = {"env": env, **options, "default_geometries": {"verify": new}}
+    kept, _, marked = bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 16, 1 << 20), ("ALL",))
+    assert kept == [rows[k] for k in (("NONE", 1 << 12), ("NONE", 1 << 16), ("NONE", 1 << 20), ("ALL", 1 << 12))]
+    assert marked == [{**first, "replaced_verify_sizes": [1 << 20], "replaced_verify_rows": ["ALL 65536"]},
+                      {**second, "replaced_verify_rows": ["ALL 1048576"]}]
+    for sizes, modes, add in (((1 << 20,), ("ALL",), "--verify-sizes 65536"), ((1 << 16, 1 << 20), ("NONE",),
+                                                                               "--verify-modes ALL")):
+        with pytest.raises(ValueError, match=f"timed verify ALL random 65536 at 528x128m2w, this checkout's default "
+                                             f"there is 2112x256m4p: give {add} too"):
+            bench_kernels.resume_run(prior, now, ["verify"], ["verify"], sizes, modes)
+    # rows replaced in every mode become a whole size; an invocation's part names its modes
+    assert bench_kernels.replaced_verify_keys({(m, 1 << 16) for m in bench_kernels.MODES} | {("NONE", 1 << 12)}) == {
+        "replaced_verify_sizes": [1 << 16], "replaced_verify_rows": ["NONE 4096"]}
+    later = bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9, (1 << 16, 1 << 20), ("ALL",))
+    assert later == {**first, "wall_s": 90.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 16, 1 << 20],
+                     "verify_modes": ["ALL"]}
+    run = {"env": env, "arch": "sm_90", "empty_us": 1.2, "chain_ns": 100.9, "rows": kept, "complete": False,
+           "parts": [*marked, later]}
+    bench_kernels.finish(run["rows"])
+    assert ("verify in 300 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; its verify (1048576 entries; "
+            "ALL 65536) rows replaced by a later invocation's); verify (1048576 entries) in 200 s (empty launch "
+            "1.30 µs, register-only chain 101.0 ns/step; its verify (ALL 1048576) rows replaced by a later "
+            "invocation's); verify (ALL; 65536, 1048576 entries) in 90 s") in plot.markdown(run)
 
 
 def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
