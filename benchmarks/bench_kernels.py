@@ -953,8 +953,10 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
             then, current = (verify_default_of(d["default_geometries"]["verify"], row["mode"], row["n"])
                              for d in (prior, now))
             if then != current:
-                add = (f"--verify-modes {row['mode']}" if verify_chosen(row["mode"], row["n"], verify_sizes)
-                       else f"--verify-sizes {row['n']}")
+                add = " and ".join(flag for flag, chosen in (
+                    (f"--verify-sizes {row['n']}", verify_chosen(row["mode"], row["n"], verify_sizes)),
+                    (f"--verify-modes {row['mode']}", verify_chosen(row["mode"], row["n"], (), verify_modes)))
+                    if not chosen)
                 raise ValueError(f"--resume: the run in --json timed verify {row['case']} at {then}, this checkout's "
                                  f"default there is {current}: give {add} too")
 
@@ -964,7 +966,7 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         if partial and "verify" in redone:
             redone.remove("verify")  # some of its rows
             timed = {(mode, n) for mode in part.get("verify_modes") or MODES
-                     for n in part.get("verify_sizes") or VERIFY_SIZES["full"]}
+                     for n in part.get("verify_sizes") or VERIFY_SIZES["quick" if now["quick"] else "full"]}
             pairs = {(mode, n) for mode, n in timed if verify_chosen(mode, n, verify_sizes, verify_modes)}
             pairs |= replaced_verify_rows(part)
             part.pop("replaced_verify_sizes", None)
@@ -1000,12 +1002,13 @@ def run_timing(parts: list[dict]) -> dict:
 
 
 def complete(rows: list[dict], quick: bool = False) -> bool:
-    """Whether a run holds rows of every kernel (``KERNELS``) and verify's rows of every size of its
-    preset (``VERIFY_SIZES``), however its parts were asked for: the reports mark any other run
-    incomplete (a cut-short run, one part not yet resumed, or verify timed at some sizes alone)."""
-    verify_sizes = {row["n"] for row in rows if row["kernel"] == "verify"}
+    """Whether a run holds rows of every kernel (``KERNELS``) and verify's rows of every mode (``MODES``)
+    at every size of its preset (``VERIFY_SIZES``), however its parts were asked for: the reports mark
+    any other run incomplete (a cut-short run, one part not yet resumed, or verify timed at some sizes or
+    modes alone)."""
+    verify_rows = {(row["mode"], row["n"]) for row in rows if row["kernel"] == "verify"}
     return (set(KERNELS) <= {row["kernel"] for row in rows}
-            and set(VERIFY_SIZES["quick" if quick else "full"]) <= verify_sizes)
+            and all((mode, n) in verify_rows for mode in MODES for n in VERIFY_SIZES["quick" if quick else "full"]))
 
 
 def finish(rows):

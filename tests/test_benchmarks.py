@@ -321,11 +321,17 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
     assert kept == [rows[k] for k in (("NONE", 1 << 12), ("NONE", 1 << 16), ("NONE", 1 << 20), ("ALL", 1 << 12))]
     assert marked == [{**first, "replaced_verify_sizes": [1 << 20], "replaced_verify_rows": ["ALL 65536"]},
                       {**second, "replaced_verify_rows": ["ALL 1048576"]}]
-    for sizes, modes, add in (((1 << 20,), ("ALL",), "--verify-sizes 65536"), ((1 << 16, 1 << 20), ("NONE",),
-                                                                               "--verify-modes ALL")):
+    for sizes, modes, add in (((1 << 20,), ("ALL",), "--verify-sizes 65536"),
+                              ((1 << 16, 1 << 20), ("NONE",), "--verify-modes ALL"),
+                              ((1 << 20,), ("NONE",), "--verify-sizes 65536 and --verify-modes ALL")):
         with pytest.raises(ValueError, match=f"timed verify ALL random 65536 at 528x128m2w, this checkout's default "
                                              f"there is 2112x256m4p: give {add} too"):
             bench_kernels.resume_run(prior, now, ["verify"], ["verify"], sizes, modes)
+    # a quick run's part timed the quick preset's sizes: a redo of mode ALL replaces those rows alone
+    quick_marked = bench_kernels.resume_run({**prior, "quick": True, "parts": [first]}, {**now, "quick": True},
+                                            ["verify"], ["verify"], (), ("ALL",))[2]
+    quick_rows = [f"ALL {n}" for n in bench_kernels.VERIFY_SIZES["quick"]]
+    assert quick_marked == [{**first, "replaced_verify_rows": quick_rows}]
     # rows replaced in every mode become a whole size; an invocation's part names its modes
     assert bench_kernels.replaced_verify_keys({(m, 1 << 16) for m in bench_kernels.MODES} | {("NONE", 1 << 12)}) == {
         "replaced_verify_sizes": [1 << 16], "replaced_verify_rows": ["NONE 4096"]}
@@ -344,7 +350,8 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
 def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     """The run's empty launch and register-only chain are those of the part whose write rows it keeps (a
     part whose write rows a later ``--redo write`` replaced is passed over, as is a later part without
-    write); a run holding rows of every kernel is complete, however its parts were asked for."""
+    write); a run holding rows of every kernel (verify's of every mode and size) is complete, however its
+    parts were asked for."""
     import bench_kernels
 
     first = {"kernels": ["write", "plan", "scatter"], "wall_s": 250.0, "empty_us": 1.34, "chain_ns": 100.9,
@@ -354,10 +361,13 @@ def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     assert bench_kernels.run_timing([first, redone, verify]) == {"empty_us": 1.17, "chain_ns": 101.0}
     assert bench_kernels.run_timing([{**first, "replaced": []}, verify]) == {"empty_us": 1.34, "chain_ns": 100.9}
     assert bench_kernels.run_timing([verify]) == {"empty_us": 1.14, "chain_ns": 101.1}
-    rows = [{"kernel": k, "n": n} for k in ("verify", "write", "plan") for n in bench_kernels.VERIFY_SIZES["full"]]
+    rows = [{"kernel": k, "n": n, "mode": m} for k in ("verify", "write", "plan")
+            for n in bench_kernels.VERIFY_SIZES["full"] for m in bench_kernels.MODES]
     assert not bench_kernels.complete(rows) and bench_kernels.complete([*rows, {"kernel": "scatter"}])
     some_sizes = [r for r in rows if r["kernel"] != "verify" or r["n"] == 1 << 20] + [{"kernel": "scatter"}]
     assert not bench_kernels.complete(some_sizes)  # verify timed at some sizes alone (--verify-sizes)
+    some_modes = [r for r in rows if r["kernel"] != "verify" or r["mode"] == "ALL"] + [{"kernel": "scatter"}]
+    assert not bench_kernels.complete(some_modes)  # verify timed in some modes alone (--verify-modes)
     quick = [r for r in rows if r["kernel"] != "verify" or r["n"] in bench_kernels.VERIFY_SIZES["quick"]]
     assert bench_kernels.complete([*quick, {"kernel": "scatter"}], quick=True)
     assert not bench_kernels.complete([*quick, {"kernel": "scatter"}])

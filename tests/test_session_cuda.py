@@ -30,7 +30,8 @@ FAULTS = {
     13: ("HEAD_V_SWA", 1, None),  # a position inside the SWA window
     17: ("TAIL_V_FULL", 3, 1),
 }
-WRONG_INPUT_STEP, WRONG_INPUT_ROW = 11, 2  # asserting runs: that step's expected token of that row is off by one
+# asserting runs: the expected token of one row at one step, and the expected position of another, are off by one
+WRONG_TOKEN_STEP, WRONG_TOKEN_ROW, WRONG_POSITION_STEP, WRONG_POSITION_ROW = 11, 2, 15, 4
 
 pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
@@ -39,8 +40,9 @@ class DecodeRun:
     """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens).
     ``swa=False`` leaves the SWA group out (the faults and ``state()`` need it). ``write_input_assert``:
     None, a session without the write input assert; True, a session with it, every step given the
-    expected inputs (one wrong at ``WRONG_INPUT_STEP``); False, a session with it whose every step
-    (and captured graph) turns it off, as an EAGLE draft-decode step does."""
+    expected inputs (a token and a position wrong: ``WRONG_TOKEN_STEP``, ``WRONG_POSITION_STEP``); False,
+    a session with it whose every step (and captured graph) turns it off, as an EAGLE draft-decode step
+    does."""
 
     def __init__(self, graph: bool, device: str = "cuda", swa: bool = True,
                  write_input_assert: bool | None = None) -> None:
@@ -92,8 +94,9 @@ class DecodeRun:
             token_ids=known.flatten(), token_lens=torch.full((ROWS,), start + extend, device=dev),
         )
         if self.write_input_assert:
-            wrong = (row_of_token == WRONG_INPUT_ROW) & (k == WRONG_INPUT_STEP)
-            batch.update(expected_input_tokens=input_ids + wrong, expected_input_positions=pos)
+            wrong_token = (row_of_token == WRONG_TOKEN_ROW) & (k == WRONG_TOKEN_STEP)
+            wrong_position = (row_of_token == WRONG_POSITION_ROW) & (k == WRONG_POSITION_STEP)
+            batch.update(expected_input_tokens=input_ids + wrong_token, expected_input_positions=pos + wrong_position)
         return batch
 
     def forward(self, out_cache_loc: torch.Tensor) -> None:
@@ -189,7 +192,7 @@ def test_session_steps_never_synchronise_and_report_one_step_late(graph):
 def check_replay_equals_eager(eager: DecodeRun, graphed: DecodeRun) -> None:
     """Step both runs; every state tensor is equal after every step, and both report the same rows,
     which detect every injected fault and hold write rows iff the steps assert their inputs: at the
-    wrong expected token's slot alone."""
+    wrong expected token's and the wrong expected position's slots alone."""
     for k in range(STEPS):
         eager.step(k)
         graphed.step(k)
@@ -198,9 +201,10 @@ def check_replay_equals_eager(eager: DecodeRun, graphed: DecodeRun) -> None:
     rows = graphed.flush()
     assert eager.flush() == rows
     check_detection(graphed, rows)
-    wrong_slot = graphed.slot(WRONG_INPUT_ROW, PROMPT + WRONG_INPUT_STEP - 1)
+    wrong = {(graphed.slot(WRONG_TOKEN_ROW, PROMPT + WRONG_TOKEN_STEP - 1), FailReason.WRITE_TOKEN_MISMATCH),
+             (graphed.slot(WRONG_POSITION_ROW, PROMPT + WRONG_POSITION_STEP - 1), FailReason.WRITE_POSITION_MISMATCH)}
     write_rows = {(r.slot - SLOTS if r.tag.name.endswith("SWA") else r.slot, r.reasons) for r in rows if r.is_write}
-    assert write_rows == ({(wrong_slot, FailReason.WRITE_TOKEN_MISMATCH)} if graphed.write_input_assert else set())
+    assert write_rows == (wrong if graphed.write_input_assert else set())
 
 
 @pytest.mark.parametrize("write_input_assert", [None, True, False], ids=["no-assert", "asserting", "step-turns-it-off"])

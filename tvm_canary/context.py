@@ -47,8 +47,9 @@ class RealKvSource:
     """One KV tensor whose bytes are folded into each slot's ``real_kv_hash``.
 
     Fields:
-        tensor: any dtype, ndim >= 2; viewed as ``uint8[rows, row_bytes]`` at launch. Rows may be
-            ``stride(0)`` elements apart (docs/SPEC.md D5); the innermost stride must be 1.
+        tensor: any dtype, at least 2-D when the source is built; a launch views it as
+            ``uint8[rows, row_bytes]`` and needs it exactly 2-D (view a ``[slots, heads, dim]`` cache as
+            2-D). Rows may be ``stride(0)`` elements apart (docs/SPEC.md D5); the innermost stride must be 1.
         page_size: slots per row (slot ``s`` lives in row ``s // page_size``).
         num_bytes_per_token: bytes of one slot's strip, a positive multiple of 16.
         read_bytes: bytes folded in ALL mode, a multiple of 16 in ``(0, num_bytes_per_token]``.

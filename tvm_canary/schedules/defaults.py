@@ -107,7 +107,8 @@ CUDA_MODE_DEFAULTS = {
 # these fields of its mode's default, and each later class's over those (a mode's classes by increasing
 # bound, each bound reaching the previous one: ``runtime.targets.size_class``). The CPU has none.
 CUDA_SIZE_DEFAULTS = {
-    # verify ALL above 16K entries: the sources fold one after another (pairs 0). 16K is the log-scale
+    # verify ALL above 16K entries: 2112 x 256 min_blocks 4, split folds since the sixty-first session
+    # (below; until then 528 x 128 thin, the sources folded one after another, pairs 0). 16K is the log-scale
     # midpoint of the 4K and 64K tuning buckets, and a tuned launch takes a bucket of its own class
     # (``tuning.apply.tuned_geometry``), so a bucket's default is the default of every launch the
     # bucket serves. The paired kernel holds 215 registers, so 2 of its 128-lane
@@ -124,13 +125,14 @@ CUDA_SIZE_DEFAULTS = {
     # 256K-16M 0.986-1.059x, so none replaced it. ALL random 1M ran 1.12x the H200's bounded gather floor
     # (its run of record), while the call's floor with SPEC 1's hashing and ordered append (2112 x 32)
     # took 1.003x this class's time.
-    # Since the sixtieth session the sources fold split here too (pairs 2: two lanes an entry, a source each,
-    # one chain per lane, so the 64-register cap of 2112 x 256 min_blocks 4 costs no spills: ptxas sm_90 63
-    # registers). Against 528 x 128 single-chain (H200, ab_kernels.py, interleaved, same host start as the
-    # sixtieth session's run; A/A 0.999-1.000x): random 1M / 16M 0.923 / 0.938x, chain 1M / 16M 1.005 /
-    # 0.994x; 2112 x 512 min_blocks 2 split 0.926 / 0.948 / 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 /
-    # 1.008 / 1.013x. On an H100 (sixty-first session, .stage/s61ab.sh, against the old default): random
-    # 64K / 256K / 1M 0.984 / 0.920 / 0.926x, chain 1.013 / 1.029 / 0.997x the old default; against this
+    # Since the sixty-first session (measured in the sixtieth) the sources fold split here too (pairs 2:
+    # two lanes an entry, a source each, one chain per lane, so the 64-register cap of 2112 x 256
+    # min_blocks 4 costs no spills: ptxas sm_90 63 registers). Against 528 x 128 single-chain (H200,
+    # ab_kernels.py, interleaved, same host start as the sixtieth session's run; A/A 0.999-1.000x): random
+    # 1M / 16M 0.923 / 0.938x, chain 1M / 16M 1.005 / 0.994x; 2112 x 512 min_blocks 2 split 0.926 / 0.948 /
+    # 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 / 1.008 / 1.013x. On an H100 (sixty-first session,
+    # ab_kernels.py against the old default): random 64K / 256K / 1M 0.984 / 0.920 / 0.926x, chain 1.013 /
+    # 1.029 / 0.997x; against this
     # class, 2112 x 512 split ran 1.009-1.033x everywhere, 528 x 128 split 0.971x at chain 256K alone
     # (random 256K / 1M 1.059 / 1.051x).
     ("verify", 2): (((1 << 14) + 1, {"blocks": 2112, "threads": 256, "min_blocks": 4, "thin": 0, "pairs": 2}),),
