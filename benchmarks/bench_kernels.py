@@ -885,6 +885,9 @@ def verify_chosen(mode: str, n: int, verify_sizes=(), verify_modes=()) -> bool:
     return (not verify_sizes or n in verify_sizes) and (not verify_modes or mode in verify_modes)
 
 
+REPLACED_VERIFY_KEYS = ("replaced_verify_sizes", "replaced_verify_rows")  # a part's record of them
+
+
 def replaced_verify_rows(part: dict) -> set:
     """{(mode, entries)} of the verify rows a run's ``part`` timed that later invocations replaced:
     ``replaced_verify_sizes`` (every mode at those sizes) and ``replaced_verify_rows`` ("MODE ENTRIES")."""
@@ -960,22 +963,18 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
                 raise ValueError(f"--resume: the run in --json timed verify {row['case']} at {then}, this checkout's "
                                  f"default there is {current}: give {add} too")
 
-    def marked(part) -> dict:  # the part, naming the kernels (and sizes) whose rows a later invocation timed again
-        part = dict(part)
+    def marked(part) -> dict:  # the part, naming the kernels (and rows) whose rows a later invocation timed again
         redone = [k for k in part["kernels"] if k in redo]
+        pairs = replaced_verify_rows(part)
         if partial and "verify" in redone:
             redone.remove("verify")  # some of its rows
             timed = {(mode, n) for mode in part.get("verify_modes") or MODES
                      for n in part.get("verify_sizes") or VERIFY_SIZES["quick" if now["quick"] else "full"]}
-            pairs = {(mode, n) for mode, n in timed if verify_chosen(mode, n, verify_sizes, verify_modes)}
-            pairs |= replaced_verify_rows(part)
-            part.pop("replaced_verify_sizes", None)
-            part.pop("replaced_verify_rows", None)
-            part.update(replaced_verify_keys(pairs))
+            pairs |= {(mode, n) for mode, n in timed if verify_chosen(mode, n, verify_sizes, verify_modes)}
         replaced = [k for k in part["kernels"] if k in redone or k in part.get("replaced", ())]
-        if "verify" in replaced:  # all of them
-            part.pop("replaced_verify_sizes", None)
-            part.pop("replaced_verify_rows", None)
+        part = {k: v for k, v in part.items() if k not in REPLACED_VERIFY_KEYS}
+        if "verify" not in replaced:  # else all of them
+            part |= replaced_verify_keys(pairs)
         return {**part, "replaced": replaced} if replaced else part
 
     parts = [marked(part) for part in prior.get("parts", [])]

@@ -159,6 +159,11 @@ class DecodeRun:
         return self.reported
 
 
+def full_slot(row: Violation) -> int:
+    """The full-pool slot of a row (an SWA endpoint's slot is the full slot + SLOTS)."""
+    return row.slot - SLOTS if row.tag.name.endswith("SWA") else row.slot
+
+
 def check_detection(run: DecodeRun, rows: list[Violation]) -> None:
     """Every fault has a row at its slot; every row belongs to a faulted request (its row of the table)."""
     found = {(r.tag.name.split("_")[2], r.slot) for r in rows}
@@ -167,8 +172,7 @@ def check_detection(run: DecodeRun, rows: list[Violation]) -> None:
     owner = {run.slot(r, p): r for r in range(1, ROWS + 1) for p in range(MAX_LEN)}
     faulted = {row for _, row, _ in FAULTS.values()}
     for r in rows:
-        full_slot = r.slot - SLOTS if r.tag.name.endswith("SWA") else r.slot
-        assert owner.get(full_slot) in faulted, f"row of an unfaulted request: {r.line()}"
+        assert owner.get(full_slot(r)) in faulted, f"row of an unfaulted request: {r.line()}"
     assert {Tag.HEAD_K_FULL, Tag.TAIL_K_FULL, Tag.HEAD_V_SWA, Tag.TAIL_V_FULL} <= {r.tag for r in rows}
 
 
@@ -203,7 +207,7 @@ def check_replay_equals_eager(eager: DecodeRun, graphed: DecodeRun) -> None:
     check_detection(graphed, rows)
     wrong = {(graphed.slot(WRONG_TOKEN_ROW, PROMPT + WRONG_TOKEN_STEP - 1), FailReason.WRITE_TOKEN_MISMATCH),
              (graphed.slot(WRONG_POSITION_ROW, PROMPT + WRONG_POSITION_STEP - 1), FailReason.WRITE_POSITION_MISMATCH)}
-    write_rows = {(r.slot - SLOTS if r.tag.name.endswith("SWA") else r.slot, r.reasons) for r in rows if r.is_write}
+    write_rows = {(full_slot(r), r.reasons) for r in rows if r.is_write}
     assert write_rows == (wrong if graphed.write_input_assert else set())
 
 

@@ -132,9 +132,8 @@ CUDA_SIZE_DEFAULTS = {
     # 1M / 16M 0.923 / 0.938x, chain 1M / 16M 1.005 / 0.994x; 2112 x 512 min_blocks 2 split 0.926 / 0.948 /
     # 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 / 1.008 / 1.013x. On an H100 (sixty-first session,
     # ab_kernels.py against the old default): random 64K / 256K / 1M 0.984 / 0.920 / 0.926x, chain 1.013 /
-    # 1.029 / 0.997x; against this
-    # class, 2112 x 512 split ran 1.009-1.033x everywhere, 528 x 128 split 0.971x at chain 256K alone
-    # (random 256K / 1M 1.059 / 1.051x).
+    # 1.029 / 0.997x; against this class, 2112 x 512 split ran 1.009-1.033x everywhere, 528 x 128 split
+    # 0.971x at chain 256K alone (random 256K / 1M 1.059 / 1.051x).
     ("verify", 2): (((1 << 14) + 1, {"blocks": 2112, "threads": 256, "min_blocks": 4, "thin": 0, "pairs": 2}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
     # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
