@@ -108,3 +108,15 @@ def impl(request):
     if chosen.device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine")
     return chosen
+
+
+@pytest.fixture
+def committed_cpu_key(monkeypatch) -> str:
+    """The processor taken to be one with a committed CPU database (the tests may run on any other), so
+    that ``keys.device_key`` of the CPU names a folder of ``keys.committed_tune_logs()``; returns it."""
+    from tvm_canary.tuning import keys
+
+    committed = min(p.name for p in keys.committed_tune_logs().iterdir() if p.is_dir() and "-sm_" not in p.name)
+    monkeypatch.setattr(keys, "cpu_model", lambda: committed)
+    assert keys.device_key(torch.device("cpu")) == committed
+    return committed

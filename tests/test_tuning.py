@@ -784,7 +784,8 @@ def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision"])
-def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage):
+def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage,
+                                                                committed_cpu_key):
     """A tuning database that cannot be read (truncated, a file missing, a record whose decision is not
     among its candidates) or that holds another device's records gives the defaults and one warning
     naming it at load, a kv-canary line in ``info`` and a refused merge; it raised TVM's errors in every
@@ -794,7 +795,7 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
     from tvm_canary import info
     from tvm_canary.cli import main
 
-    key = keys.device_key(torch.device("cpu"))
+    key = committed_cpu_key
     folder = tmp_path / "logs" / key
     if damage == "another-device":
         shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", folder)
@@ -1406,14 +1407,14 @@ def test_a_resumed_workload_measures_only_the_trials_it_lacks(tmp_path, capsys):
     assert candidates in {"3", "4"} and 0 <= int(new) <= 2, row
 
 
-def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, capsys):
+def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, capsys, committed_cpu_key):
     """A device folder holding a records file but no workload table is refused with the database's
     message before anything is tuned (it crashed in TVM and left an empty workload table behind)."""
     import shutil
 
-    folder = tmp_path / "out" / "amd-epyc"
+    folder = tmp_path / "out" / committed_cpu_key
     folder.mkdir(parents=True)
-    shutil.copy(keys.committed_tune_logs() / "amd-epyc" / "database_tuning_record.json", folder)
+    shutil.copy(keys.committed_tune_logs() / committed_cpu_key / "database_tuning_record.json", folder)
     status = main([*TUNE_CI, "--time-limit", "0", "--out", str(tmp_path / "out"), "--log-dir", str(tmp_path / "ms")])
     assert status == 1
     assert f"kv-canary: cannot read the tuning database {folder}" in capsys.readouterr().err
