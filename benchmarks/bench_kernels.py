@@ -38,9 +38,10 @@ Scatter: 8 B read + 4 B written per token.
         [--verify-sizes ENTRIES ...] [--verify-modes MODE ...] [--json OUT.json [--resume [--redo KERNEL ...]]]
 
 ``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
-every kernel that file finished (a kernel's rows are written when its sweep ends), runs the rest of
-``--kernels`` and writes the whole run back (``resume_run``; e.g. ``--kernels write plan scatter``, then
-``--kernels verify --resume``). The file must come from the same GPU
+every kernel that file finished (write's, plan's and scatter's rows are written when their sweep ends,
+verify's as each is timed), runs the rest of ``--kernels`` (of verify, the rows the file lacks: a sweep cut
+short goes on where it stopped) and writes the whole run back (``resume_run``; e.g. ``--kernels write plan
+scatter``, then ``--kernels verify --resume``). The file must come from the same GPU
 model, driver, versions, defaults and options; ``parts`` records each invocation's kernels, wall time,
 empty launch and register-only chain (a row's floors are always timed in its own process). A complete
 run on a freshly started host can take longer than one call of a lent GPU allows (600 s; the twenty-first
@@ -460,6 +461,7 @@ class Bench:
     plan_candidates: tuple = ()
     verify_sizes: tuple = ()  # verify's rows, entries per plan (empty: VERIFY_SIZES)
     verify_modes: tuple = ()  # verify's rows, launch modes (empty: MODES)
+    verify_kept: frozenset = frozenset()  # (mode, order, entries) of the verify rows a resumed run holds: not timed
     launchers: Launchers = None
     arch: str = ""
     warnings: list = dataclasses.field(default_factory=list)
@@ -675,18 +677,22 @@ class Bench:
                        tuned_geometry=geometry_label(self.launchers.tuned_geometry(kernel, kw_sets[0])))
         return {arm: us for arm, us in times_us.items() if arm in floor_arms}
 
-    def verify_rows(self, pool, empty_us):
-
+    def verify_rows(self, pool, empty_us, timed=None):
+        """Verify's rows: the chosen modes and sizes (``verify_modes``, ``verify_sizes``) in both orders, but
+        those a resumed run holds (``verify_kept``); ``timed(rows so far)`` after each row."""
         rows = []
         sizes = self.verify_sizes or VERIFY_SIZES["quick" if self.quick else "full"]
         candidates = [(c, parse_geometry(c)) for c in self.candidates]
         words = pool.canary.view(torch.int64)
         for mode in self.verify_modes or MODES:
             for order in ORDERS:
+                todo = [n for n in sizes if (mode, order, n) not in self.verify_kept]
+                if not todo:
+                    continue
                 slots_2d, _ = stamp_chains(self, pool, mode, order)
                 ctx = pool.context(mode)
                 n_src = len(ctx.real_kv_sources)
-                for n in sizes:
+                for n in todo:
                     plans = verify_plans(slots_2d, n, order, 4 if n <= (1 << 20) else 2)
                     kws = [{"context": ctx, "plan": p, "check_verify_expected_token": False} for p in plans]
                     row = {"kernel": "verify", "case": f"{mode} {order} {n}", "mode": mode, "order": order, "n": n}
@@ -719,6 +725,8 @@ class Bench:
                         self.warn(f"a baseline flagged violations on verify {row['case']}")
                     rows.append(row)
                     self.progress(row)
+                    if timed:
+                        timed(rows)
         return rows
 
     def write_rows(self, pool, chain_ns, empty_us):
@@ -931,7 +939,8 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
     are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError``
     naming the first difference when it is not the same run (a kept kernel's defaults are those its
     rows ran, ``prior``'s ``default_geometries``). Every row is kept but those of the kernels ``redo``
-    (``--redo``), which run again; a part that timed them names them ``replaced``. With
+    (``--redo``), which run again; a part that timed them names them ``replaced``. Verify runs again
+    while the rows kept lack one it would time (``verify_cases``): a sweep cut short goes on. With
     ``verify_sizes`` / ``verify_modes`` (``--verify-sizes`` / ``--verify-modes``) a redone verify drops
     only its rows of those sizes and modes, which a part that timed them names (``replaced_verify_keys``);
     each verify row kept must have run the default this checkout gives it (``verify_default_of``)."""
@@ -978,17 +987,28 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         return {**part, "replaced": replaced} if replaced else part
 
     parts = [marked(part) for part in prior.get("parts", [])]
-    return rows, [k for k in kernels if k not in done], parts
+    kept_cases = {(row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify"}
+    missing = verify_cases(verify_sizes, verify_modes, now["quick"]) - kept_cases
+    return rows, [k for k in kernels if k not in done or (k == "verify" and missing)], parts
+
+
+def verify_cases(verify_sizes=(), verify_modes=(), quick: bool = False) -> set:
+    """{(mode, order, entries)} of the verify rows an invocation times, ``--verify-sizes`` and
+    ``--verify-modes`` (each empty: all of the preset's) in both orders."""
+    return {(mode, order, n) for mode in verify_modes or MODES for order in ORDERS
+            for n in verify_sizes or VERIFY_SIZES["quick" if quick else "full"]}
 
 
 def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=(),
-                verify_modes=()) -> dict:
-    """One invocation's entry in a run's ``parts``: the kernels it finished, its wall time, empty launch
-    and register-only chain, and verify's sizes and modes when ``--verify-sizes`` / ``--verify-modes``
-    chose them and it timed verify."""
+                verify_modes=(), cut: str | None = None) -> dict:
+    """One invocation's entry in a run's ``parts``: the kernels it timed (``done``), its wall time, empty
+    launch and register-only chain, verify's sizes and modes when ``--verify-sizes`` / ``--verify-modes``
+    chose them and it timed verify, and ``cut``: the last of ``done`` when its sweep was still under way
+    as the run was written (verify's, written row by row)."""
     chosen = {key: list(values) for key, values in (("verify_sizes", verify_sizes), ("verify_modes", verify_modes))
               if values and "verify" in done}
-    return {"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **chosen}
+    return ({"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **chosen}
+            | ({"cut": cut} if cut else {}))
 
 
 def run_timing(parts: list[dict]) -> dict:
@@ -1148,30 +1168,35 @@ def main(argv=None) -> int:
     acc = torch.zeros(1, dtype=torch.int64, device=DEV)
     chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
-    sweeps = {"verify": lambda: bench.verify_rows(pool, empty_us),
-              "write": lambda: bench.write_rows(pool, chain_ns, empty_us),
+    bench.verify_kept = frozenset((row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify")
+    sweeps = {"write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
 
-    def report(done: list[str]) -> dict:
-        """The run so far (rows, derived columns, environment); written to --json after every kernel,
-        so a run cut short still leaves its finished sweeps."""
-        rows.sort(key=row_order)
-        finish(rows)
+    def report(done: list[str], sweep_rows=(), cut=None) -> tuple[dict, list]:
+        """(the run so far: environment, parts, ...; its rows with their derived columns), written to --json
+        after every kernel, and while ``cut`` (verify) is under way after each of its rows (``sweep_rows``):
+        a run cut short keeps its finished sweeps and verify's timed rows."""
+        run_rows = sorted([*rows, *sweep_rows], key=row_order)
+        finish(run_rows)
         parts = prior["parts"] + [part_record(done, time.time() - t_start, empty_us, chain_ns, bench.verify_sizes,
-                                              bench.verify_modes)]
+                                              bench.verify_modes, cut)]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),
-                "parts": parts, "complete": complete(rows, args.quick)}
+                "parts": parts, "complete": complete(run_rows, args.quick)}
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(meta, rows=rows), f, indent=1)
-        return meta
+                json.dump(dict(meta, rows=run_rows), f, indent=1)
+        return meta, run_rows
 
     for i, kernel in enumerate(kernels):
-        rows += sweeps[kernel]()
-        meta = report(kernels[:i + 1])
-    print_table(meta, rows, args.baselines)
+        if kernel == "verify":  # written after each row too: a run cut short keeps them (``report``)
+            rows += bench.verify_rows(pool, empty_us,
+                                      lambda sweep_rows, i=i: report(kernels[:i + 1], sweep_rows, cut="verify"))
+        else:
+            rows += sweeps[kernel]()
+        meta, run_rows = report(kernels[:i + 1])
+    print_table(meta, run_rows, args.baselines)
     print(f"wall time {meta['wall_s']:.0f} s")
     return 0
 

@@ -205,17 +205,22 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
     now = {"env": env, **options, "default_geometries": defaults}
     kernels = ["verify", "write", "plan", "scatter"]
-    assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], ["write", "plan", "scatter"], [])
-    # a finished kernel's rows are kept
+    # verify goes on while a row of its sweep is missing; a finished kernel's rows are kept
+    assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], kernels, [])
     assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"], [])
+    assert bench_kernels.resume_run(prior, now, ["verify", "write"], (), (1 << 20,), ("NONE",)) == (
+        [verify_row], ["verify", "write"], [])  # NONE random 1048576 is missing
+    whole = {**prior, "rows": [_row("verify", f"{m} {o} {n}", 30.0, 20.0, mode=m, order=o, n=n)
+                               for m, o, n in sorted(bench_kernels.verify_cases())]}
+    assert bench_kernels.resume_run(whole, now, kernels) == (whole["rows"], ["write", "plan", "scatter"], [])
     # --redo: a finished kernel's rows are dropped and timed again, even at other defaults (a change to it
     # alone); the part that timed them says so
     parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
     write_row = _row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", n=4096)
-    both = {**prior, "rows": [verify_row, write_row], "parts": parts,
+    both = {**prior, "rows": [*whole["rows"], write_row], "parts": parts,
             "default_geometries": {"verify": defaults["verify"], "write": "528x64u4"}}
     assert bench_kernels.resume_run(both, now, kernels, ["write"]) == (
-        [verify_row], ["write", "plan", "scatter"], [{**parts[0], "replaced": ["write"]}])
+        whole["rows"], ["write", "plan", "scatter"], [{**parts[0], "replaced": ["write"]}])
     with pytest.raises(ValueError, match="timed write's defaults"):
         bench_kernels.resume_run(both, now, kernels)
     refused = [({**now, "env": {**env, "driver": "575.0"}}, "env"), ({**now, "ab": False}, "ab"),
@@ -235,6 +240,60 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     run["parts"][0] = {**run["parts"][0], "kernels": ["verify", "write"], "replaced": ["write"]}
     assert ("verify, write in 378 s (empty launch 1.30 µs, register-only chain 101.0 ns/step; "
             "its write rows replaced by a later invocation's); write in 186 s") in plot.markdown(run)
+
+
+def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
+    """Verify's rows are written as each is timed (its part says ``cut`` until the sweep ends): a resumed
+    run keeps them and times only the rows of the sweep it lacks, and the tables say the part was cut."""
+    import bench_kernels
+    import plot
+
+    options = {"arch": "sm_90", "ab": True, "quick": False, "baselines": [], "candidates": [], "plan_candidates": []}
+    env = {"gpu": "test GPU", "driver": "580.1", "tvm": "0.27"}
+    sizes, modes = (1 << 16, 1 << 20), ("ALL",)
+    wanted = bench_kernels.verify_cases(sizes, modes)
+    assert wanted == {("ALL", order, n) for order in ("random", "chain") for n in sizes}
+    timed = [("ALL", "random", 1 << 16), ("ALL", "random", 1 << 20), ("ALL", "chain", 1 << 16)]
+    rows = [_row("verify", f"{m} {o} {n}", 30.0, 20.0, mode=m, order=o, n=n) for m, o, n in timed]
+    cut = bench_kernels.part_record(["verify"], 330.0, 1.1, 100.9, sizes, modes, cut="verify")
+    assert cut == {"kernels": ["verify"], "wall_s": 330.0, "empty_us": 1.1, "chain_ns": 100.9,
+                   "verify_sizes": list(sizes), "verify_modes": list(modes), "cut": "verify"}
+    prior = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "rows": rows, "parts": [cut]}
+    now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}}
+    assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
+    done = [*rows, _row("verify", "ALL chain 1048576", 30.0, 20.0, mode="ALL", order="chain", n=1 << 20)]
+    assert bench_kernels.resume_run({**prior, "rows": done}, now, ["verify"], (), sizes, modes)[1] == []
+
+    # the sweep times the rows the run lacks, and hands each to ``timed`` with the rows before it
+    class Pool:
+        canary = bench_kernels.torch.zeros(4, 32, dtype=bench_kernels.torch.uint8)
+
+        def context(self, mode):
+            return type("Context", (), {"real_kv_sources": ()})()
+
+        def flagged(self):
+            return False
+
+    bench = bench_kernels.Bench(quick=False, ab=False, baselines=(), candidates=(), verify_sizes=sizes,
+                                verify_modes=modes, verify_kept=frozenset(timed))
+    stamped = []
+    monkeypatch.setattr(bench_kernels, "stamp_chains", lambda bench, pool, mode, order: stamped.append(order) or (0, 0))
+    monkeypatch.setattr(bench_kernels, "verify_plans", lambda *args: [])
+    for name, stand_in in (("floor_arms", lambda *args: {}), ("timed", lambda *args, **kw: {}),
+                           ("fastest_memory", lambda *args: (20.0, "gather")),
+                           ("bounds", lambda *args: None), ("baseline_times", lambda *args: None),
+                           ("progress", lambda row: None)):
+        monkeypatch.setattr(bench, name, stand_in)
+    seen = []
+    swept = bench.verify_rows(Pool(), 1.0, lambda so_far: seen.append([r["case"] for r in so_far]))
+    assert [r["case"] for r in swept] == ["ALL chain 1048576"] and stamped == ["chain"]
+    assert seen == [["ALL chain 1048576"]]
+    bench.verify_kept = frozenset()
+    seen.clear()
+    assert len(bench.verify_rows(Pool(), 1.0, lambda so_far: seen.append(len(so_far)))) == 4 and seen == [1, 2, 3, 4]
+    text = plot.part_text(cut)
+    assert text.startswith("verify (ALL; 65536, 1048576 entries) in 330 s, cut short in its verify sweep "
+                           "(the rows it timed are kept) (empty launch 1.10 µs"), text
 
 
 def test_a_run_redoes_only_the_verify_sizes_asked_for():
