@@ -45,7 +45,9 @@ scatter``, then ``--kernels verify --resume``). The file must come from the same
 model, driver, versions, defaults and options; ``parts`` records each invocation's kernels, wall time,
 empty launch and register-only chain (a row's floors are always timed in its own process). A complete
 run on a freshly started host can take longer than one call of a lent GPU allows (600 s; the twenty-first
-session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``. ``--redo write``
+session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``; a call cut short
+in verify's sweep goes on with the same command, with ``--resume`` and without ``--redo`` (which would drop
+the rows it timed). ``--redo write``
 (with ``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel
 alone (its code, defaults or database); the part that timed the dropped rows names them ``replaced``.
 ``--verify-sizes`` and ``--verify-modes`` time verify's rows of those sizes and modes only; with ``--redo
@@ -883,7 +885,7 @@ def verify_rows_problem(verify_sizes, verify_modes, quick: bool, kernels) -> str
         return f"--verify-sizes: verify's sizes are {', '.join(map(str, known))}"
     if (verify_sizes or verify_modes) and "verify" not in kernels:
         return ("--verify-sizes and --verify-modes choose verify's rows, and this invocation times none: give "
-                "--kernels verify (with --resume, and --redo verify on a run whose verify is finished)")
+                "--kernels verify (with --resume, and --redo verify for rows the run holds)")
     return None
 
 
@@ -952,7 +954,8 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         if prior["default_geometries"].get(kernel) != now["default_geometries"][kernel]:
             raise ValueError(f"--resume: the run in --json timed {kernel}'s defaults "
                              f"{prior['default_geometries'].get(kernel)!r}, "
-                             f"this checkout's are {now['default_geometries'][kernel]!r}")
+                             f"this checkout's are {now['default_geometries'][kernel]!r} (--redo {kernel} times "
+                             "its rows again)")
     partial = "verify" in redo and bool(verify_sizes or verify_modes)
 
     def kept(row) -> bool:
@@ -977,8 +980,9 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         pairs = replaced_verify_rows(part)
         if partial and "verify" in redone:
             redone.remove("verify")  # some of its rows
-            timed = {(mode, n) for mode in part.get("verify_modes") or MODES
-                     for n in part.get("verify_sizes") or VERIFY_SIZES["quick" if now["quick"] else "full"]}
+            timed = ({(case.split()[0], int(case.split()[2])) for case in part["verify_rows"]} if "verify_rows" in part
+                     else {(mode, n) for mode in part.get("verify_modes") or MODES
+                           for n in part.get("verify_sizes") or VERIFY_SIZES["quick" if now["quick"] else "full"]})
             pairs |= {(mode, n) for mode, n in timed if verify_chosen(mode, n, verify_sizes, verify_modes)}
         replaced = [k for k in part["kernels"] if k in redone or k in part.get("replaced", ())]
         part = {k: v for k, v in part.items() if k not in REPLACED_VERIFY_KEYS}
@@ -1000,15 +1004,17 @@ def verify_cases(verify_sizes=(), verify_modes=(), quick: bool = False) -> set:
 
 
 def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=(),
-                verify_modes=(), cut: str | None = None) -> dict:
+                verify_modes=(), cut: str | None = None, verify_rows=None) -> dict:
     """One invocation's entry in a run's ``parts``: the kernels it timed (``done``), its wall time, empty
     launch and register-only chain, verify's sizes and modes when ``--verify-sizes`` / ``--verify-modes``
-    chose them and it timed verify, and ``cut``: the last of ``done`` when its sweep was still under way
-    as the run was written (verify's, written row by row)."""
+    chose them and it timed verify, ``cut``: the last of ``done`` when its sweep was still under way as
+    the run was written (verify's, written row by row), and ``verify_rows``: the cases of the verify rows
+    it timed when they are not all that its sizes and modes choose (cut short, or a resumed sweep that
+    timed only the rows the run lacked)."""
     chosen = {key: list(values) for key, values in (("verify_sizes", verify_sizes), ("verify_modes", verify_modes))
               if values and "verify" in done}
     return ({"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **chosen}
-            | ({"cut": cut} if cut else {}))
+            | ({"cut": cut} if cut else {}) | ({"verify_rows": list(verify_rows)} if verify_rows is not None else {}))
 
 
 def run_timing(parts: list[dict]) -> dict:
@@ -1021,13 +1027,12 @@ def run_timing(parts: list[dict]) -> dict:
 
 
 def complete(rows: list[dict], quick: bool = False) -> bool:
-    """Whether a run holds rows of every kernel (``KERNELS``) and verify's rows of every mode (``MODES``)
-    at every size of its preset (``VERIFY_SIZES``), however its parts were asked for: the reports mark
-    any other run incomplete (a cut-short run, one part not yet resumed, or verify timed at some sizes or
-    modes alone)."""
-    verify_rows = {(row["mode"], row["n"]) for row in rows if row["kernel"] == "verify"}
-    return (set(KERNELS) <= {row["kernel"] for row in rows}
-            and all((mode, n) in verify_rows for mode in MODES for n in VERIFY_SIZES["quick" if quick else "full"]))
+    """Whether a run holds rows of every kernel (``KERNELS``) and verify's rows of every mode, order and
+    size of its preset (``verify_cases``), however its parts were asked for: the reports mark any other
+    run incomplete (a cut-short run, one part not yet resumed, or verify timed at some sizes or modes
+    alone)."""
+    verify_rows = {(row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify"}
+    return set(KERNELS) <= {row["kernel"] for row in rows} and verify_cases(quick=quick) <= verify_rows
 
 
 def finish(rows):
@@ -1090,10 +1095,10 @@ def main(argv=None) -> int:
                          "e.g. 528x512 2112x512k1024")
     ap.add_argument("--json", help="write the rows and the run's environment here")
     ap.add_argument("--resume", action="store_true",
-                    help="continue the run in --json: keep the kernels it finished, run the rest")
+                    help="continue the run in --json: keep its rows, time the rest (of verify, the rows it lacks)")
     ap.add_argument("--redo", nargs="+", default=[], choices=KERNELS, metavar="KERNEL",
-                    help="with --resume: drop these finished kernels' rows and time them again "
-                         "(after a change to them alone)")
+                    help="with --resume: drop these kernels' rows and time them again (after a change to them "
+                         "alone; not to continue a call cut short, which would time its rows again)")
     ap.add_argument("--verify-sizes", nargs="+", type=int, default=[], metavar="ENTRIES",
                     help="verify's rows of these sizes only (of bench_kernels.VERIFY_SIZES); with --resume "
                          "--redo verify, only they are timed again")
@@ -1172,27 +1177,38 @@ def main(argv=None) -> int:
     sweeps = {"write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
 
-    def report(done: list[str], sweep_rows=(), cut=None) -> tuple[dict, list]:
+    verify_timed: list = []  # the verify rows this invocation timed
+
+    def report(done: list[str], cut=None) -> tuple[dict, list]:
         """(the run so far: environment, parts, ...; its rows with their derived columns), written to --json
-        after every kernel, and while ``cut`` (verify) is under way after each of its rows (``sweep_rows``):
-        a run cut short keeps its finished sweeps and verify's timed rows."""
-        run_rows = sorted([*rows, *sweep_rows], key=row_order)
+        (whole: a file replaced, never truncated) after every kernel, and while ``cut`` (verify) is under
+        way after each of its rows: a run cut short keeps its finished sweeps and verify's timed rows."""
+        run_rows = sorted([*rows, *(verify_timed if cut else ())], key=row_order)
         finish(run_rows)
+        # the part timed some of the verify rows its sizes and modes choose: name them
+        some = "verify" in done and (cut or bench.verify_kept & verify_cases(bench.verify_sizes, bench.verify_modes,
+                                                                             args.quick))
         parts = prior["parts"] + [part_record(done, time.time() - t_start, empty_us, chain_ns, bench.verify_sizes,
-                                              bench.verify_modes, cut)]
+                                              bench.verify_modes, cut,
+                                              [r["case"] for r in verify_timed] if some else None)]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),
                 "parts": parts, "complete": complete(run_rows, args.quick)}
         if args.json:
-            with open(args.json, "w") as f:
+            with open(args.json + ".tmp", "w") as f:
                 json.dump(dict(meta, rows=run_rows), f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
         return meta, run_rows
 
+    def verify_row_timed(so_far: list, done: list[str]) -> None:
+        """Each verify row is written as soon as it is timed: a run cut short keeps it (``report``)."""
+        verify_timed[:] = so_far
+        report(done, cut="verify")
+
     for i, kernel in enumerate(kernels):
-        if kernel == "verify":  # written after each row too: a run cut short keeps them (``report``)
-            rows += bench.verify_rows(pool, empty_us,
-                                      lambda sweep_rows, i=i: report(kernels[:i + 1], sweep_rows, cut="verify"))
+        if kernel == "verify":
+            rows += bench.verify_rows(pool, empty_us, lambda so_far, i=i: verify_row_timed(so_far, kernels[:i + 1]))
         else:
             rows += sweeps[kernel]()
         meta, run_rows = report(kernels[:i + 1])

@@ -199,8 +199,10 @@ def part_text(part) -> str:
     chain, and which of its rows a later invocation replaced."""
     replaced = part_kernels(part.get("replaced", []), part.get("replaced_verify_sizes"), None,
                             part.get("replaced_verify_rows"))
-    cut = f", cut short in its {part['cut']} sweep (the rows it timed are kept)" if "cut" in part else ""
-    return (f"{part_kernels(part['kernels'], part.get('verify_sizes'), part.get('verify_modes'))} in "
+    cut = f", cut short in its {part['cut']} sweep" if "cut" in part else ""
+    timed = (part_kernels(part["kernels"], verify_cases=part["verify_rows"]) if "verify_rows" in part
+             else part_kernels(part["kernels"], part.get("verify_sizes"), part.get("verify_modes")))
+    return (f"{timed} in "
             f"{part['wall_s']:.0f} s{cut} (empty launch {part['empty_us']:.2f} µs, register-only chain "
             f"{part['chain_ns']:.1f} ns/step" + (f"; its {replaced} rows replaced by a later invocation's"
                                                  if replaced != "nothing" else "") + ")")

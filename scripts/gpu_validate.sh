@@ -15,7 +15,8 @@
 #   bench: benchmarks/bench_kernels.py --ab, the run of docs/PERFORMANCE.md: every kernel's default geometry
 #          and its tuned one (the database tune wrote, else the committed one) timed interleaved, beside the
 #          floors and baselines; it continues OUTDIR/bench.json when that exists (--resume: a run made a
-#          part at a time, BENCH_ARGS="--kernels write plan scatter" first); then its tables and target
+#          part at a time, BENCH_ARGS="--kernels write plan scatter" first; verify's rows are written as each
+#          is timed, so a call cut short goes on with the same BENCH_ARGS less any --redo); then its tables and target
 #          summary (plot.py --no-png, report.py) in OUTDIR/tables.md and OUTDIR/targets.md
 #   embedding: benchmarks/bench_embedding.py (decode-step cost, host overhead) and `demo --cuda-graph`
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all of them passed, and

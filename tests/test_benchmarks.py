@@ -255,14 +255,22 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert wanted == {("ALL", order, n) for order in ("random", "chain") for n in sizes}
     timed = [("ALL", "random", 1 << 16), ("ALL", "random", 1 << 20), ("ALL", "chain", 1 << 16)]
     rows = [_row("verify", f"{m} {o} {n}", 30.0, 20.0, mode=m, order=o, n=n) for m, o, n in timed]
-    cut = bench_kernels.part_record(["verify"], 330.0, 1.1, 100.9, sizes, modes, cut="verify")
+    cut = bench_kernels.part_record(["verify"], 330.0, 1.1, 100.9, sizes, modes, "verify", [r["case"] for r in rows])
     assert cut == {"kernels": ["verify"], "wall_s": 330.0, "empty_us": 1.1, "chain_ns": 100.9,
-                   "verify_sizes": list(sizes), "verify_modes": list(modes), "cut": "verify"}
+                   "verify_sizes": list(sizes), "verify_modes": list(modes), "cut": "verify",
+                   "verify_rows": ["ALL random 65536", "ALL random 1048576", "ALL chain 65536"]}
     prior = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "rows": rows, "parts": [cut]}
     now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}}
     assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
     done = [*rows, _row("verify", "ALL chain 1048576", 30.0, 20.0, mode="ALL", order="chain", n=1 << 20)]
     assert bench_kernels.resume_run({**prior, "rows": done}, now, ["verify"], (), sizes, modes)[1] == []
+    # the part that went on names the row it timed; a later redo marks each part for the rows it timed
+    went_on = bench_kernels.part_record(["verify"], 60.0, 1.1, 100.9, sizes, modes, verify_rows=["ALL chain 1048576"])
+    both = {**prior, "rows": done, "parts": [cut, went_on]}
+    assert bench_kernels.resume_run(both, now, ["verify"], ["verify"], (1 << 16,), modes)[2] == [
+        {**cut, "replaced_verify_rows": ["ALL 65536"]}, went_on]
+    assert bench_kernels.resume_run(both, now, ["verify"], ["verify"], (1 << 20,), modes)[2] == [
+        {**cut, "replaced_verify_rows": ["ALL 1048576"]}, {**went_on, "replaced_verify_rows": ["ALL 1048576"]}]
 
     # the sweep times the rows the run lacks, and hands each to ``timed`` with the rows before it
     class Pool:
@@ -291,9 +299,9 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     bench.verify_kept = frozenset()
     seen.clear()
     assert len(bench.verify_rows(Pool(), 1.0, lambda so_far: seen.append(len(so_far)))) == 4 and seen == [1, 2, 3, 4]
-    text = plot.part_text(cut)
-    assert text.startswith("verify (ALL; 65536, 1048576 entries) in 330 s, cut short in its verify sweep "
-                           "(the rows it timed are kept) (empty launch 1.10 µs"), text
+    assert plot.part_text(cut).startswith("verify (ALL random 65536, ALL random 1048576, ALL chain 65536) in 330 s, "
+                                          "cut short in its verify sweep (empty launch 1.10 µs")
+    assert plot.part_text(went_on).startswith("verify (ALL chain 1048576) in 60 s (empty launch")
 
 
 def test_a_run_redoes_only_the_verify_sizes_asked_for():
@@ -420,9 +428,11 @@ def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     assert bench_kernels.run_timing([first, redone, verify]) == {"empty_us": 1.17, "chain_ns": 101.0}
     assert bench_kernels.run_timing([{**first, "replaced": []}, verify]) == {"empty_us": 1.34, "chain_ns": 100.9}
     assert bench_kernels.run_timing([verify]) == {"empty_us": 1.14, "chain_ns": 101.1}
-    rows = [{"kernel": k, "n": n, "mode": m} for k in ("verify", "write", "plan")
-            for n in bench_kernels.VERIFY_SIZES["full"] for m in bench_kernels.MODES]
+    rows = [{"kernel": k, "n": n, "mode": m, "order": o} for k in ("verify", "write", "plan")
+            for n in bench_kernels.VERIFY_SIZES["full"] for m in bench_kernels.MODES for o in bench_kernels.ORDERS]
     assert not bench_kernels.complete(rows) and bench_kernels.complete([*rows, {"kernel": "scatter"}])
+    cut = [r for r in rows if (r["kernel"], r["mode"], r["order"], r["n"]) != ("verify", "ALL", "chain", 1 << 24)]
+    assert not bench_kernels.complete([*cut, {"kernel": "scatter"}])  # cut in ALL chain: every (mode, size) is there
     some_sizes = [r for r in rows if r["kernel"] != "verify" or r["n"] == 1 << 20] + [{"kernel": "scatter"}]
     assert not bench_kernels.complete(some_sizes)  # verify timed at some sizes alone (--verify-sizes)
     some_modes = [r for r in rows if r["kernel"] != "verify" or r["mode"] == "ALL"] + [{"kernel": "scatter"}]
