@@ -1158,7 +1158,8 @@ def main(argv=None) -> int:
         except ValueError as e:
             return fail(str(e))
         if not kernels:
-            return fail(f"--resume: the run in --json has finished {', '.join(args.kernels)}; nothing is left to run")
+            return fail(f"--resume: the run in --json has finished {', '.join(args.kernels)}; nothing is left to run "
+                        "(a call cut short before its first row wrote nothing: repeat it as it was)")
         if problem := verify_rows_problem(args.verify_sizes, args.verify_modes, args.quick, kernels):
             return fail(problem)
         bench.agreement.update(prior["agreement"])

@@ -16,8 +16,8 @@
 #          and its tuned one (the database tune wrote, else the committed one) timed interleaved, beside the
 #          floors and baselines; it continues OUTDIR/bench.json when that exists (--resume: a run made a
 #          part at a time, BENCH_ARGS="--kernels write plan scatter" first; verify's rows are written as each
-#          is timed, so a call cut short goes on with the same BENCH_ARGS less any --redo); then its tables and target
-#          summary (plot.py --no-png, report.py) in OUTDIR/tables.md and OUTDIR/targets.md
+#          is timed, so a call cut short after its first row goes on with BENCH_ARGS less any --redo); then
+#          its tables and target summary (plot.py --no-png, report.py) in OUTDIR/tables.md and OUTDIR/targets.md
 #   embedding: benchmarks/bench_embedding.py (decode-step cost, host overhead) and `demo --cuda-graph`
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all of them passed, and
 # the last line names the failed stages. Exit status 2: unknown stage name.

@@ -3,7 +3,9 @@ and plot.py's tables and report.py's target summary from a run's JSON (no GPU, n
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -302,6 +304,92 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert plot.part_text(cut).startswith("verify (ALL random 65536, ALL random 1048576, ALL chain 65536) in 330 s, "
                                           "cut short in its verify sweep (empty launch 1.10 µs")
     assert plot.part_text(went_on).startswith("verify (ALL chain 1048576) in 60 s (empty launch")
+
+
+def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch):
+    """``bench_kernels.main`` with stand-ins for the GPU's work (each row 30 µs): a run cut short after
+    five verify rows leaves them in its file, its part marked cut and naming them; ``--resume`` times the
+    other rows once each and the file is complete; a later partial redo names no rows of its own (it timed
+    all it chose) and marks only the parts that timed the replaced rows."""
+    import bench_kernels as bk
+    import floors
+
+    from tvm_canary.runtime import targets
+
+    class Cut(Exception):
+        pass
+
+    timed_cases, limit = [], []
+
+    def progress(self, row):
+        timed_cases.append(row["case"])
+        if limit and len(timed_cases) > limit[0]:
+            raise Cut
+
+    class Pool:
+        canary = bk.torch.zeros(4, 32, dtype=bk.torch.uint8)
+
+        def __init__(self, slots):
+            pass
+
+        def context(self, mode):
+            return type("Context", (), {"real_kv_sources": ()})()
+
+        def flagged(self):
+            return False
+
+    for name, stand_in in (("Launchers", lambda: type("Launchers", (), {"tag": "t"})()), ("Pool", Pool),
+                           ("environment", lambda: {"gpu": "test GPU", "driver": "580.1"}),
+                           ("default_labels", lambda kernel, tag: "2112x128m4"), ("graph_time_us", lambda fns: 2.0),
+                           ("stamp_chains", lambda *args: (0, 0)), ("verify_plans", lambda *args: []),
+                           ("finish", lambda rows: None), ("print_table", lambda *args: None)):
+        monkeypatch.setattr(bk, name, stand_in)
+    monkeypatch.setattr(bk.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bk, "DEV", bk.torch.device("cpu"))
+    monkeypatch.setattr(targets, "cuda_arch", lambda index: "sm_90")
+    for name, stand_in in (("compile_cuda", lambda *args: lambda *a, **kw: None), ("empty", lambda: None),
+                           ("chain", lambda: None)):
+        monkeypatch.setattr(floors, name, stand_in)
+    for name, stand_in in (("start_probes", lambda self, *a: None), ("prebuild_floors", lambda self, *a: None),
+                           ("load_baselines", lambda self, *a: None), ("bounds", lambda self, *a: None),
+                           ("floor_arms", lambda self, *a: {}), ("fastest_memory", lambda self, *a: (20.0, "gather")),
+                           ("timed", lambda self, kernel, kws, row, arms: row.update(us=30.0) or {}),
+                           ("baseline_times", lambda self, *a: None), ("progress", progress)):
+        monkeypatch.setattr(bk.Bench, name, stand_in)
+    for kernel in ("write", "plan", "scatter"):
+        monkeypatch.setattr(bk.Bench, f"{kernel}_rows", lambda self, *a, kernel=kernel: [
+            {"kernel": kernel, "case": kernel, "us": 1.0}])
+    out = str(tmp_path / "run.json")
+
+    def run(*argv, cut_after=None):
+        timed_cases.clear()
+        limit[:] = [cut_after] if cut_after else []
+        with contextlib.suppress(Cut):
+            return bk.main(["--quick", "--baselines", "--json", out, *argv])
+
+    def saved():
+        with open(out) as f:
+            return json.load(f)
+
+    run("--kernels", "verify", cut_after=5)
+    first = saved()
+    assert [r["case"] for r in first["rows"]] == timed_cases[:5] and not first["complete"]
+    (cut,) = first["parts"]
+    assert cut["kernels"] == ["verify"] and cut["cut"] == "verify" and cut["verify_rows"] == timed_cases[:5]
+    assert run("--kernels", "verify", "write", "plan", "scatter", "--resume") == 0
+    whole = saved()
+    cases = sorted(f"{m} {o} {n}" for m, o, n in bk.verify_cases(quick=True))
+    assert sorted(r["case"] for r in whole["rows"] if r["kernel"] == "verify") == cases and whole["complete"]
+    assert sorted(cut["verify_rows"] + timed_cases) == sorted(cases)  # each row timed once
+    assert whole["parts"][0] == cut and whole["parts"][1]["verify_rows"] == timed_cases
+    assert run("--kernels", "verify", "--resume", "--redo", "verify", "--verify-modes", "ALL", "--verify-sizes",
+               "1024") == 0
+    redone = saved()["parts"]
+    assert timed_cases == ["ALL random 1024", "ALL chain 1024"] and "verify_rows" not in redone[2]
+    marked = [p.get("replaced_verify_rows") for p in redone[:2]]
+    assert marked == [["ALL 1024"] if any(c.startswith("ALL ") and c.endswith(" 1024") for c in p["verify_rows"])
+                      else None for p in (cut, whole["parts"][1])]
+    assert not os.path.exists(out + ".tmp")
 
 
 def test_a_run_redoes_only_the_verify_sizes_asked_for():
