@@ -194,13 +194,24 @@ def part_kernels(kernels, verify_sizes=None, verify_modes=None, verify_cases=Non
     return ", ".join(f"verify ({chosen})" if k == "verify" and chosen else k for k in names) or "nothing"
 
 
+def grouped_cases(cases) -> str:
+    """Verify cases ("MODE ORDER ENTRIES") as text naming each mode and order once, in their order:
+    ["ALL random 65536", "ALL random 1048576", "ALL chain 65536"] -> "ALL random 65536, 1048576; ALL chain
+    65536"."""
+    sizes: dict = {}
+    for case in cases:
+        mode, order, n = case.split()
+        sizes.setdefault(f"{mode} {order}", []).append(n)
+    return "; ".join(f"{key} {', '.join(ns)}" for key, ns in sizes.items())
+
+
 def part_text(part) -> str:
     """One invocation of a run made in parts: what it timed, its wall time, empty launch and register-only
     chain, and which of its rows a later invocation replaced."""
     replaced = part_kernels(part.get("replaced", []), part.get("replaced_verify_sizes"), None,
                             part.get("replaced_verify_rows"))
     cut = f", cut short in its {part['cut']} sweep" if "cut" in part else ""
-    timed = (part_kernels(part["kernels"], verify_cases=part["verify_rows"]) if "verify_rows" in part
+    timed = (part_kernels(part["kernels"], verify_cases=[grouped_cases(part["verify_rows"])]) if "verify_rows" in part
              else part_kernels(part["kernels"], part.get("verify_sizes"), part.get("verify_modes")))
     return (f"{timed} in "
             f"{part['wall_s']:.0f} s{cut} (empty launch {part['empty_us']:.2f} µs, register-only chain "

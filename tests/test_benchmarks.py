@@ -301,7 +301,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     bench.verify_kept = frozenset()
     seen.clear()
     assert len(bench.verify_rows(Pool(), 1.0, lambda so_far: seen.append(len(so_far)))) == 4 and seen == [1, 2, 3, 4]
-    assert plot.part_text(cut).startswith("verify (ALL random 65536, ALL random 1048576, ALL chain 65536) in 330 s, "
+    assert plot.part_text(cut).startswith("verify (ALL random 65536, 1048576; ALL chain 65536) in 330 s, "
                                           "cut short in its verify sweep (empty launch 1.10 µs")
     assert plot.part_text(went_on).startswith("verify (ALL chain 1048576) in 60 s (empty launch")
 
