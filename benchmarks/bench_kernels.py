@@ -980,10 +980,9 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         pairs = replaced_verify_rows(part)
         if partial and "verify" in redone:
             redone.remove("verify")  # some of its rows
-            timed = ({(case.split()[0], int(case.split()[2])) for case in part["verify_rows"]} if "verify_rows" in part
-                     else {(mode, n) for mode in part.get("verify_modes") or MODES
-                           for n in part.get("verify_sizes") or VERIFY_SIZES["quick" if now["quick"] else "full"]})
-            pairs |= {(mode, n) for mode, n in timed if verify_chosen(mode, n, verify_sizes, verify_modes)}
+            timed = ({tuple(case.split()) for case in part["verify_rows"]} if "verify_rows" in part
+                     else verify_cases(part.get("verify_sizes"), part.get("verify_modes"), now["quick"]))
+            pairs |= {(mode, int(n)) for mode, _, n in timed if verify_chosen(mode, int(n), verify_sizes, verify_modes)}
         replaced = [k for k in part["kernels"] if k in redone or k in part.get("replaced", ())]
         part = {k: v for k, v in part.items() if k not in REPLACED_VERIFY_KEYS}
         if "verify" not in replaced:  # else all of them
@@ -991,8 +990,7 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         return {**part, "replaced": replaced} if replaced else part
 
     parts = [marked(part) for part in prior.get("parts", [])]
-    kept_cases = {(row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify"}
-    missing = verify_cases(verify_sizes, verify_modes, now["quick"]) - kept_cases
+    missing = verify_cases(verify_sizes, verify_modes, now["quick"]) - verify_row_cases(rows)
     return rows, [k for k in kernels if k not in done or (k == "verify" and missing)], parts
 
 
@@ -1001,6 +999,11 @@ def verify_cases(verify_sizes=(), verify_modes=(), quick: bool = False) -> set:
     ``--verify-modes`` (each empty: all of the preset's) in both orders."""
     return {(mode, order, n) for mode in verify_modes or MODES for order in ORDERS
             for n in verify_sizes or VERIFY_SIZES["quick" if quick else "full"]}
+
+
+def verify_row_cases(rows) -> set:
+    """{(mode, order, entries)} of the verify rows among a run's ``rows``."""
+    return {(row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify"}
 
 
 def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=(),
@@ -1031,8 +1034,7 @@ def complete(rows: list[dict], quick: bool = False) -> bool:
     size of its preset (``verify_cases``), however its parts were asked for: the reports mark any other
     run incomplete (a cut-short run, one part not yet resumed, or verify timed at some sizes or modes
     alone)."""
-    verify_rows = {(row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify"}
-    return set(KERNELS) <= {row["kernel"] for row in rows} and verify_cases(quick=quick) <= verify_rows
+    return set(KERNELS) <= {row["kernel"] for row in rows} and verify_cases(quick=quick) <= verify_row_cases(rows)
 
 
 def finish(rows):
@@ -1174,7 +1176,7 @@ def main(argv=None) -> int:
     acc = torch.zeros(1, dtype=torch.int64, device=DEV)
     chain_ns = (graph_time_us([lambda: chain(acc, 32768)]) - empty_us) * 1000 / 32768
     pool = Pool(POOL_SLOTS["quick" if args.quick else "full"])
-    bench.verify_kept = frozenset((row["mode"], row["order"], row["n"]) for row in rows if row["kernel"] == "verify")
+    bench.verify_kept = frozenset(verify_row_cases(rows))
     sweeps = {"write": lambda: bench.write_rows(pool, chain_ns, empty_us),
               "plan": bench.plan_rows, "scatter": bench.scatter_rows}
 

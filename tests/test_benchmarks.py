@@ -244,6 +244,35 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
             "its write rows replaced by a later invocation's); write in 186 s") in plot.markdown(run)
 
 
+class _StandInPool:
+    """A KV pool for ``Bench.verify_rows`` whose timing work is stood in (``_stand_in_verify_work``)."""
+
+    canary = torch.zeros(4, 32, dtype=torch.uint8)
+
+    def __init__(self, slots=None):
+        pass
+
+    def context(self, mode):
+        return type("Context", (), {"real_kv_sources": ()})()
+
+    def flagged(self):
+        return False
+
+
+def _stand_in_verify_work(monkeypatch, progress) -> None:
+    """``Bench.verify_rows`` without a GPU: no chains stamped, no plans, no floors; each row takes 30 µs
+    against a 20 µs floor; ``progress(bench, row)`` runs after each row."""
+    import bench_kernels
+
+    monkeypatch.setattr(bench_kernels, "stamp_chains", lambda *args: (0, 0))
+    monkeypatch.setattr(bench_kernels, "verify_plans", lambda *args: [])
+    for name, stand_in in (("floor_arms", lambda self, *a: {}), ("fastest_memory", lambda self, *a: (20.0, "gather")),
+                           ("timed", lambda self, kernel, kws, row, arms: row.update(us=30.0) or {}),
+                           ("bounds", lambda self, *a: None), ("baseline_times", lambda self, *a: None),
+                           ("progress", progress)):
+        monkeypatch.setattr(bench_kernels.Bench, name, stand_in)
+
+
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     """Verify's rows are written as each is timed (its part says ``cut`` until the sweep ends): a resumed
     run keeps them and times only the rows of the sweep it lacks, and the tables say the part was cut."""
@@ -275,32 +304,19 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
         {**cut, "replaced_verify_rows": ["ALL 1048576"]}, {**went_on, "replaced_verify_rows": ["ALL 1048576"]}]
 
     # the sweep times the rows the run lacks, and hands each to ``timed`` with the rows before it
-    class Pool:
-        canary = bench_kernels.torch.zeros(4, 32, dtype=bench_kernels.torch.uint8)
-
-        def context(self, mode):
-            return type("Context", (), {"real_kv_sources": ()})()
-
-        def flagged(self):
-            return False
-
-    bench = bench_kernels.Bench(quick=False, ab=False, baselines=(), candidates=(), verify_sizes=sizes,
-                                verify_modes=modes, verify_kept=frozenset(timed))
+    _stand_in_verify_work(monkeypatch, lambda self, row: None)
     stamped = []
     monkeypatch.setattr(bench_kernels, "stamp_chains", lambda bench, pool, mode, order: stamped.append(order) or (0, 0))
-    monkeypatch.setattr(bench_kernels, "verify_plans", lambda *args: [])
-    for name, stand_in in (("floor_arms", lambda *args: {}), ("timed", lambda *args, **kw: {}),
-                           ("fastest_memory", lambda *args: (20.0, "gather")),
-                           ("bounds", lambda *args: None), ("baseline_times", lambda *args: None),
-                           ("progress", lambda row: None)):
-        monkeypatch.setattr(bench, name, stand_in)
+    bench = bench_kernels.Bench(quick=False, ab=False, baselines=(), candidates=(), verify_sizes=sizes,
+                                verify_modes=modes, verify_kept=frozenset(timed))
     seen = []
-    swept = bench.verify_rows(Pool(), 1.0, lambda so_far: seen.append([r["case"] for r in so_far]))
+    swept = bench.verify_rows(_StandInPool(), 1.0, lambda so_far: seen.append([r["case"] for r in so_far]))
     assert [r["case"] for r in swept] == ["ALL chain 1048576"] and stamped == ["chain"]
     assert seen == [["ALL chain 1048576"]]
     bench.verify_kept = frozenset()
     seen.clear()
-    assert len(bench.verify_rows(Pool(), 1.0, lambda so_far: seen.append(len(so_far)))) == 4 and seen == [1, 2, 3, 4]
+    assert len(bench.verify_rows(_StandInPool(), 1.0, lambda so_far: seen.append(len(so_far)))) == 4
+    assert seen == [1, 2, 3, 4]
     assert plot.part_text(cut).startswith("verify (ALL random 65536, 1048576; ALL chain 65536) in 330 s, "
                                           "cut short in its verify sweep (empty launch 1.10 µs")
     assert plot.part_text(went_on).startswith("verify (ALL chain 1048576) in 60 s (empty launch")
@@ -326,22 +342,10 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
         if limit and len(timed_cases) > limit[0]:
             raise Cut
 
-    class Pool:
-        canary = bk.torch.zeros(4, 32, dtype=bk.torch.uint8)
-
-        def __init__(self, slots):
-            pass
-
-        def context(self, mode):
-            return type("Context", (), {"real_kv_sources": ()})()
-
-        def flagged(self):
-            return False
-
-    for name, stand_in in (("Launchers", lambda: type("Launchers", (), {"tag": "t"})()), ("Pool", Pool),
+    _stand_in_verify_work(monkeypatch, progress)
+    for name, stand_in in (("Launchers", lambda: type("Launchers", (), {"tag": "t"})()), ("Pool", _StandInPool),
                            ("environment", lambda: {"gpu": "test GPU", "driver": "580.1"}),
                            ("default_labels", lambda kernel, tag: "2112x128m4"), ("graph_time_us", lambda fns: 2.0),
-                           ("stamp_chains", lambda *args: (0, 0)), ("verify_plans", lambda *args: []),
                            ("finish", lambda rows: None), ("print_table", lambda *args: None)):
         monkeypatch.setattr(bk, name, stand_in)
     monkeypatch.setattr(bk.torch.cuda, "is_available", lambda: True)
@@ -350,12 +354,8 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
     for name, stand_in in (("compile_cuda", lambda *args: lambda *a, **kw: None), ("empty", lambda: None),
                            ("chain", lambda: None)):
         monkeypatch.setattr(floors, name, stand_in)
-    for name, stand_in in (("start_probes", lambda self, *a: None), ("prebuild_floors", lambda self, *a: None),
-                           ("load_baselines", lambda self, *a: None), ("bounds", lambda self, *a: None),
-                           ("floor_arms", lambda self, *a: {}), ("fastest_memory", lambda self, *a: (20.0, "gather")),
-                           ("timed", lambda self, kernel, kws, row, arms: row.update(us=30.0) or {}),
-                           ("baseline_times", lambda self, *a: None), ("progress", progress)):
-        monkeypatch.setattr(bk.Bench, name, stand_in)
+    for name in ("start_probes", "prebuild_floors", "load_baselines"):
+        monkeypatch.setattr(bk.Bench, name, lambda self, *a: None)
     for kernel in ("write", "plan", "scatter"):
         monkeypatch.setattr(bk.Bench, f"{kernel}_rows", lambda self, *a, kernel=kernel: [
             {"kernel": kernel, "case": kernel, "us": 1.0}])
