@@ -58,7 +58,7 @@ CUDA_MODE_DEFAULTS = {
     # verify in ALL mode (every token's whole KV row folded): with millions of random entries the
     # 64-register cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2
     # was within a few % of the best candidate in every ALL row of the H200 sweep (random and chain,
-    # 1K..16M entries), docs/PERFORMANCE.md ("Default geometries"). Thin: at 1K-4K entries a warp of
+    # 1K..16M entries), `git show a9b35e6:docs/PERFORMANCE.md` ("Default geometries"). Thin: at 1K-4K entries a warp of
     # entries per block runs 0.82-0.91x of full blocks' time, 64K-16M 0.96-1.02x (eleventh session's
     # GPU call 1); in NONE and PARTIAL it was not a gain (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and
     # 1.05x), but with paired folds PARTIAL up to 16K entries gains (its default since the eighteenth session).
@@ -133,15 +133,17 @@ CUDA_SIZE_DEFAULTS = {
     # 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 / 1.008 / 1.013x. On an H100 (sixty-first session,
     # ab_kernels.py against the old default): random 64K / 256K / 1M 0.984 / 0.920 / 0.926x, chain 1.013 /
     # 1.029 / 0.997x; against this class, 2112 x 512 split ran 1.009-1.033x everywhere, 528 x 128 split
-    # 0.971x at chain 256K alone (random 256K / 1M 1.059 / 1.051x).
+    # 0.971x at chain 256K alone (random 256K / 1M 1.059 / 1.051x). In the H200 run of record (sixty-third
+    # session): random 1M / 4M / 16M 1.033 / 0.995 / 0.981x the gather floor, chain 1M-16M 1.010-1.027x.
     ("verify", 2): (((1 << 14) + 1, {"blocks": 2112, "threads": 256, "min_blocks": 4, "thin": 0, "pairs": 2}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps
     # registers at 32 (min_blocks 16) so that 2048 threads per SM are resident: in chain order (each
     # entry's previous slot is its neighbour's) that occupancy takes 1M-16M entries from 1.24-1.28x to
     # 1.03-1.12x of the gather floor; random order stays within 1.03x (the H200 candidate sweeps of
-    # 2026-11-30, session 3, docs/PERFORMANCE.md "Default geometries"). Against the mode's 128 registers
-    # (min_blocks 4; twenty-seventh session's GPU call 1, interleaved): chain 1M / 4M / 16M 0.957 / 0.944 /
-    # 0.918x, random 1.044 / 1.033 / 1.029x; one geometry serves both orders, so the cap stays.
+    # 2026-11-30, session 3, `git show a9b35e6:docs/PERFORMANCE.md` "Default geometries"). Against the
+    # mode's 128 registers (min_blocks 4; twenty-seventh session's GPU call 1, interleaved): chain 1M /
+    # 4M / 16M 0.957 / 0.944 / 0.918x, random 1.044 / 1.033 / 1.029x; one geometry serves both orders, so
+    # the cap stays.
     ("verify", 0): (((1 << 18) + 1, {"min_blocks": 16}),),
     # verify PARTIAL above 16K entries (the same boundary): 1056 x 128 with min_blocks 8, full blocks,
     # single-chain folds. The 32-register cap of NONE's default costs 1.2-1.5x at 1M-16M entries; this
