@@ -41,7 +41,8 @@ CUDA_DEFAULTS = {
     # 1.059 / 1.096x (call 1; NONE 0.971-0.983x).
     "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on
-    # the H200, 100.8 us against 111.7 us with 256 lanes; docs/PERFORMANCE.md).
+    # the H200, 100.8 us against 111.7 us with 256 lanes; `git show a9b35e6:docs/PERFORMANCE.md`, "Default
+    # geometries").
     "plan": {"blocks": 2112, "threads": 512, "tile": 1024},
     "scatter": {"blocks": 1056, "threads": 256, "tile": 1},
 }
