@@ -244,6 +244,23 @@ CONSTRUCTION_CASES = [
         "(shape=(4, 24), strides=(24, 1), dtype=torch.uint8)",
     ),
     (
+        "conjugate_view",
+        lambda: source(torch.zeros(4, 4, dtype=torch.complex64).conj()),
+        "kv-canary: RealKvSource.tensor must not be a conjugate or negative view (its bytes are not its values): "
+        "pass tensor.resolve_conj().resolve_neg()",
+    ),
+    (
+        "write_plan_past_int64",
+        lambda: WritePlan.allocate(write_req_capacity=2**63 - 1, device="cpu"),
+        "kv-canary: WritePlan write_req_capacity + 1 (the offsets' length) must fit in int64, got "
+        "9223372036854775808",
+    ),
+    (
+        "verify_plan_past_int64",
+        lambda: VerifyPlan.allocate(verify_capacity=2**63, device="cpu"),
+        "kv-canary: VerifyPlan verify_capacity must fit in int64, got 9223372036854775808",
+    ),
+    (
         "write_plan_0",
         lambda: WritePlan.allocate(write_req_capacity=0, device="cpu"),
         "kv-canary: WritePlan write_req_capacity must be positive, got 0",
@@ -633,6 +650,8 @@ TYPE_CASES = [
      "kv-canary: canary_buf must be a torch.Tensor, got numpy.ndarray"),
     ("t_w_plan_field_list", W, CW, plan_field("plan", "write_offsets", as_list), TypeError,
      "kv-canary: plan.write_offsets must be a torch.Tensor, got list"),
+    ("t_w_input_ids_nested", W, CW, arg("input_ids", lambda t: torch.nested.nested_tensor([t])), TypeError,
+     "kv-canary: input_ids must be a dense (strided) tensor, got a nested tensor"),
     ("t_w_order_contiguity_before_later_type", W, CW,
      lambda a: arg("input_ids", numpy)(plan_field("plan", "write_offsets", noncontig)(a)), ValueError,
      "kv-canary: plan.write_offsets must be contiguous"),
@@ -663,6 +682,8 @@ TYPE_CASES = [
      "kv-canary: out_verify_slot_indices must be a torch.Tensor, got list"),
     ("t_p_req_to_token_numpy", P, CP, arg("req_to_token", numpy), TypeError,
      "kv-canary: req_to_token must be a torch.Tensor, got numpy.ndarray"),
+    ("t_p_req_to_token_sparse_csr", P, CP, arg("req_to_token", lambda t: t.to_sparse_csr()), TypeError,
+     "kv-canary: req_to_token must be a dense (strided) tensor, got a sparse_csr tensor"),
     ("t_p_req_pool_indices_list", P, CP, arg("req_pool_indices", as_list), TypeError,
      "kv-canary: req_pool_indices must be a torch.Tensor, got list"),
     ("t_p_lut_numpy", PL, CP, arg("full_to_swa_index_mapping", numpy), TypeError,
@@ -691,6 +712,8 @@ TYPE_CASES = [
      "kv-canary: scatter_req_token_ids flat_in must be a torch.Tensor, got numpy.ndarray"),
     ("t_s_offsets_list", S, CS, arg("offsets", as_list), TypeError,
      "kv-canary: scatter_req_token_ids offsets must be a torch.Tensor, got list"),
+    ("t_s_pool_out_sparse_csr", S, CS, arg("pool_out", lambda t: t.to_sparse_csr()), TypeError,
+     "kv-canary: scatter_req_token_ids pool_out must be a dense (strided) tensor, got a sparse_csr tensor"),
     ("t_s_order_rank_before_type", S, CS, arg("pool_out", lambda t: t.reshape(-1).numpy()), ValueError,
      "kv-canary: scatter_req_token_ids pool_out must be 2-D, got shape (64,)"),
 ]
@@ -842,13 +865,13 @@ def test_case_ids_are_unique():
 @pytest.mark.parametrize(
     "helper, value, what, message",
     [
-        (checks._require_non_negative, -1, "offsets kernel bs",
+        (checks.refuse_negative, -1, "offsets kernel bs",
          "kv-canary: offsets kernel bs must be non-negative, got -1"),
-        (checks._require_non_negative, -2, "write_req_capacity",
+        (checks.refuse_negative, -2, "write_req_capacity",
          "kv-canary: write_req_capacity must be non-negative, got -2"),
-        (checks._require_non_negative, -3, "verify_capacity",
+        (checks.refuse_negative, -3, "verify_capacity",
          "kv-canary: verify_capacity must be non-negative, got -3"),
-        (checks._require_non_negative, -4, "lut_len", "kv-canary: lut_len must be non-negative, got -4"),
+        (checks.refuse_negative, -4, "lut_len", "kv-canary: lut_len must be non-negative, got -4"),
     ],
     ids=["bs", "write_req_capacity", "verify_capacity", "lut_len"],
 )

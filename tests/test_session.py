@@ -223,6 +223,96 @@ def test_the_constructor_refuses_a_ring_capacity_that_is_not_an_int(ring_capacit
         make_session(ring_capacity=ring_capacity)
 
 
+@pytest.mark.parametrize("changes, message", [
+    (dict(full=None), "full must be a CanaryGroup, got NoneType"),
+    (dict(swa=5), "swa must be a CanaryGroup, got int"),
+    (dict(sweep_interval="2"), "sweep_interval must be an int, got str"),
+    (dict(sweep_interval=2.5), "sweep_interval must be an int, got float 2.5"),
+    (dict(health_check_interval=None), "health_check_interval must be an int, got NoneType"),
+    (dict(health_warmup_steps=1.0), "health_warmup_steps must be an int, got float 1.0"),
+    (dict(expected_token_pool_shape=5), "expected_token_pool_shape must be (rows, max_context_len), got int"),
+], ids=["full", "swa", "sweep_str", "sweep_float", "health_none", "warmup_float", "pool_shape_int"])
+def test_the_constructor_refuses_arguments_of_the_wrong_type(changes, message):
+    with pytest.raises(TypeError, match=re.escape(f"kv-canary: {message}")):
+        make_session(**changes)
+
+
+@pytest.mark.parametrize("name", ["sweep_interval", "health_warmup_steps", "health_check_interval"])
+def test_the_constructor_refuses_a_negative_step_count(name):
+    with pytest.raises(ValueError, match=re.escape(f"kv-canary: {name} must be non-negative, got -1")):
+        make_session(**{name: -1})
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    (dict(k_sources=zero_source()), TypeError,
+     "CanaryGroup.k_sources must be a tuple of RealKvSource, got tvm_canary.RealKvSource"),
+    (dict(v_sources=(zero_source(), "x")), TypeError, "each of CanaryGroup.v_sources must be a RealKvSource, got str"),
+    (dict(swa_window_size="2"), TypeError, "CanaryGroup.swa_window_size must be an int, got str"),
+    (dict(swa_window_size=-3), ValueError, "CanaryGroup.swa_window_size must be non-negative, got -3"),
+    (dict(full_to_swa_index_mapping=[0, 1]), TypeError,
+     "CanaryGroup.full_to_swa_index_mapping must be a torch.Tensor, got list"),
+], ids=["sources_not_a_tuple", "source_not_a_source", "window_str", "window_negative", "lut_list"])
+def test_a_group_refuses_fields_of_the_wrong_type(fields, error, message):
+    with pytest.raises(error, match=re.escape(f"kv-canary: {message}")):
+        CanaryGroup(num_slots=NUM_SLOTS, **fields)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint32, torch.uint64])
+def test_unsigned_inputs_are_read_as_their_values(dtype):
+    """uint32 and uint64 inputs (torch has no min or max of them on the CPU) step as their int64 values do;
+    a uint64 value past int64 is refused before the step."""
+    session, kv = make_session()
+    inputs = {name: torch.as_tensor(value).to(dtype) for name, value in step_inputs(session, 0, 4).items()}
+    session.before_forward(**inputs)
+    kv.write(inputs["out_cache_loc"].tolist())
+    session.after_forward()
+    chains = torch.tensor(chain(1, 4))
+    chains[0, 2] = 0  # an unsigned chain has no -1 for its head: its predecessor unknown
+    session.sweep(chains.to(dtype))
+    assert session.step == 1 and not session.flush()
+    if dtype == torch.uint64:
+        with pytest.raises(ValueError, match=re.escape("kv-canary: input_ids holds values outside torch.int64 "
+                                                       "(uint64 values of 2**63 and more)")):
+            session.before_forward(**{**step_inputs(session, 4, 1),
+                                      "input_ids": torch.tensor([2**63, 0], dtype=torch.uint64)})
+        assert session.step == 1
+
+
+def test_a_sweep_after_the_lut_was_emptied_in_place_launches_nothing():
+    """The SWA table is read at every launch, so the caller may change it in place; a sweep checks it as a
+    step does, before its first launch (the FULL group's sweep included)."""
+    lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
+    session, kv = make_session(swa_lut=lut)
+    step(session, kv, 0, 4)
+    before = session_state(session)
+    lut.resize_(0)
+    with pytest.raises(ValueError, match="kv-canary: lut_len must be positive when has_swa_lut is True"):
+        session.sweep(chain(1, 4))
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+
+
+def test_after_forward_refuses_inputs_changed_in_place_and_the_step_stays_pending():
+    """``after_forward`` reads the step's per-token inputs again: one resized since ``before_forward`` is
+    refused before the TAIL launches; restored, the same step completes."""
+    session, kv = make_session()
+    inputs = {name: torch.tensor(value) if name != "req_to_token" else value
+              for name, value in step_inputs(session, 0, 4).items()}
+    session.before_forward(**inputs)
+    kv.write(inputs["out_cache_loc"].tolist())
+    ids = inputs["input_ids"]
+    kept = ids.clone()
+    before = session_state(session)
+    ids.resize_(3)
+    with pytest.raises(ValueError, match="kv-canary: positions length must be 3, got 8"):
+        session.after_forward()
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+    with pytest.raises(RuntimeError, match=r"kv-canary: before_forward\(\) called while a step awaits after_forward"):
+        session.before_forward(**step_inputs(session, 4, 1))
+    ids.resize_(kept.shape[0]).copy_(kept)
+    session.after_forward()
+    assert session.step == 1 and not session.flush()
+
+
 # ---------------------------------------------------------------------- detection through the session
 
 

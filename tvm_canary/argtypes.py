@@ -34,9 +34,13 @@ def shape_text(tensor: torch.Tensor) -> str:
 
 
 def require_tensor(value: object, name: str) -> None:
-    """``value`` is a ``torch.Tensor`` (numpy arrays and lists are not converted)."""
+    """``value`` is a dense ``torch.Tensor`` (numpy arrays and lists are not converted; sparse and nested
+    tensors, which have no strides to check, are refused)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type_name(value)}")
+    if value.layout != torch.strided or value.is_nested:
+        kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+        raise TypeError(f"kv-canary: {name} must be a dense (strided) tensor, got a {kind} tensor")
 
 
 def require_instance(value: object, cls: type, name: str) -> None:
@@ -53,6 +57,19 @@ def require_number(value: object, name: str) -> None:
     """
     if not isinstance(value, numbers.Real) and not hasattr(type(value), "__index__"):
         raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
+
+
+def refuse_negative(value, name: str) -> None:
+    """The "must be non-negative" ValueError for a number below 0 (the caller checks its type)."""
+    if value < 0:
+        raise ValueError(f"kv-canary: {name} must be non-negative, got {value}")
+
+
+def require_non_negative(value: object, name: str) -> int:
+    """``value`` as an int >= 0: ``require_number``, ``refuse_negative``, ``require_integer``."""
+    require_number(value, name)
+    refuse_negative(value, name)
+    return require_integer(value, name)
 
 
 def require_positive(value: object, name: str) -> int:

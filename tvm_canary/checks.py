@@ -33,6 +33,7 @@ import torch
 
 from . import consts
 from .argtypes import (
+    refuse_negative,
     require_instance,
     require_int64,
     require_integer,
@@ -41,7 +42,7 @@ from .argtypes import (
     require_tensor,
     shape_text,
 )
-from .context import SINK_FIELDS, VerifyOrWriteContext, check_row_stride
+from .context import SINK_FIELDS, VerifyOrWriteContext, check_source_tensor
 from .plans import VerifyPlan, WritePlan
 
 NamedTensor = tuple[torch.Tensor, str]
@@ -88,8 +89,8 @@ def _require_dtype(
 
 
 def _require_ndim(tensor: torch.Tensor, name: str, ndim: int) -> None:
-    if not hasattr(tensor, "ndim"):  # array-likes with a rank get their rank checked first, as in the contract
-        require_tensor(tensor, name)
+    if not hasattr(tensor, "ndim") or isinstance(tensor, torch.Tensor):  # array-likes: their rank first, as in
+        require_tensor(tensor, name)                                      # the contract
     if tensor.ndim != ndim:
         raise ValueError(f"kv-canary: {name} must be {ndim}-D, got shape {shape_text(tensor)}")
 
@@ -137,11 +138,6 @@ def _require_same_device(
             raise ValueError(
                 f"kv-canary: {name} must be on {reference_name}'s device {reference.device}, got {tensor.device}"
             )
-
-
-def _require_non_negative(value: int, what: str) -> None:
-    if value < 0:
-        raise ValueError(f"kv-canary: {what} must be non-negative, got {value}")
 
 
 def _require_vector(tensor: torch.Tensor, name: str, dtype: torch.dtype, length: Optional[int] = None) -> None:
@@ -194,7 +190,7 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
                 f"{row_bytes} bytes but page_size={source.page_size} x "
                 f"num_bytes_per_token={source.num_bytes_per_token} needs {needed}"
             )
-        check_row_stride(tensor)
+        check_source_tensor(tensor)
         if not tracing():  # no data pointer while tracing: the operator checks it
             check_word_aligned(tensor, name)
         _require_same_device(canary_buf, "canary_buf", [(tensor, name)])
@@ -619,12 +615,12 @@ def check_plan(
     write_offsets_len = int(write_plan_out.write_offsets.shape[0])
     write_req_capacity = int(write_plan_out.write_seed_slot_indices.shape[0])
     lut_len = int(full_to_swa_index_mapping.shape[0]) if has_lut else 0
-    _require_non_negative(bs, "offsets kernel bs")
+    refuse_negative(bs, "offsets kernel bs")
     require_positive(write_offsets_len, "write_offsets_len")
-    _require_non_negative(write_req_capacity, "write_req_capacity")
-    _require_non_negative(verify_capacity, "verify_capacity")
+    refuse_negative(write_req_capacity, "write_req_capacity")
+    refuse_negative(verify_capacity, "verify_capacity")
     require_positive(int(req_to_token.stride(0)), "req_to_token_stride0")
-    _require_non_negative(lut_len, "lut_len")
+    refuse_negative(lut_len, "lut_len")
     if has_lut and lut_len <= 0:
         raise ValueError("kv-canary: lut_len must be positive when has_swa_lut is True")
 

@@ -81,15 +81,21 @@ class RealKvSource:
         require_tensor(t, "RealKvSource.tensor")
         if t.ndim < 2:
             raise ValueError(f"kv-canary: RealKvSource.tensor must be at least 2-D, got shape {shape_text(t)}")
-        check_row_stride(t)
+        check_source_tensor(t)
         for name in ("page_size", "num_bytes_per_token", "read_bytes"):
             require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
-def check_row_stride(tensor: torch.Tensor) -> None:
-    """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6): checked when the
+def check_source_tensor(tensor: torch.Tensor) -> None:
+    """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6), and its bytes are its
+    values: no conjugate or negative view, whose bits torch applies only when it reads the values (the
+    kernels hash the bytes in memory; the reference cannot view such a tensor as bytes). Checked when the
     source is built and again at every launch (``checks.check_real_kv_sources``), since a tensor may be
-    re-strided in place (``as_strided_``) after."""
+    re-strided in place (``as_strided_``) after. The view bits are not read while ``torch.compile`` traces
+    (Dynamo cannot trace them)."""
+    if not torch.compiler.is_compiling() and (tensor.is_conj() or tensor.is_neg()):
+        raise ValueError("kv-canary: RealKvSource.tensor must not be a conjugate or negative view (its bytes are "
+                         "not its values): pass tensor.resolve_conj().resolve_neg()")
     row_stride_bytes = tensor.stride(0) * tensor.element_size()
     if row_stride_bytes % 16 != 0:
         raise ValueError(

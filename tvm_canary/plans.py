@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from .argtypes import RECORD, require_positive
+from .argtypes import RECORD, require_int64, require_positive
 
 
 @dataclasses.dataclass(**RECORD)
@@ -37,7 +37,8 @@ class VerifyPlan:
     @classmethod
     def allocate(cls, *, verify_capacity: int, device) -> "VerifyPlan":
         """Uninitialised vectors and ``verify_num_valid``; ``enable`` starts at 1."""
-        verify_capacity = require_positive(verify_capacity, "VerifyPlan verify_capacity")
+        verify_capacity = require_int64(require_positive(verify_capacity, "VerifyPlan verify_capacity"),
+                                        "VerifyPlan verify_capacity")
 
         def vec():
             return torch.empty(verify_capacity, dtype=torch.int64, device=device)
@@ -86,6 +87,7 @@ class WritePlan:
     def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
         """All tensors uninitialised."""
         write_req_capacity = require_positive(write_req_capacity, "WritePlan write_req_capacity")
+        require_int64(write_req_capacity + 1, "WritePlan write_req_capacity + 1 (the offsets' length)")
         return cls(
             write_offsets=torch.empty(write_req_capacity + 1, dtype=torch.int64, device=device),
             write_seed_slot_indices=torch.empty(write_req_capacity, dtype=torch.int64, device=device),

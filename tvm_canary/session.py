@@ -30,7 +30,7 @@ import torch
 
 from . import checks
 from ._consts import CANARY_SLOT_BYTES
-from .argtypes import RECORD, require_positive, type_name
+from .argtypes import RECORD, require_instance, require_non_negative, require_positive, require_tensor, type_name
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
 from .launch import (
@@ -80,6 +80,20 @@ class CanaryGroup:
     v_sources: tuple[RealKvSource, ...] = ()
     swa_window_size: int = 0
     full_to_swa_index_mapping: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        """The fields' types (TypeError) and a non-negative window; their values against the session's
+        other settings are checked by the session."""
+        for name in ("k_sources", "v_sources"):
+            sources = getattr(self, name)
+            if not isinstance(sources, (tuple, list)):
+                raise TypeError(f"kv-canary: CanaryGroup.{name} must be a tuple of RealKvSource, got "
+                                f"{type_name(sources)}")
+            for source in sources:
+                require_instance(source, RealKvSource, f"each of CanaryGroup.{name}")
+        require_non_negative(self.swa_window_size, "CanaryGroup.swa_window_size")
+        if self.full_to_swa_index_mapping is not None:
+            require_tensor(self.full_to_swa_index_mapping, "CanaryGroup.full_to_swa_index_mapping")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,7 +159,8 @@ class CanarySession:
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
         sweep_interval: ``sweep_due`` every this many steps (0: sweeping off).
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
-            tag's kernel_run_counter must have grown (0 interval: check off; see ``_health_check``).
+            tag's kernel_run_counter must have grown (0 interval: check off; see ``_health_check``). The
+            three step counts are ints >= 0 (TypeError, ValueError).
         violation_mode: ``log`` (warnings), ``raise`` (one CanaryViolationError) or ``quiet``.
     """
 
@@ -171,6 +186,15 @@ class CanarySession:
     ) -> None:
         if violation_mode not in VIOLATION_MODES:
             raise ValueError(f"kv-canary: violation_mode must be one of {VIOLATION_MODES}, got {violation_mode!r}")
+        require_instance(full, CanaryGroup, "full")
+        if swa is not None:
+            require_instance(swa, CanaryGroup, "swa")
+        for name, count in (("sweep_interval", sweep_interval), ("health_warmup_steps", health_warmup_steps),
+                            ("health_check_interval", health_check_interval)):
+            require_non_negative(count, name)
+        if expected_token_pool_shape is not None and not isinstance(expected_token_pool_shape, (tuple, list)):
+            raise TypeError(f"kv-canary: expected_token_pool_shape must be (rows, max_context_len), got "
+                            f"{type_name(expected_token_pool_shape)}")
         if full.swa_window_size or full.full_to_swa_index_mapping is not None:
             raise ValueError("kv-canary: the FULL group takes no swa_window_size or full_to_swa_index_mapping")
         if swa is not None and (swa.swa_window_size <= 0 or swa.full_to_swa_index_mapping is None):
@@ -433,9 +457,12 @@ class CanarySession:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward`` (its
         per-token tensors as they are now: see ``before_forward``).
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
-        status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded."""
+        status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
+        The step's per-token inputs are checked again first (write's per-step checks): one changed in
+        place since ``before_forward`` is refused before the TAIL launches, and the step stays pending."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
+        self._check_write_inputs(self._batch)
         batch, self._batch = self._batch, None
         self._tail(batch)
         self._end_step()
@@ -447,8 +474,11 @@ class CanarySession:
         a chain head. SWA groups translate slots and predecessors through their LUT. A sweep runs between
         steps (SPEC 6 item 7): raises RuntimeError while a step awaits after_forward(), whose slots the
         live chains already hold but whose TAIL stamps are not written yet (each would be reported).
+        The configuration's launch checks (``_check_config``: an SWA LUT resized or replaced in place
+        included) run before the first launch, so a refused sweep launches nothing.
         """
         self._refuse_while_pending("sweep()")
+        self._check_config()
         chains = self._on_device(_integers(chains, "chains"))
         if chains.numel() and (chains.ndim != 2 or chains.shape[1] != 3):
             raise ValueError(f"kv-canary: sweep chains must be [n, 3] (slot, position, prev_slot), got shape "
@@ -541,6 +571,10 @@ class CanarySession:
             (getattr(batch, name), name) for name in ("req_to_token", "req_pool_indices", "prefix_lens",
                                                       "extend_seq_lens", "token_lens", "token_ids", "token_offsets")
             if getattr(batch, name) is not None])
+        self._check_write_inputs(batch)
+
+    def _check_write_inputs(self, batch: _Batch) -> None:
+        """Write's per-step checks of the batch's per-token inputs (each write launch checks them again)."""
         checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
                                   batch.out_cache_loc, batch.input_assert, batch.expected_input_tokens,
                                   batch.expected_input_positions, self._written_ranges)
@@ -901,6 +935,14 @@ def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tenso
         raise TypeError(f"kv-canary: {name} must hold int64 values, got {value.dtype}")
     if value.dtype == dtype:
         return value
+    if value.dtype in (torch.uint32, torch.uint64) and value.device.type == "cpu":
+        # torch has no min or max of these on the CPU: uint32 widens as it is, uint64 reads as int64 once
+        # no value is 2**63 or more (those would read as negative)
+        if value.dtype == torch.uint64 and bool((value.view(torch.int64) < 0).any()):
+            raise ValueError(f"kv-canary: {name} holds values outside torch.int64 (uint64 values of 2**63 and more)")
+        value = value.view(torch.int64) if value.dtype == torch.uint64 else value.to(torch.int64)
+        if dtype == torch.int64:
+            return value
     if value.numel() and value.device.type == "cpu":  # an empty list is float32: no bounds to compare
         bounds, held = torch.iinfo(dtype), torch.iinfo(value.dtype)
         narrowing = held.min < bounds.min or held.max > bounds.max  # widening needs no look at the values
