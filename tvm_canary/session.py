@@ -309,8 +309,9 @@ class CanarySession:
 
     def _check_config(self) -> None:
         """The launch checks (SPEC 4) that read the configuration (each group's plan checks: LUT, window,
-        plans, pool, offset; each endpoint's real-KV sources), run once on an empty step so that what a
-        launch would reject raises here, with its message, rather than at the first step."""
+        plans, pool, offset; each endpoint's real-KV sources), run on an empty step when the session is built
+        (so that what a launch would reject raises here, with its message, rather than at the first step) and
+        before each sweep (whose SWA translation reads the LUT before any launch checks it)."""
         none, pool = torch.empty(0, dtype=torch.int64, device=self.device), self.expected_token_pool is not None
         expected = none if self.enable_write_input_assert else None
         empty = _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
