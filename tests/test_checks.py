@@ -712,6 +712,8 @@ TYPE_CASES = [
      "kv-canary: scatter_req_token_ids flat_in must be a torch.Tensor, got numpy.ndarray"),
     ("t_s_offsets_list", S, CS, arg("offsets", as_list), TypeError,
      "kv-canary: scatter_req_token_ids offsets must be a torch.Tensor, got list"),
+    ("t_s_flat_in_nested", S, CS, arg("flat_in", lambda t: torch.nested.nested_tensor([t, t[:1]])), TypeError,
+     "kv-canary: scatter_req_token_ids flat_in must be a dense (strided) tensor, got a nested tensor"),
     ("t_s_pool_out_sparse_csr", S, CS, arg("pool_out", lambda t: t.to_sparse_csr()), TypeError,
      "kv-canary: scatter_req_token_ids pool_out must be a dense (strided) tensor, got a sparse_csr tensor"),
     ("t_s_order_rank_before_type", S, CS, arg("pool_out", lambda t: t.reshape(-1).numpy()), ValueError,

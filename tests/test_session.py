@@ -291,26 +291,42 @@ def test_a_sweep_after_the_lut_was_emptied_in_place_launches_nothing():
     assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
 
 
-def test_after_forward_refuses_inputs_changed_in_place_and_the_step_stays_pending():
+def test_after_forward_refuses_inputs_changed_in_place_before_any_tail_launch():
     """``after_forward`` reads the step's per-token inputs again: one resized since ``before_forward`` is
-    refused before the TAIL launches; restored, the same step completes."""
+    refused before the TAIL launches (nothing changes), and the step ends there: the next one runs."""
     session, kv = make_session()
     inputs = {name: torch.tensor(value) if name != "req_to_token" else value
               for name, value in step_inputs(session, 0, 4).items()}
     session.before_forward(**inputs)
     kv.write(inputs["out_cache_loc"].tolist())
     ids = inputs["input_ids"]
-    kept = ids.clone()
     before = session_state(session)
     ids.resize_(3)
     with pytest.raises(ValueError, match="kv-canary: positions length must be 3, got 8"):
         session.after_forward()
     assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
-    with pytest.raises(RuntimeError, match=r"kv-canary: before_forward\(\) called while a step awaits after_forward"):
-        session.before_forward(**step_inputs(session, 4, 1))
-    ids.resize_(kept.shape[0]).copy_(kept)
-    session.after_forward()
-    assert session.step == 1 and not session.flush()
+    with pytest.raises(RuntimeError, match=r"after_forward\(\) called without a matching before_forward"):
+        session.after_forward()
+    step(session, kv, 0, 4)
+    assert session.step == 2
+
+
+def test_after_forward_refuses_a_tail_source_restrided_in_place_before_any_tail_launch():
+    """The TAIL endpoints' real-KV sources are checked before the first TAIL launch (the K half's included),
+    so a V source re-strided in place since ``before_forward`` changes nothing."""
+    session, kv = make_session()
+    session.before_forward(**step_inputs(session, 0, 4))
+    kv.write(step_inputs(session, 0, 4)["out_cache_loc"])
+    before = session_state(session)
+    source = session._groups[0].contexts["TAIL", "V"].real_kv_sources[-1].tensor
+    shape, stride = tuple(source.shape), source.stride()
+    source.as_strided_(shape, (stride[0] - 1, *stride[1:]))
+    with pytest.raises(ValueError, match="kv-canary: RealKvSource.tensor row stride must be a multiple of 16 bytes"):
+        session.after_forward()
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+    source.as_strided_(shape, stride)
+    step(session, kv, 0, 4)
+    assert session.step == 2
 
 
 # ---------------------------------------------------------------------- detection through the session

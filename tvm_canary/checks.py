@@ -89,8 +89,9 @@ def _require_dtype(
 
 
 def _require_ndim(tensor: torch.Tensor, name: str, ndim: int) -> None:
-    if not hasattr(tensor, "ndim") or isinstance(tensor, torch.Tensor):  # array-likes: their rank first, as in
-        require_tensor(tensor, name)                                      # the contract
+    # Array-likes get their rank checked first, as in the contract; a nested tensor has no shape to print
+    if not hasattr(tensor, "ndim") or getattr(tensor, "is_nested", False):
+        require_tensor(tensor, name)
     if tensor.ndim != ndim:
         raise ValueError(f"kv-canary: {name} must be {ndim}-D, got shape {shape_text(tensor)}")
 

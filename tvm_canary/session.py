@@ -192,7 +192,7 @@ class CanarySession:
         for name, count in (("sweep_interval", sweep_interval), ("health_warmup_steps", health_warmup_steps),
                             ("health_check_interval", health_check_interval)):
             require_non_negative(count, name)
-        if expected_token_pool_shape is not None and not isinstance(expected_token_pool_shape, (tuple, list)):
+        if expected_token_pool_shape is not None and not hasattr(expected_token_pool_shape, "__len__"):
             raise TypeError(f"kv-canary: expected_token_pool_shape must be (rows, max_context_len), got "
                             f"{type_name(expected_token_pool_shape)}")
         if full.swa_window_size or full.full_to_swa_index_mapping is not None:
@@ -243,6 +243,7 @@ class CanarySession:
             else torch.zeros(expected_token_pool_shape, dtype=torch.int32, device=self.device)
         )
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
+        self._config_step = self._empty_step()
         self._check_config()
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
         # The byte ranges of every session-owned tensor a step writes (the write contexts' buffers and sinks,
@@ -311,17 +312,21 @@ class CanarySession:
         """The launch checks (SPEC 4) that read the configuration (each group's plan checks: LUT, window,
         plans, pool, offset; each endpoint's real-KV sources), run on an empty step when the session is built
         (so that what a launch would reject raises here, with its message, rather than at the first step) and
-        before each sweep (whose SWA translation reads the LUT before any launch checks it)."""
-        none, pool = torch.empty(0, dtype=torch.int64, device=self.device), self.expected_token_pool is not None
-        expected = none if self.enable_write_input_assert else None
-        empty = _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
-                       out_cache_loc=none, req_to_token=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
-                       token_ids=none if pool else None, token_lens=none if pool else None,
-                       expected_input_tokens=expected, expected_input_positions=expected)
+        before each sweep (whose SWA translation reads the LUT before any launch checks it), on the empty step
+        built with the session (``_empty_step``: a sweep allocates nothing)."""
         for g in self._groups:
-            checks.check_plan(**self._plan_args(g, empty))
+            checks.check_plan(**self._plan_args(g, self._config_step))
             for context in g.contexts.values():
                 checks.check_real_kv_sources(context)
+
+    def _empty_step(self) -> _Batch:
+        """A step of no requests and no tokens with the session's inputs (its pool's, its input assert's)."""
+        none, pool = torch.empty(0, dtype=torch.int64, device=self.device), self.expected_token_pool is not None
+        expected = none if self.enable_write_input_assert else None
+        return _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
+                      out_cache_loc=none, req_to_token=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
+                      token_ids=none if pool else None, token_lens=none if pool else None,
+                      expected_input_tokens=expected, expected_input_positions=expected)
 
     # ------------------------------------------------------------------ introspection
 
@@ -392,7 +397,8 @@ class CanarySession:
         refused, not truncated. No input may share memory with a tensor the step writes (the session's
         buffers, plans and expected-token pool; SPEC D10).
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
-        capacities, ValueError when ``req_to_token`` is larger than the expected-token pool, TypeError for
+        capacities, ValueError when ``req_to_token`` is larger than the expected-token pool or a host input
+        holds values outside its dtype (uint64 values of 2**63 and more included), TypeError for
         inputs that are not integers or a ``write_input_assert`` that is not a bool, and the launches'
         errors (SPEC 4), before anything is counted or launched: a rejected call changes nothing (a
         pending step stays pending).
@@ -459,12 +465,17 @@ class CanarySession:
         per-token tensors as they are now: see ``before_forward``).
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
         status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
-        The step's per-token inputs are checked again first (write's per-step checks): one changed in
-        place since ``before_forward`` is refused before the TAIL launches, and the step stays pending."""
+        The step's per-token inputs and the TAIL endpoints' real-KV sources are checked again first (the
+        launches' checks): one changed in place since ``before_forward`` is refused before any TAIL launch,
+        and the step ends there (its TAIL never runs; the next ``before_forward`` may begin)."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
-        self._check_write_inputs(self._batch)
         batch, self._batch = self._batch, None
+        self._check_write_inputs(batch)
+        for g in self._groups:
+            for (endpoint, _), context in g.contexts.items():
+                if endpoint == "TAIL":
+                    checks.check_real_kv_sources(context)
         self._tail(batch)
         self._end_step()
 
