@@ -86,6 +86,16 @@ class RealKvSource:
             require_integer(getattr(self, name), f"RealKvSource.{name}")
 
 
+def source_tuple(sources, name: str, entry: str = "{name}[{i}]") -> tuple:
+    """``sources`` (a tuple or list of ``RealKvSource``, the argument ``name``) as a tuple; a TypeError
+    names ``name``, or the entry that is not a source as ``entry`` formats it."""
+    if not isinstance(sources, (tuple, list)):
+        raise TypeError(f"kv-canary: {name} must be a tuple of RealKvSource, got {type_name(sources)}")
+    for i, source in enumerate(sources):
+        require_instance(source, RealKvSource, entry.format(name=name, i=i))
+    return tuple(sources)
+
+
 def check_source_tensor(tensor: torch.Tensor) -> None:
     """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6), and its bytes are its
     values: no conjugate or negative view, whose bits torch applies only when it reads the values (the
@@ -154,14 +164,8 @@ class VerifyOrWriteContext:
         to hash (SPEC D9)."""
         if not isinstance(self.kernel_kind, CanaryLaunchTag):  # any other int64 is stamped as it is
             require_int64(self.kernel_kind, "kernel_kind")
-        sources = self.real_kv_sources
-        if not isinstance(sources, (tuple, list)):
-            raise TypeError(f"kv-canary: real_kv_sources must be a tuple of RealKvSource, got {type_name(sources)}")
-        if type(sources) is not tuple:  # a list (or a tuple subclass) is kept as a tuple: it cannot change
-            sources = tuple(sources)
-            object.__setattr__(self, "real_kv_sources", sources)
-        for i, source in enumerate(sources):
-            require_instance(source, RealKvSource, f"real_kv_sources[{i}]")
+        sources = source_tuple(self.real_kv_sources, "real_kv_sources")
+        object.__setattr__(self, "real_kv_sources", sources)  # a list is kept as a tuple: it cannot change
         mode = hash_mode(self.real_kv_hash_mode)
         if mode == RealKvHashMode.ALL and not sources:
             raise ValueError(

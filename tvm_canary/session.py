@@ -32,7 +32,7 @@ from . import checks
 from ._consts import CANARY_SLOT_BYTES
 from .argtypes import RECORD, require_instance, require_non_negative, require_positive, require_tensor, type_name
 from .consts import RealKvHashMode
-from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode, source_tuple
 from .launch import (
     dispatch,
     launch_canary_verify_kernel,
@@ -85,12 +85,7 @@ class CanaryGroup:
         """The fields' types (TypeError) and a non-negative window; their values against the session's
         other settings are checked by the session."""
         for name in ("k_sources", "v_sources"):
-            sources = getattr(self, name)
-            if not isinstance(sources, (tuple, list)):
-                raise TypeError(f"kv-canary: CanaryGroup.{name} must be a tuple of RealKvSource, got "
-                                f"{type_name(sources)}")
-            for source in sources:
-                require_instance(source, RealKvSource, f"each of CanaryGroup.{name}")
+            source_tuple(getattr(self, name), f"CanaryGroup.{name}", entry="each of {name}")
         require_non_negative(self.swa_window_size, "CanaryGroup.swa_window_size")
         if self.full_to_swa_index_mapping is not None:
             require_tensor(self.full_to_swa_index_mapping, "CanaryGroup.full_to_swa_index_mapping")
@@ -316,7 +311,13 @@ class CanarySession:
         built with the session (``_empty_step``: a sweep allocates nothing)."""
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, self._config_step))
-            for context in g.contexts.values():
+            self._check_sources(g)
+
+    @staticmethod
+    def _check_sources(g: _Group, endpoints=("HEAD", "TAIL", "SWEEP")) -> None:
+        """The real-KV source checks (SPEC 4) of the group's contexts at ``endpoints``."""
+        for (endpoint, _), context in g.contexts.items():
+            if endpoint in endpoints:
                 checks.check_real_kv_sources(context)
 
     def _empty_step(self) -> _Batch:
@@ -473,9 +474,7 @@ class CanarySession:
         batch, self._batch = self._batch, None
         self._check_write_inputs(batch)
         for g in self._groups:
-            for (endpoint, _), context in g.contexts.items():
-                if endpoint == "TAIL":
-                    checks.check_real_kv_sources(context)
+            self._check_sources(g, ("TAIL",))
         self._tail(batch)
         self._end_step()
 
@@ -953,8 +952,6 @@ def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tenso
         if value.dtype == torch.uint64 and bool((value.view(torch.int64) < 0).any()):
             raise ValueError(f"kv-canary: {name} holds values outside torch.int64 (uint64 values of 2**63 and more)")
         value = value.view(torch.int64) if value.dtype == torch.uint64 else value.to(torch.int64)
-        if dtype == torch.int64:
-            return value
     if value.numel() and value.device.type == "cpu":  # an empty list is float32: no bounds to compare
         bounds, held = torch.iinfo(dtype), torch.iinfo(value.dtype)
         narrowing = held.min < bounds.min or held.max > bounds.max  # widening needs no look at the values
