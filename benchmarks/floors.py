@@ -42,6 +42,7 @@ from tvm_canary.kernels.common import (
     lane_pairs,
     mix3,
     slot_hash,
+    split_fold,
     splitmix64,
 )
 
@@ -75,8 +76,10 @@ FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name inf
 # (512, 2) the one-lane gather takes 48 registers, waits twice and keeps 11 loads in flight; (256, 4)
 # 48 registers; the split forms 40. The grids are those of verify PARTIAL's kernels that ran chain
 # order below or near the floors: 2112 x 512 and 1056 x 512 (two blocks an SM at their registers;
-# ptxas ignores a min_blocks of 8 at 512 threads) and 2112 x 256 with min_blocks 16 (four at its).
-BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4))
+# ptxas ignores a min_blocks of 8 at 512 threads) and 2112 x 256 with min_blocks 16 (four at its);
+# 528 x 256 is one wave of four an SM on 132 SMs whatever the registers (verify ALL's split default,
+# 2112 x 256 (256, 4), runs four full waves in 63 registers; the floors, in 40-48, pack five an SM).
+BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4), (528, 256, 4))
 
 
 def floor_geometries(bounded: bool = False):
@@ -111,22 +114,37 @@ def own_source_row(slot, rows, lane):
     return slot + T.Cast("int64", T.bitwise_and(lane, 1)) * (rows // 2)
 
 
-@T.macro
-def split_fold_hash(h, part, other, src, rows, slot, fold_words, t):
-    """h[0] := ``fold_hash``'s fold of the slot's two sources where lanes 2i and 2i + 1 of a warp (``t``'s
-    low bit) take the same slot: each folds one source (lane 2i the first), the odd lane's chain reaches
-    the even lane by a shuffle within the pair, and each lane combines the two (the even lane in SPEC
-    1.4's order), as the kernels' split folds do (``kernels.common.split_fold``): half the dependent
-    steps and loads of a lane."""
-    part[0] = T.uint64(0)
-    for q in T.serial(fold_words):
-        part[0] = part[0] ^ T.reinterpret("uint64", src[own_source_row(slot, rows, t), q])
-        splitmix64(part)
-    exchange_in_pair(other, part[0], t)
-    h[0] = part[0]
-    splitmix64(h)
-    h[0] = h[0] ^ other[0]
-    splitmix64(h)
+def stacked_sources(src, rows):
+    """``(srcs, params)`` as ``kernels.common.split_fold`` takes its sources, for ``src``, which stacks two
+    sources ``rows // 2`` rows apart, a slot's token row in each (page size 1, built in)."""
+
+    class Half:
+        def __init__(self, first_row):
+            self.first_row = first_row
+
+        def __getitem__(self, row_word):
+            return src[row_word[0] + self.first_row, row_word[1]]
+
+    cols = src.shape[1]
+    return (Half(T.int64(0)), Half(rows // 2)), ((T.int64(1), cols, cols),) * 2
+
+
+def split_fold_hash(geom: Geometry, fold_words: int):
+    """Macro ``fold(h, part, src, rows, slot, t)``: the kernels' own split fold (``kernels.common.split_fold``)
+    of the slot's two sources stacked in ``src`` (``stacked_sources``), lanes 2i and 2i + 1 of a warp (``t``'s
+    low bit) each folding one, in the kernels' load order; the even lane's h[0] is the fold. Its page size
+    is built in, where the kernels read theirs at run time: a subset of their work (sixty-fourth session:
+    the earlier form of this fold, written for the floors, ran 1.5-1.8% slower than verify ALL random at
+    1M-16M)."""
+    fold = split_fold(geom, fold_words)
+    _, odd_lane = lane_pairs(True)
+
+    @T.macro
+    def fold_stacked(h, part, src, rows, slot, t):
+        srcs, params = T.meta_var(stacked_sources(src, rows))
+        fold(h, part, slot, srcs, params, odd_lane(t), t)
+
+    return fold_stacked
 
 
 @T.macro
@@ -181,6 +199,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     assert TH % 32 == 0 or not split  # a pair's lanes in one warp
     to_entry, _ = lane_pairs(split)
     clean_append = ticket_protocol(geom)
+    fold_split = split_fold_hash(geom, fold_words) if split and hashing else None
 
     @T.macro
     def block_lanes(b, nb, buf, slots, etoks, epos, prevs, num_valid, src, rows, out, flags, counter):
@@ -207,7 +226,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                     else:
                         acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
                 if hashing and split:
-                    split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
+                    fold_split(h, part, src, rows, slot, t)
                     acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                 elif hashing:
                     fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_order == "together")
@@ -274,6 +293,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
     assert TH % 32 == 0 or not split  # a pair's lanes in one warp
     to_unit, odd_lane = lane_pairs(split)
     clean_append = ticket_protocol(geom)
+    fold_split = split_fold_hash(geom, fold_words) if split and hashing else None
 
     @T.prim_func(private=False)
     def store_floor(buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, ids_h: T.handle, pos_h: T.handle,
@@ -321,7 +341,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                             slot = ocl[k[0]]
                             if hashing:
                                 if split:
-                                    split_fold_hash(h, part, part2, src, rows, slot, fold_words, t)
+                                    fold_split(h, part, src, rows, slot, t)
                                 else:
                                     fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources,
                                               fold_order == "together")
