@@ -133,9 +133,7 @@ def split_fold_hash(geom: Geometry, fold_words: int):
     """Macro ``fold(h, part, src, rows, slot, t)``: the kernels' own split fold (``kernels.common.split_fold``)
     of the slot's two sources stacked in ``src`` (``stacked_sources``), lanes 2i and 2i + 1 of a warp (``t``'s
     low bit) each folding one, in the kernels' load order; the even lane's h[0] is the fold. Its page size
-    is built in, where the kernels read theirs at run time: a subset of their work (sixty-fourth session:
-    the earlier form of this fold, written for the floors, ran 1.5-1.8% slower than verify ALL random at
-    1M-16M)."""
+    is built in, where the kernels read theirs at run time: a subset of their work."""
     fold = split_fold(geom, fold_words)
     _, odd_lane = lane_pairs(True)
 
