@@ -48,37 +48,23 @@ from tvm_canary.kernels.common import (
 
 # (blocks, threads) of the memory floors: small blocks spread few entries over many SMs (32 lanes: as
 # a thin geometry spreads a small plan, ``kernels.common.work_grid``), large ones give every SM a full
-# complement of threads. 1056 x 512 (two full blocks per SM) is here because the
-# kernel in that grid beat the best of the others in ALL mode at 1M-16M random entries (H200: 16M
-# 6726 us against a 7134 us floor); 1056 x 1024 because the tuned verify PARTIAL 16M geometry, 1056 x
-# 1024, ran chain order at 0.933x the best of the others (H200, fifteenth session: 853.5 against 914.9
-# us). 2112 x 256 and 2112 x 512 because the tuned verify PARTIAL geometries of the eighteenth session's
-# database (2112 x 256 min_blocks 16 and 2112 x 512, thin, paired: the same grids from 1M entries on)
-# ran chain order 1M / 4M / 16M at 0.944 / 0.907 / 0.925x the best of the others (H200, its complete
-# run); with them the same arms still ran 4M / 16M at 0.934x, and no floor variant tried bounded them
-# (nineteenth session), nor eight more grids of 16-32 warps per SM (twentieth session: 2112 x 256 with
-# min_blocks 16, 74 registers, ran chain 4M at 0.932x the best of 17 grids, and random 4M at 1.047x).
-# Nsight Compute counts the same DRAM bytes, L2 sectors and L1 hit rate for that arm as for the best
-# grid's gather: it issues the same loads faster, which no grid reproduces (docs/PERFORMANCE.md: an open
-# defect). At 1024 lanes ptxas builds the ALL gather and store floors with hashing and ticket in 32 and 41
-# registers, no spills (sm_90).
+# complement of threads. The others are grids in which a verify kernel once ran below the best of the
+# rest (1056 x 512: ALL random 1M-16M; 1056 x 1024, 2112 x 256, 2112 x 512: PARTIAL chain order; H200,
+# fifteenth to twentieth sessions, in full: ``git show 3d28698:benchmarks/floors.py``).
 FLOOR_GRIDS = ((2112, 32), (2112, 64), (1056, 128), (1056, 256), (2112, 256), (528, 512), (1056, 512), (2112, 512),
                (1056, 1024))
 # The hashing floors' fold orders with two sources, each timed, the fastest counting: "together" and
 # "in turn" (``fold_hash``), and "split" (``split_fold_hash``, two lanes an entry or token). The memory
 # floors (gather, store) are timed in one lane an entry and split (their source order does not matter).
 FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name infix -> fold order
-# (blocks, threads, min_blocks) in which the gather's floors (memory, hash and ticket forms) are also timed, declared
-# ``__launch_bounds__(threads, min_blocks)`` as verify's kernels are (``gather``). Declared with the
-# threads alone, ptxas builds the gather in 32 registers and issues its loads in source order: on sm_90
-# (nvcc 13.0, fifty-sixth session) it waits 5 times an entry with at most 4 loads in flight, where
-# verify's kernel (46-60 registers) waits 4 times with up to 6 loads issued together. With
-# (512, 2) the one-lane gather takes 48 registers, waits twice and keeps 11 loads in flight; (256, 4)
-# 48 registers; the split forms 40. The grids are those of verify PARTIAL's kernels that ran chain
-# order below or near the floors: 2112 x 512 and 1056 x 512 (two blocks an SM at their registers;
-# ptxas ignores a min_blocks of 8 at 512 threads) and 2112 x 256 with min_blocks 16 (four at its);
-# 528 x 256 is one wave of four an SM on 132 SMs whatever the registers (verify ALL's split default,
-# 2112 x 256 (256, 4), runs four full waves in 63 registers; the floors, in 40-48, pack five an SM).
+# (blocks, threads, min_blocks) in which the gather's floors (memory, hash and ticket forms) are also timed,
+# declared ``__launch_bounds__(threads, min_blocks)`` as verify's kernels are (``gather``): declared with the
+# threads alone, ptxas builds the gather in 32 registers with at most 4 loads in flight, where verify's
+# kernels keep 6 (sm_90, fifty-sixth session; at (512, 2) the gather keeps 11). The grids: verify's that
+# ran chain order below or near the floors, 2112 x 512 and 1056 x 512 at (512, 2) and 2112 x 256 at
+# (256, 4); and 528 x 256, one wave of four blocks an SM on 132 SMs whatever the registers (verify ALL's
+# split default, 2112 x 256 (256, 4), runs four full waves in 62 registers; a floor in 51 or fewer packs
+# five or more an SM, with a tail wave).
 BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4), (528, 256, 4))
 
 
@@ -110,13 +96,13 @@ def ticket_protocol(geom: Geometry):
 def own_source_row(slot, rows, lane):
     """The row of ``slot`` in the source that a split pair's ``lane`` reads: ``src`` stacks the two
     sources ``rows // 2`` rows apart, lane 2i reads the first, lane 2i + 1 the second (the split
-    hashing, gather and store floors)."""
+    memory floors)."""
     return slot + T.Cast("int64", T.bitwise_and(lane, 1)) * (rows // 2)
 
 
-def stacked_sources(src, rows):
+def stacked_sources(src, rows, page_size):
     """``(srcs, params)`` as ``kernels.common.split_fold`` takes its sources, for ``src``, which stacks two
-    sources ``rows // 2`` rows apart, a slot's token row in each (page size 1, built in)."""
+    sources ``rows // 2`` rows apart, a slot's token row in each (``page_size`` must be 1)."""
 
     class Half:
         def __init__(self, first_row):
@@ -126,20 +112,21 @@ def stacked_sources(src, rows):
             return src[row_word[0] + self.first_row, row_word[1]]
 
     cols = src.shape[1]
-    return (Half(T.int64(0)), Half(rows // 2)), ((T.int64(1), cols, cols),) * 2
+    return (Half(T.int64(0)), Half(rows // 2)), ((page_size, cols, cols),) * 2
 
 
 def split_fold_hash(geom: Geometry, fold_words: int):
-    """Macro ``fold(h, part, src, rows, slot, t)``: the kernels' own split fold (``kernels.common.split_fold``)
-    of the slot's two sources stacked in ``src`` (``stacked_sources``), lanes 2i and 2i + 1 of a warp (``t``'s
-    low bit) each folding one, in the kernels' load order; the even lane's h[0] is the fold. Its page size
-    is built in, where the kernels read theirs at run time: a subset of their work."""
+    """Macro ``fold(h, part, src, rows, slot, t, page_size)``: the kernels' own split fold
+    (``kernels.common.split_fold``) of the slot's two sources stacked in ``src`` (``stacked_sources``),
+    lanes 2i and 2i + 1 of a warp (``t``'s low bit) each folding one; the even lane's h[0] is the fold.
+    ``page_size``: 1 at run time, as the kernels' page size (the floors' counter's length): with a
+    constant 1 nvcc hoists the source rows above the chain link, out of the kernels' load order."""
     fold = split_fold(geom, fold_words)
     _, odd_lane = lane_pairs(True)
 
     @T.macro
-    def fold_stacked(h, part, src, rows, slot, t):
-        srcs, params = T.meta_var(stacked_sources(src, rows))
+    def fold_stacked(h, part, src, rows, slot, t, page_size):
+        srcs, params = T.meta_var(stacked_sources(src, rows, page_size))
         fold(h, part, slot, srcs, params, odd_lane(t), t)
 
     return fold_stacked
@@ -224,7 +211,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
                     else:
                         acc[0] = acc[0] ^ buf[prev, 0] ^ buf[prev, 1] ^ buf[prev, 2]
                 if hashing and split:
-                    fold_split(h, part, src, rows, slot, t)
+                    fold_split(h, part, src, rows, slot, t, counter.shape[0])
                     acc[0] = acc[0] ^ T.reinterpret("int64", h[0])
                 elif hashing:
                     fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources, fold_order == "together")
@@ -245,10 +232,12 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
     @T.prim_func(private=False)
     def gather_floor(buf_h: T.handle, slots_h: T.handle, etoks_h: T.handle, epos_h: T.handle, prevs_h: T.handle,
                      num_valid: T.Buffer((1,), "int32"), src_h: T.handle, out_h: T.handle, flags_h: T.handle,
-                     counter: T.Buffer((1,), "int64")):
+                     counter_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         S = T.int64(); F = T.int64(); cap = T.int64(); rows = T.int64(); cols = T.int64(); n_out = T.int64()
         NF = T.int64()
+        page_size = T.int64()  # the counter's length, 1: the split hash fold's run-time page size
+        counter = T.match_buffer(counter_h, (page_size,), "int64")
         buf = T.match_buffer(buf_h, (S, F), "int64")
         slots = T.match_buffer(slots_h, (cap,), "int64")
         etoks = T.match_buffer(etoks_h, (cap,), "int64")
@@ -295,10 +284,12 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
 
     @T.prim_func(private=False)
     def store_floor(buf_h: T.handle, offsets_h: T.handle, seeds_h: T.handle, ids_h: T.handle, pos_h: T.handle,
-                    ocl_h: T.handle, src_h: T.handle, flags_h: T.handle, counter: T.Buffer((1,), "int64")):
+                    ocl_h: T.handle, src_h: T.handle, flags_h: T.handle, counter_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         S = T.int64(); F = T.int64(); cap = T.int64(); cap1 = T.int64(); n = T.int64(); rows = T.int64()
         cols = T.int64(); NF = T.int64()
+        page_size = T.int64()  # the counter's length, 1: the split hash fold's run-time page size
+        counter = T.match_buffer(counter_h, (page_size,), "int64")
         buf = T.match_buffer(buf_h, (S, F), "int64")
         offsets = T.match_buffer(offsets_h, (cap1,), "int64")
         seeds = T.match_buffer(seeds_h, (cap,), "int64")
@@ -339,7 +330,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
                             slot = ocl[k[0]]
                             if hashing:
                                 if split:
-                                    fold_split(h, part, src, rows, slot, t)
+                                    fold_split(h, part, src, rows, slot, t, page_size)
                                 else:
                                     fold_hash(h, part, part2, src, rows, slot, fold_words, num_sources,
                                               fold_order == "together")

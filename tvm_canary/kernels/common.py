@@ -396,15 +396,15 @@ def exchange_in_pair(other, value, lane):
 
 
 def split_fold(geom: Geometry, fold_words: int, both_lanes: bool = False):
-    """Macro ``fold(acc, part, slot, srcs, params, odd, lane)`` for ``splits_sources``: lanes 2i and
-    2i + 1 of a warp (``lane`` the caller's lane in its warp, ``odd`` 0 and 1), both calling it with the
-    same checked slot, fold the slot's two sources of ``fold_words`` words (built in; a multiple of
-    FOLD_PREFETCH): the even lane source 0's chain, the odd lane source 1's. A lane loads its token row
-    whole before the first step when it has at most WHOLE_ROW_WORDS words, else FOLD_PREFETCH words at
-    a time, the next batch loaded before the current batch's steps. The odd lane's chain reaches the
-    even lane by a shuffle within the pair, and the even lane's acc[0] := real_kv_fold_sources(slot)
-    (SPEC 1.4; the odd lane's acc[0] is not the fold, but with ``both_lanes`` it is too: each lane gets
-    the other's chain and combines the two in source order).
+    """Macro ``fold(acc, part, slot, srcs, params, odd, lane)`` for ``splits_sources``: lanes 2i and 2i + 1
+    of a warp (``lane`` the caller's lane in its warp, ``odd`` 0 and 1), both calling it with the same
+    checked slot, fold the slot's two sources of ``fold_words`` words (built in; at most WHOLE_ROW_WORDS
+    or a multiple of FOLD_PREFETCH): the even lane source 0's chain, the odd lane source 1's. A lane
+    loads its token row whole before the first step when it has at most WHOLE_ROW_WORDS words, else
+    FOLD_PREFETCH words at a time, the next batch loaded before the current batch's steps. The odd
+    lane's chain reaches the even lane by a shuffle within the pair, and the even lane's acc[0] :=
+    real_kv_fold_sources(slot) (SPEC 1.4; the odd lane's acc[0] is not the fold, but with ``both_lanes``
+    it is too: each lane gets the other's chain and combines the two in source order).
 
     Each lane loads one row and runs one chain, where a paired fold's lane loads two rows and runs both
     chains interleaved: in a probe of 4096 one-token requests of two 256-byte rows at random slots (H200,
