@@ -236,7 +236,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
         T.func_attr({"tirx.noalias": True})
         S = T.int64(); F = T.int64(); cap = T.int64(); rows = T.int64(); cols = T.int64(); n_out = T.int64()
         NF = T.int64()
-        page_size = T.int64()  # the counter's length, 1: the split hash fold's run-time page size
+        page_size = T.int64()  # 1 at run time: the split hash fold's page size
         counter = T.match_buffer(counter_h, (page_size,), "int64")
         buf = T.match_buffer(buf_h, (S, F), "int64")
         slots = T.match_buffer(slots_h, (cap,), "int64")
@@ -246,6 +246,7 @@ def gather(geom: Geometry, fold_words: int, check_token: bool, num_sources: int,
         src = T.match_buffer(src_h, (rows, cols), "int64")
         out = T.match_buffer(out_h, (n_out,), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
+        assert page_size == 1, "floors: the counter must have one element"
         nb = T.meta_var(blocks_for(geom, cap * 2 if split else cap))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             if geom.min_blocks > 1:
@@ -288,7 +289,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
         T.func_attr({"tirx.noalias": True})
         S = T.int64(); F = T.int64(); cap = T.int64(); cap1 = T.int64(); n = T.int64(); rows = T.int64()
         cols = T.int64(); NF = T.int64()
-        page_size = T.int64()  # the counter's length, 1: the split hash fold's run-time page size
+        page_size = T.int64()  # 1 at run time: the split hash fold's page size
         counter = T.match_buffer(counter_h, (page_size,), "int64")
         buf = T.match_buffer(buf_h, (S, F), "int64")
         offsets = T.match_buffer(offsets_h, (cap1,), "int64")
@@ -298,6 +299,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
         ocl = T.match_buffer(ocl_h, (n,), "int64")
         src = T.match_buffer(src_h, (rows, cols), "int64")
         flags = T.match_buffer(flags_h, (NF,), "int32")
+        assert page_size == 1, "floors: the counter must have one element"
         nb = T.meta_var(blocks_for(geom, T.max(n, cap) * 2 if split else T.max(n, cap)))
         for b in T.thread_binding(nb, thread="blockIdx.x"):
             for t in T.thread_binding(TH, thread="threadIdx.x"):
