@@ -288,8 +288,8 @@ def memory_floors(mode: str, family: str) -> dict:
 def floor_grids(name: str) -> list:
     """The grids floor ``name`` (``floor_makers``) is timed in: ``floors.floor_geometries``, with the
     bounded grids for each of verify's gather floors (its memory forms, ``memory_floors``, and the hash and
-    ticket variants that bound a row beyond its bytes, ``Bench.bound_names``): grids verify's kernels
-    have run below (``floors.BOUNDED_GATHER_GRIDS``). Other floors (``bench_embedding``'s token-reading
+    ticket variants that bound a row beyond its bytes, ``Bench.bound_names``): register-bounded
+    grids (``floors.BOUNDED_GATHER_GRIDS``). Other floors (``bench_embedding``'s token-reading
     gathers among them) run the plain grids."""
     import floors
 

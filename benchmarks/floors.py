@@ -63,7 +63,7 @@ FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name inf
 # kernels keep 6 (sm_90, fifty-sixth session; at (512, 2) the gather keeps 11). The grids: verify's that
 # ran chain order below or near the floors, 2112 x 512 and 1056 x 512 at (512, 2) and 2112 x 256 at
 # (256, 4); and 528 x 256, one wave of four blocks an SM on 132 SMs whatever the registers (verify ALL's
-# split default, 2112 x 256 (256, 4), runs four full waves in 62 registers; a floor in 51 or fewer packs
+# split default, 2112 x 256 (256, 4), runs four full waves in 62 registers; a floor in 48 or fewer packs
 # five or more an SM, with a tail wave).
 BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4), (528, 256, 4))
 
@@ -274,7 +274,7 @@ def store(geom: Geometry, fold_words: int, num_sources: int, hashing: bool = Fal
     the seed's link and then its first token's fold, one after the other, which a write may overlap
     (its folds run in other blocks): the benchmark's rows use anchor seeds (no link to hash), where
     this does not arise. ``ticket``: also the least a single launch that appends rows in request order
-    does in a clean launch (``ticket_protocol``; ``flags`` and ``counter`` are unused otherwise)."""
+    does in a clean launch (``ticket_protocol``; ``flags`` and ``counter[0]`` are unused otherwise)."""
     assert num_sources <= 2 and fold_order in FOLD_ORDERS.values()
     TH = geom.threads
     split = num_sources == 2 and fold_order == "split"
