@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -842,25 +841,6 @@ def test_the_gather_floors_also_run_bounded_grids():
                                  target=target).mod.imports[0].inspect_source("cuda")
             bound = f"__launch_bounds__({threads}, {min_blocks})" if min_blocks > 1 else f"__launch_bounds__({threads})"
             assert bound in source and source.count("__launch_bounds__") == source.count(bound), (geom, order)
-
-
-def test_split_hash_floors_fold_as_the_kernels_do_with_a_run_time_page_size():
-    """The split hash floors (gather and store) fold through the kernels' own ``split_fold``, whose strip
-    row is ``canary_strip_row(slot, page_size)``, with the page size a kernel argument: a constant 1 lets
-    nvcc fold the call and hoist the source rows above the chain link, out of the kernels' load order."""
-    import floors
-    import tvm
-
-    from tvm_canary.geometry import Geometry
-
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
-    geom = Geometry(gpu=True, blocks=2112, threads=256, min_blocks=4)
-    for func in (floors.gather(geom, 32, False, 2, hashing=True, fold_order="split"),
-                 floors.store(geom, 32, 2, hashing=True, fold_order="split")):
-        source = tvm.compile(func, target=target).mod.imports[0].inspect_source("cuda")
-        calls = re.findall(r"canary_strip_row\(([^;]*)\);", source)
-        assert calls and all(call.endswith(", page_size") for call in calls), calls
-        assert "int64_t page_size" in source
 
 
 @pytest.mark.nvcc
