@@ -152,9 +152,11 @@ def parse_geometry(text: str, tile: int = 1):
 
 
 def geometry_label(geom) -> str:
-    """``parse_geometry``'s text of a geometry, without its tile."""
+    """``parse_geometry``'s text of a geometry, without its tile; a floor's held grid (``floors.HeldGeometry``)
+    ends in "h"."""
     return (f"{geom.blocks}x{geom.threads}" + (f"u{geom.unroll}" if geom.unroll != 1 else "")
-            + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin + "p" * geom.pairs)
+            + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin + "p" * geom.pairs
+            + "h" * getattr(geom, "held", False))
 
 
 def default_labels(kernel: str, tag: str) -> str:

@@ -673,7 +673,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
                "gather-hash-split-ALL": ("2112x32", 4.8), "gather-ticket-ALL": ("1056x256", 6.4),
                "gather-ticket-seq-ALL": ("2112x32", 6.3), "gather-ticket-split-ALL": ("528x512", 6.6)}
     grids = {name: [bench_kernels.geometry_label(g) for g in bench_kernels.floor_grids(name)] for name in fastest}
-    assert all(len(grids[name]) == len(floors.FLOOR_GRIDS) + len(floors.BOUNDED_GATHER_GRIDS) for name in fastest)
+    assert all(len(grids[name]) == len(floors.FLOOR_GRIDS) + len(floors.BOUNDED_GATHER_GRIDS)
+               + len(floors.HELD_GATHER_GRIDS) for name in fastest)
     timed_arms = []
 
     def interleaved(arms, iters):
@@ -813,8 +814,9 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
 
 def test_the_gather_floors_also_run_bounded_grids():
     """The gather's floors (memory forms, one lane an entry and split, and the hash and ticket forms) are
-    timed in ``FLOOR_GRIDS`` and in ``BOUNDED_GATHER_GRIDS``, where they declare
-    ``__launch_bounds__(threads, min_blocks)`` as verify's kernels do; every other floor runs
+    timed in ``FLOOR_GRIDS``, in ``BOUNDED_GATHER_GRIDS``, where they declare
+    ``__launch_bounds__(threads, min_blocks)`` as verify's kernels do, and in ``HELD_GATHER_GRIDS``, where
+    they also keep ``HELD_VALUES`` clock reads live to the end (labels ending in "h"); every other floor runs
     ``FLOOR_GRIDS`` alone, and a plain grid declares the threads alone (the CUDA source, generated
     without nvcc)."""
     import bench_embedding
@@ -832,15 +834,21 @@ def test_the_gather_floors_also_run_bounded_grids():
     assert {"gather-token-NONE", "gather-token-PARTIAL"} <= set(makers)
     for name in makers:
         grids = [(g.blocks, g.threads, g.min_blocks) for g in bench_kernels.floor_grids(name)]
-        assert grids == plain + (list(floors.BOUNDED_GATHER_GRIDS) if name in gathers else []), name
+        bounded = list(floors.BOUNDED_GATHER_GRIDS) + list(floors.HELD_GATHER_GRIDS) if name in gathers else []
+        assert grids == plain + bounded, name
+    labels = [bench_kernels.geometry_label(g) for g in bench_kernels.floor_grids("gather-hash-split-ALL")]
+    assert labels[-1] == "2112x256m4h" and len(set(labels)) == len(labels)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
-    for blocks, threads, min_blocks in [floors.BOUNDED_GATHER_GRIDS[0], (2112, 512, 1)]:
-        geom = Geometry(gpu=True, blocks=blocks, threads=threads, min_blocks=min_blocks)
+    held = floors.HeldGeometry(gpu=True, blocks=2112, threads=256, min_blocks=4)
+    for geom in [Geometry(gpu=True, blocks=2112, threads=512, min_blocks=2),
+                 Geometry(gpu=True, blocks=2112, threads=512), held]:
         for order in ("together", "split"):
-            source = tvm.compile(floors.gather(geom, 2, False, 2, fold_order=order),
+            source = tvm.compile(floors.gather(geom, 2, False, 2, hashing=geom is held, fold_order=order),
                                  target=target).mod.imports[0].inspect_source("cuda")
+            threads, min_blocks = geom.threads, geom.min_blocks
             bound = f"__launch_bounds__({threads}, {min_blocks})" if min_blocks > 1 else f"__launch_bounds__({threads})"
             assert bound in source and source.count("__launch_bounds__") == source.count(bound), (geom, order)
+            assert source.count("clock64()") == (floors.HELD_VALUES if geom is held else 0), (geom, order)
 
 
 @pytest.mark.nvcc
