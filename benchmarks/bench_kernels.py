@@ -153,7 +153,7 @@ def parse_geometry(text: str, tile: int = 1):
 
 def geometry_label(geom) -> str:
     """``parse_geometry``'s text of a geometry, without its tile; a floor's held grid (``floors.HeldGeometry``)
-    ends in "h"."""
+    ends in "h", which ``parse_geometry`` does not read."""
     return (f"{geom.blocks}x{geom.threads}" + (f"u{geom.unroll}" if geom.unroll != 1 else "")
             + (f"m{geom.min_blocks}" if geom.min_blocks != 1 else "") + "w" * geom.thin + "p" * geom.pairs
             + "h" * getattr(geom, "held", False))
@@ -291,7 +291,7 @@ def floor_grids(name: str) -> list:
     """The grids floor ``name`` (``floor_makers``) is timed in: ``floors.floor_geometries``, with the
     bounded grids for each of verify's gather floors (its memory forms, ``memory_floors``, and the hash and
     ticket variants that bound a row beyond its bytes, ``Bench.bound_names``): register-bounded
-    grids (``floors.BOUNDED_GATHER_GRIDS``). Other floors (``bench_embedding``'s token-reading
+    grids (``floors.BOUNDED_GATHER_GRIDS``, ``HELD_GATHER_GRIDS``). Other floors (``bench_embedding``'s token-reading
     gathers among them) run the plain grids."""
     import floors
 

@@ -69,19 +69,23 @@ FOLD_ORDERS = {"": "together", "seq-": "in turn", "split-": "split"}  # name inf
 # five or more an SM, with a tail wave).
 BOUNDED_GATHER_GRIDS = ((2112, 512, 2), (1056, 512, 2), (2112, 256, 4), (528, 256, 4))
 # Bounded grids the gather's floors also run holding registers (``HeldGeometry``): in 2112 x 256 ``(256, 4)``
-# ALL's split hash floors (47-48 registers) pack five blocks an SM where its default runs four (62-63) and ran
-# 0.98x them; held to four, 0.996-1.007x (H100, sixty-sixth session, ALL 1M-16M).
+# ALL's split hash floors (47 registers) pack five blocks an SM where its default runs four (62-63), and the
+# kernel ran 0.98x them; held to four, 0.993-1.004x (H100, sixty-sixth session, ALL 1M-16M, interleaved).
 HELD_GATHER_GRIDS = ((2112, 256, 4),)
-# int64 values a held floor keeps live through its loop: 12 registers, ALL's floors reach 64 (sm_90)
+# int64 values a held floor keeps live through its loop: ALL's floors reach 56-64 registers (sm_90, four blocks)
 HELD_VALUES = 6
 
 
 @dataclasses.dataclass(frozen=True)
 class HeldGeometry(Geometry):
     """A bounded grid whose floors keep ``HELD_VALUES`` values live (``gather``), so that fewer blocks fit an
-    SM, as in verify's kernels, with L1 whole (a shared-memory pad would shrink it)."""
+    SM, as in verify's kernels, with L1 whole (a shared-memory pad would shrink it): ALL's floors four of
+    256; NONE's and PARTIAL's split hash floors still five. Its ``key`` is told from the plain grid's."""
 
     held = True  # read by ``gather`` and by the benchmark's grid labels (``bench_kernels.geometry_label``: "h")
+
+    def key(self) -> str:
+        return super().key() + "-h"
 
 
 def floor_geometries(bounded: bool = False):

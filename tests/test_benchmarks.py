@@ -866,9 +866,9 @@ def test_floor_kernels_compile_for_cuda(tmp_path):
     assert set(bench_kernels.floor_makers()) < set(makers)
     geom = floors.floor_geometries()[0]
     funcs = [(name, make(geom)) for name, make in makers.items()]
-    bounded = floors.floor_geometries(bounded=True)[-1]  # a grid that declares its min_blocks
-    funcs += [(f"{name}-bounded", makers[name](bounded)) for name in bench_kernels.floor_makers()
-              if name.startswith("gather-") and name.endswith("-ALL")]
+    bounded, held = floors.floor_geometries(bounded=True)[-2:]  # declares its min_blocks; holds values too
+    funcs += [(f"{name}-{which}", makers[name](geom)) for which, geom in (("bounded", bounded), ("held", held))
+              for name in bench_kernels.floor_makers() if name.startswith("gather-") and name.endswith("-ALL")]
     funcs += [("chain", floors.chain()), ("empty", floors.empty())]
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
     files = []
