@@ -54,16 +54,17 @@ alone (its code, defaults or database); the part that timed the dropped rows nam
 verify`` they drop and time again only those, after a change to them alone: every verify row kept must
 have run the default this checkout gives it (``verify_default_of``), or the resume is refused.
 
-Expected GPU time of the full sweep with ``--ab`` on an H200 (seventeenth session, floors of seven grids): 423 s on a
-freshly started host, 281 s on one that had run the tuner and the CUDA suite before (kernels, floors and baselines
-compile on first use); the eighteenth session's, on a host that had run the tuner, 419 s; with the floors' nine grids
-(nineteenth session) 554 s on a freshly started host. ``--candidates`` add to it.
+Each part records the digest of the code that timed it (``code_digest``); a resume that goes on with verify's
+sweep keeping some of its rows is refused unless the parts that timed them share this checkout's digest.
+A run's ``wall_s`` sums its parts'; ``--candidates`` add to them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
+import hashlib
 import json
 import os
 import re
@@ -876,6 +877,17 @@ def environment() -> dict:
 # What a resumed run must share with the file it continues (``resume_run``): the run's options, and
 # GPU, driver and versions (``environment``) as they were when the file was written.
 RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
+CODE = ("benchmarks/floors.py", "benchmarks/bench_kernels.py", "tvm_canary/kernels/*.py")  # what times a row
+
+
+def code_digest(root: str = os.path.dirname(HERE)) -> str:
+    """The first 12 hex digits of the SHA-256 of the sources under ``root`` that decide a row's times
+    (``CODE``: the floors, this benchmark, the kernels), each with its path, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for pattern in CODE for p in glob.glob(os.path.join(root, pattern))):
+        with open(path, "rb") as f:
+            digest.update(os.path.relpath(path, root).encode() + b"\0" + f.read())
+    return digest.hexdigest()[:12]
 
 
 def verify_rows_problem(verify_sizes, verify_modes, quick: bool, kernels) -> str | None:
@@ -947,7 +959,9 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
     while the rows kept lack one it would time (``verify_cases``): a sweep cut short goes on. With
     ``verify_sizes`` / ``verify_modes`` (``--verify-sizes`` / ``--verify-modes``) a redone verify drops
     only its rows of those sizes and modes, which a part that timed them names (``replaced_verify_keys``);
-    each verify row kept must have run the default this checkout gives it (``verify_default_of``)."""
+    each verify row kept must have run the default this checkout gives it (``verify_default_of``), and when
+    verify runs again beside rows kept, every part that timed verify's rows and was not replaced must have
+    run ``now``'s ``code`` (``code_digest``), so that one table never mixes two versions of the floors."""
     for key in ("env", *RESUME_KEYS):
         if prior.get(key) != now[key]:
             raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
@@ -993,7 +1007,15 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
 
     parts = [marked(part) for part in prior.get("parts", [])]
     missing = verify_cases(verify_sizes, verify_modes, now["quick"]) - verify_row_cases(rows)
-    return rows, [k for k in kernels if k not in done or (k == "verify" and missing)], parts
+    to_run = [k for k in kernels if k not in done or (k == "verify" and missing)]
+    if "verify" in to_run and verify_row_cases(rows):
+        other = sorted({str(part.get("code")) for part in parts if "verify" in part["kernels"]
+                        and "verify" not in part.get("replaced", ())} - {str(now.get("code"))})
+        if other:
+            raise ValueError(f"--resume: the run in --json timed verify's rows kept with code {', '.join(other)}, "
+                             f"this checkout's is {now.get('code')}: --redo verify (without --verify-sizes and "
+                             "--verify-modes) times them all again")
+    return rows, to_run, parts
 
 
 def verify_cases(verify_sizes=(), verify_modes=(), quick: bool = False) -> set:
@@ -1009,17 +1031,18 @@ def verify_row_cases(rows) -> set:
 
 
 def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float, verify_sizes=(),
-                verify_modes=(), cut: str | None = None, verify_rows=None) -> dict:
+                verify_modes=(), cut: str | None = None, verify_rows=None, code: str | None = None) -> dict:
     """One invocation's entry in a run's ``parts``: the kernels it timed (``done``), its wall time, empty
     launch and register-only chain, verify's sizes and modes when ``--verify-sizes`` / ``--verify-modes``
     chose them and it timed verify, ``cut``: the last of ``done`` when its sweep was still under way as
     the run was written (verify's, written row by row), and ``verify_rows``: the cases of the verify rows
     it timed when they are not all that its sizes and modes choose (cut short, or a resumed sweep that
-    timed only the rows the run lacked)."""
+    timed only the rows the run lacked), and ``code``: the code that timed them (``code_digest``)."""
     chosen = {key: list(values) for key, values in (("verify_sizes", verify_sizes), ("verify_modes", verify_modes))
               if values and "verify" in done}
     return ({"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **chosen}
-            | ({"cut": cut} if cut else {}) | ({"verify_rows": list(verify_rows)} if verify_rows is not None else {}))
+            | ({"cut": cut} if cut else {}) | ({"verify_rows": list(verify_rows)} if verify_rows is not None else {})
+            | ({"code": code} if code else {}))
 
 
 def run_timing(parts: list[dict]) -> dict:
@@ -1149,7 +1172,7 @@ def main(argv=None) -> int:
     options = {"arch": bench.arch, "ab": args.ab, "quick": args.quick, "baselines": list(args.baselines),
                "candidates": list(args.candidates), "plan_candidates": list(args.plan_candidates)}
     defaults = {k: default_labels(k, bench.launchers.tag) for k in args.kernels}
-    env = environment()
+    env, code = environment(), code_digest()
     rows: list = []
     prior = {"agreement": {}, "warnings": [], "parts": []}
     kernels = list(args.kernels)
@@ -1157,8 +1180,9 @@ def main(argv=None) -> int:
         with open(args.json) as f:
             prior = json.load(f)
         try:
-            rows, kernels, prior["parts"] = resume_run(prior, {"env": env, "default_geometries": defaults, **options},
-                                                       kernels, args.redo, bench.verify_sizes, bench.verify_modes)
+            now = {"env": env, "default_geometries": defaults, "code": code, **options}
+            rows, kernels, prior["parts"] = resume_run(prior, now, kernels, args.redo, bench.verify_sizes,
+                                                       bench.verify_modes)
         except ValueError as e:
             return fail(str(e))
         if not kernels:
@@ -1195,7 +1219,7 @@ def main(argv=None) -> int:
                                                                              args.quick))
         parts = prior["parts"] + [part_record(done, time.time() - t_start, empty_us, chain_ns, bench.verify_sizes,
                                               bench.verify_modes, cut,
-                                              [r["case"] for r in verify_timed] if some else None)]
+                                              [r["case"] for r in verify_timed] if some else None, code)]
         meta = {"env": env, **options, **run_timing(parts), "ab_rounds": AB_ROUNDS,
                 "default_geometries": {**prior.get("default_geometries", {}), **defaults},
                 "agreement": bench.agreement, "warnings": bench.warnings, "wall_s": sum(p["wall_s"] for p in parts),

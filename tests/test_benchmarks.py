@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -273,6 +274,23 @@ def _stand_in_verify_work(monkeypatch, progress) -> None:
         monkeypatch.setattr(bench_kernels.Bench, name, stand_in)
 
 
+def test_the_code_digest_covers_the_floors_the_benchmark_and_the_kernels(tmp_path):
+    """``code_digest`` changes with any source that decides a row's times, and with nothing else."""
+    import bench_kernels
+
+    for path in ("benchmarks/floors.py", "benchmarks/bench_kernels.py", "tvm_canary/kernels/verify.py",
+                 "tvm_canary/cli.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x = 1\n")
+    digests = [bench_kernels.code_digest(str(tmp_path))]
+    for path in ("tvm_canary/cli.py", "benchmarks/floors.py", "benchmarks/bench_kernels.py",
+                 "tvm_canary/kernels/verify.py", "tvm_canary/kernels/write.py"):
+        (tmp_path / path).write_text("x = 2\n")
+        digests.append(bench_kernels.code_digest(str(tmp_path)))
+    assert digests[0] == digests[1] and len(set(digests[1:])) == 5
+    assert re.fullmatch("[0-9a-f]{12}", bench_kernels.code_digest())
+
+
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     """Verify's rows are written as each is timed (its part says ``cut`` until the sweep ends): a resumed
     run keeps them and times only the rows of the sweep it lacks, and the tables say the part was cut."""
@@ -293,6 +311,13 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     prior = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "rows": rows, "parts": [cut]}
     now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}}
     assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
+    # the sweep goes on only with the code that timed the rows it keeps; --redo verify times them all again
+    coded, stamped_cut = {**now, "code": "0123abcd4567"}, {**cut, "code": "0123abcd4567"}
+    with pytest.raises(ValueError, match="verify's rows kept with code None, this checkout's is 0123abcd4567"):
+        bench_kernels.resume_run(prior, coded, ["verify"], (), sizes, modes)
+    assert bench_kernels.resume_run({**prior, "parts": [stamped_cut]}, coded, ["verify"], (), sizes, modes)[1] == [
+        "verify"]
+    assert bench_kernels.resume_run(prior, coded, ["verify"], ["verify"])[:2] == ([], ["verify"])
     done = [*rows, _row("verify", "ALL chain 1048576", 30.0, 20.0, mode="ALL", order="chain", n=1 << 20)]
     assert bench_kernels.resume_run({**prior, "rows": done}, now, ["verify"], (), sizes, modes)[1] == []
     # the part that went on names the row it timed; a later redo marks each part for the rows it timed
