@@ -51,20 +51,17 @@ the rows it timed). ``--redo write``
 (with ``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel
 alone (its code, defaults or database); the part that timed the dropped rows names them ``replaced``.
 ``--verify-sizes`` and ``--verify-modes`` time verify's rows of those sizes and modes only; with ``--redo
-verify`` they drop and time again only those, after a change to them alone: every verify row kept must
-have run the default this checkout gives it (``verify_default_of``), or the resume is refused.
-
-Each part records the digest of the code that timed it (``code_digest``); a resume that goes on with verify's
-sweep keeping some of its rows is refused unless the parts that timed them share this checkout's digest.
-A run's ``wall_s`` sums its parts'; ``--candidates`` add to them.
+verify`` they drop and time again only those, after a change to their defaults or database alone: every
+verify row kept must have run the default this checkout gives it (``verify_default_of``), and every part
+that timed one this checkout's code (``code_digest``, which each part records): one table never mixes two
+versions of the floors or kernels. So a verify sweep resumes at the checkout that began it, or runs again
+whole. A run's ``wall_s`` sums its parts'; ``--candidates`` add to them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
-import hashlib
 import json
 import os
 import re
@@ -877,17 +874,23 @@ def environment() -> dict:
 # What a resumed run must share with the file it continues (``resume_run``): the run's options, and
 # GPU, driver and versions (``environment``) as they were when the file was written.
 RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidates")
-CODE = ("benchmarks/floors.py", "benchmarks/bench_kernels.py", "tvm_canary/kernels/*.py")  # what times a row
 
 
-def code_digest(root: str = os.path.dirname(HERE)) -> str:
-    """The first 12 hex digits of the SHA-256 of the sources under ``root`` that decide a row's times
-    (``CODE``: the floors, this benchmark, the kernels), each with its path, in path order."""
-    digest = hashlib.sha256()
-    for path in sorted(p for pattern in CODE for p in glob.glob(os.path.join(root, pattern))):
-        with open(path, "rb") as f:
-            digest.update(os.path.relpath(path, root).encode() + b"\0" + f.read())
-    return digest.hexdigest()[:12]
+def code_files() -> list:
+    """The sources that decide a row's times: what shapes the kernels' generated code
+    (``compile.source_files``), the floors, this benchmark and the timing method (``tvm_canary.timing``)."""
+    from tvm_canary import timing
+    from tvm_canary.runtime import compile
+
+    return [*compile.source_files(), os.path.join(HERE, "floors.py"), os.path.join(HERE, "bench_kernels.py"),
+            timing.__file__]
+
+
+def code_digest() -> str:
+    """A part's ``code``: ``compile.files_hash`` of ``code_files``."""
+    from tvm_canary.runtime import compile
+
+    return compile.files_hash(code_files())
 
 
 def verify_rows_problem(verify_sizes, verify_modes, quick: bool, kernels) -> str | None:
@@ -952,7 +955,7 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
                verify_modes=()) -> tuple[list, list[str], list]:
     """(rows kept, kernels of ``kernels`` still to run, ``prior``'s ``parts``) when the run ``prior`` (a
     ``--json`` file) is continued by an invocation whose environment, options and default geometries
-    are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``) for ``kernels``; ``ValueError``
+    are ``now`` (keys ``env``, ``RESUME_KEYS``, ``default_geometries``, ``code``) for ``kernels``; ``ValueError``
     naming the first difference when it is not the same run (a kept kernel's defaults are those its
     rows ran, ``prior``'s ``default_geometries``). Every row is kept but those of the kernels ``redo``
     (``--redo``), which run again; a part that timed them names them ``replaced``. Verify runs again
@@ -960,8 +963,7 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
     ``verify_sizes`` / ``verify_modes`` (``--verify-sizes`` / ``--verify-modes``) a redone verify drops
     only its rows of those sizes and modes, which a part that timed them names (``replaced_verify_keys``);
     each verify row kept must have run the default this checkout gives it (``verify_default_of``), and when
-    verify runs again beside rows kept, every part that timed verify's rows and was not replaced must have
-    run ``now``'s ``code`` (``code_digest``), so that one table never mixes two versions of the floors."""
+    verify runs again beside rows kept, every part that timed one of them must have run ``now``'s ``code``."""
     for key in ("env", *RESUME_KEYS):
         if prior.get(key) != now[key]:
             raise ValueError(f"--resume: the run in --json has {key} {prior.get(key)!r}, this invocation {now[key]!r}")
@@ -996,9 +998,8 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
         pairs = replaced_verify_rows(part)
         if partial and "verify" in redone:
             redone.remove("verify")  # some of its rows
-            timed = ({tuple(case.split()) for case in part["verify_rows"]} if "verify_rows" in part
-                     else verify_cases(part.get("verify_sizes"), part.get("verify_modes"), now["quick"]))
-            pairs |= {(mode, int(n)) for mode, _, n in timed if verify_chosen(mode, int(n), verify_sizes, verify_modes)}
+            pairs |= {(mode, n) for mode, _, n in part_verify_cases(part, now["quick"])
+                      if verify_chosen(mode, n, verify_sizes, verify_modes)}
         replaced = [k for k in part["kernels"] if k in redone or k in part.get("replaced", ())]
         part = {k: v for k, v in part.items() if k not in REPLACED_VERIFY_KEYS}
         if "verify" not in replaced:  # else all of them
@@ -1008,13 +1009,21 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
     parts = [marked(part) for part in prior.get("parts", [])]
     missing = verify_cases(verify_sizes, verify_modes, now["quick"]) - verify_row_cases(rows)
     to_run = [k for k in kernels if k not in done or (k == "verify" and missing)]
-    if "verify" in to_run and verify_row_cases(rows):
-        other = sorted({str(part.get("code")) for part in parts if "verify" in part["kernels"]
-                        and "verify" not in part.get("replaced", ())} - {str(now.get("code"))})
+    kept = verify_row_cases(rows)
+
+    def holds_kept_rows(part) -> bool:  # some of verify's rows the run keeps were timed by ``part``
+        gone = replaced_verify_rows(part)
+        return "verify" not in part.get("replaced", ()) and any(
+            (mode, order, n) in kept and (mode, n) not in gone
+            for mode, order, n in part_verify_cases(part, now["quick"]))
+
+    if "verify" in to_run:
+        other = sorted({part.get("code") or "none recorded" for part in parts if holds_kept_rows(part)}
+                       - {now.get("code") or "none recorded"})
         if other:
-            raise ValueError(f"--resume: the run in --json timed verify's rows kept with code {', '.join(other)}, "
-                             f"this checkout's is {now.get('code')}: --redo verify (without --verify-sizes and "
-                             "--verify-modes) times them all again")
+            raise ValueError(f"--resume: the run in --json timed verify's rows it keeps with code {', '.join(other)}, "
+                             f"this checkout's is {now.get('code')}: resume with the checkout that timed them, or "
+                             "--redo verify (without --verify-sizes and --verify-modes) times them all again")
     return rows, to_run, parts
 
 
@@ -1023,6 +1032,14 @@ def verify_cases(verify_sizes=(), verify_modes=(), quick: bool = False) -> set:
     ``--verify-modes`` (each empty: all of the preset's) in both orders."""
     return {(mode, order, n) for mode in verify_modes or MODES for order in ORDERS
             for n in verify_sizes or VERIFY_SIZES["quick" if quick else "full"]}
+
+
+def part_verify_cases(part: dict, quick: bool) -> set:
+    """{(mode, order, entries)} of the verify rows a run's ``part`` timed (none when it timed no verify)."""
+    if "verify" not in part["kernels"]:
+        return set()
+    return ({(mode, order, int(n)) for mode, order, n in map(str.split, part["verify_rows"])}
+            if "verify_rows" in part else verify_cases(part.get("verify_sizes"), part.get("verify_modes"), quick))
 
 
 def verify_row_cases(rows) -> set:
@@ -1037,7 +1054,8 @@ def part_record(done: list[str], wall_s: float, empty_us: float, chain_ns: float
     chose them and it timed verify, ``cut``: the last of ``done`` when its sweep was still under way as
     the run was written (verify's, written row by row), and ``verify_rows``: the cases of the verify rows
     it timed when they are not all that its sizes and modes choose (cut short, or a resumed sweep that
-    timed only the rows the run lacked), and ``code``: the code that timed them (``code_digest``)."""
+    timed only the rows the run lacked); ``code``: ``code_digest`` of the checkout that ran it (none in
+    parts written before the sixty-seventh session)."""
     chosen = {key: list(values) for key, values in (("verify_sizes", verify_sizes), ("verify_modes", verify_modes))
               if values and "verify" in done}
     return ({"kernels": list(done), "wall_s": wall_s, "empty_us": empty_us, "chain_ns": chain_ns, **chosen}

@@ -274,21 +274,28 @@ def _stand_in_verify_work(monkeypatch, progress) -> None:
         monkeypatch.setattr(bench_kernels.Bench, name, stand_in)
 
 
-def test_the_code_digest_covers_the_floors_the_benchmark_and_the_kernels(tmp_path):
-    """``code_digest`` changes with any source that decides a row's times, and with nothing else."""
+def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch):
+    """``code_digest`` hashes the kernels' generated code's sources, the floors, the benchmark and the
+    timing method, and changes with any of them."""
     import bench_kernels
 
-    for path in ("benchmarks/floors.py", "benchmarks/bench_kernels.py", "tvm_canary/kernels/verify.py",
-                 "tvm_canary/cli.py"):
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text("x = 1\n")
-    digests = [bench_kernels.code_digest(str(tmp_path))]
-    for path in ("tvm_canary/cli.py", "benchmarks/floors.py", "benchmarks/bench_kernels.py",
-                 "tvm_canary/kernels/verify.py", "tvm_canary/kernels/write.py"):
-        (tmp_path / path).write_text("x = 2\n")
-        digests.append(bench_kernels.code_digest(str(tmp_path)))
-    assert digests[0] == digests[1] and len(set(digests[1:])) == 5
-    assert re.fullmatch("[0-9a-f]{12}", bench_kernels.code_digest())
+    from tvm_canary import timing
+    from tvm_canary.runtime import compile
+
+    files = [pathlib.Path(f).resolve() for f in bench_kernels.code_files()]
+    here = pathlib.Path(bench_kernels.HERE).resolve()
+    assert set(files) == {*compile.source_files(), here / "floors.py", here / "bench_kernels.py",
+                          pathlib.Path(timing.__file__).resolve()} and all(f.is_file() for f in files)
+    assert re.fullmatch("[0-9a-f]{16}", bench_kernels.code_digest())
+    copies = [tmp_path / f"{i}.py" for i in range(len(files))]
+    for copy, f in zip(copies, files):
+        copy.write_bytes(f.read_bytes())
+    monkeypatch.setattr(bench_kernels, "code_files", lambda: copies)
+    digests = {bench_kernels.code_digest()}
+    for copy in copies:
+        copy.write_bytes(copy.read_bytes() + b"#")
+        digests.add(bench_kernels.code_digest())
+    assert len(digests) == len(copies) + 1
 
 
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
@@ -313,11 +320,16 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
     # the sweep goes on only with the code that timed the rows it keeps; --redo verify times them all again
     coded, stamped_cut = {**now, "code": "0123abcd4567"}, {**cut, "code": "0123abcd4567"}
-    with pytest.raises(ValueError, match="verify's rows kept with code None, this checkout's is 0123abcd4567"):
+    with pytest.raises(ValueError, match="rows it keeps with code none recorded, this checkout's is 0123abcd4567"):
         bench_kernels.resume_run(prior, coded, ["verify"], (), sizes, modes)
     assert bench_kernels.resume_run({**prior, "parts": [stamped_cut]}, coded, ["verify"], (), sizes, modes)[1] == [
         "verify"]
     assert bench_kernels.resume_run(prior, coded, ["verify"], ["verify"])[:2] == ([], ["verify"])
+    # a part none of whose verify rows the run keeps does not count: a partial redo at other code replaced them
+    older = {**cut, "verify_sizes": [1 << 16], "verify_rows": ["ALL random 65536"],
+             "replaced_verify_sizes": [1 << 16]}
+    assert bench_kernels.resume_run({**prior, "parts": [older, stamped_cut]}, coded, ["verify"], (), sizes,
+                                    modes)[1] == ["verify"]
     done = [*rows, _row("verify", "ALL chain 1048576", 30.0, 20.0, mode="ALL", order="chain", n=1 << 20)]
     assert bench_kernels.resume_run({**prior, "rows": done}, now, ["verify"], (), sizes, modes)[1] == []
     # the part that went on names the row it timed; a later redo marks each part for the rows it timed
@@ -401,6 +413,10 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
     assert [r["case"] for r in first["rows"]] == timed_cases[:5] and not first["complete"]
     (cut,) = first["parts"]
     assert cut["kernels"] == ["verify"] and cut["cut"] == "verify" and cut["verify_rows"] == timed_cases[:5]
+    assert cut["code"] == bk.code_digest()
+    with monkeypatch.context() as changed:  # another checkout does not go on with the sweep
+        changed.setattr(bk, "code_digest", lambda: "0" * 16)
+        assert run("--kernels", "verify", "--resume") == 2 and saved() == first
     assert run("--kernels", "verify", "write", "plan", "scatter", "--resume") == 0
     whole = saved()
     cases = sorted(f"{m} {o} {n}" for m, o, n in bk.verify_cases(quick=True))
