@@ -37,25 +37,23 @@ Scatter: 8 B read + 4 B written per token.
         [--baselines original triton torch] [--candidates 1056x512m1 ...] [--plan-candidates 528x512k1024 ...]
         [--verify-sizes ENTRIES ...] [--verify-modes MODE ...] [--json OUT.json [--resume [--redo KERNEL ...]]]
 
-``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of
-every kernel that file finished (write's, plan's and scatter's rows are written when their sweep ends,
-verify's as each is timed), runs the rest of ``--kernels`` (of verify, the rows the file lacks: a sweep cut
-short goes on where it stopped) and writes the whole run back (``resume_run``; e.g. ``--kernels write plan
-scatter``, then ``--kernels verify --resume``). The file must come from the same GPU
-model, driver, versions, defaults and options; ``parts`` records each invocation's kernels, wall time,
-empty launch and register-only chain (a row's floors are always timed in its own process). A complete
-run on a freshly started host can take longer than one call of a lent GPU allows (600 s; the twenty-first
-session's was cut off after 580 s): run ``--kernels verify`` first, then ``--resume``; a call cut short
-in verify's sweep goes on with the same command, with ``--resume`` and without ``--redo`` (which would drop
-the rows it timed). ``--redo write``
-(with ``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel
-alone (its code, defaults or database); the part that timed the dropped rows names them ``replaced``.
-``--verify-sizes`` and ``--verify-modes`` time verify's rows of those sizes and modes only; with ``--redo
-verify`` they drop and time again only those, after a change to their defaults or database alone: every
-verify row kept must have run the default this checkout gives it (``verify_default_of``), and every part
-that timed one this checkout's code (``code_digest``, which each part records): one table never mixes two
-versions of the floors or kernels. So a verify sweep resumes at the checkout that began it, or runs again
-whole. A run's ``wall_s`` sums its parts'; ``--candidates`` add to them.
+``--resume`` continues the run in ``--json``, cut short or run a part at a time: it keeps the rows of every kernel
+that file finished (write's, plan's and scatter's rows are written when their sweep ends, verify's as each is
+timed), runs the rest of ``--kernels`` (of verify, the rows the file lacks: a sweep cut short goes on where it
+stopped) and writes the whole run back (``resume_run``; e.g. ``--kernels write plan scatter``, then ``--kernels
+verify --resume``). The file must come from the same GPU model, driver, versions, defaults and options; ``parts``
+records each invocation's kernels, wall time, empty launch and register-only chain (a row's floors are always timed
+in its own process). A complete run on a freshly started host can take longer than one call of a lent GPU allows
+(600 s): run ``--kernels verify`` first, then ``--resume``; a call cut short in verify's sweep goes on with the same
+command, with ``--resume`` and without ``--redo`` (which would drop the rows it timed). ``--redo write`` (with
+``--resume``) drops a finished kernel's rows and times it again, after a change to that kernel alone (its code,
+defaults or database); the part that timed the dropped rows names them ``replaced``. ``--verify-sizes`` and
+``--verify-modes`` time verify's rows of those sizes and modes only; with ``--redo verify`` they drop and time again
+only those, after a change to their defaults or database alone: every verify row kept must have run the default this
+checkout gives it (``verify_default_of``), and every part that timed one this checkout's code (``code_digest``,
+which each part records): one table never mixes two versions of the code (its defaults and the tuned arm's database
+are not hashed). So a verify sweep resumes at the code that began it, or runs again whole. A run's ``wall_s`` sums
+its parts'; ``--candidates`` add to them.
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ import argparse
 import dataclasses
 import json
 import os
+import pathlib
 import re
 import statistics
 import subprocess
@@ -878,12 +877,15 @@ RESUME_KEYS = ("arch", "ab", "quick", "baselines", "candidates", "plan_candidate
 
 def code_files() -> list:
     """The sources that decide a row's times: what shapes the kernels' generated code
-    (``compile.source_files``), the floors, this benchmark and the timing method (``tvm_canary.timing``)."""
-    from tvm_canary import timing
+    (``compile.source_files``), the floors, this benchmark, the timing method (``tvm_canary.timing``) and
+    the baselines (the torch reference among them); not the defaults or the tuning database."""
+    from tvm_canary import reference, timing
     from tvm_canary.runtime import compile
 
-    return [*compile.source_files(), os.path.join(HERE, "floors.py"), os.path.join(HERE, "bench_kernels.py"),
-            timing.__file__]
+    ours, references = pathlib.Path(HERE), pathlib.Path(reference.__file__).parent
+    baselines = sorted(p for p in (ours / "baselines").iterdir() if p.suffix in (".py", ".cu"))
+    return [*compile.source_files(), ours / "floors.py", ours / "bench_kernels.py", timing.__file__, *baselines,
+            *sorted(references.glob("*.py"))]
 
 
 def code_digest() -> str:
@@ -1009,21 +1011,19 @@ def resume_run(prior: dict, now: dict, kernels: list[str], redo=(), verify_sizes
     parts = [marked(part) for part in prior.get("parts", [])]
     missing = verify_cases(verify_sizes, verify_modes, now["quick"]) - verify_row_cases(rows)
     to_run = [k for k in kernels if k not in done or (k == "verify" and missing)]
-    kept = verify_row_cases(rows)
 
     def holds_kept_rows(part) -> bool:  # some of verify's rows the run keeps were timed by ``part``
         gone = replaced_verify_rows(part)
         return "verify" not in part.get("replaced", ()) and any(
-            (mode, order, n) in kept and (mode, n) not in gone
-            for mode, order, n in part_verify_cases(part, now["quick"]))
+            (mode, n) not in gone for mode, _, n in part_verify_cases(part, now["quick"]))
 
     if "verify" in to_run:
-        other = sorted({part.get("code") or "none recorded" for part in parts if holds_kept_rows(part)}
-                       - {now.get("code") or "none recorded"})
+        other = {part.get("code") for part in parts if holds_kept_rows(part)} - {now["code"]}
         if other:
-            raise ValueError(f"--resume: the run in --json timed verify's rows it keeps with code {', '.join(other)}, "
-                             f"this checkout's is {now.get('code')}: resume with the checkout that timed them, or "
-                             "--redo verify (without --verify-sizes and --verify-modes) times them all again")
+            raise ValueError(f"--resume: the run in --json timed verify's rows it keeps with code "
+                             f"{', '.join(sorted(code or 'none recorded' for code in other))}, this checkout's is "
+                             f"{now['code']}: --redo verify (without --verify-sizes and --verify-modes) times them "
+                             "all again")
     return rows, to_run, parts
 
 

@@ -206,7 +206,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     defaults = {"verify": "2112x128m16", "write": "528x64u2", "plan": "2112x512", "scatter": "1056x256"}
     verify_row = _row("verify", "NONE chain 1048576", 30.0, 20.0, mode="NONE", order="chain", n=1 << 20)
     prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
-    now = {"env": env, **options, "default_geometries": defaults}
+    now = {"env": env, **options, "default_geometries": defaults, "code": None}
     kernels = ["verify", "write", "plan", "scatter"]
     # verify goes on while a row of its sweep is missing; a finished kernel's rows are kept
     assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], kernels, [])
@@ -275,17 +275,18 @@ def _stand_in_verify_work(monkeypatch, progress) -> None:
 
 
 def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch):
-    """``code_digest`` hashes the kernels' generated code's sources, the floors, the benchmark and the
-    timing method, and changes with any of them."""
+    """``code_digest`` hashes the kernels' generated code's sources, the floors, the benchmark, the timing
+    method and the baselines (not the defaults or the database), and changes with any of them."""
     import bench_kernels
 
-    from tvm_canary import timing
+    from tvm_canary import reference, timing
     from tvm_canary.runtime import compile
 
     files = [pathlib.Path(f).resolve() for f in bench_kernels.code_files()]
     here = pathlib.Path(bench_kernels.HERE).resolve()
-    assert set(files) == {*compile.source_files(), here / "floors.py", here / "bench_kernels.py",
-                          pathlib.Path(timing.__file__).resolve()} and all(f.is_file() for f in files)
+    assert {*compile.source_files(), here / "floors.py", here / "bench_kernels.py", here / "baselines/original_cuda.cu",
+            pathlib.Path(timing.__file__).resolve(), pathlib.Path(reference.verify.__file__).resolve()} <= set(files)
+    assert all(f.is_file() for f in files) and not any({"schedules", "tune_logs"} & set(f.parts) for f in files)
     assert re.fullmatch("[0-9a-f]{16}", bench_kernels.code_digest())
     copies = [tmp_path / f"{i}.py" for i in range(len(files))]
     for copy, f in zip(copies, files):
@@ -316,7 +317,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
                    "verify_sizes": list(sizes), "verify_modes": list(modes), "cut": "verify",
                    "verify_rows": ["ALL random 65536", "ALL random 1048576", "ALL chain 65536"]}
     prior = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "rows": rows, "parts": [cut]}
-    now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}}
+    now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "code": None}
     assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
     # the sweep goes on only with the code that timed the rows it keeps; --redo verify times them all again
     coded, stamped_cut = {**now, "code": "0123abcd4567"}, {**cut, "code": "0123abcd4567"}
@@ -359,7 +360,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert plot.part_text(went_on).startswith("verify (ALL chain 1048576) in 60 s (empty launch")
 
 
-def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch):
+def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch, capsys):
     """``bench_kernels.main`` with stand-ins for the GPU's work (each row 30 µs): a run cut short after
     five verify rows leaves them in its file, its part marked cut and naming them; ``--resume`` times the
     other rows once each and the file is complete; a later partial redo names no rows of its own (it timed
@@ -417,6 +418,7 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
     with monkeypatch.context() as changed:  # another checkout does not go on with the sweep
         changed.setattr(bk, "code_digest", lambda: "0" * 16)
         assert run("--kernels", "verify", "--resume") == 2 and saved() == first
+        assert "rows it keeps with code " + cut["code"] in capsys.readouterr().err
     assert run("--kernels", "verify", "write", "plan", "scatter", "--resume") == 0
     whole = saved()
     cases = sorted(f"{m} {o} {n}" for m, o, n in bk.verify_cases(quick=True))
@@ -453,10 +455,12 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
     parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
     prior = {"env": env, **options, "default_geometries": {"verify": old, "write": "528x64u2"},
              "rows": [*rows, write_row], "parts": parts}
-    now = {"env": env, **options, "default_geometries": {"verify": new}}
+    now = {"env": env, **options, "default_geometries": {"verify": new}, "code": None}
     kept, kernels, marked = bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 20, 1 << 22))
     assert kept == [rows[0], rows[3], write_row] and kernels == ["verify"]
     assert marked == [{**parts[0], "replaced_verify_sizes": [1 << 20, 1 << 22]}]
+    with pytest.raises(ValueError, match="rows it keeps with code none recorded, this checkout's is 5db6"):
+        bench_kernels.resume_run(prior, {**now, "code": "5db6"}, ["verify"], ["verify"], (1 << 20, 1 << 22))
     with pytest.raises(ValueError, match="timed verify PARTIAL chain 4194304 at 1056x512m2, this checkout's default "
                                          "there is 2112x512m2: give --verify-sizes 4194304 too"):
         bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 20,))
@@ -512,7 +516,7 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
     first_marked = {**first, "replaced_verify_sizes": [1 << 20]}
     prior = {"env": env, **options, "default_geometries": {"verify": old}, "rows": list(rows.values()),
              "parts": [first_marked, second]}
-    now = {"env": env, **options, "default_geometries": {"verify": new}}
+    now = {"env": env, **options, "default_geometries": {"verify": new}, "code": None}
     kept, _, marked = bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 16, 1 << 20), ("ALL",))
     assert kept == [rows[k] for k in (("NONE", 1 << 12), ("NONE", 1 << 16), ("NONE", 1 << 20), ("ALL", 1 << 12))]
     assert marked == [{**first, "replaced_verify_sizes": [1 << 20], "replaced_verify_rows": ["ALL 65536"]},
