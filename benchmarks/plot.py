@@ -207,16 +207,17 @@ def grouped_cases(cases) -> str:
 
 def part_text(part) -> str:
     """One invocation of a run made in parts: what it timed, its wall time, empty launch and register-only
-    chain, and which of its rows a later invocation replaced."""
+    chain, the code that timed it (``bench_kernels.code_digest``) and which of its rows a later one replaced."""
     replaced = part_kernels(part.get("replaced", []), part.get("replaced_verify_sizes"), None,
                             part.get("replaced_verify_rows"))
     cut = f", cut short in its {part['cut']} sweep" if "cut" in part else ""
     timed = (part_kernels(part["kernels"], verify_cases=[grouped_cases(part["verify_rows"])]) if "verify_rows" in part
              else part_kernels(part["kernels"], part.get("verify_sizes"), part.get("verify_modes")))
+    code = f", code {part['code']}" if "code" in part else ""
     return (f"{timed} in "
             f"{part['wall_s']:.0f} s{cut} (empty launch {part['empty_us']:.2f} µs, register-only chain "
-            f"{part['chain_ns']:.1f} ns/step" + (f"; its {replaced} rows replaced by a later invocation's"
-                                                 if replaced != "nothing" else "") + ")")
+            f"{part['chain_ns']:.1f} ns/step{code}" + (f"; its {replaced} rows replaced by a later invocation's"
+                                                       if replaced != "nothing" else "") + ")")
 
 
 def _fmt(x, digits=1) -> str:

@@ -358,6 +358,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert plot.part_text(cut).startswith("verify (ALL random 65536, 1048576; ALL chain 65536) in 330 s, "
                                           "cut short in its verify sweep (empty launch 1.10 µs")
     assert plot.part_text(went_on).startswith("verify (ALL chain 1048576) in 60 s (empty launch")
+    assert plot.part_text(stamped_cut).endswith("register-only chain 100.9 ns/step, code 0123abcd4567)")
 
 
 def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch, capsys):
