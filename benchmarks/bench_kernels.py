@@ -884,8 +884,8 @@ def code_files() -> list:
 
     ours, references = pathlib.Path(HERE), pathlib.Path(reference.__file__).parent
     baselines = sorted(p for p in (ours / "baselines").iterdir() if p.suffix in (".py", ".cu"))
-    return [*compile.source_files(), ours / "floors.py", ours / "bench_kernels.py", timing.__file__, *baselines,
-            *sorted(references.glob("*.py"))]
+    return [*compile.source_files(), ours / "floors.py", ours / "bench_kernels.py", pathlib.Path(timing.__file__),
+            *baselines, *sorted(references.glob("*.py"))]
 
 
 def code_digest() -> str:
