@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tvm_canary as tc
-from tvm_canary.consts import FailReason
+from tvm_canary.consts import FailReason, RealKvHashMode
 from tvm_canary.context import CanaryLaunchTag as Tag
 from tvm_canary.context import RealKvSource
 from tvm_canary.plans import plan_tensors
@@ -341,6 +341,9 @@ def test_session_input_errors():
         session.sweep(torch.tensor([[slot(1, p), p] for p in range(3)]))
     with pytest.raises(ValueError, match="kv-canary: real_kv_hash_mode must be one of NONE .* got 5"):
         make_session(real_kv_hash_mode=5)
+    with pytest.raises(ValueError, match="kv-canary: real_kv_hash_mode=ALL .* but no group has any"):
+        make_session(full=CanaryGroup(num_slots=NUM_SLOTS, v_sources=kv.sources("V")), enable_v=False,
+                     real_kv_hash_mode=RealKvHashMode.ALL)
     pooled, _ = make_session(expected_token_pool_shape=(3, MAX_LEN))
     with pytest.raises(ValueError, match="kv-canary: token_lens has 3 entries for a batch of 2 requests"):
         pooled.before_forward(req_pool_indices=list(ROWS), prefix_lens=[0, 0], extend_seq_lens=[1, 1],

@@ -216,6 +216,10 @@ class CanarySession:
         self.verify_capacity = verify_capacity if verify_capacity is not None else 3 * full.num_slots
         self.real_kv_hash_mode = hash_mode(real_kv_hash_mode)
         self.halves = ("K", "V") if enable_v else ("K",)
+        if self.real_kv_hash_mode == RealKvHashMode.ALL and not any(
+                getattr(g, f"{h.lower()}_sources") for g in (full, swa) if g for h in self.halves):
+            raise ValueError("kv-canary: real_kv_hash_mode=ALL hashes every byte of the real-KV sources but no "
+                             "group has any; use RealKvHashMode.NONE for a session without sources")
         self.enable_write_input_assert = enable_write_input_assert
         self.kv_token_id_vs_position_offset = kv_token_id_vs_position_offset
         self.sweep_interval = sweep_interval
