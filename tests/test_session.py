@@ -208,8 +208,12 @@ def zero_source(page_size: int = 1) -> RealKvSource:
     (dict(swa_lut=torch.zeros(2, NUM_SLOTS, dtype=torch.int64)), "lut_tensor must be 1-D"),
     (dict(ring_capacity=0), "ring_capacity must be positive, got 0"),
     (dict(device="meta"), "unsupported device type 'meta' (expected cpu or cuda)"),
+    (dict(full=CanaryGroup(num_slots=NUM_SLOTS, v_sources=(zero_source(),)), enable_v=False),
+     "real_kv_hash_mode=PARTIAL folds real-KV sources but no group has any in a half that runs"),
+    (dict(full=CanaryGroup(num_slots=NUM_SLOTS, k_sources=(zero_source(),))),
+     f"the FULL group's k_sources[0] has rows for 16 slots, fewer than its num_slots {NUM_SLOTS}"),
 ], ids=["num_slots", "write_entry_capacity", "pool_rows", "pool_rank", "sources", "narrow_source",
-        "lut_dtype", "lut_empty", "lut_rank", "ring_capacity", "meta"])
+        "lut_dtype", "lut_empty", "lut_rank", "ring_capacity", "meta", "v_sources_unused", "short_source"])
 def test_the_constructor_rejects_what_a_step_would_fail_on(changes, message):
     """Checked when the session is built, with the launches' messages (SPEC 4) where they have one."""
     with pytest.raises(ValueError, match=re.escape(f"kv-canary: {message}")):
@@ -231,7 +235,10 @@ def test_the_constructor_refuses_a_ring_capacity_that_is_not_an_int(ring_capacit
     (dict(health_check_interval=None), "health_check_interval must be an int, got NoneType"),
     (dict(health_warmup_steps=1.0), "health_warmup_steps must be an int, got float 1.0"),
     (dict(expected_token_pool_shape=5), "expected_token_pool_shape must be (rows, max_context_len), got int"),
-], ids=["full", "swa", "sweep_str", "sweep_float", "health_none", "warmup_float", "pool_shape_int"])
+    (dict(enable_v="no"), "enable_v must be a bool, got str"),
+    (dict(enable_write_input_assert=1), "enable_write_input_assert must be a bool, got int"),
+], ids=["full", "swa", "sweep_str", "sweep_float", "health_none", "warmup_float", "pool_shape_int", "enable_v",
+        "input_assert"])
 def test_the_constructor_refuses_arguments_of_the_wrong_type(changes, message):
     with pytest.raises(TypeError, match=re.escape(f"kv-canary: {message}")):
         make_session(**changes)
@@ -341,7 +348,7 @@ def test_session_input_errors():
         session.sweep(torch.tensor([[slot(1, p), p] for p in range(3)]))
     with pytest.raises(ValueError, match="kv-canary: real_kv_hash_mode must be one of NONE .* got 5"):
         make_session(real_kv_hash_mode=5)
-    with pytest.raises(ValueError, match="kv-canary: real_kv_hash_mode=ALL .* but no group has any"):
+    with pytest.raises(ValueError, match="kv-canary: real_kv_hash_mode=ALL folds .* but no group has any"):
         make_session(full=CanaryGroup(num_slots=NUM_SLOTS, v_sources=kv.sources("V")), enable_v=False,
                      real_kv_hash_mode=RealKvHashMode.ALL)
     pooled, _ = make_session(expected_token_pool_shape=(3, MAX_LEN))

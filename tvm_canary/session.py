@@ -199,6 +199,8 @@ class CanarySession:
                 f"kv-canary: sweep_interval={sweep_interval} exceeds health_check_interval={health_check_interval}, "
                 "so the health check would flag the sweep tags"
             )
+        for name, flag in (("enable_v", enable_v), ("enable_write_input_assert", enable_write_input_assert)):
+            require_instance(flag, bool, name)
         for name, group in (("FULL", full), ("SWA", swa)):
             if group is not None:
                 require_positive(group.num_slots, f"{name} group num_slots")
@@ -216,10 +218,12 @@ class CanarySession:
         self.verify_capacity = verify_capacity if verify_capacity is not None else 3 * full.num_slots
         self.real_kv_hash_mode = hash_mode(real_kv_hash_mode)
         self.halves = ("K", "V") if enable_v else ("K",)
-        if self.real_kv_hash_mode == RealKvHashMode.ALL and not any(
-                getattr(g, f"{h.lower()}_sources") for g in (full, swa) if g for h in self.halves):
-            raise ValueError("kv-canary: real_kv_hash_mode=ALL hashes every byte of the real-KV sources but no "
-                             "group has any; use RealKvHashMode.NONE for a session without sources")
+        given, folded = ([getattr(g, f"{h.lower()}_sources") for g in (full, swa) if g for h in halves]
+                         for halves in (("K", "V"), self.halves))
+        mode = self.real_kv_hash_mode
+        if mode != RealKvHashMode.NONE and not any(folded) and (mode == RealKvHashMode.ALL or any(given)):
+            raise ValueError(f"kv-canary: real_kv_hash_mode={mode.name} folds real-KV sources but no group has any "
+                             "in a half that runs; use RealKvHashMode.NONE for a session without sources")
         self.enable_write_input_assert = enable_write_input_assert
         self.kv_token_id_vs_position_offset = kv_token_id_vs_position_offset
         self.sweep_interval = sweep_interval
@@ -244,6 +248,8 @@ class CanarySession:
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self._config_step = self._empty_step()
         self._check_config()
+        for g in self._groups:
+            _check_source_rows(g.name, g.config)
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
         # The byte ranges of every session-owned tensor a step writes (the write contexts' buffers and sinks,
         # the plans, the expected-token pool, the scatter's offsets), which its inputs must not overlap
@@ -969,13 +975,22 @@ _INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, 
                              torch.uint64})
 
 
+def _check_source_rows(name: str, group: CanaryGroup) -> None:
+    """Each real-KV source of the group (2-D, as the launch checks found) has a row for each of its slots: a
+    slot past a source's rows would be reported invalid at every launch."""
+    for half, sources in (("k", group.k_sources), ("v", group.v_sources)):
+        for i, source in enumerate(sources):
+            if (held := source.tensor.shape[0] * source.page_size) < group.num_slots:
+                raise ValueError(f"kv-canary: the {name} group's {half}_sources[{i}] has rows for {held} slots, "
+                                 f"fewer than its num_slots {group.num_slots}")
+
+
 def _step_input_assert(session_assert: bool, write_input_assert: object, expected: tuple) -> bool:
     """Whether the write input assert runs in a step (or every replay of a captured step): the session's
     ``enable_write_input_assert`` unless the step passes ``write_input_assert=False`` (a bool: any other
     value is refused, not read as true or false). Expected inputs given to a step that turned the session's
     assert off are refused, naming the step's flag (SPEC 4's message names the session's)."""
-    if type(write_input_assert) is not bool:
-        raise TypeError(f"kv-canary: write_input_assert must be a bool, got {type(write_input_assert).__name__}")
+    require_instance(write_input_assert, bool, "write_input_assert")
     if session_assert and not write_input_assert and any(e is not None for e in expected):
         raise ValueError("kv-canary: expected input tensors must be None in a step with write_input_assert=False")
     return session_assert and write_input_assert
