@@ -249,7 +249,7 @@ class CanarySession:
         self._config_step = self._empty_step()
         self._check_config()
         for g in self._groups:
-            _check_source_rows(g.name, g.config)
+            _check_source_rows(g.name, g.config, self.halves)
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
         # The byte ranges of every session-owned tensor a step writes (the write contexts' buffers and sinks,
         # the plans, the expected-token pool, the scatter's offsets), which its inputs must not overlap
@@ -975,11 +975,11 @@ _INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, 
                              torch.uint64})
 
 
-def _check_source_rows(name: str, group: CanaryGroup) -> None:
-    """Each real-KV source of the group (2-D, as the launch checks found) has a row for each of its slots: a
-    slot past a source's rows would be reported invalid at every launch."""
-    for half, sources in (("k", group.k_sources), ("v", group.v_sources)):
-        for i, source in enumerate(sources):
+def _check_source_rows(name: str, group: CanaryGroup, halves: tuple) -> None:
+    """Each real-KV source of the group's ``halves`` (2-D, as the launch checks found) has a row for each of
+    its slots: a slot past a source's rows would be reported invalid at every launch."""
+    for half in (h.lower() for h in halves):
+        for i, source in enumerate(getattr(group, f"{half}_sources")):
             if (held := source.tensor.shape[0] * source.page_size) < group.num_slots:
                 raise ValueError(f"kv-canary: the {name} group's {half}_sources[{i}] has rows for {held} slots, "
                                  f"fewer than its num_slots {group.num_slots}")
