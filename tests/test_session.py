@@ -220,6 +220,12 @@ def test_the_constructor_rejects_what_a_step_would_fail_on(changes, message):
         make_session(**changes)
 
 
+def test_a_short_source_is_accepted_in_none_mode():
+    """No NONE launch reads a source row (SPEC D4), so a source short of the group's slots is no error."""
+    short = CanaryGroup(num_slots=NUM_SLOTS, k_sources=(zero_source(),))
+    make_session(full=short, real_kv_hash_mode=RealKvHashMode.NONE)
+
+
 @pytest.mark.parametrize("ring_capacity, message", [
     (1.5, "ring_capacity must be an int, got float 1.5"), (None, "ring_capacity must be an int, got NoneType")])
 def test_the_constructor_refuses_a_ring_capacity_that_is_not_an_int(ring_capacity, message):

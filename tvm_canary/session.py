@@ -248,7 +248,7 @@ class CanarySession:
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self._config_step = self._empty_step()
         self._check_config()
-        for g in self._groups:
+        for g in self._groups if mode != RealKvHashMode.NONE else ():  # NONE reads no source row (D4)
             _check_source_rows(g.name, g.config, self.halves)
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
         # The byte ranges of every session-owned tensor a step writes (the write contexts' buffers and sinks,
