@@ -250,6 +250,11 @@ CONSTRUCTION_CASES = [
         "pass tensor.resolve_conj().resolve_neg()",
     ),
     (
+        "quantized",
+        lambda: source(torch.quantize_per_tensor(torch.zeros(4, 64), 0.1, 0, torch.quint8)),
+        "kv-canary: RealKvSource.tensor must not be quantized: pass tensor.int_repr()",
+    ),
+    (
         "write_plan_past_int64",
         lambda: WritePlan.allocate(write_req_capacity=2**63 - 1, device="cpu"),
         "kv-canary: WritePlan write_req_capacity + 1 (the offsets' length) must fit in int64, got "

@@ -106,6 +106,8 @@ def check_source_tensor(tensor: torch.Tensor) -> None:
     if not torch.compiler.is_compiling() and (tensor.is_conj() or tensor.is_neg()):
         raise ValueError("kv-canary: RealKvSource.tensor must not be a conjugate or negative view (its bytes are "
                          "not its values): pass tensor.resolve_conj().resolve_neg()")
+    if tensor.is_quantized:  # its uint8 view keeps the quantizer, which the reference's indexing crashes on
+        raise ValueError("kv-canary: RealKvSource.tensor must not be quantized: pass tensor.int_repr()")
     row_stride_bytes = tensor.stride(0) * tensor.element_size()
     if row_stride_bytes % 16 != 0:
         raise ValueError(
