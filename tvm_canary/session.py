@@ -90,6 +90,10 @@ class CanaryGroup:
         if self.full_to_swa_index_mapping is not None:
             require_tensor(self.full_to_swa_index_mapping, "CanaryGroup.full_to_swa_index_mapping")
 
+    def sources(self, half: str) -> tuple[RealKvSource, ...]:
+        """The real-KV sources of ``half`` ("K" or "V")."""
+        return self.k_sources if half == "K" else self.v_sources
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Group:
@@ -218,10 +222,9 @@ class CanarySession:
         self.verify_capacity = verify_capacity if verify_capacity is not None else 3 * full.num_slots
         self.real_kv_hash_mode = hash_mode(real_kv_hash_mode)
         self.halves = ("K", "V") if enable_v else ("K",)
-        given, folded = ([getattr(g, f"{h.lower()}_sources") for g in (full, swa) if g for h in halves]
-                         for halves in (("K", "V"), self.halves))
-        mode = self.real_kv_hash_mode
-        if mode != RealKvHashMode.NONE and not any(folded) and (mode == RealKvHashMode.ALL or any(given)):
+        mode, configs = self.real_kv_hash_mode, [g for g in (full, swa) if g]
+        folded, given = (any(g.sources(h) for g in configs for h in halves) for halves in (self.halves, "KV"))
+        if mode != RealKvHashMode.NONE and not folded and (mode == RealKvHashMode.ALL or given):
             raise ValueError(f"kv-canary: real_kv_hash_mode={mode.name} folds real-KV sources but no group has any "
                              "in a half that runs; use RealKvHashMode.NONE for a session without sources")
         self.enable_write_input_assert = enable_write_input_assert
@@ -248,8 +251,9 @@ class CanarySession:
         self._groups = [self._make_group("FULL", full, 0)] + ([self._make_group("SWA", swa, 1)] if swa else [])
         self._config_step = self._empty_step()
         self._check_config()
-        for g in self._groups if mode != RealKvHashMode.NONE else ():  # NONE reads no source row (D4)
-            _check_source_rows(g.name, g.config, self.halves)
+        if mode != RealKvHashMode.NONE:  # NONE reads no source row (D4)
+            for g in self._groups:
+                _check_source_rows(g.name, g.config, self.halves)
         self._scatter_offsets = torch.zeros(write_req_capacity + 1, dtype=torch.int64, device=self.device)
         # The byte ranges of every session-owned tensor a step writes (the write contexts' buffers and sinks,
         # the plans, the expected-token pool, the scatter's offsets), which its inputs must not overlap
@@ -287,7 +291,7 @@ class CanarySession:
         for half in self.halves:
             head = torch.zeros(config.num_slots, CANARY_SLOT_BYTES, dtype=torch.uint8, device=self.device)
             tail = torch.zeros_like(head)
-            sources = config.k_sources if half == "K" else config.v_sources
+            sources = config.sources(half)
             for endpoint, buf, srcs in (("HEAD", head, ()), ("TAIL", tail, sources), ("SWEEP", tail, sources)):
                 tag = CanaryLaunchTag[f"{endpoint}_{half}_{name}"]
                 contexts[endpoint, half] = VerifyOrWriteContext(
@@ -978,11 +982,11 @@ _INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, 
 def _check_source_rows(name: str, group: CanaryGroup, halves: tuple) -> None:
     """Each real-KV source of the group's ``halves`` (2-D, as the launch checks found) has a row for each of
     its slots: a slot past a source's rows would be reported invalid at every launch."""
-    for half in (h.lower() for h in halves):
-        for i, source in enumerate(getattr(group, f"{half}_sources")):
+    for half in halves:
+        for i, source in enumerate(group.sources(half)):
             if (held := source.tensor.shape[0] * source.page_size) < group.num_slots:
-                raise ValueError(f"kv-canary: the {name} group's {half}_sources[{i}] has rows for {held} slots, "
-                                 f"fewer than its num_slots {group.num_slots}")
+                raise ValueError(f"kv-canary: the {name} group's {half.lower()}_sources[{i}] has rows for {held} "
+                                 f"slots, fewer than its num_slots {group.num_slots}")
 
 
 def _step_input_assert(session_assert: bool, write_input_assert: object, expected: tuple) -> bool:
