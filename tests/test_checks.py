@@ -478,6 +478,10 @@ LAUNCH_CASES = [
     # --- plan: steps 1 and 4 ---
     ("p_lut_required", P, CP, lambda a: dict(a, swa_window_size=4), ValueError,
      "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"),
+    ("p_swa_window_negative", P, CP, lambda a: dict(a, swa_window_size=-5), ValueError,
+     "kv-canary: swa_window_size must be non-negative, got -5"),
+    ("p_swa_window_negative_lut", PL, CP, lambda a: dict(a, swa_window_size=-(2**63)), ValueError,
+     f"kv-canary: swa_window_size must be non-negative, got {-(2**63)}"),
     ("p_verify_capacity", P, CP, lambda a: dict(a, verify_capacity=7), ValueError,
      "kv-canary: launch_canary_plan_kernels verify_capacity=7 does not match "
      "verify_plan_out.verify_slot_indices.shape[0]=8"),

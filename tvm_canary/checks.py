@@ -566,6 +566,7 @@ def check_plan(
         raise ValueError(
             "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"
         )
+    refuse_negative(swa_window_size, "swa_window_size")  # SPEC D9: upstream planned the whole prefix
 
     # Step 4.
     require_instance(verify_plan_out, VerifyPlan, "verify_plan_out")
