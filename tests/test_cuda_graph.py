@@ -11,7 +11,7 @@ import torch
 
 import tvm_canary as tc
 from tvm_canary.consts import RealKvHashMode
-from tvm_canary.runtime import use_backend
+from tvm_canary.runtime import packing, use_backend
 
 from tree import assert_same_bytes, tensors
 
@@ -106,3 +106,34 @@ def test_graph_replay_reads_live_inputs():
     n = int(want_vp.verify_num_valid)
     assert_same_bytes([t[:n] for t in tensors(vp)[:4]], [t[:n] for t in tensors(want_vp)[:4]])
     assert int(s["widx"]) > 0  # the refilled canary is random bytes, so verify must have flagged rows
+
+
+def test_capture_without_warm_up_keeps_its_scratch():
+    """Scratch a launch first needs during a capture is its graph's own (``packing.flags_for``): an eager
+    launch on that ring before the graph's first replay must not find it. The capture's pool holds -1
+    words first, so a kept scratch would hand the eager launch marks and a ticket that are not zero."""
+    gen = torch.Generator().manual_seed(1)
+    step(state("cuda", batch(gen)), *plans("cuda"))  # loads the modules outside the capture, on another ring
+    s, (vp, wp) = state("cuda", batch(gen)), plans("cuda")
+    before = {k: v.cpu() for k, v in s.items()}
+    pool, side = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+    stale = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(stale, pool=pool, stream=side):
+        junk = [torch.full((1 << 17,), -1, dtype=torch.int32, device="cuda") for _ in range(4)]  # a 2 MiB segment
+    del junk
+    stale.replay()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=side):
+        step(s, vp, wp)
+    torch.cuda.synchronize()
+    assert not any(bool(f.any()) for f in packing.flags_of(s["ring"]))
+
+    step(s, vp, wp)
+    graph.replay()
+    torch.cuda.synchronize()
+    want_vp, want_wp = plans("cpu")
+    with use_backend("reference"):
+        step(before, want_vp, want_wp)
+        step(before, want_vp, want_wp)
+    assert_same_bytes([s[k] for k in sorted(s)] + tensors(wp), [before[k] for k in sorted(before)] + tensors(want_wp))
+    assert int(s["widx"]) > 0  # the prefixes were never written, so verify must have flagged rows

@@ -20,7 +20,8 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
 * Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; tensors
   that are not exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor
-  with a null data pointer (no elements: its device would not follow from it).
+  with a null data pointer (no elements: its device would not follow from it); a launch during a CUDA-graph
+  capture (its chunk marks may be the capture's own: ``packing.flags_for``).
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
   launch key for the life of the process); write's again when a launch's token count differs from
   the last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
@@ -149,7 +150,7 @@ class _WriteKernel:
 def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tuple, tail: tuple) -> None:
     """Keep a checked launch under ``key`` unless the contract (module docstring) cannot vouch for it.
     ``own_tensors``: the plan's tensors and any other the kernel's checks read besides the context's."""
-    if key is None:
+    if key is None or packing.capturing(context.canary_buf.device):  # its chunk marks may be the capture's own
         return
     sources = context.real_kv_sources  # a tuple: the context keeps a list given to it as one
     if type(context) is not VerifyOrWriteContext:

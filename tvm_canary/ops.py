@@ -18,7 +18,7 @@ Each operator
 Scratch the kernels also write is owned here, not exposed: verify/write's per-ring ``flags`` (kept
 by ``runtime.packing``, zero again after every launch) and plan's offsets scratch (allocated per
 launch). Neither is an output, so traced graphs need not see them; allocated during a CUDA-graph
-capture, they come from the graph's pool and are valid on replay.
+capture, they come from the graph's pool and serve only that graph's launch (``packing.flags_for``).
 
 Every call runs the public launch's checks (SPEC 4, D10: ``checks.CHECKS``) on the tensors it is given,
 then the kernel, so a direct call is as safe as a public launch (the kernels take the shape relations

@@ -138,14 +138,29 @@ def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Te
     marking blocks' ranks (CUDA), ``[1 + c]`` one mark per chunk, then ``SEED_SAVE_WORDS`` per seed save
     (write: one per request, ``seed_saves`` = its plan's capacity), then at least one more element; the
     last one is the arrivals counter of write's and verify's single launch on CUDA
-    (``kernels.common.LAST_BLOCK_TICKET``)."""
+    (``kernels.common.LAST_BLOCK_TICKET``).
+
+    Scratch first needed during a CUDA-graph capture is the capturing launch's own and is never kept:
+    the graph zeroes it before that launch at each replay, and nothing zeroes it before the first, so
+    no other launch (eager, or another graph's) may use it (``capturing``)."""
     # write places its saves after the chunk marks of its own capacity (seed_saves), whatever ``entries``
     need = flag_words(max(entries, seed_saves), seed_saves)
     owned = _flags.setdefault(_ring_key(ring), [])
-    if not owned or owned[-1].numel() < need:
-        owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32,
-                                 device=ring.device))
+    if owned and owned[-1].numel() >= need:
+        return owned[-1]
+    if capturing(ring.device):
+        return torch.zeros(need, dtype=torch.int32, device=ring.device)
+    owned.append(torch.zeros(max(need, 2 * owned[-1].numel() if owned else need), dtype=torch.int32,
+                             device=ring.device))
     return owned[-1]
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether work enqueued now for ``device`` is captured into a CUDA graph (torch's current stream)."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _sink_args(context: VerifyOrWriteContext) -> list:
