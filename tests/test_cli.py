@@ -144,6 +144,7 @@ BAD_VALUES = [
     (["conformance", "--devices", ","], "argument --devices: kv-canary: no device in ','"),
     (["conformance", "--cases", "-1"], "argument --cases: must be at least 0, got -1"),
     (["conformance", "--json", "/"], "argument --json: / is a folder, not a file"),
+    (["conformance", "--json", "/sys/c.json"], "argument --json: /sys/c.json: cannot write it"),
     (["conformance", "--case", f"diff:{2**64}"], f"argument --case: kv-canary: case id 'diff:{2**64}': the seed must "
      "fit in int64"),
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
@@ -178,6 +179,7 @@ def test_output_paths_must_be_of_the_right_kind(tmp_path):
         cliargs.output_folder(str(a_file))
     assert cliargs.output_folder(str(tmp_path / "new")) == tmp_path / "new"
     assert cliargs.output_file(str(tmp_path / "out.json")) == tmp_path / "out.json"
+    assert cliargs.output_file(str(a_file)) == a_file and not (tmp_path / "out.json").exists()
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():

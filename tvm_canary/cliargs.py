@@ -128,12 +128,20 @@ def cuda_arch(text: str) -> str:
 
 
 def output_file(text: str) -> pathlib.Path:
-    """An argparse ``type`` for a file a command writes: its folder exists and it is not a folder."""
+    """An argparse ``type`` for a file a command writes: its folder exists, it is not a folder, and it can
+    be written (probed: opened for update, or created and removed)."""
     path = pathlib.Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: folder {path.parent} does not exist")
+    existed = path.exists()
+    try:
+        open(path, "r+" if existed else "x").close()
+        if not existed:
+            path.unlink()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text}: cannot write it ({e.strerror})") from None
     return path
 
 
