@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tvm_canary import cli, cliargs, selftest
+from tvm_canary.runtime import compile as C
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,6 +123,14 @@ def test_conformance_and_fuzz_errors_exit_2_and_findings_1(capsys, tmp_path, mon
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     status, out, err = run_main(["fuzz", "--cases", "1", "--out", str(tmp_path / "f.json")], capsys)
     assert status == 2 and err == "tvm-canary fuzz: error: kv-canary: cuda:3: torch sees 1 CUDA devices\n"
+
+
+@pytest.mark.parametrize("argv", [["tune", "--target", "llvm", "--rpc-key", "k"],
+                                  ["build", "--target", "cuda", "-o", "x"]])
+def test_runtime_only_tvm_refuses_tune_and_build(argv, monkeypatch, capsys):
+    monkeypatch.setattr(C, "compiler_available", lambda: False)
+    assert run_main(argv, capsys) == (1, "", f"tvm-canary {argv[0]}: error: kv-canary: tvm-canary {argv[0]} needs "
+                                      "TVM's compiler, and this TVM is runtime-only\n")
 
 
 def test_other_errors_keep_their_traceback(monkeypatch):

@@ -58,6 +58,7 @@ def default_tuning_keys(tag: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    C.require_compiler("build")
     if args.target == "cuda":
         if not args.arch:
             raise UsageError("--target cuda needs at least one --arch (e.g. sm_90)")

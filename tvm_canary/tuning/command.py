@@ -71,6 +71,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    C.require_compiler("tune")
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime import targets
