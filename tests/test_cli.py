@@ -165,6 +165,10 @@ BAD_VALUES = [
     (["build", "--target", "cuda", "-o", "x"], "--target cuda needs at least one --arch"),
     (["build", "--target", "llvm", "--arch", "sm_90", "-o", "x"], "--arch is for --target cuda"),
     (["build", "--target", "llvm", "--tuning", "no-such-device", "-o", "x"], "no tuning database for no-such-device"),
+    (["build", "--target", "llvm", "--tuning", "nvidia-h200-sm_90", "-o", "x"],
+     "kv-canary: --tuning nvidia-h200-sm_90: not a database of llvm"),
+    (["build", "--target", "cuda", "--arch", "sm_80", "--tuning", "amd-epyc", "-o", "x"],
+     "kv-canary: --tuning amd-epyc: not a database of cuda-sm_80"),
     (["tune", "--target", "llvm", "--rpc-tracker", "127.0.0.1:9190"], "--rpc-tracker and --rpc-key go together"),
     (["demo", "--device", "cpu", "--cuda-graph"], "--cuda-graph needs --device cuda"),
     (["demo", "--device", "cpu", "--steps", "10"], "--steps 10 leaves too few steps for 6 faults with "

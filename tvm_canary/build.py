@@ -63,10 +63,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.arch:
             raise UsageError("--target cuda needs at least one --arch (e.g. sm_90)")
         tags = [f"cuda-{arch}" for arch in args.arch]
-        try:
-            C.ensure_cuda_runtime()
-        except RuntimeError as e:
-            print(f"note: {e}; artifacts will carry CUDA source compiled by NVRTC at load")
     elif args.arch:
         raise UsageError("--arch is for --target cuda")
     else:
@@ -78,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
     missing = [key for key in tuning if keys.database_dir(key) is None]
     if missing:
         raise UsageError(f"no tuning database for {', '.join(missing)} (`tvm-canary info` lists them)")
+    foreign = [key for key in tuning if "-".join(filter(None, keys.expected_target(key))) not in tags]
+    if foreign:
+        raise UsageError(f"kv-canary: --tuning {', '.join(foreign)}: not a database of {', '.join(tags)} "
+                         "(a database applies only to its own device)")
+    if args.target == "cuda":
+        try:
+            C.ensure_cuda_runtime()
+        except RuntimeError as e:
+            print(f"note: {e}; artifacts will carry CUDA source compiled by NVRTC at load")
     print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning
           else "geometries: defaults (no tuning database)")
     files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
