@@ -161,6 +161,8 @@ BAD_VALUES = [
     (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
     (["tune", "--target", "llvm", "--time-limit", "-5"], "argument --time-limit: must be at least 0, got -5"),
     (["tune", "--target", "llvm", "--time-limit", "nan"], "argument --time-limit: must be at least 0, got nan"),
+    (["tune", "--target", "llvm", "--rpc-key", "k", "--log-dir", "/etc/passwd"],
+     "argument --log-dir: /etc/passwd is a file"),
     # found after parsing (cliargs.UsageError)
     (["build", "--target", "cuda", "-o", "x"], "--target cuda needs at least one --arch"),
     (["build", "--target", "llvm", "--arch", "sm_90", "-o", "x"], "--arch is for --target cuda"),

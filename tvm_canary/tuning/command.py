@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import pathlib
 import sys
 import time
 
 import torch
 from tqdm import tqdm
 
-from ..cliargs import UsageError, duration, int_at_least, output_root, summary, writable_folder
+from ..cliargs import UsageError, duration, int_at_least, output_folder, output_root, summary, writable_folder
 from ..console import counted
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
@@ -58,7 +57,7 @@ def add_parser(subparsers) -> None:
                    help="tune only the workloads (the preset's and the database's own buckets) whose default "
                         "geometry has no current record in the database (never tuned, or staled by a kernel "
                         "change); the others keep their records")
-    p.add_argument("--log-dir", type=pathlib.Path, default=None,
+    p.add_argument("--log-dir", type=output_folder, default=None,
                    help="MetaSchedule's log folder; default: a new folder under $TVM_CANARY_CACHE/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", type=fleet.host_port, default=None,
