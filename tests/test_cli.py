@@ -4,6 +4,7 @@ tvm_canary/cliargs.py), and the selftest's --device check."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -167,6 +168,8 @@ BAD_VALUES = [
     (["build", "--target", "cuda", "-o", "x"], "--target cuda needs at least one --arch"),
     (["build", "--target", "llvm", "--arch", "sm_90", "-o", "x"], "--arch is for --target cuda"),
     (["build", "--target", "llvm", "--tuning", "no-such-device", "-o", "x"], "no tuning database for no-such-device"),
+    (["build", "--target", "llvm", "-o", "/proc/nope"],
+     "kv-canary: cannot create the folder /proc/nope" if os.geteuid() == 0 else "argument -o/--out: /proc/nope"),
     (["build", "--target", "llvm", "--tuning", "nvidia-h200-sm_90", "-o", "x"],
      "kv-canary: --tuning nvidia-h200-sm_90: not a database of llvm"),
     (["build", "--target", "cuda", "--arch", "sm_80", "--tuning", "amd-epyc", "-o", "x"],

@@ -20,7 +20,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from .cliargs import UsageError, cuda_arch, int_at_least, output_folder, summary
+from .cliargs import UsageError, cuda_arch, int_at_least, output_folder, summary, writable_folder
 from .console import counted
 from .runtime import compile as C
 from .runtime.aot import build_all
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if foreign:
         raise UsageError(f"kv-canary: --tuning {', '.join(foreign)}: not a database of {', '.join(tags)} "
                          "(a database applies only to its own device)")
+    writable_folder(args.out)
     if args.target == "cuda":
         try:
             C.ensure_cuda_runtime()
