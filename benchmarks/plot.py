@@ -44,9 +44,13 @@ def read_run(path) -> dict:
 
 
 def load(path: str, reader: str) -> dict | None:
-    """A bench_kernels.py run, or None after a one-line error naming ``reader`` when it is a run of
-    the earlier bench (no baselines, targets or environment)."""
-    run = read_run(path)
+    """A bench_kernels.py run, or None after a one-line error naming ``reader`` when it cannot be read or
+    is a run of the earlier bench (no baselines, targets or environment)."""
+    try:
+        run = read_run(path)
+    except (OSError, ValueError) as e:
+        print(f"kv-canary: {reader}: cannot read {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return None
     if "env" not in run:
         print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)",
               file=sys.stderr)
