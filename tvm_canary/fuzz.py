@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     failures = [f | {"rank": r["rank"]} for r in ranks for f in r["failures"]]
     if rank == 0:
         for r in ranks:
-            print(f"fuzz rank {r['rank']} {r['device']} ({r['model']}, {r['arch']}): {r['cases']} cases in "
+            print(f"fuzz rank {r['rank']} {r['device']} ({r['model']}, {r['arch']}): {counted(r['cases'], 'case')} in "
                   f"{r['seconds']:.1f} s ({r['cases_per_second']}/s), {len(r['failures'])} failures")
         total = sum(r["cases"] for r in ranks)
         print(f"fuzz: {counted(total, 'case')} on {counted(size, 'process')}, {counted(len(failures), 'failure')}"

@@ -54,7 +54,7 @@ def tune_logs_dirs() -> list[pathlib.Path]:
 def committed_tune_logs() -> pathlib.Path:
     """The databases committed with the code: in a source checkout (also an editable install) the
     repository's top-level ``tune_logs/``, where they are edited; in an installed wheel the package
-    resource ``tvm_canary/tune_logs`` that the build maps that folder to (pyproject.toml)."""
+    resource ``tvm_canary/tune_logs`` that the build maps that folder to (setup.py)."""
     checkout = source_checkout()
     if checkout is not None:
         return checkout / "tune_logs"

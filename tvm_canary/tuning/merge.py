@@ -30,6 +30,7 @@ import struct
 import tempfile
 
 from ..cliargs import output_folder, summary
+from ..console import counted
 from ..runtime import compile as C
 from .apply import default_row, measured_records, open_database, row_chosen_over
 
@@ -163,7 +164,7 @@ def run(args) -> int:
         raise RuntimeError(f"kv-canary: cannot write the merged database to {args.out}: {e.strerror or e}") from None
     for folder, count in result.records_read.items():
         print(f"read {count:5} records from {folder}")
-    print(f"wrote {result.workloads} workloads (the chosen record and the default's, each) to {args.out}")
+    print(f"wrote {counted(result.workloads, 'workload')} (the chosen record and the default's, each) to {args.out}")
     if result.stale_kernels:
         print(f"dropped the records of {', '.join(sorted(result.stale_kernels))} tuned for older kernel code or "
               "another tuning case (re-tune them with `tvm-canary tune --stale-only`; a kernel change that keeps "
