@@ -30,6 +30,7 @@ import pathlib
 import re
 import sys
 
+from tvm_canary.cliargs import output_folder
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
 from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_mode, spec_id
@@ -88,7 +89,7 @@ def compare(mine: dict[str, str], theirs: dict[str, str]) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=pathlib.Path, help="folder for the sources and digests.json")
+    parser.add_argument("out", type=output_folder, help="folder for the sources and digests.json")
     parser.add_argument("--arch", default="sm_90", help="CUDA arch of the build (default sm_90)")
     parser.add_argument("--llvm", action="store_true", help="dump the CPU builds' LLVM IR instead of CUDA")
     parser.add_argument("--against", type=pathlib.Path, help="an earlier dump to compare with")
@@ -97,7 +98,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     tag = "llvm" if args.llvm else f"cuda-{args.arch}"
     if args.against is not None:
-        theirs = json.loads((args.against / "digests.json").read_text())
+        try:
+            theirs = json.loads((args.against / "digests.json").read_text())
+        except (OSError, ValueError) as e:
+            parser.error(f"--against: cannot read {args.against / 'digests.json'}: {getattr(e, 'strerror', None) or e}")
         if theirs["tag"] != tag:
             parser.error(f"{args.against} holds a {theirs['tag']} dump, not {tag}")
     kernels = args.kernel or list(KERNELS)

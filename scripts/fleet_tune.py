@@ -70,12 +70,14 @@ def best_us(database: pathlib.Path) -> dict:
 def main() -> int:
     import torch
 
+    from tvm_canary.cliargs import int_at_least
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=("cuda", "llvm"), default="cuda")
-    parser.add_argument("--servers", type=int, default=None,
+    parser.add_argument("--servers", type=int_at_least(1), default=None,
                         help="servers to start (cuda: default every visible GPU; llvm: 2)")
-    parser.add_argument("--counts", type=int, nargs="+", default=None, help="server counts to time")
-    parser.add_argument("--trials", type=int, default=32)
+    parser.add_argument("--counts", type=int_at_least(1), nargs="+", default=None, help="server counts to time")
+    parser.add_argument("--trials", type=int_at_least(1), default=32)
     parser.add_argument("--kernels", nargs="+", default=None)
     parser.add_argument("--workloads", default=None,
                         help="tune's size bucket preset (default: gpu for cuda, cpu for llvm)")
@@ -90,7 +92,8 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     servers = args.servers or (gpus if args.target == "cuda" else 2)
     if args.target == "cuda" and not 1 <= servers <= gpus:
-        parser.error(f"--target cuda needs 1 to {gpus} servers (one per visible GPU)")
+        parser.error(f"--target cuda needs 1 to {gpus} servers (one per visible GPU)" if gpus else
+                     "--target cuda needs a visible GPU")
     counts = args.counts or default_counts(servers)
     if not all(1 <= n <= servers for n in counts):
         parser.error(f"--counts must lie in 1..{servers}")
