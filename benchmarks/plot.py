@@ -51,7 +51,7 @@ def load(path: str, reader: str) -> dict | None:
     except (OSError, ValueError) as e:
         print(f"kv-canary: {reader}: cannot read {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return None
-    if "env" not in run:
+    if not isinstance(run, dict) or "env" not in run:
         print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)",
               file=sys.stderr)
         return None

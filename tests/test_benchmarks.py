@@ -98,6 +98,8 @@ def test_plot_tables_and_targets(tmp_path, capsys):
     (tmp_path / "old.json").write_text(json.dumps({"gpu": "old GPU", "rows": []}))  # a run of the earlier bench
     assert compare.main([str(path), str(tmp_path / "old.json")]) == 2
     assert report.main([str(tmp_path / "no.json")]) == 2 and "no.json: No such file" in capsys.readouterr().err
+    (tmp_path / "3.json").write_text("3")
+    assert report.main([str(tmp_path / "3.json")]) == 2
     assert "Rows with targets: 1 PASS, 3 FAIL." in lines
     assert "Floors as lower bounds: PASS, no row faster than a floor by more than 5% (default or tuned arm)." in lines
 

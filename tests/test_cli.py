@@ -208,6 +208,17 @@ def test_output_paths_must_be_of_the_right_kind(tmp_path):
     assert cliargs.output_folder(str(tmp_path / "new")) == tmp_path / "new"
     assert cliargs.output_file(str(tmp_path / "out.json")) == tmp_path / "out.json"
     assert cliargs.output_file(str(a_file)) == a_file and not (tmp_path / "out.json").exists()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "target")  # dangling: the file it names is written
+    for name in ("fifo", "link"):
+        assert cliargs.output_file(str(tmp_path / name)) == tmp_path / name
+    assert not (tmp_path / "target").exists()
+
+
+def test_tune_checks_its_log_folder_before_building(tmp_path, capsys):
+    argv = ["tune", "--target", "llvm", "--kernels", "write", "--out", str(tmp_path), "--log-dir", "/proc/nope"]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and err.count("\n") == 1 and "/proc/nope" in err, err
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import os
 import pathlib
 import re
@@ -129,17 +130,18 @@ def cuda_arch(text: str) -> str:
 
 def output_file(text: str) -> pathlib.Path:
     """An argparse ``type`` for a file a command writes: its folder exists, it is not a folder, and it can
-    be written (probed: opened for update, or created and removed)."""
+    be written (an existing file, pipe or device: ``os.access``; a new one: created and removed)."""
     path = pathlib.Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: folder {path.parent} does not exist")
-    existed = path.exists()
     try:
-        open(path, "r+" if existed else "x").close()
-        if not existed:
-            path.unlink()
+        if not path.exists():
+            open(path.resolve(), "x").close()  # a dangling link: the file it names
+            path.resolve().unlink()
+        elif not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as e:
         raise argparse.ArgumentTypeError(f"{text}: cannot write it ({e.strerror})") from None
     return path

@@ -20,8 +20,9 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
 * Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; tensors
   that are not exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor
-  with a null data pointer (no elements: its device would not follow from it); a launch during a CUDA-graph
-  capture (its chunk marks may be the capture's own: ``packing.flags_for``).
+  with a null data pointer (no elements: its device would not follow from it). A launch packed during a
+  CUDA-graph capture is not kept (its chunk marks may be the capture's own: ``packing.flags_for``); one
+  kept before the capture is replayed in it.
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
   launch key for the life of the process); write's again when a launch's token count differs from
   the last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
