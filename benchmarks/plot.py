@@ -27,9 +27,9 @@ import verdicts  # benchmarks/, the script's folder
 BASELINES = ("original", "triton", "torch")
 STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
 DEFAULT_DPI = 60  # plot.py --dpi: the PNGs' resolution, the docs' (small files: the tree's budget)
-# Colours of the PNGs' palette: the plots draw a dozen line colours (anti-aliased); 64 keep them apart at
-# about 0.8x the size of 256 (the repository's tree must stay under 2 MiB, docs/ PNGs included).
-PALETTE_COLOURS = 64
+# Colours of the PNGs' palette: the plots draw a dozen line colours (anti-aliased); 32 keep them apart at
+# about 0.9x the size of 64 (the repository's tree must stay under 2 MiB, docs/ PNGs included).
+PALETTE_COLOURS = 32
 
 
 INCOMPLETE = ("**Incomplete run**: it holds only the kernels and sizes below (cut short, made a part at a time "
