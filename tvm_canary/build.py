@@ -20,7 +20,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from .cliargs import UsageError, cuda_arch, int_at_least, output_folder, summary, writable_folder
+from .cliargs import UsageError, cuda_arch, int_at_least, output_folder, require_compiler, summary, writable_folder
 from .console import counted
 from .runtime import compile as C
 from .runtime.aot import build_all
@@ -58,7 +58,7 @@ def default_tuning_keys(tag: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    C.require_compiler("build")
+    require_compiler("build")
     if args.target == "cuda":
         if not args.arch:
             raise UsageError("--target cuda needs at least one --arch (e.g. sm_90)")

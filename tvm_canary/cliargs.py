@@ -170,6 +170,14 @@ def output_folder(text: str) -> pathlib.Path:
     return path
 
 
+def require_compiler(command: str) -> None:
+    """Refuse ``command`` (one that builds kernels) on a runtime-only TVM."""
+    from .runtime import compile as C
+
+    if not C.compiler_available():
+        raise RuntimeError(f"kv-canary: tvm-canary {command} needs TVM's compiler, and this TVM is runtime-only")
+
+
 def writable_folder(folder: pathlib.Path, files: tuple[str, ...] = ()) -> None:
     """Create ``folder`` (and its parents) when missing and check that this process can write into it and
     to those of ``files`` (names in it) that exist; else ``UsageError``. A command that writes there at

@@ -305,11 +305,6 @@ def compiler_available() -> bool:
     return not getattr(tvm.base, "_RUNTIME_ONLY", False)
 
 
-def require_compiler(command: str) -> None:
-    if not compiler_available():
-        raise RuntimeError(f"kv-canary: tvm-canary {command} needs TVM's compiler, and this TVM is runtime-only")
-
-
 @functools.lru_cache(maxsize=None)
 def ensure_cuda_runtime() -> None:
     """Make TVM's CUDA runtime available; raise a clear error if it cannot be.

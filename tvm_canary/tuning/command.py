@@ -32,7 +32,16 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..cliargs import UsageError, duration, int_at_least, output_folder, output_root, summary, writable_folder
+from ..cliargs import (
+    UsageError,
+    duration,
+    int_at_least,
+    output_folder,
+    output_root,
+    require_compiler,
+    summary,
+    writable_folder,
+)
 from ..console import counted
 from ..runtime import compile as C
 from ..runtime.specializations import KERNELS
@@ -70,7 +79,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    C.require_compiler("tune")
+    require_compiler("tune")
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime import targets
