@@ -17,6 +17,7 @@ import errno
 import os
 import pathlib
 import re
+import tempfile
 
 import torch
 
@@ -159,14 +160,16 @@ def output_root(text: str) -> pathlib.Path:
 
 def output_folder(text: str) -> pathlib.Path:
     """An argparse ``type`` for a folder a command writes into (created when missing): not a file, and
-    the folder, or where it would be created (its nearest existing parent), writable by this process."""
+    the folder, or where it would be created (its nearest existing parent), one this process can make a
+    folder in (probed: one made and removed; ``os.access`` passes ``/proc`` for root)."""
     path = output_root(text)
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: cannot write into {existing} "
-                                         "(permissions or a read-only file system)")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text}: cannot write into {existing} ({e.strerror})") from None
     return path
 
 

@@ -106,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     writable_folder(work_dir, DATABASE_FILES)
-    writable_folder(log_dir)
     if any((work_dir / name).exists() for name in DATABASE_FILES):  # refused unless readable, of this target
         db = apply.open_database(work_dir, key)
     else:
