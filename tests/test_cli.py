@@ -155,6 +155,7 @@ BAD_VALUES = [
     (["conformance", "--cases", "-1"], "argument --cases: must be at least 0, got -1"),
     (["conformance", "--json", "/"], "argument --json: / is a folder, not a file"),
     (["conformance", "--json", "/sys/c.json"], "argument --json: /sys/c.json: cannot write it"),
+    (["conformance", "--json", "/" + "x" * 300], f"argument --json: /{'x' * 79}: File name too long"),
     (["conformance", "--case", f"diff:{2**64}"], f"argument --case: kv-canary: case id 'diff:{2**64}': the seed must "
      "fit in int64"),
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),

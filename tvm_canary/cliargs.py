@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import errno
+import functools
 import os
 import pathlib
 import re
@@ -129,6 +130,20 @@ def cuda_arch(text: str) -> str:
     return text
 
 
+def _path_type(check):
+    """An argparse path ``type`` whose file-system errors (a name too long, a loop of links) are usage errors."""
+
+    @functools.wraps(check)
+    def checked(text: str) -> pathlib.Path:
+        try:
+            return check(text)
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{text[:80]}: {e.strerror or e}") from None
+
+    return checked
+
+
+@_path_type
 def output_file(text: str) -> pathlib.Path:
     """An argparse ``type`` for a file a command writes: its folder exists, it is not a folder, and it can
     be written (an existing file, pipe or device: ``os.access``; a new one: created and removed)."""
@@ -148,6 +163,7 @@ def output_file(text: str) -> pathlib.Path:
     return path
 
 
+@_path_type
 def output_root(text: str) -> pathlib.Path:
     """An argparse ``type`` for a folder under which a command writes into subfolders (created when
     missing): not a file. The subfolder is checked when the command knows it (``writable_folder``), so a
@@ -158,6 +174,7 @@ def output_root(text: str) -> pathlib.Path:
     return path
 
 
+@_path_type
 def output_folder(text: str) -> pathlib.Path:
     """An argparse ``type`` for a folder a command writes into (created when missing): not a file, and
     the folder, or where it would be created (its nearest existing parent), one this process can make a
