@@ -223,7 +223,8 @@ class CanarySession:
         self.real_kv_hash_mode = hash_mode(real_kv_hash_mode)
         self.halves = ("K", "V") if enable_v else ("K",)
         mode, configs = self.real_kv_hash_mode, [g for g in (full, swa) if g]
-        folded, given = (any(g.sources(h) for g in configs for h in halves) for halves in (self.halves, "KV"))
+        folded = any(g.sources(h) for g in configs for h in self.halves)
+        given = any(g.sources(h) for g in configs for h in "KV")
         if mode != RealKvHashMode.NONE and not folded and (mode == RealKvHashMode.ALL or given):
             raise ValueError(f"kv-canary: real_kv_hash_mode={mode.name} folds real-KV sources but no group has any "
                              "in a half that runs; use RealKvHashMode.NONE for a session without sources")
