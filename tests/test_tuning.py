@@ -1419,3 +1419,33 @@ def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, cap
     assert status == 1
     assert f"kv-canary: cannot read the tuning database {folder}" in capsys.readouterr().err
     assert not (folder / "database_workload.json").exists()
+
+
+def test_kernel_hash_changes_with_the_tensorir_of_every_path_a_knob_chooses(tmp_path, monkeypatch):
+    """A change of the TensorIR that only thin geometries build (``kernels.common.work_grid``'s thin grid)
+    changes verify's kernel hash, so records measured on the old thin path are stale."""
+    from tvm.script import tirx as T
+
+    from tvm_canary.kernels import verify as verify_kernel
+    from tvm_canary.runtime import parse
+
+    def hashed(cache: str) -> str:
+        monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / cache))
+        workloads._hash_table.cache_clear()
+        parse.kernel_ir.cache_clear()
+        return workloads.kernel_hash("verify", (1024, 0), "cuda")
+
+    work_grid = verify_kernel.work_grid
+
+    def two_warps_at_most_when_thin(geom, units):
+        blocks, lanes = work_grid(geom, units)
+        return (blocks, T.min(lanes, T.int64(64))) if geom.thin else (blocks, lanes)
+
+    before = hashed("before")
+    monkeypatch.setattr(verify_kernel, "work_grid", two_warps_at_most_when_thin)
+    try:
+        assert hashed("after") != before
+    finally:
+        monkeypatch.undo()
+        workloads._hash_table.cache_clear()
+        parse.kernel_ir.cache_clear()

@@ -100,17 +100,19 @@ def tuned_spec(kernel: str, bucket: tuple) -> tuple:
     }[kernel]()
 
 
-# The geometries the kernel hash is taken in: fixed here (not the defaults, whose values are tuned by
-# hand) so that only a change of the kernel's TensorIR changes the hash; without and with paired folds
-# (``Geometry.pairs``), whose code differs where sources are folded (``specializations.launch_mode``).
+# The geometries the kernel hash is taken in: a fixed reference geometry (not the defaults, whose values
+# are tuned by hand), so that only a change of the kernel's TensorIR changes the hash, with every value of
+# the knobs that choose between code paths rather than size them: ``thin`` (CUDA's small-launch grid,
+# ``kernels.common.work_grid``) and, where sources are folded, ``pairs`` (``specializations.launch_mode``).
+# Each is a tuning knob, so records are measured on each path.
 _HASH_GEOMETRIES = {
-    "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, pairs=p)
-                  for p in (0, 1)),
+    "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, thin=t, pairs=p)
+                  for t in (0, 1) for p in (0, 1, 2)),
     "llvm": tuple(Geometry(gpu=False, unroll=4, pairs=p) for p in (0, 1)),
 }
 # Names the way hashes are computed in the remembered tables' file names (``kernel_hash``): a table
-# of an earlier way is not read. 2: both fold forms (thirteenth session).
-_HASH_METHOD = 2
+# of an earlier way is not read. 2: both fold forms (thirteenth session); 3: thin and pairs 2 too.
+_HASH_METHOD = 3
 # The version of a kernel's tuning case (``make_case``) where it changed since its records were first
 # kept: records timed on another case are stale (``apply.measured_records``), so a tune on top of a
 # database never ranks records of two cases together. Verify 2: two launches of the bucket's size each
@@ -130,13 +132,14 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     """Hash of what a workload's records were measured on: the code it tunes and, where the kernel's
     case changed since records were first kept (``CASE_VERSIONS``), the case. The code's hash is the
     structural hash (16 hex digits) of the TensorIR of ``kernels.<kernel>.make(*tuned_spec(kernel,
-    bucket), geometry)`` for the target kind (``cuda`` or ``llvm``) in a fixed reference geometry,
-    without the attributes that do not shape the generated code (``tirx.is_scheduled``); for a
-    specialization that folds sources, whose paired and single-chain folds give different TensorIR,
-    the SHA-256 (16 hex digits) of both structural hashes. Renaming Python helpers, taking numbers from
-    named constants or reformatting the kernel source leaves it unchanged; a change of the TensorIR (and
-    so possibly of the generated code) changes it. Computing it parses the kernel (about a second), so
-    code hashes are remembered per ``compile.source_hash()`` in the kernel cache folder."""
+    bucket), geometry)`` for the target kind (``cuda`` or ``llvm``) in fixed reference geometries, one
+    per code path the knobs choose (``_HASH_GEOMETRIES``), without the attributes that do not shape the
+    generated code (``tirx.is_scheduled``); where they give different TensorIR, the SHA-256 (16 hex
+    digits) of the distinct structural hashes in order. Renaming Python helpers, taking numbers from
+    named constants or reformatting the kernel source leaves it unchanged; a change of the TensorIR that
+    any path builds (and so possibly of the generated code) changes it. Computing it parses the kernel
+    (about a second a path), so code hashes are remembered per ``compile.source_hash()`` in the kernel
+    cache folder."""
     return _with_case(code_hash(kernel, bucket, target_kind), CASE_VERSIONS.get(kernel))
 
 
@@ -185,21 +188,23 @@ def _hash_table(path: pathlib.Path) -> dict:
 
 
 def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
-    unpaired, paired = _HASH_GEOMETRIES[target_kind]
     folds = launch_mode(kernel, kernel_spec) != 0
-    hashes = []
     from tvm_canary.runtime.parse import kernel_ir  # the TVMScript parser: compiler hosts only
 
-    for geom in (unpaired, paired) if folds else (unpaired,):
+    hashes = []
+    for geom in _HASH_GEOMETRIES[target_kind]:
+        if geom.pairs and not folds:
+            continue  # pairs shapes only the folds
         func = kernel_ir(kernel, kernel_spec, geom)
         for attr in _IGNORED_ATTRS:
             func = func.without_attr(attr)
         # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
         # Python versions (3.11 prints TypeVar lines that 3.12 does not), the IR's structure does not.
         hashes.append(f"{tvm_ffi.structural_hash(func):016x}")
-    if len(set(hashes)) == 1:  # no sources folded, or both forms build the same TensorIR
-        return hashes[0]
-    return hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16]
+    distinct = list(dict.fromkeys(hashes))
+    if len(distinct) == 1:  # the knobs choose no other TensorIR (plan, scatter)
+        return distinct[0]
+    return hashlib.sha256(" ".join(distinct).encode()).hexdigest()[:16]
 
 
 def descriptor(kernel: str, bucket: tuple, target_kind: str):
