@@ -182,6 +182,34 @@ def test_state_inside_a_buffer_of_another_dtype(backend):
         run_steps(torch.compile(sliced, fullgraph=True, backend=backend), state())
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_meta_chain_flag_is_ignored_by_a_compiled_verify(backend):
+    """Verify ignores the chain flag (SPEC 2.3), so its checks pass a meta one, but the meta tensor among
+    CPU ones sent the compiled step's operator call to the fake implementation, which did nothing (no
+    rows, no counts, no error). It runs as eagerly now."""
+    def meta_flag_state():
+        s = make_state("cpu")
+        s["chain_assert"] = torch.ones(1, dtype=torch.int32, device="meta")
+        refill(s, 0)
+        return s
+
+    def verify_step(s):
+        plan = tc.VerifyPlan(verify_slot_indices=s["v_slots"], verify_expected_tokens=s["v_tokens"],
+                             verify_expected_positions=s["v_pos"], verify_prev_slot_indices=s["v_prev"],
+                             verify_num_valid=s["v_num"], enable=s["v_enable"])
+        tc.launch_canary_verify_kernel(context=step_context(s), plan=plan, check_verify_expected_token=True)
+
+    want = meta_flag_state()
+    want["v_num"].fill_(3)
+    verify_step(want)
+    got = meta_flag_state()
+    got["v_num"].fill_(3)
+    torch.compile(verify_step, fullgraph=True, backend=backend)(got)
+    assert int(want["counters"][TAG + 6]) == 1
+    assert_same_bytes([t for t in got.values() if t.device.type == "cpu"],
+                      [t for t in want.values() if t.device.type == "cpu"])
+
+
 def test_reduce_overhead_replays_with_refilled_inputs():
     require("cuda")
     want = run_steps(serving_step, make_state("cuda"), steps=4)

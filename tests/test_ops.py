@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 import torch
@@ -57,6 +58,25 @@ def test_fake_implementation_accepts_meta_tensors(kernel):
 
     args = [meta(a) for a in op_args(kernel, case)]
     assert getattr(torch.ops.tvm_canary, kernel)(*args) is None
+
+
+# A tensor of each kernel's launch arguments (a plan's field as "plan.field") moved to meta by the test below.
+_ON_META = {"write": "input_ids", "verify": "plan.enable", "plan": "prefix_lens", "scatter": "offsets"}
+
+
+@pytest.mark.parametrize("kernel", list(CASES))
+def test_a_direct_call_with_one_meta_tensor_raises_the_launchs_error(kernel):
+    """One meta tensor among CPU ones sends a call to the fake implementation; it raises what the public
+    launch raises (it returned None: the call did nothing)."""
+    case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
+    key, _, field = _ON_META[kernel].partition(".")
+    case[key] = (dataclasses.replace(case[key], **{field: getattr(case[key], field).to("meta")}) if field
+                 else case[key].to("meta"))
+    with pytest.raises(ValueError) as launched:
+        LAUNCH[kernel](**case)
+    assert str(launched.value).startswith("kv-canary: ") and "device" in str(launched.value)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(launched.value))}$"):
+        getattr(torch.ops.tvm_canary, kernel)(*op_args(kernel, case))
 
 
 @pytest.mark.parametrize("kernel", list(CASES))

@@ -11,7 +11,8 @@ Each operator
   write: ``canary_buf``, ``violation_ring``, ``violation_write_index``, ``slot_run_counter``,
   ``kernel_run_counter``; verify: the same minus ``canary_buf``; plan: the nine plan tensors;
   scatter: ``pool_out`` (SPEC 3.1-3.4);
-* returns nothing, so its fake (meta) implementation only returns None;
+* returns nothing, so its fake (meta) implementation returns None (``_fake``: real tensors that reach it run
+  the operator);
 * runs, on CPU and CUDA, the compiled module (``runtime.get_kernel``) on the arguments built by
   ``runtime.packing``, or the torch reference under ``use_backend("reference")``.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import checks, reference
 from .argtypes import require_tensor
@@ -242,9 +244,17 @@ _MUTATES = {fn: sorted(name.rsplit(".", 1)[-1] for name in checks.WRITTEN[fn.__n
             for fn in (write, verify, plan, scatter)}
 
 
-def _returns_none(*args) -> None:
-    """Fake (meta) implementation of every operator: they only mutate their arguments."""
-    return None
+def _fake(fn):
+    """``fn``'s fake (Meta) implementation: the operators only mutate their arguments, so on fake
+    tensors (tracing) or only meta tensors it returns None. torch also dispatches a call to it when
+    one real tensor argument is on ``meta`` and others are not: then it runs ``fn`` itself, whose checks
+    refuse the meta tensor as the public launch does (SPEC 4; a tensor its kernel ignores, as verify
+    ignores the chain flag, is ignored here too), so the call is never silently skipped."""
+    def fake(*args) -> None:
+        tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
+        if not any(isinstance(t, FakeTensor) for t in tensors) and any(t.device.type != "meta" for t in tensors):
+            fn(*args)
+    return fake
 
 
 def _register() -> None:
@@ -253,7 +263,7 @@ def _register() -> None:
         _lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates))
         for key in ("CPU", "CUDA"):
             _lib.impl(name, fn, key)
-        torch.library.register_fake(f"{NAMESPACE}::{name}", _returns_none, lib=_lib)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _fake(fn), lib=_lib)
 
 
 _register()
