@@ -113,6 +113,15 @@ def run_steps(fn, s: dict[str, torch.Tensor], steps: int = 3) -> list[torch.Tens
     return list(s.values())
 
 
+def error_chain(error: BaseException) -> list[str]:
+    """The messages of ``error`` and of the errors it was raised from (Dynamo wraps the step's own)."""
+    chain = []
+    while error is not None:
+        chain.append(str(error))
+        error = error.__cause__ or error.__context__
+    return chain
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
@@ -184,9 +193,8 @@ def test_state_inside_a_buffer_of_another_dtype(backend):
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_a_meta_chain_flag_is_ignored_by_a_compiled_verify(backend):
-    """Verify ignores the chain flag (SPEC 2.3), so its checks pass a meta one, but the meta tensor among
-    CPU ones sent the compiled step's operator call to the fake implementation, which did nothing (no
-    rows, no counts, no error). It runs as eagerly now."""
+    """Verify ignores the chain flag, but a meta one sent its operator call to the fake implementation,
+    which did nothing."""
     def meta_flag_state():
         s = make_state("cpu")
         s["chain_assert"] = torch.ones(1, dtype=torch.int32, device="meta")
@@ -208,6 +216,21 @@ def test_a_meta_chain_flag_is_ignored_by_a_compiled_verify(backend):
     assert int(want["counters"][TAG + 6]) == 1
     assert_same_bytes([t for t in got.values() if t.device.type == "cpu"],
                       [t for t in want.values() if t.device.type == "cpu"])
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("view", [torch.conj, torch._neg_view])
+def test_a_compiled_step_refuses_a_conjugate_or_negative_source(backend, view):
+    """The operator refuses them (the launch's check is skipped while Dynamo traces)."""
+    def step(s):
+        serving_step({**s, "kv": view(s["kv"].view(torch.complex64))})
+
+    s = make_state("cpu")
+    refill(s, 0)
+    with pytest.raises(Exception) as raised:
+        torch.compile(step, fullgraph=True, backend=backend)(s)
+    chain = error_chain(raised.value)
+    assert any(text.startswith("kv-canary: RealKvSource.tensor must not be a conjugate") for text in chain), chain
 
 
 def test_reduce_overhead_replays_with_refilled_inputs():
@@ -238,10 +261,7 @@ def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
         torch.compile(step_context, fullgraph=True, backend="eager")(s, **{field: wrong})
-    chain, cause = [], raised.value
-    while cause is not None:
-        chain.append(str(cause))
-        cause = cause.__cause__ or cause.__context__
+    chain = error_chain(raised.value)
     assert any("kv-canary: " in text and field in text for text in chain), chain
 
 
@@ -258,8 +278,5 @@ def test_a_wrong_shape_prints_its_numbers_from_a_step_with_dynamic_sizes():
         torch._dynamo.maybe_mark_dynamic(s[name], s[name].dim() - 1)
     with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
         torch.compile(serving_step, fullgraph=True, backend="eager")(s)
-    chain, cause = [], raised.value
-    while cause is not None:
-        chain.append(str(cause))
-        cause = cause.__cause__ or cause.__context__
+    chain = error_chain(raised.value)
     assert any(message in text for text in chain), chain

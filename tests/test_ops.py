@@ -60,14 +60,13 @@ def test_fake_implementation_accepts_meta_tensors(kernel):
     assert getattr(torch.ops.tvm_canary, kernel)(*args) is None
 
 
-# A tensor of each kernel's launch arguments (a plan's field as "plan.field") moved to meta by the test below.
+# The launch argument (or "plan.field") the test below moves to meta.
 _ON_META = {"write": "input_ids", "verify": "plan.enable", "plan": "prefix_lens", "scatter": "offsets"}
 
 
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_a_direct_call_with_one_meta_tensor_raises_the_launchs_error(kernel):
-    """One meta tensor among CPU ones sends a call to the fake implementation; it raises what the public
-    launch raises (it returned None: the call did nothing)."""
+    """One meta tensor among CPU ones sends a call to the fake implementation: it raised nothing, did nothing."""
     case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
     key, _, field = _ON_META[kernel].partition(".")
     case[key] = (dataclasses.replace(case[key], **{field: getattr(case[key], field).to("meta")}) if field
@@ -77,6 +76,20 @@ def test_a_direct_call_with_one_meta_tensor_raises_the_launchs_error(kernel):
     assert str(launched.value).startswith("kv-canary: ") and "device" in str(launched.value)
     with pytest.raises(ValueError, match=f"^{re.escape(str(launched.value))}$"):
         getattr(torch.ops.tvm_canary, kernel)(*op_args(kernel, case))
+
+
+VIEW_BITS = {"conj": torch.conj, "neg": torch._neg_view}
+VIEW_BITS_ERROR = "^kv-canary: RealKvSource.tensor must not be a conjugate or negative view"
+
+
+@pytest.mark.parametrize("view", list(VIEW_BITS))
+@pytest.mark.parametrize("kernel", ["verify", "write"])
+def test_a_direct_call_refuses_a_conjugate_or_negative_source(kernel, view):
+    """As the launch does (torch's fallback gave the operator a resolved copy)."""
+    args = list(op_args(kernel, CASES[kernel](torch.Generator().manual_seed(0), "cpu")))
+    args[7] = [VIEW_BITS[view](t.view(torch.complex64)) for t in args[7]]
+    with pytest.raises(ValueError, match=VIEW_BITS_ERROR):
+        getattr(torch.ops.tvm_canary, kernel)(*args)
 
 
 @pytest.mark.parametrize("kernel", list(CASES))

@@ -101,11 +101,10 @@ def check_source_tensor(tensor: torch.Tensor) -> None:
     values: no conjugate or negative view, whose bits torch applies only when it reads the values (the
     kernels hash the bytes in memory; the reference cannot view such a tensor as bytes). Checked when the
     source is built and again at every launch (``checks.check_real_kv_sources``), since a tensor may be
-    re-strided in place (``as_strided_``) after. The view bits are not read while ``torch.compile`` traces
-    (Dynamo cannot trace them)."""
-    if not torch.compiler.is_compiling() and (tensor.is_conj() or tensor.is_neg()):
-        raise ValueError("kv-canary: RealKvSource.tensor must not be a conjugate or negative view (its bytes are "
-                         "not its values): pass tensor.resolve_conj().resolve_neg()")
+    re-strided in place (``as_strided_``) after. Dynamo cannot trace the view bits: the operators read them
+    then (``ops._view_bits_kernel``)."""
+    if not torch.compiler.is_compiling():
+        refuse_view_bits(tensor)
     if tensor.is_quantized:  # its uint8 view keeps the quantizer, which the reference's indexing crashes on
         raise ValueError("kv-canary: RealKvSource.tensor must not be quantized: pass tensor.int_repr()")
     row_stride_bytes = tensor.stride(0) * tensor.element_size()
@@ -115,6 +114,13 @@ def check_source_tensor(tensor: torch.Tensor) -> None:
             f"{row_stride_bytes} bytes (shape={shape_text(tensor)}, strides={tuple(tensor.stride())}, "
             f"dtype={tensor.dtype})"
         )
+
+
+def refuse_view_bits(tensor: torch.Tensor) -> None:
+    """``tensor``, a real-KV source's, is no conjugate or negative view (SPEC 4 "Argument types")."""
+    if tensor.is_conj() or tensor.is_neg():
+        raise ValueError("kv-canary: RealKvSource.tensor must not be a conjugate or negative view (its bytes are "
+                         "not its values): pass tensor.resolve_conj().resolve_neg()")
 
 
 # The modes by value, looked up instead of calling ``RealKvHashMode(value)``: torch 2.11's Dynamo cannot

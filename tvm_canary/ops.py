@@ -11,8 +11,7 @@ Each operator
   write: ``canary_buf``, ``violation_ring``, ``violation_write_index``, ``slot_run_counter``,
   ``kernel_run_counter``; verify: the same minus ``canary_buf``; plan: the nine plan tensors;
   scatter: ``pool_out`` (SPEC 3.1-3.4);
-* returns nothing, so its fake (meta) implementation returns None (``_fake``: real tensors that reach it run
-  the operator);
+* returns nothing, so its fake (meta) implementation returns None (``_fake``);
 * runs, on CPU and CUDA, the compiled module (``runtime.get_kernel``) on the arguments built by
   ``runtime.packing``, or the torch reference under ``use_backend("reference")``.
 
@@ -22,17 +21,16 @@ launch). Neither is an output, so traced graphs need not see them; allocated dur
 capture, they come from the graph's pool and serve only that graph's launch (``packing.flags_for``).
 
 Every call runs the public launch's checks (SPEC 4, D10: ``checks.CHECKS``) on the tensors it is given,
-then the kernel, so a direct call is as safe as a public launch (the kernels take the shape relations
-the checks establish for granted: a too-short plan tensor or a canary row under 32 bytes would be read
-or written past its end). A traced caller's public launch ran the same checks on fake tensors, which
-have no data pointers (alignment, overlaps): those checks see real ones only here. Eager launches
-outside any tracing skip the operator and call ``run`` directly after their own checks (same work,
-less host time); see ``launch.py``. Under ``torch.compile`` the implementations run as opaque calls: nothing in them is
-traced (locks, module loading and the tvm-ffi call stay outside the graph).
+then the kernel, so a direct call is as safe as a public launch (the kernels rely on the shape relations
+the checks establish: a too-short plan tensor would be read past its end). A traced caller's launch ran
+them on fake tensors, which have no data pointers (alignment, overlaps). Untraced eager launches skip
+the operator and call ``run`` after their own checks (``launch.py``). Under ``torch.compile`` the
+implementations are opaque calls: nothing in them is traced (locks, module loading, the tvm-ffi call).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -40,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import checks, reference
 from .argtypes import require_tensor
-from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode
+from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode, refuse_view_bits
 from .plans import VerifyPlan, WritePlan, plan_tensors
 from .runtime import get_kernel, packing, use_reference
 
@@ -225,10 +223,8 @@ def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out
 def _refuse_empty_state(**tensors: Tensor) -> None:
     """No one-element state of the operator (write index, counters, flags, counts) arrived empty: under
     ``torch.compile`` (aot_eager, Inductor) a one-element view of another dtype at a nonzero offset of a
-    larger buffer (``buf[i : i + 1].view(torch.int32)[:1]``) reaches an operator empty (torch rebuilds the
-    view wrongly), and its writes would be lost (violations unreported, on every backend). Run before the
-    launch checks, whose message for it (``length must be 1, got 0``) would not say why; any other wrong
-    length is theirs to refuse."""
+    larger buffer reaches an operator empty (torch rebuilds the view wrongly), and its writes would be
+    lost. Run before the launch checks, whose message (``length must be 1, got 0``) would not say why."""
     for name, tensor in tensors.items():
         require_tensor(tensor, name)
         if tensor.numel() == 0:
@@ -245,16 +241,32 @@ _MUTATES = {fn: sorted(name.rsplit(".", 1)[-1] for name in checks.WRITTEN[fn.__n
 
 
 def _fake(fn):
-    """``fn``'s fake (Meta) implementation: the operators only mutate their arguments, so on fake
-    tensors (tracing) or only meta tensors it returns None. torch also dispatches a call to it when
-    one real tensor argument is on ``meta`` and others are not: then it runs ``fn`` itself, whose checks
-    refuse the meta tensor as the public launch does (SPEC 4; a tensor its kernel ignores, as verify
-    ignores the chain flag, is ignored here too), so the call is never silently skipped."""
+    """``fn``'s fake (Meta) implementation: None on fake or only meta tensors. Real tensors of which one
+    is on meta reach it too: it runs ``fn``, which refuses them as the launch does (or ignores the tensor,
+    as verify its chain flag), so no call is skipped."""
     def fake(*args) -> None:
         tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
         if not any(isinstance(t, FakeTensor) for t in tensors) and any(t.device.type != "meta" for t in tensors):
             fn(*args)
     return fake
+
+
+_VIEW_BITS = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate).add(torch._C.DispatchKey.Negative)
+
+
+def _view_bits_kernel(fn):
+    """``fn`` for a conjugate or negative view argument (those dispatch keys): it refuses such a real-KV
+    source, also while tracing (before torch's fallback copies it, whose values would be folded); any other
+    goes on as it is, as a launch passes it."""
+    op = getattr(torch.ops.tvm_canary, fn.__name__).default
+    names = list(inspect.signature(fn).parameters)
+
+    def kernel(*args) -> None:
+        for tensor in dict(zip(names, args)).get("real_kv_tensors", ()):
+            refuse_view_bits(tensor)
+        with torch._C._ExcludeDispatchKeyGuard(_VIEW_BITS):
+            op(*args)
+    return kernel
 
 
 def _register() -> None:
@@ -263,6 +275,8 @@ def _register() -> None:
         _lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates))
         for key in ("CPU", "CUDA"):
             _lib.impl(name, fn, key)
+        for key in ("Conjugate", "Negative"):
+            _lib.impl(name, _view_bits_kernel(fn), key)
         torch.library.register_fake(f"{NAMESPACE}::{name}", _fake(fn), lib=_lib)
 
 
