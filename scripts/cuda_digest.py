@@ -23,14 +23,13 @@ side (``--kernel`` limits both to some kernels).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import pathlib
 import re
 import sys
 
-from tvm_canary.cliargs import output_folder
+from tvm_canary.cliargs import Parser, output_folder
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import targets
 from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_mode, spec_id
@@ -88,15 +87,17 @@ def compare(mine: dict[str, str], theirs: dict[str, str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=output_folder, help="folder for the sources and digests.json")
-    parser.add_argument("--arch", default="sm_90", help="CUDA arch of the build (default sm_90)")
+    parser.add_argument("--arch", help="CUDA arch of the build (default sm_90; not with --llvm)")
     parser.add_argument("--llvm", action="store_true", help="dump the CPU builds' LLVM IR instead of CUDA")
     parser.add_argument("--against", type=pathlib.Path, help="an earlier dump to compare with")
     parser.add_argument("--kernel", action="append", choices=KERNELS,
                         help="only this kernel (repeatable; default: all)")
     args = parser.parse_args(argv)
-    tag = "llvm" if args.llvm else f"cuda-{args.arch}"
+    if args.llvm and args.arch:
+        parser.error("kv-canary: --arch is for the CUDA builds, not with --llvm")
+    tag = "llvm" if args.llvm else f"cuda-{args.arch or 'sm_90'}"
     if args.against is not None:
         try:
             theirs = json.loads((args.against / "digests.json").read_text())

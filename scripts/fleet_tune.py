@@ -16,7 +16,6 @@ out. docs/FLEET-TUNING.md explains it.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import pathlib
@@ -70,9 +69,9 @@ def best_us(database: pathlib.Path) -> dict:
 def main() -> int:
     import torch
 
-    from tvm_canary.cliargs import int_at_least
+    from tvm_canary.cliargs import Parser, int_at_least
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=("cuda", "llvm"), default="cuda")
     parser.add_argument("--servers", type=int_at_least(1), default=None,
                         help="servers to start (cuda: default every visible GPU; llvm: 2)")
