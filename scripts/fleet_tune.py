@@ -5,7 +5,7 @@
                                  [--kernels ...] [--workloads PRESET] [--out DIR] [--timeout S]
 
 Starts an RPC tracker on 127.0.0.1 and G ``tvm-canary rpc-server`` processes (cuda: one per visible GPU,
-server i with CUDA_VISIBLE_DEVICES=i; llvm: G CPU servers, for a dry run), then for each N in
+server i on torch's GPU i, ``server_envs``; llvm: G CPU servers, for a dry run), then for each N in
 ``--counts`` (default: 1, 2, 4, ... up to G, and G) runs ``tune --rpc-workers N`` from scratch into
 ``DIR/runs/n<N>`` with the same trials, each under an outer timeout (DIR: ``--out``, default ``fleet-tune/``
 in the repository). Writes ``DIR/fleet.json`` (host, GPUs, versions, per N: wall seconds, exit status,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import pathlib
 import platform
 import subprocess
@@ -36,6 +37,16 @@ def default_counts(servers: int) -> list[int]:
         counts.append(n)
         n *= 2
     return counts + [servers]
+
+
+def server_envs(target: str, servers: int) -> list[dict]:
+    """The extra environment of each server: cuda: server i gets the GPU that torch numbers i here, i.e. the
+    i-th entry of this process's CUDA_VISIBLE_DEVICES when set (``2,3``: GPUs 2 and 3), else GPU i; llvm: none."""
+    if target != "cuda":
+        return [{} for _ in range(servers)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = [g.strip() for g in visible.split(",")] if visible is not None else [str(i) for i in range(servers)]
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i]} for i in range(servers)]
 
 
 def canary(args: list[str], timeout_s: float, log: pathlib.Path) -> tuple[int, float]:
@@ -96,7 +107,7 @@ def main() -> int:
     counts = args.counts or default_counts(servers)
     if not all(1 <= n <= servers for n in counts):
         parser.error(f"--counts must lie in 1..{servers}")
-    envs = [{"CUDA_VISIBLE_DEVICES": str(i)} if args.target == "cuda" else {} for i in range(servers)]
+    envs = server_envs(args.target, servers)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

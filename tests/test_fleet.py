@@ -496,3 +496,39 @@ def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
     start = time.monotonic()
     remote.require_servers()
     assert time.monotonic() - start < 1 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("visible, served", [("2,3", ["2", "3"]), (None, ["0", "1"])])
+def test_fleet_tune_serves_the_gpus_the_caller_made_visible(visible, served, monkeypatch, tmp_path):
+    """``scripts/fleet_tune.py`` under CUDA_VISIBLE_DEVICES=2,3 started its servers on GPUs 0 and 1 (server i
+    got CUDA_VISIBLE_DEVICES=i), while fleet.json named the GPUs torch saw: 2 and 3."""
+    import contextlib
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(fleet.__file__).parents[2] / "scripts" / "fleet_tune.py"
+    spec = importlib.util.spec_from_file_location("fleet_tune", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    started = []
+
+    class Started(Exception):
+        pass
+
+    @contextlib.contextmanager
+    def local_fleet(rpc_key, server_envs, **_):
+        started.extend(server_envs)
+        raise Started  # nothing is started: the script stops here
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
+    monkeypatch.setattr(fleet, "local_fleet", local_fleet)
+    monkeypatch.setattr(sys, "argv", [str(path), "--out", str(tmp_path)])
+    with pytest.raises(Started):
+        script.main()
+    assert started == [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in served]
