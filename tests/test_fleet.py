@@ -324,8 +324,10 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
     """Records refer to workloads by position: a merge stopped after writing one of ``--out``'s two files
     (disk full, a kill) left the new table beside the old records, which then selected other buckets'
     records with no warning. Stopped at each step of the replacement, ``--out`` holds the old database, a
-    table without records, or the new one; its files get the umask's mode (they were 0600)."""
+    table with empty records, or the new one; its files get the umask's mode (they were 0600). Into an
+    ``--out`` without a database, a stop left a table without a records file, which the next merge refused."""
     import os
+    import shutil
 
     from tvm_canary.runtime.targets import default_geometry
     from tvm_canary.tuning import merge
@@ -334,28 +336,31 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
     geom = default_geometry("write", "llvm")
     old = {("write", (8, 16), geom): 1e-6}
     new = {("verify", (4096,), default_geometry("verify", "llvm")): 2e-6, ("write", (256, 1), geom): 3e-6}
-    out = tmp_path / "out" / key
+    out, fresh = tmp_path / "out" / key, tmp_path / "fresh" / key
     assert main(["tune-merge", str(_database(tmp_path / "old", key, old)), "--out", str(out)]) == 0
     before = [(out / name).read_bytes() for name in merge.DATABASE_FILES]
     source = _database(tmp_path / "new", key, new)
     renames = os.replace
     for stop in range(3):
-        calls = []
+        for target in (out, fresh):
+            calls = []
 
-        def replace(src, dst, stop=stop, calls=calls):
-            calls.append(dst)
-            if len(calls) > stop:
-                raise OSError(28, "No space left on device")
-            renames(src, dst)
+            def replace(src, dst, stop=stop, calls=calls):
+                calls.append(dst)
+                if len(calls) > stop:
+                    raise OSError(28, "No space left on device")
+                renames(src, dst)
 
-        monkeypatch.setattr(merge.os, "replace", replace)
-        with pytest.raises(OSError):
-            merge.merge([source], out)
-        monkeypatch.setattr(merge.os, "replace", renames)
+            monkeypatch.setattr(merge.os, "replace", replace)
+            with pytest.raises(OSError):
+                merge.merge([source], target)
+            monkeypatch.setattr(merge.os, "replace", renames)
         table, records = [(out / name).read_bytes() for name in merge.DATABASE_FILES]
         assert [table, records] == before or records == b"", stop
         (out / merge.DATABASE_FILES[0]).write_bytes(before[0])
         (out / merge.DATABASE_FILES[1]).write_bytes(before[1])
+        assert main(["tune-merge", str(source), "--out", str(fresh)]) == 0, stop
+        shutil.rmtree(fresh)
     assert main(["tune-merge", str(source), "--out", str(out)]) == 0
     umask = os.umask(0)
     os.umask(umask)

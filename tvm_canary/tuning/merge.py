@@ -107,14 +107,12 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
 
 def _install(staged: pathlib.Path, out: pathlib.Path) -> None:
     """Replace ``out``'s database with ``staged``'s (same filesystem). Records refer to workloads by
-    position, so the two files must never be one old and one new: the records file is emptied first
-    (renamed over), then the table and the records are renamed in. Stopped anywhere (disk full, a
-    kill), ``out`` holds the old database, or a table without records (which selects nothing, and which
-    the next merge or tune reads as empty), or the new one."""
-    records = out / DATABASE_FILES[1]
-    if records.exists():
-        (staged / "empty.json").write_text("")
-        os.replace(staged / "empty.json", records)
+    position, so the two files must never be one old and one new: an empty records file is renamed in
+    first (over the old one, if any), then the table and the records. Stopped anywhere (disk full, a
+    kill), ``out`` holds the old database (or none), or a table with empty records (which selects nothing,
+    and which the next merge or tune reads as empty), or the new one."""
+    (staged / "empty.json").write_text("")
+    os.replace(staged / "empty.json", out / DATABASE_FILES[1])
     for name in DATABASE_FILES:
         os.chmod(staged / name, C.new_file_mode())
         os.replace(staged / name, out / name)
