@@ -403,6 +403,29 @@ def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
         apply._records.cache_clear()
 
 
+def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_path, monkeypatch):
+    """Per workload the first database holding it wins: a tune that measured nothing (``--time-limit 0``)
+    left an empty database in the user's folder that hid the committed one, and one tuned for some
+    workloads hid the committed picks of all the others."""
+    from tvm.s_tir import meta_schedule as ms
+
+    cpu = torch.device("cpu")
+    roots = [tmp_path / name for name in ("empty", "user", "committed")]
+    for root in roots:
+        root.mkdir()
+    (roots[0] / keys.device_key(cpu)).mkdir()
+    ms.database.JSONDatabase(work_dir=str(roots[0] / keys.device_key(cpu)))  # as tune --time-limit 0 left it
+    _write_database(roots[1], {(8, 16): _unrolled(1)})
+    _write_database(roots[2], {(8, 16): _unrolled(2), (1, 512): _unrolled(8)})
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: roots)
+    apply._records.cache_clear()
+    try:
+        assert apply.tuned_geometry("write", cpu, (8, 16)) == _unrolled(1)
+        assert apply.tuned_geometry("write", cpu, (1, 512)) == _unrolled(8)
+    finally:
+        apply._records.cache_clear()
+
+
 def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_path, monkeypatch):
     """A write's geometry follows each launch's token count, so its first launch in a mode loads the
     geometry of every bucket of that mode: a later launch at another count loads nothing (in a CUDA graph

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         tuning = sorted({key for tag in tags for key in default_tuning_keys(tag)})
     else:
         tuning = [key for key in args.tuning if key != "none"]
-    missing = [key for key in tuning if keys.database_dir(key) is None]
+    missing = [key for key in tuning if not keys.database_dirs(key)]
     if missing:
         raise UsageError(f"no tuning database for {', '.join(missing)} (`tvm-canary info` lists them)")
     foreign = [key for key in tuning if "-".join(filter(None, keys.expected_target(key))) not in tags]

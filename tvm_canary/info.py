@@ -64,21 +64,22 @@ def lines() -> list[str]:
         f"TVM {tvm.__version__} ({compiler}), tvm-ffi {_version('apache-tvm-ffi')}, torch {torch.__version__}",
     ]
     found = keys.databases()
-    used = {}
+    used: dict = {}
     for key, folder in found:
-        used.setdefault(key, folder)
+        used.setdefault(key, []).append(str(folder))
     devices = [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
     out.append("devices:")
     for device in devices:
         key = keys.device_key(device)
-        db = used.get(key)
-        out.append(f"  {device!s:8} key {key:24} tuning database: {db if db else 'none (default geometries)'}")
+        db = os.pathsep.join(used.get(key, [])) or "none (default geometries)"
+        out.append(f"  {device!s:8} key {key:24} tuning database: {db}")
     if not C.tuning_enabled():
         why = "TVM_CANARY_TUNED=0" if os.environ.get("TVM_CANARY_TUNED") == "0" else "runtime-only TVM cannot read them"
         out.append(f"  (tuned geometries are not used: {why})")
-    out.append("tuning databases (lookup order: $TVM_CANARY_TUNE_LOGS, user folder, committed; first per key wins):")
+    out.append("tuning databases (lookup order: $TVM_CANARY_TUNE_LOGS, user folder, committed; per workload the "
+               "first holding it wins):")
     for key, folder in found:
-        note = "" if used[key] == folder else "  (shadowed by the one above)"
+        note = "" if used[key][0] == str(folder) else "  (only for the workloads the one above lacks)"
         out.append(f"  {key:24} {_records(folder)}  {folder}{note}")
     if not found:
         out.append("  none")

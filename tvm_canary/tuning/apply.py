@@ -1,8 +1,9 @@
 """Applying tuned schedules at load: the geometry that the nearest tuned bucket's records select (``chosen``).
 
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
-directories (``keys.tune_logs_dirs``), reads its MetaSchedule JSON database, and returns the geometry
-that the kernel's bucket nearest to ``size`` among its buckets of ``mode`` chose (``chosen``: the
+directories (``keys.tune_logs_dirs``), reads their MetaSchedule JSON databases (per workload the first
+holding it, ``_records``), and returns the geometry that the kernel's bucket nearest to ``size`` among its
+buckets of ``mode`` chose (``chosen``: the
 fastest record at least ``TUNED_MARGIN`` faster than the default in every launch of the tuning case,
 else the default, which a bucket without a valid record of its default keeps too, with one warning per
 database);
@@ -40,17 +41,22 @@ TUNED_MARGIN = 0.03
 
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
-    """{kernel: {bucket: Geometry}} of the first database found for ``key`` (``chosen`` per bucket); none,
-    with a warning, when that database cannot be read or holds another device's records."""
-    work_dir = keys.database_dir(key)
-    if work_dir is None:
-        return {}
-    try:
-        return _chosen_geometries(open_database(work_dir, key), str(work_dir), cuda)
-    except ValueError as e:  # open_database's kv-canary errors
-        log.warning("tvm_canary: %s; using the default schedules", str(e).removeprefix("kv-canary: "))
-        _noticed.add(key)  # this warning says it: ``tuned_geometry`` adds no "no tuned schedule" one
-        return {}
+    """{kernel: {bucket: Geometry}} of the databases found for ``key`` (``keys.database_dirs``): per workload,
+    ``chosen`` in the first one holding a valid record of it, so a database tuned for some kernels (``tune
+    --kernels write`` into the user's folder) takes the place of later ones for those workloads only. A
+    database that cannot be read or holds another device's records is skipped, with a warning."""
+    out: dict = {}
+    for work_dir in keys.database_dirs(key):
+        try:
+            found = _chosen_geometries(open_database(work_dir, key), str(work_dir), cuda)
+        except ValueError as e:  # open_database's kv-canary errors
+            log.warning("tvm_canary: %s; its records are not used", str(e).removeprefix("kv-canary: "))
+            _noticed.add(key)  # this warning says it: ``tuned_geometry`` adds no "no tuned schedule" one
+            continue
+        for kernel, buckets in found.items():
+            for bucket, geometry in buckets.items():
+                out.setdefault(kernel, {}).setdefault(bucket, geometry)
+    return out
 
 
 def open_database(folder, device_key: str):

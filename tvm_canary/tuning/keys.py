@@ -44,9 +44,9 @@ def expected_target(device_key: str) -> tuple[str, str | None]:
 
 
 def tune_logs_dirs() -> list[pathlib.Path]:
-    """Where databases are looked up, first match per device key wins: ``$TVM_CANARY_TUNE_LOGS``
-    (``os.pathsep``-separated), the user's folder (``user_tune_logs``: what ``tune`` writes outside a
-    checkout), then the committed databases (``committed_tune_logs``)."""
+    """Where databases are looked up, in order (per workload the first holding it wins: ``database_dirs``):
+    ``$TVM_CANARY_TUNE_LOGS`` (``os.pathsep``-separated), the user's folder (``user_tune_logs``: what ``tune``
+    writes outside a checkout), then the committed databases (``committed_tune_logs``)."""
     dirs = [pathlib.Path(p) for p in os.environ.get("TVM_CANARY_TUNE_LOGS", "").split(os.pathsep) if p]
     return dirs + [user_tune_logs(), committed_tune_logs()]
 
@@ -81,19 +81,26 @@ def default_out_dir() -> pathlib.Path:
     return committed_tune_logs() if source_checkout() is not None else user_tune_logs()
 
 
-def database_dir(key: str) -> pathlib.Path | None:
-    """The database folder of device key ``key`` that lookups use (the first in ``tune_logs_dirs``)."""
-    for root in tune_logs_dirs():
-        if (root / key / "database_workload.json").is_file():
-            return root / key
-    return None
+def database_dirs(key: str) -> list[pathlib.Path]:
+    """The database folders of device key ``key`` that lookups use, in lookup order (``databases``); at
+    load, per workload the first one holding a record of it wins (``apply._records``)."""
+    return [folder for found, folder in databases() if found == key]
 
 
 def databases() -> list[tuple[str, pathlib.Path]]:
-    """(device key, folder) of every database found, in lookup order (a key may appear twice: the
-    first one is used)."""
+    """(device key, folder) of every database found, in lookup order (a key may appear more than once).
+    A folder whose records file is empty (a tune that measured nothing) is no database: it would hide
+    nothing and supply nothing. One without a records file is listed, to be refused as unreadable."""
     found = []
     for root in tune_logs_dirs():
         if root.is_dir():
-            found += [(d.name, d) for d in sorted(root.iterdir()) if (d / "database_workload.json").is_file()]
+            found += [(d.name, d) for d in sorted(root.iterdir()) if (d / "database_workload.json").is_file()
+                      and not _empty(d / "database_tuning_record.json")]
     return found
+
+
+def _empty(path: pathlib.Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:  # missing: listed, and refused as unreadable
+        return False

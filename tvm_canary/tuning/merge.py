@@ -3,7 +3,7 @@
     tvm-canary tune-merge DIR... --out tune_logs/<device key>
 
 A database folder is named by its device key (``tune`` writes ``<out>/<device key>/``), and the
-folder name is what lookups at load match (``keys.database_dir``), so a database is only ever applied
+folder name is what lookups at load match (``keys.database_dirs``), so a database is only ever applied
 to its own device key. Merging keeps that true: every input folder must carry the output's device key
 and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records for ``sm_XY``; a CPU
 key: llvm records); anything else is refused before anything is written. The output (its earlier
