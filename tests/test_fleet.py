@@ -29,6 +29,59 @@ def tracker():
 
 
 @pytest.fixture(scope="module")
+def mixed_tracker():
+    """A loopback tracker with a tvm_canary RPC server, then TVM's stock one, under the key "mix"."""
+    import subprocess
+    import sys
+
+    with fleet.local_fleet("mix", [{}], start_timeout_s=60) as address:
+        host, port = fleet.parse_address(address)
+        stock = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", address, "--key", "mix",
+                                  "--host", host, "--port", str(fleet._free_port()), "--port-end", "65535"],
+                                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            fleet._await_servers(host, port, "mix", lambda servers, free: free == 2)
+            yield address
+        finally:
+            fleet.stop_process_group(stock)
+
+
+@pytest.mark.slow  # the loopback fleet
+def test_preflight_refuses_a_stock_server_beside_a_canary_one(mixed_tracker):
+    """Preflight asked only the first server registered (the canary one): every server is checked now."""
+    with pytest.raises(fleet.ServerRefused, match="^kv-canary: the RPC server under key 'mix' lacks tvm_canary"):
+        fleet.connect(mixed_tracker, "mix", "llvm", None)
+
+
+def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
+    """A runner worker's refusal was a failed candidate (1e10 s, counted as tried) and tune exited 0; it is
+    raised from the candidate's result now, crosses MetaSchedule's C++ loop as itself and ends tune (exit 1)."""
+    import concurrent.futures
+    import types
+
+    import tvm_ffi
+
+    from tvm_canary.tuning import driver
+
+    inner = concurrent.futures.Future()
+    inner.set_exception(fleet.ServerRefused("Traceback ...\ntvm_canary.tuning.fleet.ServerRefused: kv-canary: no"))
+    future = types.SimpleNamespace(_inst=types.SimpleNamespace(future=inner, result=lambda: pytest.fail("stored")))
+    with pytest.raises(fleet.ServerRefused, match="^kv-canary: no$"):
+        fleet._refusing(future)._inst.result()
+    assert isinstance(tvm_ffi.convert(fleet.ServerRefused("x")).py_error(), fleet.ServerRefused)
+    remote = fleet.Fleet("127.0.0.1", 9, "k", "llvm", keys.device_key(torch.device("cpu")), "llvm", 1)
+    monkeypatch.setattr(fleet, "connect", lambda *_: remote)
+    monkeypatch.setattr(fleet.Fleet, "require_servers", lambda self: None)
+    monkeypatch.setattr(fleet.Fleet, "runner", lambda self: types.SimpleNamespace(pool=concurrent.futures.Executor()))
+    monkeypatch.setattr(driver, "build_defaults", lambda *_: {})
+    monkeypatch.setattr(driver, "tune_workload", lambda *_: fleet._refusing(future)._inst.result())
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--out", str(tmp_path),
+                 "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k"]) == 1
+    err = capsys.readouterr().err
+    assert "stopped (an RPC server was refused): 1 workload not tuned" in err and "error: kv-canary: no\n" in err
+
+
+@pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
     # Two kernels, three workloads, one held session: every candidate must run its own code on its own case
@@ -324,8 +377,8 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
     """Records refer to workloads by position: a merge stopped after writing one of ``--out``'s two files
     (disk full, a kill) left the new table beside the old records, which then selected other buckets'
     records with no warning. Stopped at each step of the replacement, ``--out`` holds the old database, a
-    table with empty records, or the new one; its files get the umask's mode (they were 0600). Into an
-    ``--out`` without a database, a stop left a table without a records file, which the next merge refused."""
+    table with empty records, or the new one; its files get the umask's mode (they were 0600). Into a new
+    ``--out``, a stop left a table without records file, which the next merge refused."""
     import os
     import shutil
 
@@ -505,8 +558,7 @@ def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
 
 @pytest.mark.parametrize("visible, served", [("2,3", ["2", "3"]), (None, ["0", "1"])])
 def test_fleet_tune_serves_the_gpus_the_caller_made_visible(visible, served, monkeypatch, tmp_path):
-    """``scripts/fleet_tune.py`` under CUDA_VISIBLE_DEVICES=2,3 started its servers on GPUs 0 and 1 (server i
-    got CUDA_VISIBLE_DEVICES=i), while fleet.json named the GPUs torch saw: 2 and 3."""
+    """Under CUDA_VISIBLE_DEVICES=2,3 ``scripts/fleet_tune.py`` gave server i CUDA_VISIBLE_DEVICES=i: GPUs 0, 1."""
     import contextlib
     import importlib.util
     import pathlib
@@ -518,22 +570,18 @@ def test_fleet_tune_serves_the_gpus_the_caller_made_visible(visible, served, mon
     spec.loader.exec_module(script)
     started = []
 
-    class Started(Exception):
-        pass
-
     @contextlib.contextmanager
     def local_fleet(rpc_key, server_envs, **_):
         started.extend(server_envs)
-        raise Started  # nothing is started: the script stops here
+        raise LookupError  # nothing is started: the script stops here
 
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible or "")
     if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
     monkeypatch.setattr(fleet, "local_fleet", local_fleet)
     monkeypatch.setattr(sys, "argv", [str(path), "--out", str(tmp_path)])
-    with pytest.raises(Started):
+    with pytest.raises(LookupError):
         script.main()
     assert started == [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in served]

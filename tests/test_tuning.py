@@ -404,9 +404,8 @@ def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
 
 
 def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_path, monkeypatch):
-    """Per workload the first database holding it wins: a tune that measured nothing (``--time-limit 0``)
-    left an empty database in the user's folder that hid the committed one, and one tuned for some
-    workloads hid the committed picks of all the others."""
+    """An empty database (``tune --time-limit 0``) hid the later ones, and one tuned for some workloads hid
+    their picks of the others."""
     from tvm.s_tir import meta_schedule as ms
 
     cpu = torch.device("cpu")

@@ -41,10 +41,9 @@ TUNED_MARGIN = 0.03
 
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
-    """{kernel: {bucket: Geometry}} of the databases found for ``key`` (``keys.database_dirs``): per workload,
-    ``chosen`` in the first one holding a valid record of it, so a database tuned for some kernels (``tune
-    --kernels write`` into the user's folder) takes the place of later ones for those workloads only. A
-    database that cannot be read or holds another device's records is skipped, with a warning."""
+    """{kernel: {bucket: Geometry}} of the databases of ``key`` (``keys.database_dirs``): per workload,
+    ``chosen`` in the first one holding a valid record of it. A database that cannot be read or holds
+    another device's records is skipped, with a warning."""
     out: dict = {}
     for work_dir in keys.database_dirs(key):
         try:

@@ -15,7 +15,8 @@ written; that workload runs the default). ``--time-limit``: no workload starts o
 (from the defaults' builds on, after the process's start) plus its longest workload so far would pass
 the limit (a lent device's call, an outer ``timeout``); the workloads left are listed, keep their
 earlier records, and make the command exit 3 (a later run resumes them). A workload is never cut, so
-the database and the table stay whole. ``--stale-only``: tune only the workloads (the preset's, and the
+the database and the table stay whole. A fleet that goes away or refuses a server (``fleet.ServerRefused``)
+ends the run likewise, with exit 1. ``--stale-only``: tune only the workloads (the preset's, and the
 other buckets the database holds) whose default geometry has no current record in the database
 (``apply.stale_buckets``: new buckets, and those a kernel change staled, as load warns), so that a
 re-tune after a kernel change measures nothing else; with none, the command says so and exits 0.
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = stale
     builder, runner = CandidateBuilder(), make_runner()
     defaults, results, left = {}, [], []
-    fleet_gone = None  # the error of a fleet that went away mid-run: raised after the table
+    fleet_error = None  # the error of a fleet that went away or refused a server mid-run: raised after the table
     try:
         start = time.monotonic()
         if args.time_limit > 0:  # a limit of 0 s starts no workload: nothing to build for one
@@ -136,11 +137,15 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     servers_left()
                 except RuntimeError as e:  # the fleet is gone: the run ends, what was measured is kept
-                    fleet_gone = e
+                    fleet_error = e
                     left.append((kernel, bucket))
                     continue
-            results.append(tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner, args.verbose,
-                                         defaults.pop((kernel, bucket), None)))
+            try:
+                results.append(tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner,
+                                             args.verbose, defaults.pop((kernel, bucket), None)))
+            except fleet.ServerRefused as e:  # a worker met a server it must not measure on: the run ends
+                fleet_error = e
+                left.append((kernel, bucket))
     finally:
         for built in defaults.values():  # left by a run that stopped early
             discard_build(built)
@@ -168,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"builds: {counted(builder.built, 'candidate')} in {counted(builder.max_workers, 'worker process')}, "
               f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
     new = sum(r.measured for r in results)
+    fleet_stop = "an RPC server was refused" if isinstance(fleet_error, fleet.ServerRefused) else "the fleet went away"
     if new == 0 and not results:
-        why = "the fleet went away before the first workload" if fleet_gone else (
+        why = f"{fleet_stop} in or before the first workload" if fleet_error else (
             f"--time-limit {args.time_limit:g} s left no time for a workload")
         print(f"\nnothing measured: {why}.")
     elif new == 0 and all(r.candidates for r in results):
@@ -181,14 +187,14 @@ def run(args: argparse.Namespace) -> int:
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
-        why = "the fleet went away" if fleet_gone else f"at --time-limit {args.time_limit:g} s"
+        why = fleet_stop if fleet_error else f"at --time-limit {args.time_limit:g} s"
         print(f"tvm-canary tune: stopped ({why}): "
               f"{counted(len(left), 'workload')} "
               "not tuned in this run (their earlier records, if any, are kept): "
               f"{', '.join(f'{k} {b}' for k, b in left)}",
               file=sys.stderr)
-    if fleet_gone is not None:
-        raise fleet_gone
+    if fleet_error is not None:
+        raise fleet_error
     if failed:
         # The database is written and usable (those workloads run the default), but the run is not whole.
         print(f"tvm-canary tune: error: nothing measured for {counted(len(failed), 'workload')}: "

@@ -82,10 +82,15 @@ def _device_info(device_type: str) -> str:
     return json.dumps({"key": keys.device_key(device), "tag": targets.tag_for(device), "protocol": measure.protocol()})
 
 
-def _server_info(session, rpc_key: str, device_type: str) -> dict:
-    """The ``_device_info`` of the server behind ``session``, refused when it measures with another
-    protocol than this host (``measure.protocol``: other kernels, timing or cases; its times would be
-    ranked with this host's)."""
+class ServerRefused(RuntimeError):
+    """A server that must not measure for this run (``_server_info``). Raised in a runner worker, it ends the
+    tuning run (``Fleet.runner``) rather than failing candidates, whose records would count as tried."""
+
+
+def _server_info(session, rpc_key: str, device_type: str, device_key: str | None = None) -> dict:
+    """The ``_device_info`` of the server behind ``session``; ``ServerRefused`` when it is no tvm_canary
+    server, measures with another protocol than this host (``measure.protocol``: other kernels, timing or
+    cases; its times would be ranked with this host's) or has another device key than ``device_key``."""
     from ..runtime.compile import error_line
     from . import measure
 
@@ -93,13 +98,16 @@ def _server_info(session, rpc_key: str, device_type: str) -> dict:
         info = json.loads(_server_function(session, rpc_key, "tvm_canary.fleet.device_info")(device_type))
     except Exception as e:  # the server's own refusal arrives inside TVM's RPCError, as its last line
         if error_line(e).startswith("kv-canary:"):
-            raise RuntimeError(error_line(e)) from None
+            raise ServerRefused(error_line(e)) from None
         raise
     ours = measure.protocol()
     if info.get("protocol") != ours:
-        raise RuntimeError(f"kv-canary: an RPC server under key {rpc_key!r} runs tvm_canary with another measurement "
-                           f"protocol ({info.get('protocol')}, this host {ours}): start the servers from this host's "
-                           "tvm_canary")
+        raise ServerRefused(f"kv-canary: an RPC server under key {rpc_key!r} runs tvm_canary with another "
+                            f"measurement protocol ({info.get('protocol')}, this host {ours}): start the servers "
+                            "from this host's tvm_canary")
+    if device_key is not None and info["key"] != device_key:
+        raise ServerRefused(f"kv-canary: an RPC server under key {rpc_key!r} has device key {info['key']}, "
+                            f"expected {device_key} (one RPC key per device model)")
     return info
 
 
@@ -225,24 +233,51 @@ class Fleet:
         # fact to keep the worker RPCRunner already started for its sanity check (one import of TVM).
         assert isinstance(runner.pool, PopenPoolExecutor) and hasattr(runner.pool, "_timeout")
         runner.pool._timeout = CANDIDATE_TIMEOUT_S
+        run = runner._inst.run  # MetaSchedule calls the instance's method by name: wrapped here
+        runner._inst.run = lambda inputs: [_refusing(future) for future in run(inputs)]
         return runner
+
+
+def _refusing(future):
+    """``future`` (an ``RPCRunnerFuture``) whose ``result`` raises its worker's ``ServerRefused`` (one line)
+    rather than return a failed candidate."""
+    import tvm_ffi
+
+    from ..runtime.compile import error_line
+
+    tvm_ffi.register_error("tvm_canary.ServerRefused", ServerRefused)  # so it crosses MetaSchedule's C++ loop as itself
+    inner, result = future._inst.future, future._inst.result
+
+    def checked():
+        error = inner.exception()  # the worker's, re-created with its traceback as the message
+        if isinstance(error, ServerRefused):
+            line = error_line(error)
+            raise ServerRefused(line[line.find("kv-canary:"):])
+        return result()
+
+    future._inst.result = checked
+    return future
 
 
 def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -> Fleet:
     """Check the fleet before tuning: the tracker answers, servers are registered under ``rpc_key``,
-    ``workers`` (default: one per server) is at most their number, and a server is a tvm_canary server
-    with a ``device_type`` device; its device key and target tag name the database and the build."""
+    ``workers`` (default: one per server) is at most their number, and every one of them is a tvm_canary
+    server with a ``device_type`` device of one device key (``_server_info``; a session on each, held at
+    once so that each request reaches another server); that key and target tag name the database and the
+    build."""
     host, port = parse_address(tracker)
     servers, _ = _registered(host, port, rpc_key)
     workers = servers if workers is None else workers
     if not 1 <= workers <= servers:
         raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {counted(servers, 'server')} "
                          f"registered under key {rpc_key!r}, got {workers}")
-    session = _request(host, port, rpc_key)
+    sessions, info = [], None
     try:
-        info = _server_info(session, rpc_key, device_type)
+        for _ in range(servers):
+            sessions.append(_request(host, port, rpc_key))
+            info = _server_info(sessions[-1], rpc_key, device_type, info and info["key"])
     finally:
-        del session
+        sessions.clear()
     return Fleet(host, port, rpc_key, device_type, info["key"], info["tag"], workers)
 
 
@@ -319,7 +354,7 @@ def _server_function(session, rpc_key: str, name: str):
     try:
         return session.get_function(name)
     except (AttributeError, RuntimeError) as e:
-        raise RuntimeError(f"kv-canary: the RPC server under key {rpc_key!r} lacks {name}: start it with "
+        raise ServerRefused(f"kv-canary: the RPC server under key {rpc_key!r} lacks {name}: start it with "
                            "`tvm-canary rpc-server` (TVM's `python -m tvm.exec.rpc_server` cannot check candidates "
                            "against the reference)") from e
 
@@ -330,8 +365,8 @@ _held: dict = {}  # this worker's session and the device key it was checked for
 
 
 def _held_session(device_key: str, device_type: str, rpc_config):
-    """The worker's session, opened on first use and reopened when it died or expired; a server whose
-    device key differs from the fleet's (a server registered under the wrong RPC key) is refused."""
+    """The worker's session, opened on first use and reopened when it died or expired; a server that
+    ``_server_info`` refuses (e.g. registered under the wrong RPC key) ends the run."""
     session = _held.get("session")
     if session is not None:
         try:
@@ -341,10 +376,7 @@ def _held_session(device_key: str, device_type: str, rpc_config):
             _held.clear()
     session = _request(rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key,
                        rpc_config.session_timeout_sec)
-    found = _server_info(session, rpc_config.tracker_key, device_type)["key"]
-    if found != device_key:
-        raise RuntimeError(f"kv-canary: an RPC server under key {rpc_config.tracker_key!r} has device key {found}, "
-                           f"expected {device_key} (one RPC key per device model)")
+    _server_info(session, rpc_config.tracker_key, device_type, device_key)
     _held["session"] = session
     return session
 

@@ -89,8 +89,8 @@ def database_dirs(key: str) -> list[pathlib.Path]:
 
 def databases() -> list[tuple[str, pathlib.Path]]:
     """(device key, folder) of every database found, in lookup order (a key may appear more than once).
-    A folder whose records file is empty (a tune that measured nothing) is no database: it would hide
-    nothing and supply nothing. One without a records file is listed, to be refused as unreadable."""
+    A folder whose records file is empty (a tune that measured nothing) is none; one without a records
+    file is listed, to be refused as unreadable."""
     found = []
     for root in tune_logs_dirs():
         if root.is_dir():
