@@ -1,7 +1,6 @@
-"""The tuning pipeline without a GPU: a tiny MetaSchedule run on llvm writes a database, the database is
-reloaded at kernel load, and the tuned kernels pass the differential tests; records of a changed kernel
-are ignored; the committed databases match the current kernels; the ``tune`` command's errors, logs and
-summary."""
+"""Tuning without a GPU: a tiny MetaSchedule run on llvm writes a database that kernel load reloads and
+whose kernels pass the differential tests; stale records are ignored; committed databases match the
+kernels; ``tune``'s errors, logs and summary."""
 
 from __future__ import annotations
 
@@ -46,8 +45,8 @@ def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
 
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
-    """Each row gives the workload's wall seconds and the part spent waiting on builds; the last lines
-    their sums and a build's cost to a worker, so a tune's cost per workload is read off its own output."""
+    """Each row gives the workload's wall seconds and build wait; the last lines their sums and a build's
+    cost to a worker, so a tune's cost per workload is read off its output."""
     printed = (tuned_logs.parent / "tune-stdout.txt").read_text()
     header, *rest = printed[printed.index("kernel "):].splitlines()
     assert header.split()[8:12] == ["speedup", "seconds", "builds", "s"]
@@ -55,8 +54,7 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     assert len(rows) == sum(len(workloads.PRESETS["ci"][k]) for k in ("write", "verify"))
     # speedup, seconds, builds s, then the tuned geometry's key
     seconds = [tuple(map(float, re.search(r" [\d.]+ +([\d.]+) +([\d.]+)  cpu-", row).groups())) for row in rows]
-    # a workload whose design space is one point (verify on llvm) builds nothing of its own: its default was
-    # built up front
+    # a one-point design space (verify on llvm) builds nothing of its own: its default was built up front
     assert all(0 <= built <= wall for wall, built in seconds) and any(built > 0 for _, built in seconds)
     total = re.search(r"(\d+) workloads in ([\d.]+) s \(the defaults built first: ([\d.]+) s; waiting on builds "
                       r"([\d.]+) s in all;", printed)
@@ -66,7 +64,7 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     assert float(total[2]) == pytest.approx(defaults + sum(w for w, _ in seconds), abs=rounding)
     # the wait counts the defaults' round (part of their time) and each workload's own
     assert sum(b for _, b in seconds) - rounding <= waited <= defaults + sum(b for _, b in seconds) + rounding
-    # and what a build costs a worker, which tells a slow build from a pool that builds few at once
+    # a build's cost to a worker tells a slow build from a pool that builds few at once
     builds = re.search(r"builds: (\d+) candidates? in (\d+) worker process(?:es)?, ([\d.]+) s of a worker's time",
                        printed)
     new = sum(int(re.search(r"\)\s+\d+\s+(\d+)", row)[1]) for row in rows)  # each measured record was built
@@ -90,9 +88,8 @@ class _RecordingBuilder:
 
 
 def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unmeasured(tmp_path):
-    """Built one per workload after its candidates, each default was a round of one build with the other
-    workers idle; ``build_defaults`` builds all that the database lacks in one round, none it has, and
-    none that a search of the whole design space will measure anyway."""
+    """``build_defaults`` builds every default the database lacks in one round (one build a round left
+    workers idle), none it has, and none a search of the whole space will measure anyway."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -114,15 +111,14 @@ def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unme
     assert list(driver.build_defaults(jobs, "llvm", db, builder, trials=1)) == jobs[1:]  # its default is measured
     assert driver.build_defaults(jobs[:1], "llvm", db, builder, trials=1) == {}
     assert len(builder.rounds) == 2  # nothing to build: no round
-    # write's llvm spaces have a few points, which enough trials measure all of; one-point spaces are not searched
+    # enough trials measure all of write's few llvm points; one-point spaces are not searched
     whole = driver.build_defaults(jobs, "llvm", empty, builder, trials=10**6)
     assert list(whole) == [(k, b) for k, b in jobs if k != "write"]
 
 
 @pytest.mark.slow  # the tuned_logs fixture
 def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
-    """A workload that does not run its prebuilt default (here: the database already holds its candidates
-    and its default) removes the artifact."""
+    """A workload that does not run its prebuilt default (the database holds it) removes the artifact."""
     import types
 
     from tvm.s_tir import meta_schedule as ms
@@ -141,8 +137,8 @@ def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
 
 
 def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
-    """A kernel change stales a bucket's records; the re-tune measures the geometry they chose (not the
-    default) at the new code whatever its search draws, once, and it competes like any candidate."""
+    """After a kernel change stales a bucket's records, the re-tune measures their pick once at the new
+    code, whatever its search draws, and it competes like any candidate."""
     import types
 
     import tvm
@@ -193,8 +189,8 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
 
 
 def test_long_graphs_take_fewer_replays_per_value():
-    """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: the big buckets'
-    candidates (tens of ms a replay) are not replayed ten times a value."""
+    """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: big buckets
+    (tens of ms a replay) are not replayed ten times a value."""
     from tvm_canary.tuning import measure
 
     most = measure.evaluator_config().number
@@ -235,7 +231,7 @@ def test_tune_writes_a_database_per_device(tuned_logs):
 def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()
-    # Launches earlier in this process chose their geometry from the repository's tune_logs/: forget them.
+    # Forget geometries earlier launches took from the repository's tune_logs/.
     monkeypatch.setattr(C, "_by_launch", {})
     from tvm.s_tir import meta_schedule as ms
 
@@ -252,9 +248,8 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
 
 @pytest.mark.gpu
 def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, capsys):
-    """The ci preset tuned on GPU 0 (candidates checked, then timed as CUDA-graph replays on a case
-    scattered over a ``GPU_POOL_SLOTS`` pool): every workload has a finite default and tuned time, and
-    the tuned kernels load and pass the differential tests."""
+    """The ci preset tuned on GPU 0 (CUDA-graph replays over a ``GPU_POOL_SLOTS`` pool): every workload
+    has finite default and tuned times, and the tuned kernels pass the differential tests."""
     key = keys.device_key(torch.device("cuda", 0))
     assert main(["tune", "--target", "cuda", "--kernels", "write", "verify", "--trials", "3", "--workloads", "ci",
                  "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms-logs")]) == 0
@@ -277,8 +272,8 @@ def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, ca
 
 
 def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
-    """A GPU case draws its slots from ``GPU_POOL_SLOTS`` slots, or from as many as fit in half the free
-    memory (a smaller GPU), and never from fewer than twice its own slots; a CPU case from twice its slots."""
+    """A GPU case draws from ``GPU_POOL_SLOTS`` slots, or as many as fit in half the free memory, never
+    fewer than twice its own; a CPU case from twice its slots."""
     gpu = torch.device("cuda", 0)
     free = 10 * 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 24 * 2**30))
@@ -290,10 +285,9 @@ def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
 
 
 def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
-    """The tuner's verify case is two launches on one context, as the benchmarks time the two orders:
-    random slots in random order, then consecutive slots in chain order, each of the bucket's size (the
-    size of the launches the bucket serves and of the benchmark row it is judged on); the reference
-    check covers both (a candidate that skipped the second launch would not match)."""
+    """The verify case is two launches of the bucket's size, as the benchmarks time them: random slots in
+    random order, then consecutive slots in chain order; the reference check covers both (a candidate
+    that skipped the second launch would not match)."""
     from tvm_canary.runtime.targets import default_geometry
 
     case = workloads.make_case("verify", (256,), torch.device("cpu"))
@@ -319,9 +313,8 @@ def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
 
 
 def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
-    """A verify case of any size (64 divides it or not) has two plans of the bucket's size whose slots
-    never meet and never use slot 0; the random slots avoid the consecutive run also when the pool is
-    larger than twice them (a GPU's pool; here a CPU one made larger)."""
+    """A verify case of any size has two plans of the bucket's size whose slots never meet nor use slot
+    0, also in a pool larger than twice them (a GPU's; here a CPU one made larger)."""
     for universe in (None, 1000):
         if universe is not None:
             monkeypatch.setattr(workloads, "pool_universe", lambda scattered, device, mode, u=universe: u)
@@ -335,8 +328,8 @@ def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
 
 
 def test_records_timed_on_another_case_are_stale(monkeypatch):
-    """A kernel whose tuning case changes (``workloads.CASE_VERSIONS``) has its earlier records treated
-    as stale, so a tune on top of a database never ranks records of two cases together."""
+    """A change of a kernel's tuning case (``workloads.CASE_VERSIONS``) stales its records: a tune never
+    ranks records of two cases together."""
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(keys.committed_tune_logs() / "amd-epyc"), allow_missing=False)
@@ -388,9 +381,8 @@ def _unrolled(unroll: int):
 
 
 def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
-    """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` (a stand-in of
-    three buffers, the ALL specialization's kernel hash) each choose for their own mode's launches; a
-    mode without a bucket (PARTIAL here) runs the default."""
+    """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` each choose for
+    their own mode's launches; a mode without a bucket (PARTIAL) runs the default."""
     picks = {(8, 16): _unrolled(1), (8, 16, 2): _unrolled(2)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -426,9 +418,9 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
 
 
 def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_path, monkeypatch):
-    """A write's geometry follows each launch's token count, so its first launch in a mode loads the
-    geometry of every bucket of that mode: a later launch at another count loads nothing (in a CUDA graph
-    being captured, a module load must not happen). Other kernels load the one they launch."""
+    """A write's first launch in a mode loads every bucket's geometry of that mode, so a later launch at
+    another token count loads nothing (no module load during CUDA-graph capture). Other kernels load the
+    one they launch."""
     picks = {(8, 16): _unrolled(1), (1, 512): _unrolled(2), (8, 16, 2): _unrolled(8)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -450,9 +442,8 @@ def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_p
 
 
 def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monkeypatch):
-    """With no database (or tuning off) a write's default still follows its tokens per request (the size
-    classes), so its first launch in a mode loads every default of the mode: a long chain after a decode
-    step loads nothing."""
+    """Without a database a write's default still follows its tokens per request, so its first launch in
+    a mode loads every default of the mode: a long chain after a decode step loads nothing."""
     from tvm_canary.runtime import targets
 
     monkeypatch.setattr(C, "tuning_enabled", lambda: False)
@@ -473,9 +464,8 @@ def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monk
 
 @pytest.mark.parametrize("mode", list(RealKvHashMode))
 def test_write_launches_carry_their_real_kv_mode(mode):
-    """A write (like a verify) that folds sources is launched in its real-KV hash mode, the mode whose
-    tuning buckets choose its geometry; without sources (NONE, or PARTIAL folding nothing; ALL needs
-    sources) it is mode 0."""
+    """A write that folds sources launches in its real-KV hash mode, whose buckets choose its geometry;
+    without sources it is mode 0."""
     case = write_case(torch.Generator().manual_seed(3), "cpu")
     ctx = case["context"]
     case["context"] = dataclasses.replace(ctx, real_kv_hash_mode=mode, real_kv_sources=four_sources(3)[:2])
@@ -486,11 +476,9 @@ def test_write_launches_carry_their_real_kv_mode(mode):
 
 
 def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
-    """A write's workload point is (request capacity, tokens per request), from its shapes: a decode
-    step's write (one token per request) takes the one-token bucket at any batch, where its request
-    count alone would pick the bucket of 64 chains of 512 tokens (bs 64-256) or of one 32K-token chain
-    (bs 1), geometries tuned for long chains (the twelfth session's embedding run: its writes took
-    6.5-14 µs where they had taken 3.5-6.2 µs with the default). A bare size compares leading sizes."""
+    """A write's workload point is (request capacity, tokens per request): a decode step's write takes
+    the one-token bucket at any batch, not a long-chain bucket its request count alone would pick
+    (those writes took 6.5-14 µs against the default's 3.5-6.2 µs). A bare size compares leading sizes."""
     gpu_buckets = sorted([(4096, 1), (64, 512), (1, 32768), (4096, 1, 2), (64, 512, 2), (1, 32768, 2)])
     none, folded = [b for b in gpu_buckets if len(b) == 2], [b for b in gpu_buckets if len(b) == 3]
     wants = {(1, 1): (4096, 1), (64, 1): (4096, 1), (256, 1): (4096, 1), (4096, 1): (4096, 1),
@@ -506,8 +494,7 @@ def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
 
 
 def test_scatter_takes_the_bucket_of_its_batch():
-    """Scatter's workload point is its batch size (``req_pool_indices``), not its pool's rows, which a
-    serving engine sizes once for its largest batch: a batch of 256 takes the bs-256 bucket."""
+    """Scatter's workload point is its batch size, not its pool's rows (sized for the largest batch)."""
     pool = torch.zeros(4097, 8, dtype=torch.int32)
     call = packing.scatter_call(flat_in=torch.zeros(256 * 8, dtype=torch.int64), offsets=torch.arange(257) * 8,
                                 req_pool_indices=torch.arange(256) + 1, pool_out=pool)
@@ -516,11 +503,9 @@ def test_scatter_takes_the_bucket_of_its_batch():
 
 
 def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
-    """``apply.tuned_geometry`` takes the nearest bucket among those on the launch's side of its mode's
-    size-class bound (``targets.size_class``, the test its default is chosen by): 64 requests of 4
-    tokens (below write ALL's (1, 128) class) take the 4096 x 1 bucket, though 64 x 512 is nearer; a verify of
-    16385 entries (from ALL's class bound on) takes the 64K bucket, though the 4K bucket is as near. With
-    no bucket in its class, a launch takes its default (None), as PARTIAL's 5-22 tokens per request do."""
+    """``apply.tuned_geometry`` takes the nearest bucket on the launch's side of its mode's size-class
+    bound (``targets.size_class``): 64 x 4 tokens take 4096 x 1, not the nearer 64 x 512; verify 16385
+    takes 64K, not the as-near 4K. With no bucket in its class a launch takes its default (None)."""
     from tvm_canary.geometry import Geometry
     from tvm_canary.runtime import targets
 
@@ -552,18 +537,15 @@ def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
     apply._records.cache_clear()
-    # The repository's own tune_logs/ may hold this CPU's database; point the lookup away from it.
+    # Point the lookup away from the repository's tune_logs/ (it may hold this CPU's database).
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024) is None
     apply._records.cache_clear()
 
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
-    """Verify in PARTIAL and ALL mode has its own CUDA default (``CUDA_MODE_DEFAULTS``), and so has write's:
-    ALL thin lanes of 128, NONE full blocks of 64, PARTIAL 32 (from 5 tokens per request on: the size
-    classes); every
-    verify and write default is a point of the design space (so ``tune`` measures it beside the
-    candidates), and ahead-of-time builds cover the defaults of a
+    """Verify and write have a CUDA default per mode (``CUDA_MODE_DEFAULTS``); each is a point of the
+    design space (``tune`` measures it beside the candidates), ahead-of-time builds cover a
     specialization's modes; the CPU has one default."""
     from tvm_canary import schedules
     from tvm_canary.consts import RealKvHashMode
@@ -603,12 +585,10 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
 
 
 def test_the_default_geometry_follows_the_launch_size_class():
-    """From ``CUDA_SIZE_DEFAULTS``' size on (verify ALL: 16K entries) a launch's default folds the sources
-    split in 2112 full blocks of 256 lanes, 4 an SM; below it, and with no size, the mode's default (split,
-    32 thin lanes). The size is the
-    launch's workload point (``KernelCall.size``), a tuning bucket's ``workloads.point_of``, so launches,
-    the tuner's default record and ahead-of-time builds agree. Write's classes bound its tokens per
-    request (the point's second coordinate). Plan, scatter and the CPU have no size class."""
+    """From ``CUDA_SIZE_DEFAULTS``' size on a launch takes that class's default; below it, and with no
+    size, the mode's. The size is the launch's workload point (``KernelCall.size``, a bucket's
+    ``workloads.point_of``), so launches, the tuner's default record and ahead-of-time builds agree.
+    Write's classes bound tokens per request. Plan, scatter and the CPU have no size class."""
     from tvm_canary import schedules
     from tvm_canary.runtime import targets
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
@@ -649,10 +629,8 @@ def test_the_default_geometry_follows_the_launch_size_class():
                            (none_bound, none_large), (1 << 24, none_large)):
         assert targets.default_geometry("verify", "cuda-sm_90", 0, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 0) == [none_small, none_large]
-    # write: chains of 23 tokens per request or more (ALL: 128) keep 8 entries in flight, shorter ones 2
-    # (ALL: 1); NONE's and PARTIAL's chains run 64 full lanes in both classes, ALL's long chains 256 full
-    # lanes, paired, where its short ones run 32 thin lanes, split. PARTIAL's chains of up to 4 tokens (a
-    # decode step's) run 264 x 32 lanes, 1 in flight, paired; from 5 on NONE's geometry.
+    # write: from 23 tokens per request (ALL: 128) 8 entries in flight, else 2 (ALL: 1); NONE and PARTIAL
+    # 64 full lanes, ALL long chains 256 full paired, short 32 thin split; PARTIAL up to 4 tokens 264 x 32.
     none_short = targets.default_geometry("write", "cuda-sm_90", 0)
     long_lanes = {0: {}, 1: {}, 2: {"threads": 256, "thin": 0, "pairs": 1}}
     for mode, bound in ((0, 23), (1, 23), (2, 128)):
@@ -687,8 +665,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
     assert workloads.default_of("verify", (1 << 16, 2), "cuda") == wide
     assert workloads.default_of("verify", (1 << 24, 2), "cuda") == wide
     assert workloads.default_of("write", (4096, 1, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
-    # The class boundary is where the tuning buckets split: a launch of exactly 16K takes the 4K bucket
-    # (ties go to the smaller), whose default is split, as the launch's own default is.
+    # At the class boundary (16K) a launch takes the 4K bucket (ties go smaller), split like its default.
     buckets = [(4096, 2), (1 << 16, 2)]
     for size in (at_least - 1, at_least):
         launch_default = targets.default_geometry("verify", "cuda", 2, size)
@@ -697,8 +674,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
 
 
 def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
-    """``compile.geometry`` (what every launch's function is looked up with) passes the launch's size
-    to the default when no database applies."""
+    """``compile.geometry`` passes the launch's size to the default when no database applies."""
     from tvm_canary.runtime import targets
 
     monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
@@ -710,8 +686,7 @@ def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
 
 
 def write_bucket_database(folder):
-    """(an empty database in ``folder``, ``commit(geometry, run_secs)`` storing a measurement of the CPU
-    write bucket (8, 16) in it, that bucket's default geometry)."""
+    """(empty database in ``folder``, ``commit(geometry, run_secs)`` for CPU write (8, 16), its default)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -739,8 +714,8 @@ def chosen_in(folder, cuda: bool) -> dict:
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
-    """``driver.commit_measurement`` stores the default's measurement with a trace that replays to the default; a
-    record MetaSchedule marked failed (1e10 s) is not a measurement."""
+    """``driver.commit_measurement`` stores a trace replaying to the default; a failed record (1e10 s) is
+    not a measurement."""
     db, commit, default = write_bucket_database(tmp_path)
     failed = dataclasses.replace(default, unroll=1)
     commit(failed, [1e10])
@@ -752,8 +727,8 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
 
 @pytest.mark.parametrize(("faster", "wins"), [(0.02, False), (0.04, True)])
 def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, faster, wins):
-    """``apply.chosen``: the fastest record applies only when it beat the default measured in the same
-    database by at least ``TUNED_MARGIN`` (3%); within it the default stays."""
+    """``apply.chosen``: the fastest record applies only when ``TUNED_MARGIN`` (3%) faster than the
+    default in the same database."""
     db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
     commit(default, [1e-3])
@@ -766,9 +741,8 @@ def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, fas
 
 @pytest.mark.parametrize("default_seconds", [1e10, None], ids=["default-failed", "default-never-measured"])
 def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, caplog, default_seconds):
-    """``apply.chosen``: a record replaces the default only when measured against it, so a bucket whose
-    default's measurement failed (1e10 s) or was never made (the defaults changed after the tuning)
-    keeps the default, however fast its records, and the database says so once, naming the bucket."""
+    """``apply.chosen``: a record replaces the default only when measured against it; a bucket whose
+    default failed (1e10 s) or is unmeasured keeps it, and one warning names the bucket."""
     db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
     commit(candidate, [1e-6])
@@ -787,8 +761,8 @@ def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, ca
 
 
 def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
-    """A record selecting a geometry the design space cannot (edited by hand, or tuned with another
-    space: unroll 0 divided by zero in every write launch) is passed over for the fastest valid one."""
+    """A record of a geometry outside the design space (hand-edited, another space: unroll 0 divided by
+    zero in every write launch) is passed over for the fastest valid one."""
     from tvm_canary import schedules
 
     db, commit, default = write_bucket_database(tmp_path)
@@ -808,10 +782,9 @@ def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision"])
 def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage,
                                                                 committed_cpu_key):
-    """A tuning database that cannot be read (truncated, a file missing, a record whose decision is not
-    among its candidates) or that holds another device's records gives the defaults and one warning
-    naming it at load, a kv-canary line in ``info`` and a refused merge; it raised TVM's errors in every
-    launch on its device (a CUDA database under the CPU's key passed as usable)."""
+    """An unreadable database (truncated, a file missing, a decision not among its candidates) or one of
+    another device gives the defaults, one warning at load, a kv-canary line in ``info`` and a refused
+    merge, not TVM's errors in every launch."""
     import shutil
 
     from tvm_canary import info
@@ -849,10 +822,9 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
 
 
 def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_without_its_record(tmp_path, caplog):
-    """The default fallback on real CUDA records: a bucket of the committed H200 database that holds a
-    record of another geometry than its default is copied alone, its times rewritten. With the
-    default's record beside it, that geometry applies when measured clearly faster; without it, the
-    lookup keeps the default and the warning names the bucket, however fast the other record."""
+    """The default fallback on real CUDA records (a committed H200 bucket, times rewritten): another
+    geometry applies when clearly faster than the default's record beside it; without that record the
+    default stays and the warning names the bucket."""
     from tvm.s_tir import meta_schedule as ms
 
     folder = keys.committed_tune_logs() / "nvidia-h200-sm_90"
@@ -897,11 +869,9 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
 
 
 def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default(tmp_path, monkeypatch):
-    """``apply.chosen``: verify's case is a random-order and a chain-order launch, which one geometry
-    serves; a record's times are per launch, a repeat at a time (``launch_seconds``). The fastest record
-    over the case that is not ``TUNED_MARGIN`` faster than the default in both launches is passed over
-    for the next one that is; with none, the default applies. (On the CPU verify has no knobs: a write
-    case of two launches stands in.)"""
+    """``apply.chosen`` on verify's two-launch case (times per launch, ``launch_seconds``): the fastest
+    record not ``TUNED_MARGIN`` faster than the default in both launches is passed over for the next that
+    is; with none the default applies. (A two-launch write case stands in on the CPU.)"""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -976,8 +946,8 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
 
 
 def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_path, monkeypatch):
-    """``tune --stale-only``'s selection: a bucket whose default has a current record is done; one with
-    only another geometry's record, one never tuned, and every bucket of a changed kernel are stale."""
+    """``tune --stale-only``: a bucket with a current default record is done; one with only another
+    geometry's record, one never tuned, and a changed kernel's buckets are stale."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -1006,8 +976,8 @@ def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_p
 
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_logs, tmp_path, monkeypatch, capsys):
-    """After a change to verify, ``--stale-only`` on the tuned database re-tunes verify's workloads and
-    leaves write's records as they were; with nothing stale it tunes nothing."""
+    """After a change to verify, ``--stale-only`` re-tunes verify only, keeping write's records; with
+    nothing stale it tunes nothing."""
     import shutil
 
     from tvm.s_tir import meta_schedule as ms
@@ -1040,9 +1010,8 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
 @pytest.mark.parametrize("key", sorted(p.parent.name
                                       for p in keys.committed_tune_logs().glob("*/database_workload.json")))
 def test_committed_databases_match_the_current_kernels(key, tmp_path):
-    """Every committed record was tuned for the kernels of this tree (a kernel change that alters its
-    TensorIR needs a re-tune; one that provably keeps the generated code needs tuning/restamp.py), and
-    its workload table is compact, as `tune-merge` and `restamp` write it."""
+    """Every committed record matches this tree's kernels (a TensorIR change needs a re-tune, a provably
+    code-neutral one tuning/restamp.py); workload tables are compact, as `tune-merge` writes them."""
     import shutil
 
     from tvm.s_tir import meta_schedule as ms
@@ -1057,10 +1026,8 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
 
 
 def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, monkeypatch, capsys):
-    """A workload whose default failed while candidates were measured (a server of another device model
-    under the fleet's key, say) names the default's error in the summary; it was only in MetaSchedule's
-    log. (The search may draw the default itself, which then needs no measurement of its own: the test
-    takes the case where it did not.)"""
+    """A default that failed while candidates were measured is named in the summary, not only in
+    MetaSchedule's log. (The test takes the case where the search did not draw the default.)"""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "kv-canary: the default's error"))
@@ -1071,9 +1038,8 @@ def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, 
 
 
 def test_restamp_command_line(tmp_path, capsys):
-    """``--help`` prints the module's docstring (it was taken for a folder: a traceback); a name that is
-    not a folder is a usage error before anything is re-stamped; a committed database re-stamped keeps its
-    records byte for byte (they refer to workloads by position)."""
+    """``--help`` prints the docstring (not a folder traceback); a non-folder is a usage error before any
+    re-stamp; a re-stamped committed database keeps its records byte for byte."""
     import shutil
 
     from tvm_canary.tuning import restamp
@@ -1102,9 +1068,8 @@ def test_restamp_command_line(tmp_path, capsys):
 
 
 def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch, capsys):
-    """A database whose write records were timed on write's previous tuning case (re-stamped while that
-    case was current) is refused: re-stamping made them current again, silently (their times are not
-    comparable with the current case's), and nothing is written."""
+    """Write records timed on write's previous tuning case are refused, not silently made current
+    (their times are incomparable); nothing is written."""
     import shutil
 
     from tvm_canary.tuning import restamp
@@ -1126,8 +1091,7 @@ def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch
 
 
 def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
-    """The command line prints the "no tuned schedule" notice through tqdm.write (above any progress
-    bar), once per process and device."""
+    """The "no tuned schedule" notice goes through tqdm.write, once per process and device."""
     from tvm_canary import console
 
     printed = []
@@ -1145,9 +1109,8 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
 
 
 def test_the_notice_names_kernel_and_mode_and_only_where_a_schedule_could_be_tuned(monkeypatch, caplog):
-    """With a database for this CPU that has write records only in NONE mode: a write launch in PARTIAL
-    mode gets the notice once; verify, which has no knobs on the CPU (its default is the only schedule),
-    never does, in any mode."""
+    """With write records only in NONE mode, a PARTIAL write gets the notice once; verify (no CPU knobs)
+    never does."""
     import logging
 
     from tvm_canary.runtime.targets import default_geometry
@@ -1173,8 +1136,8 @@ def test_tune_cuda_without_a_gpu_is_a_one_line_usage_error(capsys):
 
 
 def test_candidate_artifacts_have_file_names_of_their_own():
-    """An RPC session loads each candidate under its artifact's file name; two candidates under one name
-    would run the first one's code (``measure._build_exported``)."""
+    """Each candidate's artifact has its own file name: an RPC session under one name would run the
+    first one's code (``measure._build_exported``)."""
     import pathlib
 
     from tvm.s_tir import meta_schedule as ms
@@ -1194,8 +1157,7 @@ def test_candidate_artifacts_have_file_names_of_their_own():
 
 
 def test_a_dead_build_worker_fails_only_its_round():
-    """A build worker that dies (OOM killer, a crash in codegen) fails the candidates of its round; the
-    next round gets a fresh pool instead of the tune stopping."""
+    """A dead build worker (OOM, codegen crash) fails its round; the next round gets a fresh pool."""
     import os
     import signal
     import time
@@ -1291,9 +1253,8 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
 
 
 def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, capsys):
-    """``--time-limit``: a workload starts only while the run's time plus its longest workload so far stays
-    within the limit; the rest are listed, keep their records, and the command exits 3 with the table
-    of the workloads it tuned (none is cut)."""
+    """``--time-limit``: a workload starts only while elapsed time plus the longest workload so far fits;
+    the rest are listed and keep their records; exit 3 with the tuned table (none is cut)."""
     import types
 
     from tvm_canary.tuning import command, driver, measure
@@ -1323,8 +1284,7 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
 
 
 def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):
-    """An ``--out`` whose database folder cannot be created is one usage line before anything is built
-    (it was a PermissionError traceback, after the defaults' builds when the folder was the last step)."""
+    """An ``--out`` folder that cannot be created is one usage line before any build, not a traceback."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built before checking --out"))
@@ -1336,10 +1296,8 @@ def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypa
 
 
 def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_logs, tmp_path, monkeypatch, capsys):
-    """A database file this process cannot write (a read-only copy, a read-only file system) is refused in
-    one line before tuning, and both files stay as they were (it was a traceback at the end of the run,
-    or TVM's error at the first record). Root ignores file modes, so the check's ``os.access`` is made to
-    answer as for another user."""
+    """A database file this process cannot write is refused in one line before tuning, files unchanged
+    (not a late traceback). ``os.access`` is made to answer as for non-root."""
     import os
     import shutil
 
@@ -1374,8 +1332,7 @@ def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, 
 
 
 def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
-    """``--time-limit 0`` starts no workload, so it builds no default either (it built them all, then
-    discarded them); every workload is listed as left and the status is 3."""
+    """``--time-limit 0`` starts no workload and builds no default; all are listed as left, status 3."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built defaults for no workload"))
@@ -1384,9 +1341,8 @@ def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
 
 
 def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, monkeypatch, capsys):
-    """When the fleet's last server goes away between workloads, ``tune`` prints the table of what it
-    measured, lists the workloads left, leaves the workload table compact (as committed) and exits 1
-    with the fleet's ``kv-canary:`` line (the error escaped before the table and the compaction)."""
+    """When the fleet's last server goes between workloads, ``tune`` prints what it measured, lists the
+    rest, compacts the workload table and exits 1 with the fleet's ``kv-canary:`` line."""
     import json
 
     from tvm_canary.runtime import targets
@@ -1415,23 +1371,21 @@ def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, m
 
 
 def test_a_resumed_workload_measures_only_the_trials_it_lacks(tmp_path, capsys):
-    """A workload that holds fewer than ``--trials`` measured candidates measures the rest, not ``--trials``
-    more (a resume of 3 of 4 measured 4 new ones, and the row listed 7 candidates of a space of 4)."""
+    """A workload with fewer than ``--trials`` measured candidates measures the rest, not ``--trials``
+    more."""
     args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--out", str(tmp_path / "out"),
             "--log-dir", str(tmp_path / "ms")]
     for trials in ("2", "4"):
         assert main([*args, "--trials", trials]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines()[::-1] if line.startswith("write"))
     candidates, new = row.split()[3:5]  # the bucket "(8, 16)" is two words
-    # the first run holds 2 or 3 (its default, measured apart when the search did not draw it); the resume's
-    # rounds can draw a geometry measured before (MetaSchedule's search does not look in the database), so
-    # it can end with 3 (driver.SEARCH_ROUNDS), never with more than the space's 4
+    # the first run holds 2 or 3 (with the default); the resume may redraw a measured geometry, so it can
+    # end with 3 (driver.SEARCH_ROUNDS), never more than the space's 4
     assert candidates in {"3", "4"} and 0 <= int(new) <= 2, row
 
 
 def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, capsys, committed_cpu_key):
-    """A device folder holding a records file but no workload table is refused with the database's
-    message before anything is tuned (it crashed in TVM and left an empty workload table behind)."""
+    """A device folder with records but no workload table is refused before tuning (not a TVM crash)."""
     import shutil
 
     folder = tmp_path / "out" / committed_cpu_key
@@ -1444,8 +1398,7 @@ def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, cap
 
 
 def test_kernel_hash_changes_with_the_tensorir_of_every_path_a_knob_chooses(tmp_path, monkeypatch):
-    """A change of the TensorIR that only thin geometries build (``kernels.common.work_grid``'s thin grid)
-    changes verify's kernel hash, so records measured on the old thin path are stale."""
+    """A change to TensorIR only thin geometries build changes verify's kernel hash: old records go stale."""
     from tvm.script import tirx as T
 
     from tvm_canary.kernels import verify as verify_kernel
