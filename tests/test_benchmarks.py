@@ -105,9 +105,8 @@ def test_plot_tables_and_targets(tmp_path, capsys):
 
 
 def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
-    """Verify rows up to 64K entries and ALL's at every size are timed against their hash and ordered
-    floors (``bounded_row``); the summary's reference lines group them by size range, each range with
-    its own limit, so a 1M row is judged at 1.10x, not at the small rows' 1.25x."""
+    """Verify rows up to 64K entries and ALL's at every size are timed against hash and ordered floors
+    (``bounded_row``); reference lines group them by size range, each with its own limit (1M: 1.10x)."""
     import bench_kernels
     import report
 
@@ -140,8 +139,7 @@ def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
 
 
 def test_plots_take_a_row_without_a_tuned_time(tmp_path):
-    """A tuned time stored as null (no tuned arm) leaves the tuned series out instead of failing the PNGs
-    (where matplotlib, the ``bench`` extra, is installed)."""
+    """A null tuned time leaves the tuned series out instead of failing the PNGs (with matplotlib)."""
     pytest.importorskip("matplotlib")
     import bench_kernels
     import plot
@@ -159,8 +157,8 @@ def test_plots_take_a_row_without_a_tuned_time(tmp_path):
 
 
 def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
-    """A real-KV write row's NONE target divides by NONE's kernel timed in the row's own rounds on its
-    inputs (``none_us``); a row from a run before that arm compares with the NONE row of its shape."""
+    """A real-KV write row's NONE target divides by NONE timed in the row's own rounds (``none_us``); an
+    older row without it uses the NONE row of its shape."""
     import bench_kernels
 
     shape = dict(reqs=4096, shape="4096x1", chain_floor_us=1.0)
@@ -173,9 +171,8 @@ def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
 
 
 def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cpu():
-    """The benchmark's check before timing (``baselines/agreement.py``) launches write in every CUDA size
-    class of each mode (long chains, a decode step's short ones and PARTIAL's between: each has its own
-    default geometry), and the CPU kernels pass it for every kernel."""
+    """The pre-timing check (``baselines/agreement.py``) launches write in every CUDA size class of each
+    mode (each has its own default geometry); the CPU kernels pass it."""
     from baselines import agreement
 
     import tvm_canary as tc
@@ -197,9 +194,8 @@ def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cp
 
 
 def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
-    """``--resume`` keeps the finished kernels' rows of the file it continues and runs the rest; a file from
-    another GPU, driver, version, option set or default geometry is refused with what differs; a resumed
-    run's tables say how it was made."""
+    """``--resume`` keeps finished kernels' rows and runs the rest; a file from another GPU, driver,
+    version, option set or default is refused with what differs; the tables say how it was made."""
     import bench_kernels
     import plot
 
@@ -219,8 +215,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     whole = {**prior, "rows": [_row("verify", f"{m} {o} {n}", 30.0, 20.0, mode=m, order=o, n=n)
                                for m, o, n in sorted(bench_kernels.verify_cases())]}
     assert bench_kernels.resume_run(whole, now, kernels) == (whole["rows"], ["write", "plan", "scatter"], [])
-    # --redo: a finished kernel's rows are dropped and timed again, even at other defaults (a change to it
-    # alone); the part that timed them says so
+    # --redo: a finished kernel's rows are timed again, even at other defaults; the part says so
     parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
     write_row = _row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", n=4096)
     both = {**prior, "rows": [*whole["rows"], write_row], "parts": parts,
@@ -264,8 +259,8 @@ class _StandInPool:
 
 
 def _stand_in_verify_work(monkeypatch, progress) -> None:
-    """``Bench.verify_rows`` without a GPU: no chains stamped, no plans, no floors; each row takes 30 µs
-    against a 20 µs floor; ``progress(bench, row)`` runs after each row."""
+    """``Bench.verify_rows`` without a GPU: each row 30 µs against a 20 µs floor; ``progress(bench,
+    row)`` runs after each row."""
     import bench_kernels
 
     monkeypatch.setattr(bench_kernels, "stamp_chains", lambda *args: (0, 0))
@@ -278,8 +273,8 @@ def _stand_in_verify_work(monkeypatch, progress) -> None:
 
 
 def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch):
-    """``code_digest`` hashes the kernels' generated code's sources, the floors, the benchmark, the timing
-    method and the baselines (not the defaults or the database), and changes with any of them."""
+    """``code_digest`` changes with the kernels' code sources, floors, benchmark, timing method and
+    baselines (not the defaults or the database)."""
     import bench_kernels
 
     from tvm_canary import reference, timing
@@ -303,8 +298,8 @@ def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch)
 
 
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
-    """Verify's rows are written as each is timed (its part says ``cut`` until the sweep ends): a resumed
-    run keeps them and times only the rows of the sweep it lacks, and the tables say the part was cut."""
+    """Verify's rows are written as timed (the part says ``cut`` until the sweep ends): a resume times
+    only the missing rows, and the tables say the part was cut."""
     import bench_kernels
     import plot
 
@@ -329,7 +324,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert bench_kernels.resume_run({**prior, "parts": [stamped_cut]}, coded, ["verify"], (), sizes, modes)[1] == [
         "verify"]
     assert bench_kernels.resume_run(prior, coded, ["verify"], ["verify"])[:2] == ([], ["verify"])
-    # a part none of whose verify rows the run keeps does not count: a partial redo at other code replaced them
+    # a part whose verify rows were all replaced (a partial redo at other code) does not count
     older = {**cut, "verify_sizes": [1 << 16], "verify_rows": ["ALL random 65536"],
              "replaced_verify_sizes": [1 << 16]}
     assert bench_kernels.resume_run({**prior, "parts": [older, stamped_cut]}, coded, ["verify"], (), sizes,
@@ -365,10 +360,9 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
 
 
 def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch, capsys):
-    """``bench_kernels.main`` with stand-ins for the GPU's work (each row 30 µs): a run cut short after
-    five verify rows leaves them in its file, its part marked cut and naming them; ``--resume`` times the
-    other rows once each and the file is complete; a later partial redo names no rows of its own (it timed
-    all it chose) and marks only the parts that timed the replaced rows."""
+    """``bench_kernels.main`` with GPU stand-ins: a run cut after five verify rows keeps them, its part
+    marked cut; ``--resume`` times the others once and completes the file; a later partial redo marks
+    only the parts whose rows it replaced."""
     import bench_kernels as bk
     import floors
 
@@ -440,9 +434,8 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
 
 
 def test_a_run_redoes_only_the_verify_sizes_asked_for():
-    """``--redo verify --verify-sizes``: only verify's rows of those sizes are dropped and timed again; a
-    kept row whose default changed is refused, naming the size to add; the parts say which sizes a later
-    invocation replaced, and the tables say so."""
+    """``--redo verify --verify-sizes`` re-times only those sizes; a kept row whose default changed is
+    refused, naming the size to add; parts and tables say which sizes were replaced."""
     import bench_kernels
     import plot
 
@@ -502,10 +495,9 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
 
 
 def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
-    """``--redo verify --verify-modes ALL --verify-sizes ...`` after a change to ALL's default above 16K:
-    only ALL's rows of those sizes are dropped; a kept ALL row whose default changed is refused, naming
-    the mode or the size to add; each part records the rows a later invocation replaced (whole sizes, then
-    single rows), and the tables say so."""
+    """``--redo verify --verify-modes ALL --verify-sizes ...`` re-times only ALL's rows of those sizes; a
+    kept row whose default changed is refused, naming the mode or size; parts and tables record what was
+    replaced."""
     import bench_kernels
     import plot
 
@@ -552,10 +544,8 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
 
 
 def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
-    """The run's empty launch and register-only chain are those of the part whose write rows it keeps (a
-    part whose write rows a later ``--redo write`` replaced is passed over, as is a later part without
-    write); a run holding rows of every kernel (verify's of every mode and size) is complete, however its
-    parts were asked for."""
+    """The run's empty launch and register-only chain come from the part whose write rows it keeps; a run
+    holding rows of every kernel (verify's of every mode and size) is complete, however made."""
     import bench_kernels
 
     first = {"kernels": ["write", "plan", "scatter"], "wall_s": 250.0, "empty_us": 1.34, "chain_ns": 100.9,
@@ -590,8 +580,7 @@ def test_a_ratio_is_printed_on_its_side_of_the_limit():
 
 
 def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
-    """A row 1.2505x its floors: plot.py's ratio cells and report.py's reference lines print 1.2505, not
-    1.25 (which would read as passing; the fifty-seventh session's tables printed NONE chain 1024's 1.255 as 1.25)."""
+    """A row 1.2505x its floors prints as 1.2505 in plot.py and report.py, not 1.25 (read as passing)."""
     import bench_kernels
 
     rows = [_row("verify", "NONE chain 1024", 2.5010, 2.0, mode="NONE", order="chain", n=1024, hash_floor_us=2.0,
@@ -605,8 +594,8 @@ def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
 
 
 def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
-    """The reference lines compare a ratio with the limit as the targets do: 1.8 / 1.44 is 1.25 and passes
-    both (compared as 1.8 > 1.25 * 1.44, a product that rounds up, it was listed as over, at "1.25")."""
+    """Reference lines compare a ratio with the limit as the targets do: 1.8 / 1.44 is 1.25 and passes
+    (1.8 > 1.25 * 1.44 rounds up and failed it)."""
     import bench_kernels
 
     rows = [_row("verify", "NONE chain 1024", 1.8, 1.44, mode="NONE", order="chain", n=1024, hash_floor_us=1.44,
@@ -632,10 +621,8 @@ def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
-    """The hash and ordered floors of small verify rows: their own table in plot.py, reference lines in
-    report.py beside the target (which stays against the gather floor; a row whose hash floor alone is
-    over the limit is past the hardware), and a row faster than any of its floors by more than 5% is a
-    floor bug."""
+    """Small verify rows' hash and ordered floors get a plot.py table and report.py reference lines (the
+    target stays against the gather floor); a row over 5% faster than a floor is a floor bug."""
     import bench_kernels
 
     rows = [
@@ -662,10 +649,8 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
 
 
 def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
-    """Both arms of the A/B are held to the floors (the fifteenth session's run had a tuned geometry
-    below a floor that no default reached), and a tuned arm more than 3% slower fails the tuning check,
-    in the benchmark's rows, plot.py's tables and report.py's summary alike; a run recorded before the
-    tuned arm was checked (no ``floor_ratios`` in its rows) is judged from its times."""
+    """Both A/B arms are held to the floors, and a tuned arm over 3% slower fails the tuning check in the
+    rows, plot.py and report.py alike; an older run without ``floor_ratios`` is judged from its times."""
     import bench_kernels
 
     rows = [
@@ -699,10 +684,8 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
 
 
 def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
-    """A small verify row: its default and tuned arms and every grid of its gather, hash and ticket
-    floors (both fold orders with two sources) go to one interleaved timing; the row keeps the median
-    of each arm's rounds, each floor is its fastest grid and order, and the ordered floor is the faster
-    of the ticket floor and the hash floor plus a launch."""
+    """A small verify row times both arms and every floor grid interleaved; it keeps each arm's median,
+    each floor's fastest grid and order, and the ordered floor as min(ticket, hash + a launch)."""
     import bench_kernels
     import floors
 
@@ -771,8 +754,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
 
 
 def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
-    """``copy_floor_us``: torch's copy and every grid of the TIR copy, timed interleaved, the fastest
-    named as such; ``fastest_floor`` (bench_embedding's floors): the fastest grid, as a geometry."""
+    """``copy_floor_us`` times torch's and the TIR copies interleaved, naming the fastest;
+    ``fastest_floor`` returns the fastest grid as a geometry."""
     import bench_kernels
     import floors
 
@@ -798,9 +781,8 @@ def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
 
 
 def test_decode_step_floors_mirror_the_step(monkeypatch):
-    """bench_embedding's floor of a decode step (GPU) lists the step's canary operators in launch order
-    (recorded from an eager step of the same session, on the CPU here), each floor kernel with arguments
-    of the dtypes and ranks its TensorIR signature binds, and only floors the benchmark can build."""
+    """bench_embedding's decode-step floor lists the step's canary operators in launch order (from an
+    eager step), each with arguments its TensorIR signature binds, and only buildable floors."""
     import bench_embedding
     import tvm
 
@@ -862,12 +844,10 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
 
 
 def test_the_gather_floors_also_run_bounded_grids():
-    """The gather's floors (memory forms, one lane an entry and split, and the hash and ticket forms) are
-    timed in ``FLOOR_GRIDS``, in ``BOUNDED_GATHER_GRIDS``, where they declare
-    ``__launch_bounds__(threads, min_blocks)`` as verify's kernels do, and in ``HELD_GATHER_GRIDS``, where
-    they also keep ``HELD_VALUES`` clock reads live to the end (labels ending in "h"); every other floor runs
-    ``FLOOR_GRIDS`` alone, and a plain grid declares the threads alone (the CUDA source, generated
-    without nvcc)."""
+    """Gather floors run in ``FLOOR_GRIDS``, ``BOUNDED_GATHER_GRIDS`` (declaring
+    ``__launch_bounds__(threads, min_blocks)`` as verify does) and ``HELD_GATHER_GRIDS`` (keeping
+    ``HELD_VALUES`` clock reads live; labels end in "h"); other floors run ``FLOOR_GRIDS`` alone, and a
+    plain grid declares the threads alone."""
     import bench_embedding
     import bench_kernels
     import floors
@@ -903,9 +883,8 @@ def test_the_gather_floors_also_run_bounded_grids():
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_floor_kernels_compile_for_cuda(tmp_path):
-    """Every floor kernel the benchmarks build (bench_kernels' makers, bench_embedding's token-reading
-    gathers, chain and empty) lowers for CUDA and its device code compiles with nvcc for sm_90 (in one
-    floor grid: the grids change constants only): a broken floor is found here, not in a GPU session."""
+    """Every floor kernel the benchmarks build lowers for CUDA and compiles with nvcc for sm_90 (one
+    grid: grids change constants only), so a broken floor is found here, not in a GPU session."""
     import bench_embedding
     import bench_kernels
     import floors
@@ -1030,9 +1009,8 @@ def test_default_labels_name_modes_and_size_classes():
 
 @pytest.mark.parametrize("capacity", [None, 16])
 def test_write_args_plan_padded_to_a_capacity(monkeypatch, capacity):
-    """``bench_kernels.write_args`` with a capacity above its requests (``ab_kernels.py --write-shapes
-    RxTcC``): the requests past them are empty and not valid, so the CPU kernel stamps what the reference
-    stamps, and only the requests' slots."""
+    """``bench_kernels.write_args`` with capacity above its requests (``--write-shapes RxTcC``): the extra
+    requests are empty and invalid, so the CPU kernel stamps only the requests' slots, as the reference."""
     import copy
 
     import bench_kernels

@@ -1,9 +1,7 @@
-"""Fleet tuning without a GPU: a loopback RPC tracker and one CPU ``tvm-canary rpc-server`` (started and
-stopped here, under timeouts) tune a tiny llvm workload end to end, the record's geometry is applied at
-load; the fleet's preflight refuses what would hang and a server that measures with another protocol;
-a terminated ``rpc-server`` leaves no server process behind; ``tune-merge`` keeps per workload the
-chosen record of a run that measured the default (and that default) and refuses another device's
-database."""
+"""Fleet tuning without a GPU: a loopback tracker and a CPU ``tvm-canary rpc-server`` tune a tiny llvm
+workload end to end and the record applies at load; preflight refuses what would hang or measures with
+another protocol; a terminated ``rpc-server`` leaves no process; ``tune-merge`` keeps each workload's
+choice of a run that measured the default (and that default) and refuses another device's database."""
 
 from __future__ import annotations
 
@@ -48,14 +46,14 @@ def mixed_tracker():
 
 @pytest.mark.slow  # the loopback fleet
 def test_preflight_refuses_a_stock_server_beside_a_canary_one(mixed_tracker):
-    """Preflight asked only the first server registered (the canary one): every server is checked now."""
+    """Preflight checks every server, not only the first registered."""
     with pytest.raises(fleet.ServerRefused, match="^kv-canary: the RPC server under key 'mix' lacks tvm_canary"):
         fleet.connect(mixed_tracker, "mix", "llvm", None)
 
 
 def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
-    """A runner worker's refusal was a failed candidate (1e10 s, counted as tried) and tune exited 0; it is
-    raised from the candidate's result now, crosses MetaSchedule's C++ loop as itself and ends tune (exit 1)."""
+    """A runner worker's refusal ends tune (exit 1) through MetaSchedule's C++ loop, not a failed
+    candidate (1e10 s) and exit 0."""
     import concurrent.futures
     import types
 
@@ -84,8 +82,7 @@ def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
 @pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
-    # Two kernels, three workloads, one held session: every candidate must run its own code on its own case
-    # (with one artifact name for all, the verify candidates ran write's code and all failed).
+    # Two kernels, three workloads, one session: each candidate must run its own code on its own case.
     args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2",
             "--out", str(out), "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
     # An outer limit: a fleet whose server died would otherwise leave MetaSchedule waiting.
@@ -130,11 +127,11 @@ def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
         fleet.connect(tracker, RPC_KEY, "llvm", 2)
     with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
         fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
-    # the server's own refusal, one kv-canary line (it came inside TVM's RPCError, with a traceback)
+    # the server's own refusal, one kv-canary line (not TVM's RPCError traceback)
     with pytest.raises(RuntimeError, match="^kv-canary: this RPC server has no CUDA GPU visible to torch$"):
         fleet.connect(tracker, RPC_KEY, "cuda", None)
-    # A fleet that is gone: a session request fails after TRACKER_TIMEOUT_S (the seconds a crashed server
-    # takes to come back; 1 s here), and ``tune`` asks before each workload (``Fleet.require_servers``).
+    # A gone fleet: a session request fails after TRACKER_TIMEOUT_S (1 s here); ``tune`` asks before each
+    # workload (``Fleet.require_servers``).
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 1)
     host, port = fleet.parse_address(tracker)
     start = time.monotonic()
@@ -146,9 +143,8 @@ def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
 
 
 def test_a_terminated_rpc_server_stops_its_server_process():
-    """``kill PID`` on a background ``tvm-canary rpc-server`` (SIGTERM; SIGINT takes the same path) stops
-    the TVM server process it serves from, which would otherwise keep the port and its tracker registration.
-    The tracker address has no tracker: the server binds its port and keeps retrying the tracker."""
+    """SIGTERM (or SIGINT) on ``tvm-canary rpc-server`` stops its TVM server process, which would keep the
+    port and registration. No tracker listens: the server binds its port and retries."""
     import pathlib
     import signal
     import subprocess
@@ -176,9 +172,8 @@ def test_a_terminated_rpc_server_stops_its_server_process():
 
 @pytest.mark.slow  # a loopback tracker and server
 def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
-    """A session process killed by a signal (OOM killer, segfaulting candidate) ended TVM's listen thread: the
-    ``rpc-server`` lived on, off the tracker for good, and a tune ended with "no server under key". It now
-    starts a new server, which registers again and serves the next session."""
+    """A session process killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread, leaving
+    ``rpc-server`` off the tracker for good; a new server now registers and serves the next session."""
     import signal
 
     import psutil
@@ -198,9 +193,8 @@ def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
 
 
 def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
-    """TVM's server retries its tracker for 60 s, then its registration thread dies and the server can
-    never register again, but the process served on (until killed). ``rpc-server`` now exits 1 once the
-    tracker has refused connections for TRACKER_GONE_S (2 s here), stopping its server process."""
+    """TVM's server stops retrying its tracker after 60 s but lives on unregistered; ``rpc-server`` exits 1
+    once the tracker refused connections for TRACKER_GONE_S (2 s here), stopping its server."""
     import argparse
 
     monkeypatch.setattr(fleet, "TRACKER_GONE_S", 2)
@@ -215,8 +209,8 @@ def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
 
 
 def test_build_workers_exit_when_the_tuning_process_is_killed():
-    """A ``tune`` killed with SIGKILL left its spawned build workers running (about 500 MB each); each
-    worker now exits once its parent is gone (``measure.exit_with_parent``)."""
+    """Build workers (about 500 MB each) exit once their parent is gone, e.g. a SIGKILLed ``tune``
+    (``measure.exit_with_parent``)."""
     import pathlib
     import subprocess
     import sys
@@ -260,9 +254,9 @@ def _database(root, key, costs: dict):
 
 
 def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(tmp_path, capsys):
-    """Host a measured the default (2.05 us) and a slower candidate, so its run chose the default; host b
-    measured a faster candidate (2 us) but not the default: a's choice and default are kept, b's
-    candidate, weighed against no default of its own run, is not. A failed record never wins."""
+    """Host a chose its default (2.05 us) over a slower candidate; host b measured a faster candidate (2 us)
+    but no default: a's choice and default are kept, b's unweighed candidate is not. A failed record
+    never wins."""
     import dataclasses
 
     from tvm.s_tir import meta_schedule as ms
@@ -286,10 +280,9 @@ def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(t
 
 
 def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_default(tmp_path, monkeypatch):
-    """Per launch of a two-launch case (µs): host a measured the default (50, 50) and g1 (45, 45), which
-    its run chooses; host b measured only g2 (39, 50.5), faster over the case but, against a's default,
-    slower in the second launch. Weighing b's record against a's default would drop g1 for the default;
-    the merge keeps a's choice (g1) and default."""
+    """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2
+    (39, 50.5), slower than a's default in launch two. The merge keeps a's choice and default, not the
+    default that weighing b against a's default would give."""
     import dataclasses
 
     import tvm
@@ -320,8 +313,8 @@ def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_d
 
 
 def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
-    """``measure.protocol`` hashes what shapes a measurement (kernels, timing, cases); a fleet server
-    running another tvm_canary would rank its times with this host's: refused, by name."""
+    """``measure.protocol`` hashes what shapes a measurement; a server of another tvm_canary, whose times
+    would be ranked with this host's, is refused by name."""
     import json
 
     from tvm_canary.tuning import measure
@@ -339,8 +332,8 @@ def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
 
 
 def test_tune_merge_writes_the_workload_table_compact(tmp_path):
-    """MetaSchedule indents each workload's module JSON; the merged table holds it without whitespace,
-    at about half the bytes, and loads as the same modules and records."""
+    """The merged workload table drops MetaSchedule's indentation (about half the bytes) and loads the
+    same modules and records."""
     import base64
     import json
     import struct
@@ -374,11 +367,9 @@ def test_tune_merge_writes_the_workload_table_compact(tmp_path):
 
 
 def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_path, monkeypatch, capsys):
-    """Records refer to workloads by position: a merge stopped after writing one of ``--out``'s two files
-    (disk full, a kill) left the new table beside the old records, which then selected other buckets'
-    records with no warning. Stopped at each step of the replacement, ``--out`` holds the old database, a
-    table with empty records, or the new one; its files get the umask's mode (they were 0600). Into a new
-    ``--out``, a stop left a table without records file, which the next merge refused."""
+    """Records refer to workloads by position, so a half-written ``--out`` silently mismatched them.
+    Stopped at any step, ``--out`` holds the old database, a table with empty records, or the new one
+    (a new ``--out`` too); files get the umask's mode, not 0600."""
     import os
     import shutil
 
@@ -421,8 +412,7 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
 
 
 def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, capsys):
-    """Records of older kernel code drop out of a merge (as at load); the merge names their kernels and the
-    ways to keep them (it dropped them silently)."""
+    """Records of older kernel code drop out of a merge, which names their kernels and how to keep them."""
     from tvm_canary.runtime.targets import default_geometry
     from tvm_canary.tuning import workloads
 
@@ -435,9 +425,8 @@ def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, cap
 
 
 def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):
-    """``tune`` into a device-key folder that holds another target's records exited 0 with a database no
-    one can use, and into a truncated one it crashed with TVM's traceback: both are refused with the
-    folder named, before anything is written."""
+    """``tune`` into a device-key folder of another target's records, or a truncated one, is refused with
+    the folder named before anything is written (not an unusable database or TVM's traceback)."""
     from tvm_canary.runtime.targets import default_geometry
 
     key = keys.device_key(torch.device("cpu"))
@@ -513,8 +502,8 @@ def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
 
 
 def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, capsys):
-    """A server gone mid-run, with another still registered: each later workload lost a candidate and 30 s
-    to the worker without a server, and nothing said so. ``require_servers`` now warns once per drop."""
+    """A server gone mid-run while another remains silently cost each workload a candidate and 30 s;
+    ``require_servers`` warns once per drop."""
     counts = iter([(2, 2), (1, 1), (1, 1), (1, 1), (1, 1)])
     monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 0)
@@ -532,8 +521,8 @@ def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, cap
                                   ["rpc-server", "--tracker", "127.0.0.1:1", "--key", "k", "--port", "9095",
                                    "--port-end", "9095"]])
 def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, capsys):
-    """A tracker address without its port exited 1 (a run's error, not a usage error), and an empty port
-    range ended in TVM's 30-line traceback ("cannot bind to any port in [9095, 9095)")."""
+    """A tracker address without port, or an empty port range, is a usage error, not exit 1 or TVM's
+    traceback."""
     from tvm_canary.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
@@ -544,8 +533,7 @@ def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, capsys):
 
 
 def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
-    """With more servers than runner workers, one going away left enough for every worker, yet the next
-    workload waited TRACKER_TIMEOUT_S for the old count."""
+    """With more servers than workers, losing one that leaves enough does not wait TRACKER_TIMEOUT_S."""
     counts = iter([(3, 3), (2, 2), (2, 2)])
     monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 5)
@@ -558,7 +546,7 @@ def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
 
 @pytest.mark.parametrize("visible, served", [("2,3", ["2", "3"]), (None, ["0", "1"])])
 def test_fleet_tune_serves_the_gpus_the_caller_made_visible(visible, served, monkeypatch, tmp_path):
-    """Under CUDA_VISIBLE_DEVICES=2,3 ``scripts/fleet_tune.py`` gave server i CUDA_VISIBLE_DEVICES=i: GPUs 0, 1."""
+    """Under CUDA_VISIBLE_DEVICES=2,3 ``scripts/fleet_tune.py`` gives servers GPUs 2 and 3, not 0 and 1."""
     import contextlib
     import importlib.util
     import pathlib
