@@ -50,9 +50,8 @@ def test_differential_fuzz(kernel, device):
 
 
 def stamp_true_folds(case: dict, launch: int = 0) -> None:
-    """Field 3 of every slot readable in the case's mode := its real-KV fold (the reference's), so that
-    a verify of clean entries matches and a kernel folding differently adds violation rows (random
-    field 3 values mismatch whatever the fold)."""
+    """Field 3 of every readable slot := its real-KV fold, so clean entries verify and a kernel folding
+    differently adds violation rows (random field 3 values mismatch whatever the fold)."""
     ctx = case["context"]
     words = ctx.canary_buf.view(torch.int64)
     slots = torch.arange(words.shape[0], device=words.device)
@@ -63,9 +62,8 @@ def stamp_true_folds(case: dict, launch: int = 0) -> None:
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_wide_tokens(kernel, device):
-    """Sources of up to 512 bytes per token: ALL-mode folds of up to 64 words, so the fold's prefetched
-    batches (``kernels.common.PAIR_PREFETCH`` and ``FOLD_PREFETCH``) run full and partial, past the head
-    words; verify runs on canaries whose field 3 holds the true folds."""
+    """Sources of up to 512 bytes per token (ALL folds of up to 64 words), so the prefetched batches
+    (``PAIR_PREFETCH``, ``FOLD_PREFETCH``) run full and partial; verify's canaries hold the true folds."""
     require(device)
     prepare = stamp_true_folds if kernel == "verify" else None
     for seed in range(ITERATIONS[device] // 4):
@@ -77,11 +75,9 @@ def test_differential_wide_tokens(kernel, device):
 
 @pytest.mark.gpu
 def test_verify_split_folds_on_cuda(monkeypatch):
-    """Verify ALL's default below 16K entries folds split (``Geometry.pairs`` 2: two lanes check an entry,
-    each folding one source, ``kernels.common.split_fold``). On CUDA the seeded cases and the wide-token
-    ones (two sources of equal built-in word counts fold split, others paired), on canaries whose field 3
-    holds the true folds (so a wrong fold shows as a violation the reference does not report), give the
-    reference's bytes; the emit phase (one lane an entry) folds paired."""
+    """Verify ALL's default below 16K entries folds split (two lanes an entry, ``split_fold``). On CUDA
+    the seeded and wide-token cases, on canaries holding the true folds (a wrong fold shows as an extra
+    violation), give the reference's bytes; the emit phase folds paired."""
     require("cuda")
     assert targets.default_geometry("verify", "cuda", 2).pairs == 2
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
@@ -97,12 +93,10 @@ def test_verify_split_folds_on_cuda(monkeypatch):
 @pytest.mark.parametrize("pairs_capped", [False, True])
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_sources_folded_one_after_another(kernel, pairs_capped, monkeypatch):
-    """The CPU default folds sources in pairs (``Geometry.fold_pairs``); without ``pairs``, or with a
-    register cap below the pairs' threshold (a tuned CUDA geometry of many threads per SM), they fold
-    one after another (CUDA's PARTIAL default does): the same bytes, on the wide-token cases (folds of
-    up to 64 words, up to four sources of unequal lengths). Launches take the patched default: no
-    tuning database, and the launch cache starts empty (and is restored after); every launch's
-    function must be the one built for the patched geometry."""
+    """The CPU default folds sources in pairs (``Geometry.fold_pairs``); without ``pairs``, or under a
+    register cap below the pairs' threshold, they fold one after another: the same bytes on the
+    wide-token cases. Launches must use the function built for the patched default (no database, the
+    launch cache emptied and restored)."""
     geom = {"unroll": 4, "pairs": 1, "min_blocks": FOLD_PAIRS_MAX_THREADS + 1} if pairs_capped else {"unroll": 4}
     monkeypatch.setitem(targets.CPU_DEFAULTS, kernel, geom)
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
@@ -123,10 +117,9 @@ def test_differential_sources_folded_one_after_another(kernel, pairs_capped, mon
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_verify_a_lone_failing_entry(device, where):
-    """Every entry padding (slot 0) but one, at the plan's first, middle or last position, in slot 1 of a
-    random canary (so it records a row): the reference's row alone, on every backend. The fuzz's random
-    plans mark nearly every chunk of entries, so a kernel that skipped an entry (the last one, say)
-    would still emit its row when recomputing a chunk another failure marked; here nothing else marks."""
+    """Every entry padding but one (first, middle or last) on a random canary: the reference's row alone,
+    on every backend. Random plans mark nearly every chunk, hiding a kernel that skips an entry; here
+    nothing else marks."""
     require(device)
     for seed in range(8):
         want, got = (CASES["verify"](torch.Generator().manual_seed(seed), dev, capacity=1 + 37 * seed)
@@ -148,9 +141,8 @@ def test_verify_a_lone_failing_entry(device, where):
 
 @pytest.mark.parametrize("device", devices())
 def test_differential_long_chains(device):
-    """Requests of 33-100 tokens with every slot valid (``cases.long_write_case``): on CUDA their full
-    batches of 32 take write's lockstep path, with position gaps at and inside batches, input-assert
-    mismatches and a slot stored twice within a request."""
+    """Requests of 33-100 valid tokens (``cases.long_write_case``) take write's CUDA lockstep path, with
+    position gaps, input-assert mismatches and a slot stored twice in a request."""
     require(device)
     for seed in range(ITERATIONS[device] // 4):
         try:
@@ -159,18 +151,15 @@ def test_differential_long_chains(device):
             raise AssertionError(f"write on {device}, long chains, seed {seed}: {e}") from e
 
 
-# requests x tokens per request: on CUDA in NONE mode (528 x 64) a warp per request (4 x 100: 448 lanes),
-# one lane per request spread over the blocks (40 x 8: 320 lanes, 40 requests; 128 x 23), consecutive
-# lanes (200 x 1: 256 lanes), one block (3 x 1, where the two lane mappings agree); the real-KV modes'
-# grids put these shapes in the same regimes.
+# requests x tokens per request, on CUDA NONE (528 x 64): a warp per request (4 x 100), one lane per request
+# over the blocks (40 x 8; 128 x 23), consecutive lanes (200 x 1), one block (3 x 1); real-KV modes alike.
 LANE_MAPPING_SHAPES = [(4, 100), (40, 8), (128, 23), (200, 1), (3, 1)]
 
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("shape", LANE_MAPPING_SHAPES, ids=[f"{r}x{t}" for r, t in LANE_MAPPING_SHAPES])
 def test_write_request_lane_mappings(device, shape):
-    """Write's three ways of giving requests lanes (``kernels.write``, phase 1) stamp the reference's
-    bytes and rows, in every mode the seeded contexts draw."""
+    """Write's three lane mappings (``kernels.write``, phase 1) give the reference's bytes in every mode."""
     require(device)
     requests, tokens = shape
     for seed in range(ITERATIONS[device] // 20):
@@ -187,8 +176,7 @@ FOLD_GRID_BLOCKS = 48
 
 def fold_lane_widths(case: dict) -> tuple[int, int]:
     """(lanes per request for the plan's capacity, for its active requests) of write's fold phase on a
-    CPU grid of FOLD_GRID_BLOCKS blocks: ``max(1, lanes // requests)`` of ``min(max(N, cap), blocks)``
-    lanes (``kernels.common.work_grid`` with one lane per block)."""
+    CPU grid of FOLD_GRID_BLOCKS blocks."""
     cap = case["plan"].write_seed_slot_indices.shape[0]
     active = min(max(int(case["plan"].write_num_valid_reqs[0]), 0), cap)
     lanes = max(min(max(case["out_cache_loc"].shape[0], cap), FOLD_GRID_BLOCKS), 1)
@@ -196,10 +184,9 @@ def fold_lane_widths(case: dict) -> tuple[int, int]:
 
 
 def test_write_fold_lanes_over_several_blocks(monkeypatch):
-    """Write's fold lanes map themselves for the plan's capacity, and again for the active requests
-    when those get more lanes each (``kernels.write.fold_lanes``): a CPU grid of several blocks runs
-    both mappings (the default CPU grid, one block, only the first), in the real-KV modes the seeded
-    contexts draw, and stamps the reference's bytes. The cases must reach both."""
+    """Write's fold lanes map for the plan's capacity, and again for the active requests when they get
+    more lanes each (``fold_lanes``): a multi-block CPU grid runs both mappings (the cases must reach
+    both) and stamps the reference's bytes."""
     monkeypatch.setitem(targets.CPU_DEFAULTS, "write", {"blocks": FOLD_GRID_BLOCKS, "unroll": 2, "pairs": 1})
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})
@@ -218,9 +205,8 @@ def test_write_fold_lanes_over_several_blocks(monkeypatch):
 
 @pytest.mark.parametrize("device", devices())
 def test_write_own_seed_slot_rows(device):
-    """One request whose second entry writes its seed slot (slot 3), with an input-assert mismatch:
-    its violation row is counted from the seed as it stood before the launch (SPEC D7), though the
-    emit phase walks the request after the slot was stamped."""
+    """A request whose second entry writes its seed slot, with an input-assert mismatch: its row counts
+    from the seed as before the launch (SPEC D7), though emit walks it after the stamp."""
     require(device)
 
     def own_seed(case, launch):
@@ -239,9 +225,8 @@ def test_write_own_seed_slot_rows(device):
     run_differential("write", device, 3, own_seed)
 
 
-# 32-lane grids for the single launch's ticket (``kernels.common.LAST_BLOCK_TICKET``): 8192 blocks are
-# more than an H200 holds at once (32 a SM), so the emitting block waits while others have yet to
-# start; the launches of one case alternate grids over the same scratch.
+# 32-lane grids for the last-block ticket (``LAST_BLOCK_TICKET``): 8192 blocks exceed an H200's resident
+# blocks, so the emitting block waits on unstarted ones; a case's launches alternate grids on one scratch.
 TICKET_GRIDS = [Geometry(gpu=True, blocks=8192, threads=32), Geometry(gpu=True, blocks=1056, threads=128),
                 Geometry(gpu=True, blocks=3, threads=32)]
 
@@ -260,12 +245,9 @@ def launch_grids(monkeypatch, grids) -> list:
 
 @pytest.mark.gpu
 def test_verify_every_default_geometry_on_cuda(monkeypatch):
-    """Verify on CUDA with full, enabled plans on either side of each size class's bound
-    (``CUDA_SIZE_DEFAULTS``: 16K and 256K entries), and of twice the largest default grid's reach and one
-    more (blocks x lanes: every lane of every default grid strides over at least two entries), until
-    every real-KV mode has run at each, so that each of verify's default geometries (grid, lanes,
-    register cap, folds; ``targets.default_geometries``) launches at least once with the defaults alone
-    (no tuning database): reference bytes."""
+    """Verify on CUDA with full plans on either side of each size-class bound (``CUDA_SIZE_DEFAULTS``)
+    and of twice the largest default grid's reach (every lane strides two entries), in every real-KV
+    mode, so each default geometry launches (no database): reference bytes."""
     require("cuda")
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})
@@ -302,10 +284,8 @@ def test_verify_every_default_geometry_on_cuda(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("marks", ["every block", "few blocks"])
 def test_verify_ticket_over_many_blocks(marks, monkeypatch):
-    """Verify of 256K entries on 32-lane grids, three launches on one scratch (8192, 1056 and 3 blocks):
-    with random canaries (every block marks: the marking blocks draw ranks, one emits) or with slots
-    in a few entries only (far-apart blocks mark, the others take the clean path); reference bytes,
-    scratch zero after each launch."""
+    """Verify of 256K entries on 32-lane grids, three launches on one scratch (8192, 1056, 3 blocks), with
+    every block marking or only far-apart ones: reference bytes, scratch zero after each launch."""
     chosen = launch_grids(monkeypatch, TICKET_GRIDS)
 
     def prepare(case, launch):
@@ -342,8 +322,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 @pytest.mark.parametrize("start, end", [(-2, INT64_MAX), (-1, INT64_MAX), (INT64_MIN, INT64_MAX), (3, INT64_MIN),
                                         (INT64_MAX - 1, INT64_MAX), (INT64_MAX, INT64_MIN), (-6, 3), (4, 2)])
 def test_scatter_offsets_at_the_int64_ends(device, start, end):
-    """A scatter row's length ``min(end - start, width)`` and its sources ``start + c`` are exact for
-    offsets anywhere in int64 (a wrapped difference skipped the first two rows on the kernels)."""
+    """Scatter's row length and sources are exact for offsets anywhere in int64 (no wrapped difference)."""
     require(device)
     cases = {}
     for side in ("want", "got"):
