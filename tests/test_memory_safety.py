@@ -1,14 +1,10 @@
 """Memory safety of the compiled kernels on garbage plans (SPEC D4).
 
-Each launch argument tensor (except RealKvSource tensors, which are read-only and kept as they are)
-is re-homed into the middle of a larger buffer whose head and tail are guard bands of random bytes;
-the view keeps its shape, dtype and contiguity, and starts at a random multiple of the alignment the
-contract promises for it, mostly not 16-byte aligned (``tvm_canary.cases.rehome``). The garbage cases of
-tvm_canary/cases.py (``valid=False``: huge and negative indices, inconsistent offsets, negative and
-over-capacity counts) then run through
-the public API on the tvm backend. The launch must not crash or raise, every guard band must be
-byte-unchanged, and every input tensor (plans for write/verify, the tables for plan, the sources, the
-canary buffer for verify) must be byte-unchanged.
+Each launch tensor (except read-only RealKvSource ones) is re-homed between guard bands of random bytes,
+keeping shape, dtype and contiguity, at a random multiple of its promised alignment, mostly not 16-byte
+aligned (``cases.rehome``). The garbage cases (``valid=False``: huge and negative indices, inconsistent
+offsets, bad counts) run through the public API on the tvm backend: no crash or raise, and guard bands
+and input tensors stay byte-unchanged.
 """
 
 from __future__ import annotations
@@ -69,10 +65,9 @@ def test_garbage_plans_stay_in_bounds(kernel, device):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_garbage_plans_match_reference(kernel, device):
-    """Garbage plans (docs/SEMANTICS.md: invalid slots, clamped offsets and counts, padding rows) give
-    the reference's bytes; for LUT indices past the end, which the reference rejects, the reference's on
-    the clamped indices SPEC D4 pins (``cases.reference_launch``). Scatter elements written by several
-    batch rows may hold any of their values (see above)."""
+    """Garbage plans (docs/SEMANTICS.md) give the reference's bytes; LUT indices past the end, which the
+    reference rejects, the reference's on the clamped indices of SPEC D4. Scatter elements written by
+    several rows may hold any of their values."""
     require(device)
     for seed in range(GARBAGE_SEED_BASE, GARBAGE_SEED_BASE + ITERATIONS[device]):
         want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", valid=False)
@@ -89,9 +84,8 @@ def test_garbage_plans_match_reference(kernel, device):
 
 
 def test_rehome_keeps_layout_and_detects_stray_writes():
-    """Self-test of the harness: views keep shape/dtype/contiguity, start at their promised alignment
-    (some of them not 16-byte aligned), and a write one element past a view lands in its guard band and
-    is reported."""
+    """Harness self-test: views keep shape/dtype/contiguity at their promised (often not 16-byte)
+    alignment, and a write one element past a view is reported in its guard band."""
     gen = torch.Generator().manual_seed(0)
     case = CASES["write"](gen, "cpu", valid=False)
     guarded: list[Guarded] = []
@@ -114,11 +108,9 @@ def test_rehome_keeps_layout_and_detects_stray_writes():
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
-    """A write index past 2**31 - 1 wraps negative (int32; SPEC 2 counts every violation): rows ranked
-    before the ring are dropped, as rows past its capacity are, and the index still advances by the
-    rows counted; the reference does the same (SPEC D4). Garbage cases (many violations), re-homed
-    between guard bands (a row 1-3 ranks before the ring would land in the band), starting 3 rows
-    before the ring, at -2**31 and 2 rows before the wrap: every byte as the reference's."""
+    """A write index past 2**31 - 1 wraps negative (SPEC 2, D4): rows ranked before the ring are dropped
+    like rows past its capacity, and the index advances by the rows counted. Guarded garbage cases
+    starting before the ring, at -2**31 and before the wrap give the reference's bytes."""
     require(device)
     for seed in range(GARBAGE_SEED_BASE, GARBAGE_SEED_BASE + ITERATIONS[device] // 4):
         for start in (-3, -(2**31), 2**31 - 2):
@@ -169,10 +161,9 @@ def overlapping(kernel: str, kw: dict, written: str, other: str) -> dict:
 
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_a_written_tensor_overlapping_another_argument_is_refused(kernel):
-    """Every pair of a tensor the launch writes and another of its tensors, moved to one storage: the
-    launch raises SPEC D10's error naming both, through the public launch on each backend and through the
-    operator (a traced caller's path), before anything is written (its old crash: write stamped
-    fingerprints into an out_cache_loc carved from canary_buf, then used them as slots)."""
+    """A written tensor sharing storage with another: the launch raises SPEC D10's error naming both, on
+    each backend and through the operator, before anything is written (write once stamped into an
+    out_cache_loc carved from canary_buf, then used the stamps as slots)."""
     base = CASES[kernel](torch.Generator().manual_seed(11), "cpu")
     written, read = checks.launch_tensors(kernel, base)
     pairs = [(w, o) for i, (wt, w) in enumerate(written) for ot, o in written[i + 1:] + read
@@ -210,9 +201,8 @@ def test_a_replayed_write_refuses_step_tensors_inside_its_outputs():
 
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_a_one_slot_canary_buffer_may_have_any_row_stride(kernel):
-    """torch calls a one-slot buffer contiguous whatever its row stride; the compiled launch packs its words
-    with dense rows and gives the reference's bytes (it raised torch's own error viewing the buffer as
-    int64 when the stride was not a multiple of 8)."""
+    """A one-slot buffer, contiguous to torch whatever its row stride, is packed with dense rows and gives
+    the reference's bytes (no torch error on a stride not a multiple of 8)."""
     want = CASES[kernel](torch.Generator().manual_seed(5), "cpu")
     got = CASES[kernel](torch.Generator().manual_seed(5), "cpu")
     for kw in (want, got):
@@ -279,11 +269,9 @@ KERNEL_REFUSALS = [
 @pytest.mark.parametrize("kernel, wanted, broken, message", KERNEL_REFUSALS,
                          ids=[f"{k}-{m.split(' ')[0]}" for k, _, _, m in KERNEL_REFUSALS])
 def test_compiled_kernels_refuse_arguments_that_break_their_shape_relations(kernel, wanted, broken, message, device):
-    """The kernels keep every access inside its tensor given the shape relations the launch checks
-    establish (SPEC 4, D4); a call that reaches a compiled kernel without those checks (a Relax call, a
-    direct call of the compiled function) and breaks one raises the kernel's own ValueError on the host
-    before any block runs, and changes no byte (without these checks each case read or wrote past a
-    tensor: a canary row of 3 words, offsets one short, a batch over the write capacity...)."""
+    """Kernels stay in bounds given the launch checks' shape relations (SPEC 4, D4); a call bypassing
+    those checks (Relax, the compiled function) that breaks one raises the kernel's ValueError on the
+    host before any block runs, changing no byte (each case once read or wrote past a tensor)."""
     require(device)
     fn, args, names = _packed_call(kernel, device, wanted)
     args.update(broken(args))

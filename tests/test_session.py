@@ -117,9 +117,8 @@ def test_swa_group_verifies_the_window_in_swa_slots():
 
 
 def test_a_sweep_translates_its_chains_for_the_swa_group():
-    """A sweep's full-pool slots and predecessors reach the SWA group through its LUT: a clean sweep of
-    both rows' chains reports nothing there (an untranslated slot or predecessor would read other slots),
-    and a stale SWA fingerprint is reported at its SWA slot (and its successor's chain) on the SWA sweep
+    """A sweep reaches the SWA group through its LUT: a clean sweep reports nothing there (untranslated
+    slots would read others), and a stale SWA fingerprint is reported at its SWA slot on the SWA sweep
     endpoint alone."""
     lut = torch.zeros(NUM_SLOTS, dtype=torch.int64)
     lut[1:] = torch.arange(1, NUM_SLOTS) + NUM_SLOTS  # SWA slot = full slot + 64
@@ -167,9 +166,8 @@ def test_session_argument_errors():
 
 
 def test_before_forward_and_sweep_are_refused_while_a_step_awaits_after_forward():
-    """A second before_forward() would overwrite the pending step's inputs and plans, and a sweep would
-    verify the step's slots before its TAIL stamps them (each reported): both raise, change nothing, and
-    the pending step completes with its after_forward() (a second one raises)."""
+    """A second before_forward() (overwriting the pending step) or a sweep (verifying slots before TAIL
+    stamps them) raises and changes nothing; the pending step completes (a second after_forward raises)."""
     session, kv = make_session(sweep_interval=1)
     session.before_forward(**step_inputs(session, 0, 4))
     before = session_state(session)
@@ -272,8 +270,7 @@ def test_a_group_refuses_fields_of_the_wrong_type(fields, error, message):
 
 @pytest.mark.parametrize("dtype", [torch.uint32, torch.uint64])
 def test_unsigned_inputs_are_read_as_their_values(dtype):
-    """uint32 and uint64 inputs (torch has no min or max of them on the CPU) step as their int64 values do;
-    a uint64 value past int64 is refused before the step."""
+    """uint32 and uint64 inputs step as their int64 values; a uint64 past int64 is refused first."""
     session, kv = make_session()
     inputs = {name: torch.as_tensor(value).to(dtype) for name, value in step_inputs(session, 0, 4).items()}
     session.before_forward(**inputs)
@@ -292,8 +289,8 @@ def test_unsigned_inputs_are_read_as_their_values(dtype):
 
 
 def test_a_sweep_after_the_lut_was_emptied_in_place_launches_nothing():
-    """The SWA table is read at every launch, so the caller may change it in place; a sweep checks it as a
-    step does, before its first launch (the FULL group's sweep included)."""
+    """The SWA table, read at every launch and changeable in place, is checked by a sweep as by a step,
+    before its first launch."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
     session, kv = make_session(swa_lut=lut)
     step(session, kv, 0, 4)
@@ -305,8 +302,8 @@ def test_a_sweep_after_the_lut_was_emptied_in_place_launches_nothing():
 
 
 def test_after_forward_refuses_inputs_changed_in_place_before_any_tail_launch():
-    """``after_forward`` reads the step's per-token inputs again: one resized since ``before_forward`` is
-    refused before the TAIL launches (nothing changes), and the step ends there: the next one runs."""
+    """An input resized since ``before_forward`` is refused by ``after_forward`` before the TAIL launches;
+    the step ends there and the next one runs."""
     session, kv = make_session()
     inputs = {name: torch.tensor(value) if name != "req_to_token" else value
               for name, value in step_inputs(session, 0, 4).items()}
@@ -325,8 +322,8 @@ def test_after_forward_refuses_inputs_changed_in_place_before_any_tail_launch():
 
 
 def test_after_forward_refuses_a_tail_source_restrided_in_place_before_any_tail_launch():
-    """The TAIL endpoints' real-KV sources are checked before the first TAIL launch (the K half's included),
-    so a V source re-strided in place since ``before_forward`` changes nothing."""
+    """All TAIL real-KV sources are checked before the first TAIL launch: a re-strided V source changes
+    nothing."""
     session, kv = make_session()
     session.before_forward(**step_inputs(session, 0, 4))
     kv.write(step_inputs(session, 0, 4)["out_cache_loc"])
@@ -388,7 +385,7 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
      re.escape("the expected-token pool (3, 16) (expected_token_pool_shape) is smaller than req_to_token (4, 16)")),
     (dict(req_to_token=torch.nn.functional.pad(TABLE, (0, 1))), ValueError,
      re.escape("the expected-token pool (3, 16) (expected_token_pool_shape) is smaller than req_to_token (3, 17)")),
-    # Inputs that are not integers are refused, not truncated (slots 1.9 and 2.7 were stamped as 1 and 2).
+    # Non-integer inputs are refused, not truncated.
     (dict(out_cache_loc=torch.tensor([1.9, 2.7])), TypeError,
      "out_cache_loc must hold int64 values, got torch.float32"),
     (dict(input_ids=[2**63, 0]), TypeError, "input_ids must hold int64 values, got list"),
@@ -401,8 +398,7 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
         "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
         "scalar_lens"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
-    """A rejected call raises before the step is counted or anything runs: nothing changes, and later steps
-    (health-checked every step) run clean."""
+    """A rejected call raises before the step is counted or anything runs; later steps run clean."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
     session, kv = make_session(swa_lut=lut, expected_token_pool_shape=(3, MAX_LEN), health_warmup_steps=0,
                                health_check_interval=1)
@@ -470,9 +466,8 @@ def test_write_input_assert():
 
 
 def test_a_step_turns_the_write_input_assert_off():
-    """``write_input_assert=False`` (an EAGLE draft-decode step, SPEC 6 item 4: no oracle for its inputs)
-    turns the session's assert off for that step alone: no expected inputs are needed or taken, and a
-    wrong one given is refused before anything runs; the next step asserts again."""
+    """``write_input_assert=False`` (an EAGLE draft step, SPEC 6 item 4) turns the assert off for that
+    step alone: expected inputs given are refused before anything runs; the next step asserts again."""
     session, kv = make_session(enable_write_input_assert=True)
     step(session, kv, 0, 4, expected_input_tokens=[token(r, p) for r in ROWS for p in range(4)],
          expected_input_positions=[p for _ in ROWS for p in range(4)])
@@ -524,8 +519,8 @@ def test_reads_only_new_rows_and_reports_overflow():
 
 
 def test_violations_are_counted_past_the_write_index_wrap():
-    """The int32 write index wraps negative after 2^31 - 1 violations and keeps counting (SPEC D4):
-    the session's count goes on (here from 2^31 - 2, set as if after a long run of violations)."""
+    """The int32 write index wraps negative after 2^31 - 1 violations (SPEC D4); the session's count goes
+    on."""
     session, kv = make_session(ring_capacity=2)
     step(session, kv, 0, 4)
     for p in range(3):
@@ -662,9 +657,8 @@ def test_labels_of_sweep_unknown_token_and_invalid_rows():
 
 
 def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step():
-    """SPEC D10 for a whole step: prefix_lens carved from the expected-token pool, which the step's scatter
-    writes before the plan kernels read prefix_lens, is refused before the step begins (it was accepted,
-    and the scatter rewrote it: prefix lengths 51539607563 and 0)."""
+    """SPEC D10 for a whole step: prefix_lens carved from the expected-token pool (which scatter writes
+    before the plan reads prefix_lens) is refused before the step begins."""
     session, kv = make_session(expected_token_pool_shape=(3, MAX_LEN))
     step(session, kv, 0, 4)
     carved = session.expected_token_pool[1].view(torch.int64)[: len(ROWS)]
@@ -677,8 +671,8 @@ def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step(
 
 
 def test_step_inputs_inside_a_plan_are_refused_before_the_step():
-    """SPEC D10 for a whole step: input_ids carved from the FULL group's verify plan, which the step's plan
-    kernel writes before write reads input_ids, is refused before the step begins (it was accepted)."""
+    """SPEC D10 for a whole step: input_ids carved from the FULL group's verify plan (written before write
+    reads input_ids) is refused before the step begins."""
     session, kv = make_session()
     step(session, kv, 0, 4)
     inputs = step_inputs(session, 4, 1)
@@ -693,8 +687,8 @@ def test_step_inputs_inside_a_plan_are_refused_before_the_step():
 
 
 def test_step_inputs_inside_any_endpoints_buffer_are_refused_before_the_step():
-    """SPEC D10 for a whole step: out_cache_loc carved from the SWA group's TAIL V canary buffer (the step's
-    last write) is refused before the step begins, not at that write after the step's other launches."""
+    """SPEC D10 for a whole step: out_cache_loc carved from the SWA TAIL V canary buffer (the last write)
+    is refused before the step begins, not at that write."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
     session, kv = make_session(swa_lut=lut)
     step(session, kv, 0, 4)
