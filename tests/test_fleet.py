@@ -51,6 +51,15 @@ def test_preflight_refuses_a_stock_server_beside_a_canary_one(mixed_tracker):
         fleet.connect(mixed_tracker, "mix", "llvm", None)
 
 
+def test_preflight_checks_the_free_servers_and_waits_for_none_busy(monkeypatch):
+    """A server busy with another client is not awaited (the runner worker that reaches it checks it)."""
+    requests = []
+    monkeypatch.setattr(fleet, "_registered", lambda *_: (2, 1))
+    monkeypatch.setattr(fleet, "_request", lambda *_: requests.append(object()) or requests[-1])
+    monkeypatch.setattr(fleet, "_server_info", lambda *_: {"key": "k", "tag": "llvm"})
+    assert fleet.connect("127.0.0.1:9", "busy", "llvm", 1).device_key == "k" and len(requests) == 1
+
+
 def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
     """A runner worker's refusal ends tune (exit 1) through MetaSchedule's C++ loop, not a failed
     candidate (1e10 s) and exit 0."""

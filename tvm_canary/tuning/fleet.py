@@ -261,19 +261,20 @@ def _refusing(future):
 
 def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -> Fleet:
     """Check the fleet before tuning: the tracker answers, servers are registered under ``rpc_key``,
-    ``workers`` (default: one per server) is at most their number, and every one of them is a tvm_canary
-    server with a ``device_type`` device of one device key (``_server_info``; a session on each, held at
-    once so that each request reaches another server); that key and target tag name the database and the
-    build."""
+    ``workers`` (default: one per server) is at most their number, and every server free now (at least one,
+    awaited as by ``_request``) is a tvm_canary server with a ``device_type`` device of one device key
+    (``_server_info``; a session on each, held at once so that each request reaches another server; one
+    busy with another client is checked by the runner worker that reaches it, ``Fleet.runner``); that key
+    and target tag name the database and the build."""
     host, port = parse_address(tracker)
-    servers, _ = _registered(host, port, rpc_key)
+    servers, free = _registered(host, port, rpc_key)
     workers = servers if workers is None else workers
     if not 1 <= workers <= servers:
         raise ValueError(f"kv-canary: --rpc-workers must be between 1 and the {counted(servers, 'server')} "
                          f"registered under key {rpc_key!r}, got {workers}")
     sessions, info = [], None
     try:
-        for _ in range(servers):
+        for _ in range(max(free, 1)):
             sessions.append(_request(host, port, rpc_key))
             info = _server_info(sessions[-1], rpc_key, device_type, info and info["key"])
     finally:
