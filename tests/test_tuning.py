@@ -353,9 +353,9 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
     apply._records.cache_clear()
 
 
-def _write_database(root, picks: dict) -> None:
-    """A CPU database under ``root`` whose write buckets each measured the default at 1 ms and their pick
-    at 0.5 ms (so the pick applies)."""
+def _write_database(root, picks: dict, with_default: bool = True) -> None:
+    """A CPU database under ``root`` whose write buckets each measured the default at 1 ms (unless not
+    ``with_default``: then their pick selects nothing) and their pick at 0.5 ms (so the pick applies)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -370,7 +370,8 @@ def _write_database(root, picks: dict) -> None:
     default = targets.default_geometry("write", "llvm")
     for bucket, pick in picks.items():
         mod = tvm.IRModule({"main": workloads.descriptor("write", bucket, "llvm")})
-        commit_measurement(db, mod, knobs, default, [1e-3], target)
+        if with_default:
+            commit_measurement(db, mod, knobs, default, [1e-3], target)
         commit_measurement(db, mod, knobs, pick, [0.5e-3], target)
 
 
@@ -396,8 +397,8 @@ def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
 
 
 def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_path, monkeypatch):
-    """An empty database (``tune --time-limit 0``) hid the later ones, and one tuned for some workloads hid
-    their picks of the others."""
+    """An empty database (``tune --time-limit 0``) hid the later ones, one tuned for some workloads hid
+    their picks of the others, and one without a valid default record of a bucket hid its measured pick."""
     from tvm.s_tir import meta_schedule as ms
 
     cpu = torch.device("cpu")
@@ -406,12 +407,13 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
         root.mkdir()
     (roots[0] / keys.device_key(cpu)).mkdir()
     ms.database.JSONDatabase(work_dir=str(roots[0] / keys.device_key(cpu)))  # as tune --time-limit 0 left it
-    _write_database(roots[1], {(8, 16): _unrolled(1)})
+    _write_database(roots[1], {(8, 16): _unrolled(1), (8, 32): _unrolled(1)}, with_default=False)
     _write_database(roots[2], {(8, 16): _unrolled(2), (1, 512): _unrolled(8)})
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: roots)
     apply._records.cache_clear()
     try:
-        assert apply.tuned_geometry("write", cpu, (8, 16)) == _unrolled(1)
+        assert apply.tuned_geometry("write", cpu, (8, 16)) == _unrolled(2)  # the first selecting a measured pick
+        assert apply.tuned_geometry("write", cpu, (8, 32)) == _unrolled(4)  # none does: the default
         assert apply.tuned_geometry("write", cpu, (1, 512)) == _unrolled(8)
     finally:
         apply._records.cache_clear()
@@ -706,11 +708,14 @@ def write_bucket_database(folder):
 
 
 def chosen_in(folder, cuda: bool) -> dict:
-    """``apply._chosen_geometries`` of the database in ``folder``."""
+    """{kernel: {bucket: geometry}} of ``apply._chosen_geometries`` of the database in ``folder``."""
     from tvm.s_tir import meta_schedule as ms
 
-    return apply._chosen_geometries(ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False), str(folder),
-                                    cuda)
+    out: dict = {}
+    db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+    for (kernel, bucket), (_, geometry) in apply._chosen_geometries(db, str(folder), cuda).items():
+        out.setdefault(kernel, {})[bucket] = geometry
+    return out
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):

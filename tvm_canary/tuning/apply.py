@@ -42,9 +42,10 @@ TUNED_MARGIN = 0.03
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
     """{kernel: {bucket: Geometry}} of the databases of ``key`` (``keys.database_dirs``): per workload,
-    ``chosen`` in the first one holding a valid record of it. A database that cannot be read or holds
-    another device's records is skipped, with a warning."""
-    out: dict = {}
+    ``chosen`` in the first one whose records select a measured geometry for it, else in the first one
+    holding it (its default; as ``tune-merge`` ranks an input without a valid default record last). A
+    database that cannot be read or holds another device's records is skipped, with a warning."""
+    picks: dict = {}  # (kernel, bucket) -> (seconds or nan, geometry)
     for work_dir in keys.database_dirs(key):
         try:
             found = _chosen_geometries(open_database(work_dir, key), str(work_dir), cuda)
@@ -52,9 +53,12 @@ def _records(key: str, cuda: bool) -> dict:
             log.warning("tvm_canary: %s; its records are not used", str(e).removeprefix("kv-canary: "))
             _noticed.add(key)  # this warning says it: ``tuned_geometry`` adds no "no tuned schedule" one
             continue
-        for kernel, buckets in found.items():
-            for bucket, geometry in buckets.items():
-                out.setdefault(kernel, {}).setdefault(bucket, geometry)
+        for workload, (cost, geometry) in found.items():
+            if workload not in picks or (math.isnan(picks[workload][0]) and not math.isnan(cost)):
+                picks[workload] = cost, geometry
+    out: dict = {}
+    for (kernel, bucket), (_, geometry) in picks.items():
+        out.setdefault(kernel, {})[bucket] = geometry
     return out
 
 
@@ -256,12 +260,13 @@ def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, G
 
 
 def _chosen_geometries(db, work_dir: str, cuda: bool) -> dict:
+    """{(kernel, bucket): ``chosen``} of ``db``'s current records, with a warning naming the buckets
+    without a valid record of their default and one naming stale kernels."""
     stale: set = set()
     out: dict = {}
     unmeasured: list = []  # buckets without a valid record of their default geometry
     for (kernel, bucket), rows in measured_records(db, stale).items():
-        cost, geometry = chosen(kernel, bucket, rows, cuda)
-        out.setdefault(kernel, {})[bucket] = geometry
+        cost, geometry = out[kernel, bucket] = chosen(kernel, bucket, rows, cuda)
         if math.isnan(cost):
             unmeasured.append((kernel, bucket))
     if unmeasured:

@@ -83,7 +83,7 @@ def default_out_dir() -> pathlib.Path:
 
 def database_dirs(key: str) -> list[pathlib.Path]:
     """The database folders of device key ``key`` that lookups use, in lookup order (``databases``); at
-    load, per workload the first one holding a record of it wins (``apply._records``)."""
+    load, per workload the first one selecting a measured geometry wins (``apply._records``)."""
     return [folder for found, folder in databases() if found == key]
 
 
