@@ -88,6 +88,28 @@ def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
     assert "stopped (an RPC server was refused): 1 workload not tuned" in err and "error: kv-canary: no\n" in err
 
 
+@pytest.mark.slow  # the loopback fleet
+def test_a_server_a_runner_worker_refuses_ends_a_real_run(tracker, tmp_path, monkeypatch, capsys):
+    """The refusal crosses MetaSchedule's real runner (``Fleet.runner`` wraps its futures): a server whose
+    device key differs from the fleet's ends ``tune`` with exit 1 and stores nothing."""
+    import dataclasses
+
+    connect = fleet.connect
+
+    def another_key(*args):
+        found = connect(*args)
+        return dataclasses.replace(found, device_key=found.device_key + "-other")
+
+    monkeypatch.setattr(fleet, "connect", another_key)
+    args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--trials", "2", "--out",
+            str(tmp_path), "--log-dir", str(tmp_path / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
+    assert fleet._bounded("tune on the loopback fleet", lambda: main(args), timeout_s=TUNE_TIMEOUT_S) == 1
+    err = capsys.readouterr().err
+    assert "stopped (an RPC server was refused)" in err and "-other (one RPC key per device model)" in err
+    assert not any(line.strip() for folder in tmp_path.glob("*-other") for line in
+                   (folder / "database_tuning_record.json").read_text().splitlines())
+
+
 @pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
