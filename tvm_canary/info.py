@@ -77,7 +77,7 @@ def lines() -> list[str]:
         why = "TVM_CANARY_TUNED=0" if os.environ.get("TVM_CANARY_TUNED") == "0" else "runtime-only TVM cannot read them"
         out.append(f"  (tuned geometries are not used: {why})")
     out.append("tuning databases (lookup order: $TVM_CANARY_TUNE_LOGS, user folder, committed; per workload the "
-               "first holding it wins):")
+               "first selecting a measured geometry wins):")
     for key, folder in found:
         note = "" if used[key][0] == str(folder) else "  (only for the workloads the ones above lack)"
         out.append(f"  {key:24} {_records(folder)}  {folder}{note}")

@@ -2,11 +2,10 @@
 
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads their MetaSchedule JSON databases (per workload the first
-holding it, ``_records``), and returns the geometry that the kernel's bucket nearest to ``size`` among its
-buckets of ``mode`` chose (``chosen``: the
-fastest record at least ``TUNED_MARGIN`` faster than the default in every launch of the tuning case,
-else the default, which a bucket without a valid record of its default keeps too, with one warning per
-database);
+selecting a measured geometry, ``_records``), and returns the geometry that the kernel's bucket nearest
+to ``size`` among its buckets of ``mode`` chose (``chosen``: the fastest record at least ``TUNED_MARGIN``
+faster than the default in every launch of the tuning case, else the default, which a bucket without a
+valid record of its default keeps too, with one warning per database);
 ``None`` when the device has no database (a one-line notice, once per device) or no record for the
 kernel in that mode (once per kernel and mode); neither notice is given for a launch whose kernel has no
 knobs on its target (``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records

@@ -41,6 +41,8 @@ import sys
 import threading
 import time
 
+import tvm_ffi
+
 from ..cliargs import UsageError
 from ..console import counted
 
@@ -60,8 +62,6 @@ def register_server_functions() -> None:
     the server process before it forks sessions. The imports here are inherited by every session (torch and
     tvm_canary load once per server, not once per session); nothing touches CUDA, since a forked session
     could not use a CUDA context created before the fork."""
-    import tvm_ffi
-
     from . import keys, measure  # noqa: F401 - imported before the fork, see above
 
     for name, func in (("device_info", _device_info), ("run_case", _run_case)):
@@ -85,6 +85,9 @@ def _device_info(device_type: str) -> str:
 class ServerRefused(RuntimeError):
     """A server that must not measure for this run (``_server_info``). Raised in a runner worker, it ends the
     tuning run (``Fleet.runner``) rather than failing candidates, whose records would count as tried."""
+
+
+tvm_ffi.register_error("tvm_canary.ServerRefused", ServerRefused)  # so it crosses MetaSchedule's C++ loop as itself
 
 
 def _server_info(session, rpc_key: str, device_type: str, device_key: str | None = None) -> dict:
@@ -241,11 +244,8 @@ class Fleet:
 def _refusing(future):
     """``future`` (an ``RPCRunnerFuture``) whose ``result`` raises its worker's ``ServerRefused`` (one line)
     rather than return a failed candidate."""
-    import tvm_ffi
-
     from ..runtime.compile import error_line
 
-    tvm_ffi.register_error("tvm_canary.ServerRefused", ServerRefused)  # so it crosses MetaSchedule's C++ loop as itself
     inner, result = future._inst.future, future._inst.result
 
     def checked():

@@ -44,7 +44,7 @@ def expected_target(device_key: str) -> tuple[str, str | None]:
 
 
 def tune_logs_dirs() -> list[pathlib.Path]:
-    """Where databases are looked up, in order (per workload the first holding it wins: ``database_dirs``):
+    """Where databases are looked up, in order (which one applies per workload: ``database_dirs``):
     ``$TVM_CANARY_TUNE_LOGS`` (``os.pathsep``-separated), the user's folder (``user_tune_logs``: what ``tune``
     writes outside a checkout), then the committed databases (``committed_tune_logs``)."""
     dirs = [pathlib.Path(p) for p in os.environ.get("TVM_CANARY_TUNE_LOGS", "").split(os.pathsep) if p]
