@@ -12,6 +12,7 @@ from tvm_canary.consts import FailReason, RealKvHashMode
 from tvm_canary.context import CanaryLaunchTag as Tag
 from tvm_canary.context import RealKvSource
 from tvm_canary.plans import plan_tensors
+from tvm_canary.runtime import use_backend
 from tvm_canary.session import CanaryGroup, CanarySession
 from tvm_canary.testing import KvPool
 from tvm_canary.violations import Violation
@@ -394,9 +395,10 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
      "req_to_token holds values outside torch.int32: 4294967296 .. "),
     (dict(req_pool_indices=torch.tensor(1)), ValueError, re.escape("req_pool_indices must be 1-D, got shape ()")),
     (dict(token_lens=torch.tensor(5)), ValueError, re.escape("token_lens must be 1-D, got shape ()")),
+    (dict(input_ids=None), TypeError, "input_ids must be a torch.Tensor, got NoneType"),
 ], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
         "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
-        "scalar_lens"])
+        "scalar_lens", "no_input_ids"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """A rejected call raises before the step is counted or anything runs; later steps run clean."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
@@ -411,6 +413,31 @@ def test_a_rejected_step_changes_nothing(changes, error, message):
     step(session, kv, 4, 1)
     step(session, kv, 5, 1)
     assert not session.flush()
+
+
+def test_the_reference_backend_refuses_a_slot_past_the_lut_before_the_step():
+    """The reference plan raises for it (the kernels clamp, SPEC D4): before the step is counted."""
+    with use_backend("reference"):
+        session, kv = make_session(swa_lut=torch.arange(8, dtype=torch.int64) + NUM_SLOTS, enable_v=False)
+        step(session, kv, 0, 4)  # no verify entries, no seeds: nothing translated by the plan
+        before = session_state(session)
+        with pytest.raises(ValueError, match="kv-canary: SWA slot 19 is outside full_to_swa_index_mapping length 8"):
+            session.before_forward(**step_inputs(session, 4, 1))
+        assert session.step == 1
+        assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+
+
+def test_a_refused_after_forward_still_warns_of_its_overflow():
+    session, kv = make_session(verify_capacity=4)
+    step(session, kv, 0, 4)
+    inputs = step_inputs(session, 4, 1)
+    inputs["input_ids"] = torch.tensor(inputs["input_ids"])  # used in place
+    session.before_forward(**inputs)  # 8 verify entries: HEAD verify skipped
+    inputs["input_ids"].resize_(1)
+    with pytest.raises(ValueError, match="kv-canary: positions length must be 1, got 2"):
+        session.after_forward()
+    with pytest.warns(RuntimeWarning, match=r"skipped this step due to overflow \(step 2\)"):
+        session.flush()
 
 
 def test_swa_slots_past_the_table_are_clamped_as_the_kernels_do():
@@ -654,6 +681,9 @@ def test_labels_of_sweep_unknown_token_and_invalid_rows():
     assert unknown.line().startswith(
         "kv_canary violation: launch_tag=unknown(9999) fail_reason=verify_position+invalid_index ")
     assert make_row().line().split()[3] == "fail_reason=none"
+    invalid = make_row(bits=FailReason.INVALID_INDEX).message(total=1, ring_overflow=False, step=0).splitlines()
+    assert invalid[4] == ("  invalid_index: the slot, its predecessor or the request's seed slot is outside the "
+                          "canary buffer or a real-KV source (SPEC D4); the fields are those of the line above")
 
 
 def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step():

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from test_session import make_session, poke, slot, step
+from test_session import make_session, poke, slot, step, step_inputs
 
 from tvm_canary import session as session_module
 from tvm_canary import violations as violations_module
@@ -72,6 +72,21 @@ def test_overflow_warning_waits_for_its_snapshot():
         step(session, kv, 4, 1)  # overflows, but its snapshot is held
     with pytest.warns(RuntimeWarning, match="per-forward verify skipped this step due to overflow"):
         session.flush()
+
+
+def test_a_warning_filter_that_raises_cannot_stop_a_step_half_done():
+    """An overflow decoded as a step begins is warned at its end, once the step ran whole."""
+    session, kv = make_session(verify_capacity=4)
+    step(session, kv, 0, 4)
+    step(session, kv, 4, 1)  # overflows, its snapshot held
+    HeldEvent.release_all()  # it arrives as the next step begins
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        session.before_forward(**step_inputs(session, 5, 1))
+        with pytest.raises(RuntimeWarning, match=r"overflow \(step 2\)"):
+            session.after_forward()
+    assert session.kernel_run_counters.tolist()[:4] == [6] * 4  # verify + write, HEAD and TAIL, K and V, 3 steps
+    session.before_forward(**step_inputs(session, 6, 1))  # no step pending
 
 
 def test_a_host_too_far_ahead_waits_for_the_oldest_snapshot():

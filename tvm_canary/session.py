@@ -11,12 +11,12 @@ the group's real-KV sources). ``sweep(chains)`` verifies caller-given live chain
 endpoints (when ``sweep_due``, between steps); ``violations()`` reads the new ring rows and logs or raises them.
 ``capture_step(...)`` records a whole decode step in one CUDA graph (``StepGraph``).
 
-The per-step path never waits for the device. What the host needs from it (the ring's write index,
-each group's overflow flag, the kernel run counters of the health check) travels in a small status
-snapshot: one non-blocking copy into pinned memory at the end of each step (and at health-check
-points), decoded when it has arrived, normally by the next step. Overflow warnings, health-check
-errors and violation rows therefore surface one step late on CUDA (immediately on CPU);
-``flush()`` waits for everything already launched and reports it (shutdown, tests).
+The per-step path waits for the device only when the host runs ``SNAPSHOT_SLOTS`` snapshots ahead of
+it. What the host needs from it (the ring's write index, each group's overflow flag, the kernel run
+counters of the health check) travels in a small status snapshot: one non-blocking copy into pinned
+memory at the end of each step (and at health-check points), decoded when it has arrived, normally by
+the next step. Overflow warnings, health-check errors and violation rows therefore surface one step
+late on CUDA (immediately on CPU); ``flush()`` waits for everything already launched and reports it (shutdown, tests).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .launch import (
 )
 from .plans import VerifyPlan, WritePlan
 from .reference.swa import to_group_slots
+from .runtime import use_reference
 from .violations import ViolationLog, ViolationReport, arrived, host_buffer, record_event
 
 VIOLATION_MODES = ("log", "raise", "quiet")
@@ -272,6 +273,7 @@ class CanarySession:
         self._batch: _Batch | None = None
         self._health_snapshot: list[int] | None = None
         self._health_failures: list[str] = []  # decoded, not yet raised
+        self._overflow_warnings: list[str] = []  # decoded, not yet warned
         self._raised = False
         # Allocated once: sweep plans (grown on demand), status snapshots.
         self._staging = torch.empty(0, dtype=torch.int64, device=self.device)  # host inputs of eager steps
@@ -431,6 +433,7 @@ class CanarySession:
         batch = self._staged_batch(given, req_to_token, input_assert) if self._stages(given) else None
         if batch is None:
             batch = self._converted_batch(given, req_to_token, input_assert)
+        require_tensor(batch.input_ids, "input_ids")  # the capacity check reads its length
         self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
         self._check_step(batch)
         self._begin_step()
@@ -483,13 +486,18 @@ class CanarySession:
         status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
         The step's per-token inputs and the TAIL endpoints' real-KV sources are checked again first (the
         launches' checks): one changed in place since ``before_forward`` is refused before any TAIL launch,
-        and the step ends there (its TAIL never runs; the next ``before_forward`` may begin)."""
+        and the step ends there (its TAIL never runs; the next ``before_forward`` may begin; its status
+        snapshot is still taken, so an overflow of its HEAD is warned about)."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
         batch, self._batch = self._batch, None
-        self._check_write_inputs(batch)
-        for g in self._groups:
-            self._check_sources(g, ("TAIL",))
+        try:
+            self._check_write_inputs(batch)
+            for g in self._groups:
+                self._check_sources(g, ("TAIL",))
+        except Exception:
+            self._snapshot(overflow_step=self.step)
+            raise
         self._tail(batch)
         self._end_step()
 
@@ -528,13 +536,13 @@ class CanarySession:
         self._dirty = True
 
     def violations(self) -> ViolationReport:
-        """Rows recorded since the last call whose copies have reached the host (never waits; on CUDA
-        normally the rows of all but the last step), decoded; logged (``log``), raised once as
+        """Rows recorded since the last call whose copies have reached the host (waits only as ``_snapshot``
+        does; on CUDA normally the rows of all but the last step), decoded; logged (``log``), raised once as
         CanaryViolationError (``raise``) or only returned (``quiet``)."""
         if self._dirty:
             self._snapshot()
         self._poll()
-        self._raise_health_failures()
+        self._report_decoded(stacklevel=2)
         return self._report(self.violation_log.read_new())
 
     def flush(self) -> ViolationReport:
@@ -543,7 +551,7 @@ class CanarySession:
         if self._dirty:
             self._snapshot()
         self._poll(wait=True)
-        self._raise_health_failures()
+        self._report_decoded(stacklevel=2)
         return self._report(self.violation_log.read_new(wait=True))
 
     def capture_step(self, *, batch_size: int, num_tokens: int | None = None, req_to_token: torch.Tensor,
@@ -560,8 +568,9 @@ class CanarySession:
 
     def _begin_step(self) -> None:
         """Count the step and take the health check's counter snapshot when one is due (SPEC 6 item 9:
-        at the start of a step, every ``health_check_interval`` steps after the warm-up). Raises nothing,
-        so a step once counted is launched whole."""
+        at the start of a step, every ``health_check_interval`` steps after the warm-up). Raises nothing
+        and warns nothing (what it decodes is reported at the step's end), so a step once counted is launched
+        whole."""
         self.step += 1
         done = self.step - 1
         interval, warmup = self.health_check_interval, self.health_warmup_steps
@@ -570,10 +579,11 @@ class CanarySession:
         self._poll()
 
     def _end_step(self) -> None:
-        """Take the step's status snapshot, decode what has arrived, and raise a failed health check."""
+        """Take the step's status snapshot, decode what has arrived, warn the decoded overflows and raise a
+        failed health check (``_report_decoded``), at the frame of the user's call (two levels up)."""
         self._snapshot(overflow_step=self.step)
         self._poll()
-        self._raise_health_failures()
+        self._report_decoded(stacklevel=3)
 
     def _step_work(self, batch: _Batch, forward: Callable[[], None] | None) -> None:
         """The device work of one whole step (what ``StepGraph`` captures): HEAD, ``forward()``, TAIL, after
@@ -590,6 +600,13 @@ class CanarySession:
         dispatches them unchecked), write's per-step ones (each write launch checks them again)."""
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, batch))
+            if use_reference() and g.config.full_to_swa_index_mapping is not None:
+                # the reference plan raises for a slot past the LUT, which the kernels clamp (SPEC D4): a dry
+                # run into scratch plans raises it here, before the step begins
+                dispatch("plan", self._plan_args(g, batch) | dict(
+                    verify_plan_out=VerifyPlan.allocate(verify_capacity=self.verify_capacity, device=self.device),
+                    write_plan_out=WritePlan.allocate(write_req_capacity=self.write_req_capacity,
+                                                      device=self.device)))
         if self.expected_token_pool is not None:
             checks.check_scatter(**self._scatter_args(batch))
         self._check_pool_covers(batch.req_to_token)
@@ -704,7 +721,7 @@ class CanarySession:
         self.violation_log.fetch(flags[0])
         if snap.overflow_step is not None and min(flags[1:]) == 0:
             # the step in the text: Python shows a repeated text once, and every such step is reported
-            warnings.warn(f"{OVERFLOW_WARNING} (step {snap.overflow_step})", RuntimeWarning, stacklevel=4)
+            self._overflow_warnings.append(f"{OVERFLOW_WARNING} (step {snap.overflow_step})")
         if snap.health_done is not None:
             self._health_check(counters, snap.health_done)
 
@@ -722,8 +739,14 @@ class CanarySession:
                 )
         self._health_snapshot = counts
 
-    def _raise_health_failures(self) -> None:
-        """Raise the health-check failures decoded and not yet raised (one RuntimeError, a line each)."""
+    def _report_decoded(self, stacklevel: int) -> None:
+        """Warn the overflow warnings decoded and not yet warned, then raise the health-check failures
+        decoded and not yet raised (one RuntimeError, a line each). Called where a step is whole (the end of
+        ``after_forward`` or a replay, ``violations``, ``flush``), never inside one: a warning filter that
+        raises cannot stop a step half done. ``stacklevel``: the caller's frame, as ``warnings.warn``'s."""
+        for message in self._overflow_warnings:
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+        self._overflow_warnings.clear()
         if self._health_failures:
             message = "\n".join(self._health_failures)
             self._health_failures.clear()

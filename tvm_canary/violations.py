@@ -100,7 +100,10 @@ class Violation:
         else:
             canary_kind = f"per_forward_{self.tag.name.lower()}"
         actual = f"token_id={self.stored_token}   position={self.position} prev_hash={_hex(self.stored_chain_hash)}"
-        if self.is_write:
+        if self.reasons == FailReason.INVALID_INDEX:  # a write's or a verify's: the row cannot say which
+            body = ["  invalid_index: the slot, its predecessor or the request's seed slot is outside the canary "
+                    "buffer or a real-KV source (SPEC D4); the fields are those of the line above"]
+        elif self.is_write:
             expected = f"token_id={self.expected_token}   position={self.expected_aux}"
             body = [f"  actual:   {actual}", f"  expected: {expected}"]
         else:
