@@ -1,5 +1,5 @@
-"""The benchmark scripts on a machine without a GPU: a one-line error instead of a traceback,
-and plot.py's tables and report.py's target summary from a run's JSON (no GPU, no matplotlib needed)."""
+"""Benchmark scripts without a GPU: a one-line error, no traceback; plot.py's tables and report.py's
+target summary from a run's JSON (no GPU or matplotlib needed)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _row(kernel, case, us, floor_us, **extra):
 
 
 def _render(tmp_path, rows, empty_us=1.0) -> tuple[str, list[str]]:
-    """plot.py's tables (text) and report.py's summary (lines) of a complete run holding ``rows``."""
+    """plot.py's tables (text) and report.py's summary (lines) of a complete run of ``rows``."""
     import plot
     import report
 
@@ -85,7 +85,7 @@ def test_plot_tables_and_targets(tmp_path, capsys):
     assert "| verify, >= 1M entries: <= 1.10 x floor | 0 | 1 | NONE chain 1048576 (1.50) |" in lines
     assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 0 | - |" in lines
     assert "| write, real-KV modes: <= 1.10 x NONE | 0 | 1 | PARTIAL 1x32768 (1.20) |" in lines
-    # compare.py: the rows of both runs, and those only one has; an incomplete run says so in the summary
+    # compare.py: rows of both runs and those only one has; an incomplete run says so in the summary
     import compare
 
     path.write_text(json.dumps({**run, "rows": rows[2:], "complete": False}))
@@ -106,7 +106,7 @@ def test_plot_tables_and_targets(tmp_path, capsys):
 
 def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
     """Verify rows up to 64K entries and ALL's at every size are timed against hash and ordered floors
-    (``bounded_row``); reference lines group them by size range, each with its own limit (1M: 1.10x)."""
+    (``bounded_row``); reference lines group them by size range, each with its limit (1M: 1.10x)."""
     import bench_kernels
     import report
 
@@ -139,7 +139,7 @@ def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
 
 
 def test_plots_take_a_row_without_a_tuned_time(tmp_path):
-    """A null tuned time leaves the tuned series out instead of failing the PNGs (with matplotlib)."""
+    """A null tuned time leaves the tuned series out, not failing the PNGs (with matplotlib)."""
     pytest.importorskip("matplotlib")
     import bench_kernels
     import plot
@@ -157,8 +157,8 @@ def test_plots_take_a_row_without_a_tuned_time(tmp_path):
 
 
 def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
-    """A real-KV write row's NONE target divides by NONE timed in the row's own rounds (``none_us``); an
-    older row without it uses the NONE row of its shape."""
+    """A real-KV write row's NONE target divides by NONE timed in its own rounds (``none_us``); an older
+    row without it uses the NONE row of its shape."""
     import bench_kernels
 
     shape = dict(reqs=4096, shape="4096x1", chain_floor_us=1.0)
@@ -172,7 +172,7 @@ def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
 
 def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cpu():
     """The pre-timing check (``baselines/agreement.py``) launches write in every CUDA size class of each
-    mode (each has its own default geometry); the CPU kernels pass it."""
+    mode (each with its default geometry); the CPU kernels pass it."""
     from baselines import agreement
 
     import tvm_canary as tc
@@ -194,8 +194,8 @@ def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cp
 
 
 def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
-    """``--resume`` keeps finished kernels' rows and runs the rest; a file from another GPU, driver,
-    version, option set or default is refused with what differs; the tables say how it was made."""
+    """``--resume`` keeps finished kernels' rows, runs the rest; a file from another GPU, driver, version,
+    option set or default is refused naming what differs; the tables say how it was made."""
     import bench_kernels
     import plot
 
@@ -207,7 +207,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
     now = {"env": env, **options, "default_geometries": defaults, "code": None}
     kernels = ["verify", "write", "plan", "scatter"]
-    # verify goes on while a row of its sweep is missing; a finished kernel's rows are kept
+    # verify goes on while its sweep misses a row; a finished kernel's rows are kept
     assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], kernels, [])
     assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"], [])
     assert bench_kernels.resume_run(prior, now, ["verify", "write"], (), (1 << 20,), ("NONE",)) == (
@@ -215,7 +215,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     whole = {**prior, "rows": [_row("verify", f"{m} {o} {n}", 30.0, 20.0, mode=m, order=o, n=n)
                                for m, o, n in sorted(bench_kernels.verify_cases())]}
     assert bench_kernels.resume_run(whole, now, kernels) == (whole["rows"], ["write", "plan", "scatter"], [])
-    # --redo: a finished kernel's rows are timed again, even at other defaults; the part says so
+    # --redo: a finished kernel's rows are re-timed, even at other defaults; the part says so
     parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
     write_row = _row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", n=4096)
     both = {**prior, "rows": [*whole["rows"], write_row], "parts": parts,
@@ -244,7 +244,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
 
 
 class _StandInPool:
-    """A KV pool for ``Bench.verify_rows`` whose timing work is stood in (``_stand_in_verify_work``)."""
+    """A KV pool for ``Bench.verify_rows``, its timing work stood in (``_stand_in_verify_work``)."""
 
     canary = torch.zeros(4, 32, dtype=torch.uint8)
 
@@ -273,8 +273,8 @@ def _stand_in_verify_work(monkeypatch, progress) -> None:
 
 
 def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch):
-    """``code_digest`` changes with the kernels' code sources, floors, benchmark, timing method and
-    baselines (not the defaults or the database)."""
+    """``code_digest`` changes with the kernels' sources, floors, benchmark, timing method and baselines
+    (not the defaults or the database)."""
     import bench_kernels
 
     from tvm_canary import reference, timing
@@ -299,7 +299,7 @@ def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch)
 
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     """Verify's rows are written as timed (the part says ``cut`` until the sweep ends): a resume times
-    only the missing rows, and the tables say the part was cut."""
+    only missing rows; the tables say the part was cut."""
     import bench_kernels
     import plot
 
@@ -317,21 +317,21 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     prior = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "rows": rows, "parts": [cut]}
     now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "code": None}
     assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
-    # the sweep goes on only with the code that timed the rows it keeps; --redo verify times them all again
+    # the sweep goes on only with the code that timed its kept rows; --redo verify re-times them all
     coded, stamped_cut = {**now, "code": "0123abcd4567"}, {**cut, "code": "0123abcd4567"}
     with pytest.raises(ValueError, match="rows it keeps with code none recorded, this checkout's is 0123abcd4567"):
         bench_kernels.resume_run(prior, coded, ["verify"], (), sizes, modes)
     assert bench_kernels.resume_run({**prior, "parts": [stamped_cut]}, coded, ["verify"], (), sizes, modes)[1] == [
         "verify"]
     assert bench_kernels.resume_run(prior, coded, ["verify"], ["verify"])[:2] == ([], ["verify"])
-    # a part whose verify rows were all replaced (a partial redo at other code) does not count
+    # a part whose verify rows were all replaced (partial redo at other code) does not count
     older = {**cut, "verify_sizes": [1 << 16], "verify_rows": ["ALL random 65536"],
              "replaced_verify_sizes": [1 << 16]}
     assert bench_kernels.resume_run({**prior, "parts": [older, stamped_cut]}, coded, ["verify"], (), sizes,
                                     modes)[1] == ["verify"]
     done = [*rows, _row("verify", "ALL chain 1048576", 30.0, 20.0, mode="ALL", order="chain", n=1 << 20)]
     assert bench_kernels.resume_run({**prior, "rows": done}, now, ["verify"], (), sizes, modes)[1] == []
-    # the part that went on names the row it timed; a later redo marks each part for the rows it timed
+    # the part that went on names the row it timed; a later redo marks each part for its rows
     went_on = bench_kernels.part_record(["verify"], 60.0, 1.1, 100.9, sizes, modes, verify_rows=["ALL chain 1048576"])
     both = {**prior, "rows": done, "parts": [cut, went_on]}
     assert bench_kernels.resume_run(both, now, ["verify"], ["verify"], (1 << 16,), modes)[2] == [
@@ -339,7 +339,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert bench_kernels.resume_run(both, now, ["verify"], ["verify"], (1 << 20,), modes)[2] == [
         {**cut, "replaced_verify_rows": ["ALL 1048576"]}, {**went_on, "replaced_verify_rows": ["ALL 1048576"]}]
 
-    # the sweep times the rows the run lacks, and hands each to ``timed`` with the rows before it
+    # the sweep times the rows the run lacks, handing each to ``timed`` with the rows before it
     _stand_in_verify_work(monkeypatch, lambda self, row: None)
     stamped = []
     monkeypatch.setattr(bench_kernels, "stamp_chains", lambda bench, pool, mode, order: stamped.append(order) or (0, 0))
@@ -361,8 +361,8 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
 
 def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch, capsys):
     """``bench_kernels.main`` with GPU stand-ins: a run cut after five verify rows keeps them, its part
-    marked cut; ``--resume`` times the others once and completes the file; a later partial redo marks
-    only the parts whose rows it replaced."""
+    marked cut; ``--resume`` times the others once, completing the file; a later partial redo marks only
+    the parts whose rows it replaced."""
     import bench_kernels as bk
     import floors
 
@@ -435,7 +435,7 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
 
 def test_a_run_redoes_only_the_verify_sizes_asked_for():
     """``--redo verify --verify-sizes`` re-times only those sizes; a kept row whose default changed is
-    refused, naming the size to add; parts and tables say which sizes were replaced."""
+    refused, naming the size to add; parts and tables name the replaced sizes."""
     import bench_kernels
     import plot
 
@@ -464,7 +464,7 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
     # a later whole redo of verify names the kernel, not its sizes
     assert bench_kernels.resume_run({**prior, "parts": marked}, now, ["verify"], ["verify"])[2] == [
         {**parts[0], "replaced": ["verify"]}]
-    # a part that timed some sizes alone is marked only for those, and earlier marks stay
+    # a part that timed some sizes alone is marked for those only; earlier marks stay
     later = {"kernels": ["verify"], "wall_s": 60.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 22]}
     again = {**prior, "default_geometries": {**prior["default_geometries"], "verify": new}, "parts": [*marked, later]}
     assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 20,))[2] == [*marked, later]
@@ -482,7 +482,7 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
     assert "sizes are 1024, 4096, 65536, 1048576" in bench_kernels.verify_rows_problem([1 << 22], [], True, ["verify"])
     for sizes, modes in (([1 << 20], []), ([], ["ALL"])):
         assert "this invocation times none" in bench_kernels.verify_rows_problem(sizes, modes, False, ["write"])
-    # a run's rows stand in the sweeps' order, wherever a later part put them
+    # a run's rows are in the sweeps' order, wherever a later part put them
     shuffled = [write_row, rows[4], rows[0], rows[3], rows[1]]
     assert sorted(shuffled, key=bench_kernels.row_order) == [rows[0], rows[1], rows[3], rows[4], write_row]
     run = {"env": env, "arch": "sm_90", "empty_us": 1.2, "chain_ns": 100.9, "rows": kept[:2], "complete": False,
@@ -496,8 +496,7 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
 
 def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
     """``--redo verify --verify-modes ALL --verify-sizes ...`` re-times only ALL's rows of those sizes; a
-    kept row whose default changed is refused, naming the mode or size; parts and tables record what was
-    replaced."""
+    kept row whose default changed is refused, naming the mode or size; parts and tables record it."""
     import bench_kernels
     import plot
 
@@ -523,12 +522,12 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
         with pytest.raises(ValueError, match=f"timed verify ALL random 65536 at 528x128m2w, this checkout's default "
                                              f"there is 2112x256m4p: give {add} too"):
             bench_kernels.resume_run(prior, now, ["verify"], ["verify"], sizes, modes)
-    # a quick run's part timed the quick preset's sizes: a redo of mode ALL replaces those rows alone
+    # a quick run's part timed the quick preset's sizes: a redo of mode ALL replaces only those rows
     quick_marked = bench_kernels.resume_run({**prior, "quick": True, "parts": [first]}, {**now, "quick": True},
                                             ["verify"], ["verify"], (), ("ALL",))[2]
     quick_rows = [f"ALL {n}" for n in bench_kernels.VERIFY_SIZES["quick"]]
     assert quick_marked == [{**first, "replaced_verify_rows": quick_rows}]
-    # rows replaced in every mode become a whole size; an invocation's part names its modes
+    # rows replaced in every mode make a whole size; an invocation's part names its modes
     assert bench_kernels.replaced_verify_keys({(m, 1 << 16) for m in bench_kernels.MODES} | {("NONE", 1 << 12)}) == {
         "replaced_verify_sizes": [1 << 16], "replaced_verify_rows": ["NONE 4096"]}
     later = bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9, (1 << 16, 1 << 20), ("ALL",))
@@ -545,7 +544,7 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
 
 def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
     """The run's empty launch and register-only chain come from the part whose write rows it keeps; a run
-    holding rows of every kernel (verify's of every mode and size) is complete, however made."""
+    with rows of every kernel (verify's of every mode and size) is complete, however made."""
     import bench_kernels
 
     first = {"kernels": ["write", "plan", "scatter"], "wall_s": 250.0, "empty_us": 1.34, "chain_ns": 100.9,
@@ -570,7 +569,7 @@ def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
 
 
 def test_a_ratio_is_printed_on_its_side_of_the_limit():
-    """Two decimals, or as many more as keep a ratio just over its limit from reading as the limit."""
+    """Two decimals, or more where needed so a ratio just over its limit does not read as the limit."""
     import verdicts
 
     assert [verdicts.ratio_text(r, 1.10) for r in (1.0951, 1.10, 1.1004, 1.109, 1.10004)] == [
@@ -594,7 +593,7 @@ def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
 
 
 def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
-    """Reference lines compare a ratio with the limit as the targets do: 1.8 / 1.44 is 1.25 and passes
+    """Reference lines compare a ratio with the limit as targets do: 1.8 / 1.44 is 1.25 and passes
     (1.8 > 1.25 * 1.44 rounds up and failed it)."""
     import bench_kernels
 
@@ -607,8 +606,8 @@ def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
 
 
 def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
-    """A one-token write row's target floor is the lower of its store and hash floors, but a kernel more
-    than 5% under the store floor still fails "floors as lower bounds"."""
+    """A one-token write row's target floor is the lower of its store and hash floors, but a kernel over
+    5% under the store floor still fails "floors as lower bounds"."""
     import bench_kernels
 
     shape = dict(mode="NONE", reqs=4096, shape="4096x1", chain_floor_us=1.0, hash_floor_us=2.80,
@@ -621,8 +620,8 @@ def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
-    """Small verify rows' hash and ordered floors get a plot.py table and report.py reference lines (the
-    target stays against the gather floor); a row over 5% faster than a floor is a floor bug."""
+    """Small verify rows' hash and ordered floors get a plot.py table and report.py reference lines (target
+    still against the gather floor); a row over 5% faster than a floor is a floor bug."""
     import bench_kernels
 
     rows = [
@@ -649,8 +648,8 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
 
 
 def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
-    """Both A/B arms are held to the floors, and a tuned arm over 3% slower fails the tuning check in the
-    rows, plot.py and report.py alike; an older run without ``floor_ratios`` is judged from its times."""
+    """Both A/B arms are held to the floors; a tuned arm over 3% slower fails the tuning check in rows,
+    plot.py and report.py alike; an older run without ``floor_ratios`` is judged from its times."""
     import bench_kernels
 
     rows = [
@@ -684,7 +683,7 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
 
 
 def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
-    """A small verify row times both arms and every floor grid interleaved; it keeps each arm's median,
+    """A small verify row times both arms and every floor grid interleaved, keeping each arm's median,
     each floor's fastest grid and order, and the ordered floor as min(ticket, hash + a launch)."""
     import bench_kernels
     import floors
@@ -754,8 +753,8 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
 
 
 def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
-    """``copy_floor_us`` times torch's and the TIR copies interleaved, naming the fastest;
-    ``fastest_floor`` returns the fastest grid as a geometry."""
+    """``copy_floor_us`` times torch's and the TIR copies interleaved, naming the fastest; ``fastest_floor``
+    returns the fastest grid as a geometry."""
     import bench_kernels
     import floors
 
@@ -782,7 +781,7 @@ def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
 
 def test_decode_step_floors_mirror_the_step(monkeypatch):
     """bench_embedding's decode-step floor lists the step's canary operators in launch order (from an
-    eager step), each with arguments its TensorIR signature binds, and only buildable floors."""
+    eager step), each with arguments its TensorIR signature binds; only buildable floors."""
     import bench_embedding
     import tvm
 
@@ -846,8 +845,8 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
 def test_the_gather_floors_also_run_bounded_grids():
     """Gather floors run in ``FLOOR_GRIDS``, ``BOUNDED_GATHER_GRIDS`` (declaring
     ``__launch_bounds__(threads, min_blocks)`` as verify does) and ``HELD_GATHER_GRIDS`` (keeping
-    ``HELD_VALUES`` clock reads live; labels end in "h"); other floors run ``FLOOR_GRIDS`` alone, and a
-    plain grid declares the threads alone."""
+    ``HELD_VALUES`` clock reads live; labels end in "h"); other floors ``FLOOR_GRIDS`` alone; a plain grid
+    declares only the threads."""
     import bench_embedding
     import bench_kernels
     import floors
@@ -858,7 +857,7 @@ def test_the_gather_floors_also_run_bounded_grids():
     plain = [(b, t, 1) for b, t in floors.FLOOR_GRIDS]
     gathers = {name for name in bench_kernels.floor_makers() if name.startswith("gather-")}
     assert {"gather-NONE", "gather-split-ALL", "gather-hash-split-ALL", "gather-ticket-seq-PARTIAL"} <= gathers
-    # every floor either benchmark builds; the embedding's token-reading gathers keep the plain grids
+    # every floor either benchmark builds; the embedding's token-reading gathers keep plain grids
     makers = dict(bench_embedding.floor_bench("sm_90").floor_makers)
     assert {"gather-token-NONE", "gather-token-PARTIAL"} <= set(makers)
     for name in makers:
@@ -883,8 +882,8 @@ def test_the_gather_floors_also_run_bounded_grids():
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_floor_kernels_compile_for_cuda(tmp_path):
-    """Every floor kernel the benchmarks build lowers for CUDA and compiles with nvcc for sm_90 (one
-    grid: grids change constants only), so a broken floor is found here, not in a GPU session."""
+    """Every floor kernel the benchmarks build lowers for CUDA and compiles with nvcc for sm_90 (one grid:
+    grids change only constants): a broken floor is found here, not in a GPU session."""
     import bench_embedding
     import bench_kernels
     import floors
@@ -939,7 +938,7 @@ def test_kernel_ab_variants(capsys):
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     refused(["--base", "HEAD", "--variant", "m4:verify:ALL"], "kv-canary: --variant 'm4:verify:ALL': expected")
-    # a variant of a kernel or mode the run does not time would time nothing
+    # a variant of a kernel or mode the run does not time times nothing
     refused(["--base", "HEAD", "--modes", "NONE", "--variant", "m4:verify:ALL:min_blocks=4"],
             "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
     refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
@@ -1009,7 +1008,7 @@ def test_default_labels_name_modes_and_size_classes():
 
 @pytest.mark.parametrize("capacity", [None, 16])
 def test_write_args_plan_padded_to_a_capacity(monkeypatch, capacity):
-    """``bench_kernels.write_args`` with capacity above its requests (``--write-shapes RxTcC``): the extra
+    """``bench_kernels.write_args`` with capacity above its requests (``--write-shapes RxTcC``): extra
     requests are empty and invalid, so the CPU kernel stamps only the requests' slots, as the reference."""
     import copy
 

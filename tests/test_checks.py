@@ -23,9 +23,7 @@ PLAN_WRITE_CAP = 4
 PLAN_VERIFY_CAP = 8
 
 
-# ---------------------------------------------------------------------------------------------
-# Builders of valid arguments, and small tensor mutators.
-# ---------------------------------------------------------------------------------------------
+# ===== Builders of valid arguments, and small tensor mutators.
 
 
 def zeros(*shape, dtype=I64):
@@ -33,7 +31,7 @@ def zeros(*shape, dtype=I64):
 
 
 def noncontig(t: torch.Tensor) -> torch.Tensor:
-    """Same shape and dtype, last-dim stride 2 (not contiguous when the last dim has > 1 element)."""
+    """Same shape and dtype, last-dim stride 2 (not contiguous if the last dim has > 1 element)."""
     return torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)[..., ::2]
 
 
@@ -172,19 +170,19 @@ def to_2d(t):
     return t.reshape(1, -1)
 
 
-# A source whose data pointer is 1 byte past an aligned one (row stride 48 bytes, width 32).
+# A source whose data pointer is 1 byte past alignment (row stride 48 bytes, width 32).
 _MISALIGNED = zeros(4, 48, dtype=U8)[:, 1:33]
 _MISALIGNED_PTR = _MISALIGNED.data_ptr()
 assert _MISALIGNED_PTR % 8 != 0
-# A contiguous canary buffer 4 bytes past an aligned start (its int64 view would need an aligned one).
+# A contiguous canary buffer 4 bytes past alignment (its int64 view needs an aligned start).
 _MISALIGNED_BUF = zeros(8 * 32 + 4, dtype=U8)[4:].view(8, 32)
 _MISALIGNED_BUF_PTR = _MISALIGNED_BUF.data_ptr()
 assert _MISALIGNED_BUF_PTR % 8 != 0 and _MISALIGNED_BUF.is_contiguous()
 
 
 def _off_word_storage(rows: int, width: int) -> torch.Tensor:
-    """uint8 ``[rows, width]`` at an 8-byte aligned address, in a storage that starts 4 bytes past a word
-    (``torch.from_numpy`` of an odd slice): the kernels' int64 view counts words from the storage's start."""
+    """uint8 ``[rows, width]``, 8-byte aligned, in a storage starting 4 bytes past a word (``from_numpy`` of
+    an odd slice): the kernels' int64 view counts words from the storage's start."""
     raw = np.zeros(rows * width + 16, dtype=np.uint8)
     flat = torch.from_numpy(raw[(4 - raw.ctypes.data) % 8:])
     tensor = flat[4: 4 + rows * width].view(rows, width)
@@ -196,14 +194,14 @@ _OFF_WORD_SOURCE, _OFF_WORD_BUF = _off_word_storage(8, 32), _off_word_storage(8,
 
 
 def _restrided_source() -> RealKvSource:
-    """A source whose tensor is re-strided in place after the source was built: rows 36 bytes apart."""
+    """A source whose tensor is re-strided in place after construction: rows 36 bytes apart."""
     built = source(zeros(8, 48, dtype=U8)[:, :32])
     built.tensor.as_strided_((8, 32), (36, 1))
     return built
 
 
 def on_meta(value):
-    """``value`` (launch arguments, a record or a tuple) with every tensor moved to the meta device."""
+    """``value`` (launch arguments, a record or a tuple) with every tensor on the meta device."""
     if isinstance(value, torch.Tensor):
         return meta(value)
     if isinstance(value, dict):
@@ -216,9 +214,7 @@ def on_meta(value):
     return value
 
 
-# ---------------------------------------------------------------------------------------------
-# Construction-time errors (context.py, plans.py).
-# ---------------------------------------------------------------------------------------------
+# ===== Construction-time errors (context.py, plans.py).
 
 CONSTRUCTION_CASES = [
     ("page_size", lambda: source(page_size=0), "kv-canary: RealKvSource.page_size must be >= 1, got 0"),
@@ -303,9 +299,7 @@ def test_three_d_source_constructs_but_is_rejected_at_launch():
         checks.check_real_kv_sources(context)
 
 
-# ---------------------------------------------------------------------------------------------
-# Launch-time errors: (id, base-args builder, check function, mutator, exception, exact message).
-# ---------------------------------------------------------------------------------------------
+# ===== Launch-time errors: (id, base-args builder, check function, mutator, exception, exact message).
 
 W, WA, V, P, S = write_args, write_args_asserting, verify_args, plan_args, scatter_args
 PP, PL = plan_args_with_pool, plan_args_with_lut
@@ -619,10 +613,8 @@ LAUNCH_CASES = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# Argument types (SPEC D9): a TypeError with the kv-canary prefix where the contract's own check
-# would have crashed; the "order_*" cases pin that contract messages keep their precedence.
-# ---------------------------------------------------------------------------------------------
+# ===== Argument types (SPEC D9): a kv-canary TypeError where the contract's own check would have
+# crashed; the "order_*" cases pin that contract messages keep their precedence.
 
 
 def numpy(t: torch.Tensor):
@@ -751,12 +743,11 @@ _KERNEL_OF_CHECK = {checks.check_write: "write", checks.check_verify: "verify", 
     "base, check, mutate, error, message", [c[1:] for c in LAUNCH_CASES], ids=[c[0] for c in LAUNCH_CASES])
 def test_operators_run_the_launch_checks(base, check, mutate, error, message):
     """Called directly, each operator raises what the public launch raises on the same arguments, before
-    anything runs: the operators had trusted the caller for all but pointers, and a canary row under 32
-    bytes, a short plan tensor or an empty offsets vector was written or read past its end, or crashed
-    the process. Two refusals come earlier, and also before anything runs: an empty one-element state
-    raises the operator's own message (``ops._refuse_empty_state``, which says why that happens under
-    torch.compile), and an int past int64 the schema's. Cases with a meta tensor are left out (they
-    dispatch to the fake implementation, which runs nothing)."""
+    anything runs (they had trusted all but pointers: a canary row under 32 bytes, a short plan tensor or
+    an empty offsets vector was accessed past its end, or crashed the process). Two refusals come earlier,
+    also before anything runs: an empty one-element state gets the operator's message
+    (``ops._refuse_empty_state`` says why under torch.compile), an int past int64 the schema's.
+    Meta-tensor cases are skipped (the fake implementation runs nothing)."""
     from tvm_canary import ops
     from tvm_canary.cases import tensors
 
@@ -778,7 +769,7 @@ def test_operators_run_the_launch_checks(base, check, mutate, error, message):
 
 
 def test_launch_functions_raise_type_errors_before_any_backend():
-    """The public launch functions run the same checks (nothing is dispatched on a bad argument)."""
+    """The public launch functions run the same checks (a bad argument dispatches nothing)."""
     import tvm_canary as tc
 
     with pytest.raises(TypeError, match=re.escape("kv-canary: plan must be a WritePlan, got NoneType")):
@@ -871,8 +862,8 @@ def test_case_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
-# Messages that no public argument combination can reach (the value is a length or a checked
-# equality), kept as defensive checks like the original validator's; their format is pinned here.
+# Messages no public argument can reach (the value is a length or a checked equality), kept as
+# defensive checks like the original validator's; their format is pinned here.
 @pytest.mark.parametrize(
     "helper, value, what, message",
     [
@@ -891,9 +882,7 @@ def test_defensive_scalar_messages(helper, value, what, message):
         helper(value, what)
 
 
-# ---------------------------------------------------------------------------------------------
-# Valid arguments pass.
-# ---------------------------------------------------------------------------------------------
+# ===== Valid arguments pass.
 
 
 def _strided_source() -> RealKvSource:
@@ -950,8 +939,8 @@ def test_checks_are_keyword_only():
 
 
 def test_written_ranges_find_every_overlap():
-    """``WrittenRanges.overlap`` (bisect over the sorted ranges and their running reach) answers as the
-    pairwise comparison does, on random ranges that nest, touch and repeat."""
+    """``WrittenRanges.overlap`` (bisect over sorted ranges and their running reach) agrees with pairwise
+    comparison on random ranges that nest, touch and repeat."""
     gen = np.random.default_rng(0)
     for _ in range(200):
         starts = gen.integers(0, 100, size=gen.integers(0, 8))

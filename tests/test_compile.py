@@ -1,9 +1,9 @@
-"""torch.compile over a serving step that calls the public API (scatter -> plan -> verify -> write).
+"""torch.compile over a serving step calling the public API (scatter -> plan -> verify -> write).
 
-The step compiles with ``fullgraph=True`` (``torch._dynamo.explain`` finds one graph, no break) and
-every tensor it touches is byte-equal to eager, over two steps whose inputs are refilled in place,
-with Inductor and with ``aot_eager``; on CUDA also with ``mode="reduce-overhead"`` (Inductor's CUDA
-graphs, replayed). The graph holds only the operators and views, so Inductor compiles no C++ here.
+The step compiles with ``fullgraph=True`` (``torch._dynamo.explain``: one graph, no break); every tensor
+it touches is byte-equal to eager over two steps with inputs refilled in place, under Inductor and
+``aot_eager``, on CUDA also ``mode="reduce-overhead"`` (Inductor's CUDA graphs, replayed). The graph
+holds only operators and views, so Inductor compiles no C++ here.
 """
 
 from __future__ import annotations
@@ -150,9 +150,9 @@ def test_fullgraph_compile_equals_eager(device, backend):
 
 @pytest.mark.parametrize("device", devices())
 def test_the_verify_capacity_can_be_a_dynamic_dimension(device):
-    """Marked dynamic, the verify plan's capacity stays symbolic through the checks and the operator:
-    one graph serves three capacities, each byte-equal to eager (the checks indexed it, which made it
-    a constant of the graph: marked dynamic it failed to compile)."""
+    """Marked dynamic, the verify plan's capacity stays symbolic through the checks and operator: one
+    graph serves three capacities, each byte-equal to eager (the checks indexed it, making it a graph
+    constant: marked dynamic it failed to compile)."""
     require(device)
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(serving_step, fullgraph=True, backend="aot_eager")
@@ -167,11 +167,11 @@ def test_the_verify_capacity_can_be_a_dynamic_dimension(device):
 
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
 def test_state_inside_a_buffer_of_another_dtype(backend):
-    """A one-element view of another dtype at a nonzero offset of a larger buffer, taken inside the
-    compiled step, reaches an operator empty under torch.compile (torch rebuilds
-    ``buf[i : i + 1].view(torch.int32)[:1]`` wrongly): the operator refuses it with a kv-canary error
-    (its writes were lost: the enable flag stayed 0, on every backend). Viewed from the whole buffer,
-    as the session's status words are, the same state compiles byte-equal to eager."""
+    """A one-element view of another dtype at a nonzero offset of a larger buffer, taken in the compiled
+    step, reaches an operator empty under torch.compile (torch rebuilds
+    ``buf[i : i + 1].view(torch.int32)[:1]`` wrongly): the operator refuses it with a kv-canary error (its
+    writes were lost: the enable flag stayed 0, on every backend). Viewed from the whole buffer, as the
+    session's status words are, the same state compiles byte-equal to eager."""
     def state():
         s = make_state("cpu")
         del s["v_enable"]
@@ -249,8 +249,8 @@ def test_reduce_overhead_replays_with_refilled_inputs():
 @pytest.mark.parametrize(("field", "wrong"), [("kernel_kind", 2.0), ("kernel_kind", "x"), ("page_size", 1.0)])
 def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
     """A non-int where an int is expected raises the eager error from the compiled function (torch 2.11's
-    Dynamo turned operator.index's TypeError into an internal error); with fullgraph=True Dynamo's
-    Unsupported carries it in its chain."""
+    Dynamo made operator.index's TypeError an internal error); with fullgraph=True Dynamo's Unsupported
+    carries it in its chain."""
     s = make_state("cpu")
     shown = f"{type(wrong).__name__} {wrong!r}" if isinstance(wrong, float) else type(wrong).__name__  # SPEC 4
     message = f"^kv-canary: (RealKvSource.)?{field} must be an int, got {shown}$"
@@ -266,8 +266,8 @@ def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
 
 
 def test_a_wrong_shape_prints_its_numbers_from_a_step_with_dynamic_sizes():
-    """A shape in an error raised while torch.compile traces with symbolic sizes prints as eagerly (it printed
-    the symbols: ``got shape (1, s56)``); fullgraph=True, so the error is the one raised while tracing."""
+    """A shape in an error raised while torch.compile traces symbolic sizes prints as eagerly (it printed
+    the symbols: ``got shape (1, s56)``); fullgraph=True, so the error is the one raised tracing."""
     s = make_state("cpu")
     refill(s, 0)
     s["ids"] = s["ids"].view(1, -1).clone()

@@ -1,6 +1,6 @@
-"""``tvm-canary conformance`` on the CPU: one process, two gloo ranks under torchrun, and injected faults
-(a corrupting launch passed through the test-only ``launches`` argument) that must be caught, named and
-replayable. Few cases, the seeds of the differential/memory-safety tests (no new specializations)."""
+"""``tvm-canary conformance`` on the CPU: one process, two gloo ranks under torchrun, injected faults (a
+corrupting launch via the test-only ``launches`` argument) that must be caught, named and replayable.
+Few cases, the differential/memory-safety tests' seeds (no new specializations)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,8 @@ def test_corrupted_kernel_is_named_with_a_replay_command(tmp_path, capsys):
 @contextlib.contextmanager
 def flags_left_dirty(kernel: str):
     """``cases.LAUNCH`` with ``kernel``'s launch leaving its ring's last scratch word (CUDA's last-block
-    ticket) at 1: the digests do not cover the scratch, the next launch on the ring would misread it.
-    Every scratch is zeroed on exit: packing keys scratch by the ring's address, so a later ring at the
-    same address would be handed the dirty one."""
+    ticket) at 1: digests skip the scratch; the ring's next launch would misread it. All scratch is
+    zeroed on exit: packing keys scratch by ring address, so a later ring there would get the dirty one."""
 
     def launch(**kw):
         C.LAUNCH[kernel](**kw)
@@ -165,8 +164,8 @@ def test_two_gloo_ranks_under_torchrun(tmp_path):
 
 
 def test_a_rank_whose_peers_never_join_stops_as_a_run_that_could_not_run(tmp_path):
-    """One rank of two started alone waits --timeout for the other, then stops with one kv-canary line
-    and exit status 2 (a run that could not run), not 1 (a failing case) with torch's traceback."""
+    """One rank of two started alone waits --timeout for the other, then stops with one kv-canary line,
+    exit 2 (a run that could not run), not 1 (a failing case) with torch's traceback."""
     import socket
 
     with socket.socket() as free:
@@ -261,7 +260,7 @@ def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):
 
 def test_plan_lut_index_past_the_end_has_the_clamped_reference(tmp_path):
     """garbage:50001's plan reads a LUT index past the end, which the reference rejects: it is compared
-    with the reference on the clamped index (SPEC D4), so a lone device cannot pass by matching itself."""
+    with the reference on the clamped index (SPEC D4); a lone device cannot pass by matching itself."""
     kw = C.CASES["plan"](torch.Generator().manual_seed(50001), "cpu", valid=False)
     with pytest.raises(ValueError, match="is outside full_to_swa_index_mapping"):
         C.REFERENCE["plan"](**kw)
@@ -277,8 +276,8 @@ def test_plan_lut_index_past_the_end_has_the_clamped_reference(tmp_path):
 
 
 def test_a_failure_between_two_processes_replays_on_every_host():
-    """A rank's reference that differs from rank 0's replays under torchrun on every host (one process
-    would compare it with its own and pass); a device that differs from rank 0's reference replays alone."""
+    """A rank's reference differing from rank 0's replays under torchrun on every host (one process would
+    compare it with its own and pass); a device differing from rank 0's reference replays alone."""
     def row(device, digest):
         case = {"case": "garbage:50001", "digest": digest, "tensors": {"x": digest}, "error": None}
         return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
@@ -295,10 +294,9 @@ def test_a_failure_between_two_processes_replays_on_every_host():
 
 @pytest.mark.parametrize("other", [["--cases", "2"], ["--seed", "7"], ["--kernels", "plan"]])
 def test_ranks_that_ran_other_cases_are_refused(tmp_path, other):
-    """Cases are compared by position, so a rank started with another --cases, --seed or --kernels than
-    rank 0 is a one-line error naming it (it raised IndexError or KeyError, or blamed the rank's reference
-    for a case compared with another case); the error names each kernel's first seeded case, not a golden
-    case every rank runs."""
+    """Cases are compared by position: a rank started with another --cases, --seed or --kernels than rank
+    0 is a one-line error naming it (it raised IndexError or KeyError, or blamed the rank's reference for a
+    case compared with another); it names each kernel's first seeded case, not a golden one all ranks run."""
     argv = ["--devices", "cpu", "--cases", "1", "--kernels", "verify"]
     _, first = conform(tmp_path, *argv)
     _, second = conform(tmp_path, *argv, *other)
@@ -350,9 +348,9 @@ def _recombined(report: dict) -> dict:
 
 def test_against_an_earlier_run(tmp_path, capsys):
     """``--against`` compares every case with an earlier run's reference: equal runs pass; a case whose
-    digest the earlier run had otherwise (on every row, so that the report is consistent) fails the run
-    (exit 1) and is named with its tensors; an edited report, one of other case sets or not a report at all
-    is refused before anything runs (exit 2: a usage error)."""
+    digest differs from the earlier run's (on every row, for a consistent report) fails the run (exit 1),
+    named with its tensors; an edited report, one of other case sets or a non-report is refused before
+    anything runs (exit 2: usage error)."""
     status, earlier = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter")
     assert status == 0
     path = tmp_path / "earlier.json"

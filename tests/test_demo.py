@@ -40,7 +40,7 @@ def test_selftest_via_python_m():
     assert "selftest: 4/4 faults detected" in done.stdout
 
 
-# ---------------------------------------------------------------------- CLI edges
+# ----- CLI edges
 
 
 def test_demo_cuda_without_gpu_is_one_line(monkeypatch, capsys):

@@ -1,7 +1,7 @@
 """Seeded differential fuzz: compiled kernels (CPU and, when present, CUDA) vs the torch reference.
 
-Every tensor of a launch (canary buffer, ring, write index, counters, plans, pool) must be
-byte-identical after the run; outputs start poisoned by the case builders.
+Every launch tensor (canary buffer, ring, write index, counters, plans, pool) must be byte-identical
+after the run; case builders poison outputs first.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def test_differential_wide_tokens(kernel, device):
 
 @pytest.mark.gpu
 def test_verify_split_folds_on_cuda(monkeypatch):
-    """Verify ALL's default below 16K entries folds split (two lanes an entry, ``split_fold``). On CUDA
-    the seeded and wide-token cases, on canaries holding the true folds (a wrong fold shows as an extra
-    violation), give the reference's bytes; the emit phase folds paired."""
+    """Verify ALL's default below 16K entries folds split (two lanes an entry, ``split_fold``). On CUDA the
+    seeded and wide-token cases, on canaries holding the true folds (a wrong fold is an extra violation),
+    give the reference's bytes; the emit phase folds paired."""
     require("cuda")
     assert targets.default_geometry("verify", "cuda", 2).pairs == 2
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
@@ -94,9 +94,9 @@ def test_verify_split_folds_on_cuda(monkeypatch):
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_sources_folded_one_after_another(kernel, pairs_capped, monkeypatch):
     """The CPU default folds sources in pairs (``Geometry.fold_pairs``); without ``pairs``, or under a
-    register cap below the pairs' threshold, they fold one after another: the same bytes on the
-    wide-token cases. Launches must use the function built for the patched default (no database, the
-    launch cache emptied and restored)."""
+    register cap below the pairs' threshold, one after another: same bytes on the wide-token cases.
+    Launches use the function built for the patched default (no database, launch cache emptied and
+    restored)."""
     geom = {"unroll": 4, "pairs": 1, "min_blocks": FOLD_PAIRS_MAX_THREADS + 1} if pairs_capped else {"unroll": 4}
     monkeypatch.setitem(targets.CPU_DEFAULTS, kernel, geom)
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
@@ -118,7 +118,7 @@ def test_differential_sources_folded_one_after_another(kernel, pairs_capped, mon
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_verify_a_lone_failing_entry(device, where):
     """Every entry padding but one (first, middle or last) on a random canary: the reference's row alone,
-    on every backend. Random plans mark nearly every chunk, hiding a kernel that skips an entry; here
+    on every backend. Random plans mark nearly every chunk, hiding a kernel skipping an entry; here
     nothing else marks."""
     require(device)
     for seed in range(8):
@@ -185,8 +185,8 @@ def fold_lane_widths(case: dict) -> tuple[int, int]:
 
 def test_write_fold_lanes_over_several_blocks(monkeypatch):
     """Write's fold lanes map for the plan's capacity, and again for the active requests when they get
-    more lanes each (``fold_lanes``): a multi-block CPU grid runs both mappings (the cases must reach
-    both) and stamps the reference's bytes."""
+    more lanes each (``fold_lanes``): a multi-block CPU grid runs both (the cases reach both) and stamps
+    the reference's bytes."""
     monkeypatch.setitem(targets.CPU_DEFAULTS, "write", {"blocks": FOLD_GRID_BLOCKS, "unroll": 2, "pairs": 1})
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})
@@ -245,9 +245,9 @@ def launch_grids(monkeypatch, grids) -> list:
 
 @pytest.mark.gpu
 def test_verify_every_default_geometry_on_cuda(monkeypatch):
-    """Verify on CUDA with full plans on either side of each size-class bound (``CUDA_SIZE_DEFAULTS``)
-    and of twice the largest default grid's reach (every lane strides two entries), in every real-KV
-    mode, so each default geometry launches (no database): reference bytes."""
+    """Verify on CUDA with full plans either side of each size-class bound (``CUDA_SIZE_DEFAULTS``) and of
+    twice the largest default grid's reach (each lane strides two entries), in every real-KV mode, so
+    each default geometry launches (no database): reference bytes."""
     require("cuda")
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})

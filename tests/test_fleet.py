@@ -1,7 +1,7 @@
-"""Fleet tuning without a GPU: a loopback tracker and a CPU ``tvm-canary rpc-server`` tune a tiny llvm
-workload end to end and the record applies at load; preflight refuses what would hang or measures with
-another protocol; a terminated ``rpc-server`` leaves no process; ``tune-merge`` keeps each workload's
-choice of a run that measured the default (and that default) and refuses another device's database."""
+"""Fleet tuning without a GPU: a loopback tracker and CPU ``tvm-canary rpc-server`` tune a tiny llvm
+workload end to end; the record applies at load; preflight refuses what would hang or measure with another
+protocol; a terminated ``rpc-server`` leaves no process; ``tune-merge`` keeps each workload's choice (and
+default) of a run that measured the default, and refuses another device's database."""
 
 from __future__ import annotations
 
@@ -203,8 +203,8 @@ def test_a_terminated_rpc_server_stops_its_server_process():
 
 @pytest.mark.slow  # a loopback tracker and server
 def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
-    """A session process killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread, leaving
-    ``rpc-server`` off the tracker for good; a new server now registers and serves the next session."""
+    """A session process killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread:
+    ``rpc-server`` left the tracker for good; now a new server registers and serves the next session."""
     import signal
 
     import psutil
@@ -285,9 +285,8 @@ def _database(root, key, costs: dict):
 
 
 def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(tmp_path, capsys):
-    """Host a chose its default (2.05 us) over a slower candidate; host b measured a faster candidate (2 us)
-    but no default: a's choice and default are kept, b's unweighed candidate is not. A failed record
-    never wins."""
+    """Host a chose its default (2.05 us) over a slower candidate; host b measured a faster one (2 us) but
+    no default: a's choice and default are kept, not b's unweighed candidate. A failed record never wins."""
     import dataclasses
 
     from tvm.s_tir import meta_schedule as ms
@@ -313,7 +312,7 @@ def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(t
 def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_default(tmp_path, monkeypatch):
     """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2
     (39, 50.5), slower than a's default in launch two. The merge keeps a's choice and default, not the
-    default that weighing b against a's default would give."""
+    default weighing b against a's default gives."""
     import dataclasses
 
     import tvm
@@ -398,9 +397,9 @@ def test_tune_merge_writes_the_workload_table_compact(tmp_path):
 
 
 def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_path, monkeypatch, capsys):
-    """Records refer to workloads by position, so a half-written ``--out`` silently mismatched them.
-    Stopped at any step, ``--out`` holds the old database, a table with empty records, or the new one
-    (a new ``--out`` too); files get the umask's mode, not 0600."""
+    """Records name workloads by position, so a half-written ``--out`` silently mismatched them. Stopped
+    at any step, ``--out`` (new too) holds the old database, a table with empty records, or the new one;
+    files get the umask's mode, not 0600."""
     import os
     import shutil
 
@@ -456,8 +455,8 @@ def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, cap
 
 
 def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):
-    """``tune`` into a device-key folder of another target's records, or a truncated one, is refused with
-    the folder named before anything is written (not an unusable database or TVM's traceback)."""
+    """``tune`` into a device-key folder of another target's records, or a truncated one, is refused
+    naming the folder before anything is written (no unusable database or TVM traceback)."""
     from tvm_canary.runtime.targets import default_geometry
 
     key = keys.device_key(torch.device("cpu"))
@@ -513,8 +512,8 @@ def test_a_database_applies_only_to_its_own_device_key(tmp_path, monkeypatch, ca
 
 
 def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
-    """A tuned record is kept against the default its own run measured, not a faster default of another
-    run: host a measured g1 10% faster than its default, host b the default 1% slower than g1."""
+    """A tuned record is weighed against its own run's default, not another run's faster one: host a
+    measured g1 10% faster than its default, host b the default 1% slower than g1."""
     import dataclasses
 
     from tvm.s_tir import meta_schedule as ms

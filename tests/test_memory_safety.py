@@ -1,10 +1,10 @@
 """Memory safety of the compiled kernels on garbage plans (SPEC D4).
 
-Each launch tensor (except read-only RealKvSource ones) is re-homed between guard bands of random bytes,
-keeping shape, dtype and contiguity, at a random multiple of its promised alignment, mostly not 16-byte
-aligned (``cases.rehome``). The garbage cases (``valid=False``: huge and negative indices, inconsistent
-offsets, bad counts) run through the public API on the tvm backend: no crash or raise, and guard bands
-and input tensors stay byte-unchanged.
+Each launch tensor (but read-only RealKvSource ones) is re-homed between random-byte guard bands, keeping
+shape, dtype and contiguity, at a random multiple of its promised alignment, mostly not 16-byte aligned
+(``cases.rehome``). Garbage cases (``valid=False``: huge and negative indices, inconsistent offsets, bad
+counts) run through the public API on the tvm backend: no crash or raise; guard bands and inputs stay
+byte-unchanged.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def test_garbage_plans_stay_in_bounds(kernel, device):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_garbage_plans_match_reference(kernel, device):
-    """Garbage plans (docs/SEMANTICS.md) give the reference's bytes; LUT indices past the end, which the
-    reference rejects, the reference's on the clamped indices of SPEC D4. Scatter elements written by
-    several rows may hold any of their values."""
+    """Garbage plans (docs/SEMANTICS.md) give the reference's bytes; LUT indices past the end (the
+    reference rejects them) its bytes on SPEC D4's clamped indices. Scatter elements written by several
+    rows may hold any of their values."""
     require(device)
     for seed in range(GARBAGE_SEED_BASE, GARBAGE_SEED_BASE + ITERATIONS[device]):
         want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", valid=False)
@@ -108,9 +108,9 @@ def test_rehome_keeps_layout_and_detects_stray_writes():
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
-    """A write index past 2**31 - 1 wraps negative (SPEC 2, D4): rows ranked before the ring are dropped
-    like rows past its capacity, and the index advances by the rows counted. Guarded garbage cases
-    starting before the ring, at -2**31 and before the wrap give the reference's bytes."""
+    """A write index past 2**31 - 1 wraps negative (SPEC 2, D4): rows before the ring are dropped like
+    rows past its capacity; the index advances by the rows counted. Guarded garbage cases starting before
+    the ring, at -2**31 and before the wrap give the reference's bytes."""
     require(device)
     for seed in range(GARBAGE_SEED_BASE, GARBAGE_SEED_BASE + ITERATIONS[device] // 4):
         for start in (-3, -(2**31), 2**31 - 2):
@@ -127,7 +127,7 @@ def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
                 raise AssertionError(f"{kernel} on {device}, seed {seed}, write index {start}: {e}") from e
 
 
-# ---------------------------------------------------------------- overlapping arguments (SPEC D10)
+# ----- overlapping arguments (SPEC D10)
 
 
 def with_tensor(obj, path: list, tensor: torch.Tensor):
@@ -162,8 +162,8 @@ def overlapping(kernel: str, kw: dict, written: str, other: str) -> dict:
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_a_written_tensor_overlapping_another_argument_is_refused(kernel):
     """A written tensor sharing storage with another: the launch raises SPEC D10's error naming both, on
-    each backend and through the operator, before anything is written (write once stamped into an
-    out_cache_loc carved from canary_buf, then used the stamps as slots)."""
+    each backend and via the operator, before any write (write once stamped into an out_cache_loc carved
+    from canary_buf, then used the stamps as slots)."""
     base = CASES[kernel](torch.Generator().manual_seed(11), "cpu")
     written, read = checks.launch_tensors(kernel, base)
     pairs = [(w, o) for i, (wt, w) in enumerate(written) for ot, o in written[i + 1:] + read
@@ -183,7 +183,7 @@ def test_a_written_tensor_overlapping_another_argument_is_refused(kernel):
 
 def test_a_replayed_write_refuses_step_tensors_inside_its_outputs():
     """A memoised eager write (same context and plan) checks its per-step tensors against the context's
-    written tensors at every launch: out_cache_loc carved from canary_buf's storage is refused."""
+    written tensors each launch: out_cache_loc carved from canary_buf's storage is refused."""
     kw = CASES["write"](torch.Generator().manual_seed(12), "cpu")
     LAUNCH["write"](**kw)  # packs and remembers the launch
     buf = kw["context"].canary_buf
@@ -217,9 +217,8 @@ def test_a_one_slot_canary_buffer_may_have_any_row_stride(kernel):
 
 
 def _packed_call(kernel: str, device: str, wanted: dict):
-    """A valid case of ``kernel`` (the first seed of CASES whose specialization has the ``wanted`` axis
-    values, ``num_sources`` as a minimum), packed: (its compiled function, its arguments by the kernel's
-    parameter names, the names in order)."""
+    """A valid case of ``kernel`` (CASES' first seed whose specialization has the ``wanted`` axis values,
+    at least ``num_sources``), packed: (compiled function, arguments by parameter name, names in order)."""
     from tvm_canary.runtime import get_kernel, packing, parse, targets
     from tvm_canary.runtime.specializations import axis_values
 
@@ -269,9 +268,9 @@ KERNEL_REFUSALS = [
 @pytest.mark.parametrize("kernel, wanted, broken, message", KERNEL_REFUSALS,
                          ids=[f"{k}-{m.split(' ')[0]}" for k, _, _, m in KERNEL_REFUSALS])
 def test_compiled_kernels_refuse_arguments_that_break_their_shape_relations(kernel, wanted, broken, message, device):
-    """Kernels stay in bounds given the launch checks' shape relations (SPEC 4, D4); a call bypassing
-    those checks (Relax, the compiled function) that breaks one raises the kernel's ValueError on the
-    host before any block runs, changing no byte (each case once read or wrote past a tensor)."""
+    """Kernels stay in bounds given the launch checks' shape relations (SPEC 4, D4); a call bypassing the
+    checks (Relax, the compiled function) that breaks one raises the kernel's ValueError on the host
+    before any block runs, changing no byte (each case once accessed past a tensor)."""
     require(device)
     fn, args, names = _packed_call(kernel, device, wanted)
     args.update(broken(args))

@@ -1,15 +1,14 @@
 """End to end: scatter -> plan -> verify -> write over several steps of a synthetic batch.
 
-A few requests share a ReqToTokenPool-style ``req_to_token`` table and a randomly allocated KV slot
-pool: prefills (one chunked), decodes, a request that finishes and whose row and slots are reused, and
-CUDA-graph padding rows. Each step runs, as the engine does (SPEC 6), the expected-token scatter, the
-plan kernels, then the HEAD endpoint (verify + write, no real-KV sources), the "model forward" (fresh
-random KV bytes for the step's slots), then the TAIL endpoint (verify + write with two real-KV sources
-in PARTIAL or ALL mode). Everything goes through the public API on the tvm backend.
+Requests share a ReqToTokenPool-style ``req_to_token`` table and a randomly allocated KV slot pool:
+prefills (one chunked), decodes, a finished request whose row and slots are reused, CUDA-graph padding
+rows. Each step runs as the engine does (SPEC 6): expected-token scatter, plan kernels, HEAD endpoint
+(verify + write, no real-KV sources), "model forward" (fresh random KV bytes for the step's slots), TAIL
+endpoint (verify + write, two real-KV sources, PARTIAL or ALL). All through the public API, tvm backend.
 
-Clean runs must never record a violation, and leave the canary buffers equal to a Python-int oracle.
-Injected corruption must be reported with the exact slots and fail-reason bits. Finally the whole
-pipeline (with corruption) is byte-identical between the tvm backend and the reference backend.
+Clean runs record no violation and leave canary buffers equal to a Python-int oracle. Injected corruption
+is reported with the exact slots and fail-reason bits. The whole pipeline (with corruption) is
+byte-identical between the tvm and reference backends.
 """
 
 from __future__ import annotations
@@ -108,8 +107,8 @@ class Request:
 class Pipeline:
     """A scripted engine (SCHEDULE) feeding a ``CanarySession``: FULL group, K half, HEAD and TAIL endpoints.
 
-    The session runs the engine's step (SPEC 6); this class only builds each step's batch, plays the
-    model (``KvPool.write`` between ``before_forward`` and ``after_forward``) and exposes the state.
+    The session runs the step (SPEC 6); this class builds each step's batch, plays the model
+    (``KvPool.write`` between ``before_forward`` and ``after_forward``) and exposes the state.
     """
 
     def __init__(self, device: str, mode: RealKvHashMode, seed: int, *, with_pool: bool = True, ring: int = 16):
@@ -149,7 +148,7 @@ class Pipeline:
         self.vplan: tc.VerifyPlan | None = None  # the session's plans, seen at its first plan launch
         self.wplan: tc.WritePlan | None = None
 
-    # ------------------------------------------------------------ engine side
+    # ----- engine side
 
     def _token(self) -> int:
         return int(torch.randint(0, 32000, (1,), generator=self.gen))
@@ -224,7 +223,7 @@ class Pipeline:
         for i in steps:
             self.step(**SCHEDULE[i], **(hooks or {}).get(i, {}))
 
-    # ------------------------------------------------------------ test side
+    # ----- test side
 
     def slot_of(self, rid: str, p: int) -> int:
         return self.reqs[rid].slots[p]
@@ -283,7 +282,7 @@ def _tvm_backend():
         yield
 
 
-# ================================================================ clean runs
+# ===== clean runs
 
 
 @pytest.mark.parametrize("with_pool", [True, False], ids=["pool", "no-pool"])
@@ -311,7 +310,7 @@ def test_clean_pipeline_records_nothing(device, mode, with_pool):
             assert pipe.pool[req.row, : len(req.tokens)].tolist() == req.tokens
 
 
-# ================================================================ injected corruption
+# ===== injected corruption
 
 P = 4  # corrupted position of request b (its successor P + 1 is verified too; b has 11 tokens at step 3)
 
@@ -385,9 +384,9 @@ def test_overwritten_prev_hash(device, endpoint):
 
 @pytest.mark.parametrize("same_position", [True, False], ids=["same-position", "other-position"])
 def test_wrong_seed_slot(device, same_position):
-    """Step 3 writes b's token 11 after a wrong seed. A seed at the right position (a's slot of
-    position 10) passes the write's chain-position assert, so only the next step's verify sees the
-    broken chain; a seed at another position (b's own position 7) also trips WRITE_POSITION at once."""
+    """Step 3 writes b's token 11 after a wrong seed. One at the right position (a's slot of position 10)
+    passes the write's chain-position assert, so only the next verify sees the broken chain; one at
+    another position (b's own position 7) also trips WRITE_POSITION at once."""
     pipe = Pipeline(device, PARTIAL, seed=6)
     run_clean(pipe, range(3))
     wrong_rid, wrong_pos = ("a", 10) if same_position else ("b", 7)
@@ -413,7 +412,7 @@ def test_wrong_seed_slot(device, same_position):
     assert pipe.ring() == recorded(write_rows + verify_rows)
 
 
-# ================================================================ tvm == reference
+# ===== tvm == reference
 
 
 def corrupted_run(device: str, mode: RealKvHashMode, backend: str) -> Pipeline:

@@ -1,8 +1,8 @@
 """Hand cases for every behaviour of SPEC section 3 and docs/SEMANTICS.md.
 
-Each case takes the ``impl`` fixture (tests/conftest.py) and builds its tensors on ``impl.device``,
-so the same cases run against the reference and every compiled backend. Expected values come from
-Python ints (tests/helpers.py), never from the reference. Outputs are poisoned before each launch.
+Cases build tensors on ``impl.device`` (fixture in tests/conftest.py), so they run against the reference and
+every compiled backend. Expected values come from Python ints (tests/helpers.py), never the reference.
+Outputs are poisoned before each launch.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ V_RKV = int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
 V_TOK = int(FailReason.VERIFY_TOKEN_MISMATCH)
 
 
-# ================================================================ write (SPEC 3.1)
+# ===== write (SPEC 3.1)
 
 
 def run_write(impl, ctx, plan, toks, poss, locs, exp_toks=None, exp_poss=None):
@@ -96,7 +96,7 @@ def test_write_seed_slot_starts_chain(impl):
 
 
 def test_write_skips_negative_slots(impl):
-    """Skipped entries: not written, not counted, no chain step, no input or position assert."""
+    """Skipped entries: not written or counted, no chain step, no input or position assert."""
     buf = make_canary(16, device=impl.device)
     set_slot(buf, 2, 1, 9, 0)
     ctx = make_context(buf)
@@ -246,7 +246,7 @@ def test_write_invalid_seed(impl):
 
 
 def test_write_invalid_slot(impl):
-    """Out-of-range slot: one INVALID row, nothing written or counted, chain and prev_pos unchanged."""
+    """Out-of-range slot: one INVALID row, nothing written or counted, chain and prev_pos kept."""
     buf = make_canary(8, device=impl.device)
     set_slot(buf, 1, 9, 0, 0)
     ctx = make_context(buf)
@@ -262,7 +262,7 @@ def test_write_invalid_slot(impl):
 
 @pytest.mark.parametrize("mode", [NONE, PARTIAL, ALL])
 def test_write_slot_unreadable_for_a_source(impl, mode):
-    """Source covers slots 0..3 only; slot 5 is valid for the canary but not readable by the source."""
+    """Source covers slots 0..3; slot 5 is valid for the canary but unreadable by the source."""
     src = random_source(torch.Generator().manual_seed(1), rows=2, page_size=2, nbpt=16, read_bytes=16,
                         device=impl.device)
     buf = make_canary(8, device=impl.device)
@@ -326,12 +326,11 @@ def test_write_updates_per_tag_counter_views(impl):
     assert slot_runs.tolist() == [2 if t == tag else 0 for t in range(12)]
 
 
-# ================================================================ verify (SPEC 3.2)
+# ===== verify (SPEC 3.2)
 
 
 def chain_buf(device, sources=(), mode=NONE):
-    """16 slots of 48 bytes; chain [3, 4, 5] (tokens 10..12, positions 0..2) from the anchor; slot 0
-    all zero."""
+    """16 slots of 48 bytes; chain [3, 4, 5] (tokens 10..12, positions 0..2) from the anchor; slot 0 zero."""
     buf = make_canary(16, stride=48, device=device)
     stamp_chain(buf, [(3, 10, 0), (4, 11, 1), (5, 12, 2)], sources=sources, mode=mode)
     return buf
@@ -362,7 +361,7 @@ def test_verify_chain_hash_mismatch(impl):
     ctx = make_context(buf)
     run_verify(impl, ctx, clean_plan(impl.device))
     eh = py_chain_hash(buf, 3)
-    # slot 5's expected hash is computed from slot 4's stored (now corrupted) fields.
+    # slot 5's expected hash comes from slot 4's stored (corrupted) fields.
     assert py_chain_hash(buf, 4) != get_slot(buf, 5)[2]
     assert ring_state(ctx) == (2, expected_ring(8, [
         [KIND, 4, 1, 11, 11, 0x77, eh, V_CHAIN],
@@ -380,7 +379,7 @@ def test_verify_position_mismatch_records_stored_position(impl):
 
 @pytest.mark.parametrize("check", [True, False])
 def test_verify_expected_token_check_and_sentinel(impl, check):
-    """Entry 0 expects a wrong token, entry 1 carries the -1 sentinel, entry 2 also has a bad position."""
+    """Entry 0 expects a wrong token, entry 1 has the -1 sentinel, entry 2 also a bad position."""
     buf = chain_buf(impl.device)
     ctx = make_context(buf)
     run_verify(impl, ctx, make_verify_plan([3, 4, 5], [99, -1, 98], [0, 1, 9], [-1, 3, 4], device=impl.device),
@@ -428,8 +427,8 @@ def test_verify_all_zero_slots_are_chain_consistent(impl):
 
 @pytest.mark.parametrize("mode,sources", [(NONE, 1), (PARTIAL, 0)], ids=["none", "partial-no-src"])
 def test_verify_nonzero_real_kv_without_folding(impl, mode, sources):
-    """NONE mode, or PARTIAL with no sources, expects real_kv_hash 0 (ALL with no sources is rejected
-    when the context is built, SPEC D9)."""
+    """NONE, or PARTIAL without sources, expects real_kv_hash 0 (ALL without sources is rejected at
+    context construction, SPEC D9)."""
     buf = chain_buf(impl.device)
     tok, pos, sh, _ = get_slot(buf, 4)
     set_slot(buf, 4, tok, pos, sh, 5)
@@ -442,8 +441,8 @@ def test_verify_nonzero_real_kv_without_folding(impl, mode, sources):
 @pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
 @pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
 def test_verify_real_kv_sources(impl, mode, num_sources):
-    """Slot 6 is in row 1 of the paged sources. Byte 3 is folded by both modes, byte 20 by ALL only
-    (if read_bytes > 16), byte read_bytes and the holey row tail by neither."""
+    """Slot 6 is in row 1 of the paged sources. Both modes fold byte 3, ALL only byte 20 (if
+    read_bytes > 16), neither byte read_bytes nor the holey row tail."""
     sources = four_sources(7 + num_sources, impl.device)[:num_sources]
     buf = make_canary(16, device=impl.device)
     stamp_chain(buf, [(5, 1, 0), (6, 2, 1)], sources=sources, mode=mode)
@@ -502,7 +501,7 @@ def test_verify_count_clamped_to_capacity_and_tail_ignored(impl):
     assert counters(ctx) == (1, 3)
     assert ring_state(ctx) == (0, expected_ring(8, []))
     ctx = make_context(buf)
-    # Poisoned tail entries (slot -7777) past num_valid would be INVALID rows if read.
+    # Poisoned entries (slot -7777) past num_valid would be INVALID rows if read.
     run_verify(impl, ctx, make_verify_plan([3, 4], [10, 11], [0, 1], [-1, 3], capacity=6, device=impl.device))
     assert counters(ctx) == (1, 2)
     assert ring_state(ctx) == (0, expected_ring(8, []))
@@ -532,7 +531,7 @@ def test_verify_slot_unreadable_for_a_source(impl):
 
 
 def test_verify_invalid_predecessor(impl):
-    """prev >= S: chain check skipped as for prev == 0, the other checks run, INVALID always set."""
+    """prev >= S: chain check skipped as for prev == 0, other checks run, INVALID always set."""
     buf = chain_buf(impl.device)
     ctx = make_context(buf)
     run_verify(impl, ctx, make_verify_plan([4, 5], [11, 12], [1, 9], [16, 1 << 40], device=impl.device))
@@ -558,8 +557,8 @@ def test_verify_ring_overflow_and_kernel_kind(impl):
 
 
 def test_verify_ring_after_a_wrapped_write_index(impl):
-    """A write index that wrapped past 2**31 - 1 (here -1): the launch's first row would land before the
-    ring and is dropped, the next ones land at 0, 1, ...; the index counts every row (-1 + 3 = 2)."""
+    """A write index wrapped past 2**31 - 1 (here -1): the first row would land before the ring and is
+    dropped, the next land at 0, 1, ...; the index counts every row (-1 + 3 = 2)."""
     buf = chain_buf(impl.device)
     kind = int(CanaryLaunchTag.SWEEP_V_SWA)
     ctx = make_context(buf, kind=CanaryLaunchTag.SWEEP_V_SWA, ring_capacity=3, write_index=-1)
@@ -570,7 +569,7 @@ def test_verify_ring_after_a_wrapped_write_index(impl):
     assert ring_state(ctx) == (2, expected_ring(3, rows[1:]))
 
 
-# ================================================================ plan (SPEC 3.3)
+# ===== plan (SPEC 3.3)
 
 
 def poisoned_plans(device, vcap: int, wcap: int) -> tuple[VerifyPlan, WritePlan]:
@@ -692,9 +691,8 @@ def test_plan_swa_window_and_lut(impl):
 
 @pytest.mark.parametrize("prefix", [0, 1, 2, 3, 4])
 def test_plan_swa_window_boundary(impl, prefix):
-    """Window 2 at every prefix around its length: positions max(0, P-2)..P-1, the first one chained to
-    the slot of position P-3 when P > 2 (P = 3 is the boundary: the window starts at 1, not 0), else to
-    nothing (-1)."""
+    """Window 2 at every prefix near its length: positions max(0, P-2)..P-1, the first chained to the
+    slot of position P-3 when P > 2 (boundary P = 3: the window starts at 1, not 0), else to -1."""
     window, lut = 2, list(range(40))
     vplan, wplan = poisoned_plans(impl.device, 8, 2)
     run_plan(impl, vplan, wplan, rpi=[1], prefix=[prefix], extend=[0], rtt=RTT, window=window, lut=lut)
@@ -723,8 +721,8 @@ def test_plan_lut_index_past_end(impl):
 
 def test_plan_lut_checked_only_where_stored(impl):
     """The reference checks the LUT range of what it stores (docs/SEMANTICS.md "Plan"): an overflowing
-    plan stores no verify entry, so a slot past the table there raises nothing, and every backend leaves
-    the same bytes; a seed past the table still raises in the reference."""
+    plan stores no verify entry, so a slot past the table there raises nothing and all backends leave the
+    same bytes; a seed past the table still raises in the reference."""
     lut = list(range(10))
     rtt = [[0, 0], [5, 99]]  # row 1: position 1's slot is past the table
     vplan, wplan = poisoned_plans(impl.device, 1, 1)
@@ -811,7 +809,7 @@ def test_plan_reference_errors():
     assert verify_state(vplan)["num_valid"] == POISON_I64  # raised before touching the plans
 
 
-# ================================================================ scatter (SPEC 3.4)
+# ===== scatter (SPEC 3.4)
 
 
 def run_scatter(impl, flat, offsets, rpi, pool):
@@ -846,8 +844,8 @@ def test_scatter_noop(impl, flat, offsets, rpi):
 
 
 def test_scatter_skips_bad_rows_and_masks_reads(impl):
-    """Rows 0, 1 have pool indices -1 and 4 (outside the pool); rows 2, 3 have end < start; row 4
-    reads from start -2 (columns 0, 1 untouched), row 5 from start 7 of 9 (columns 2.. untouched)."""
+    """Rows 0, 1: pool indices -1, 4 (outside the pool); rows 2, 3: end < start; row 4 reads from
+    start -2 (columns 0, 1 untouched), row 5 from start 7 of 9 (columns 2.. untouched)."""
     pool = poisoned_pool(impl.device)
     flat = list(range(100, 109))
     run_scatter(impl, flat, [0, 2, 4, 3, -2, 7, 12], [-1, 4, 1, 2, 3, 0], pool)
@@ -857,11 +855,11 @@ def test_scatter_skips_bad_rows_and_masks_reads(impl):
     assert torch.equal(pool.cpu(), want)
 
 
-# ================================================================ plan -> write -> verify
+# ===== plan -> write -> verify
 
 
 def test_plan_write_verify_round_trip(impl):
-    """Two steps of one request through plan, write and verify: no violations; then a corruption."""
+    """Two steps of one request through plan, write, verify: no violations; then a corruption."""
     dev = impl.device
     buf = make_canary(32, device=dev)
     ctx = make_context(buf)

@@ -1,6 +1,6 @@
-"""Tuning without a GPU: a tiny MetaSchedule run on llvm writes a database that kernel load reloads and
-whose kernels pass the differential tests; stale records are ignored; committed databases match the
-kernels; ``tune``'s errors, logs and summary."""
+"""Tuning without a GPU: a tiny MetaSchedule run on llvm writes a database that kernel load reloads, whose
+kernels pass the differential tests; stale records are ignored; committed databases match the kernels;
+``tune``'s errors, logs and summary."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     """Each row gives the workload's wall seconds and build wait; the last lines their sums and a build's
-    cost to a worker, so a tune's cost per workload is read off its output."""
+    cost to a worker: a tune's cost per workload is in its output."""
     printed = (tuned_logs.parent / "tune-stdout.txt").read_text()
     header, *rest = printed[printed.index("kernel "):].splitlines()
     assert header.split()[8:12] == ["speedup", "seconds", "builds", "s"]
@@ -88,8 +88,8 @@ class _RecordingBuilder:
 
 
 def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unmeasured(tmp_path):
-    """``build_defaults`` builds every default the database lacks in one round (one build a round left
-    workers idle), none it has, and none a search of the whole space will measure anyway."""
+    """``build_defaults`` builds every default the database lacks in one round (one a round left workers
+    idle), none it has, none a whole-space search will measure anyway."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -118,7 +118,7 @@ def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unme
 
 @pytest.mark.slow  # the tuned_logs fixture
 def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
-    """A workload that does not run its prebuilt default (the database holds it) removes the artifact."""
+    """A workload not running its prebuilt default (the database holds it) removes the artifact."""
     import types
 
     from tvm.s_tir import meta_schedule as ms
@@ -138,7 +138,7 @@ def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
 
 def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
     """After a kernel change stales a bucket's records, the re-tune measures their pick once at the new
-    code, whatever its search draws, and it competes like any candidate."""
+    code, whatever the search draws; it competes like any candidate."""
     import types
 
     import tvm
@@ -189,8 +189,8 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
 
 
 def test_long_graphs_take_fewer_replays_per_value():
-    """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: big buckets
-    (tens of ms a replay) are not replayed ten times a value."""
+    """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: big buckets (tens
+    of ms a replay) are not replayed ten times a value."""
     from tvm_canary.tuning import measure
 
     most = measure.evaluator_config().number
@@ -249,7 +249,7 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
 @pytest.mark.gpu
 def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, capsys):
     """The ci preset tuned on GPU 0 (CUDA-graph replays over a ``GPU_POOL_SLOTS`` pool): every workload
-    has finite default and tuned times, and the tuned kernels pass the differential tests."""
+    has finite default and tuned times; tuned kernels pass the differential tests."""
     key = keys.device_key(torch.device("cuda", 0))
     assert main(["tune", "--target", "cuda", "--kernels", "write", "verify", "--trials", "3", "--workloads", "ci",
                  "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms-logs")]) == 0
@@ -272,8 +272,8 @@ def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, ca
 
 
 def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
-    """A GPU case draws from ``GPU_POOL_SLOTS`` slots, or as many as fit in half the free memory, never
-    fewer than twice its own; a CPU case from twice its slots."""
+    """A GPU case draws from ``GPU_POOL_SLOTS`` slots, or as many as fit in half the free memory, at
+    least twice its own; a CPU case from twice its slots."""
     gpu = torch.device("cuda", 0)
     free = 10 * 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 24 * 2**30))
@@ -285,9 +285,9 @@ def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
 
 
 def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
-    """The verify case is two launches of the bucket's size, as the benchmarks time them: random slots in
-    random order, then consecutive slots in chain order; the reference check covers both (a candidate
-    that skipped the second launch would not match)."""
+    """The verify case is two launches of the bucket's size, as benchmarks time them: random slots in
+    random order, then consecutive ones in chain order; the reference check covers both (a candidate
+    skipping the second launch would not match)."""
     from tvm_canary.runtime.targets import default_geometry
 
     case = workloads.make_case("verify", (256,), torch.device("cpu"))
@@ -313,8 +313,8 @@ def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
 
 
 def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
-    """A verify case of any size has two plans of the bucket's size whose slots never meet nor use slot
-    0, also in a pool larger than twice them (a GPU's; here a CPU one made larger)."""
+    """A verify case of any size has two bucket-sized plans whose slots never meet nor use slot 0, also
+    in a pool over twice them (a GPU's; here a CPU one made larger)."""
     for universe in (None, 1000):
         if universe is not None:
             monkeypatch.setattr(workloads, "pool_universe", lambda scattered, device, mode, u=universe: u)
@@ -328,7 +328,7 @@ def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
 
 
 def test_records_timed_on_another_case_are_stale(monkeypatch):
-    """A change of a kernel's tuning case (``workloads.CASE_VERSIONS``) stales its records: a tune never
+    """Changing a kernel's tuning case (``workloads.CASE_VERSIONS``) stales its records: a tune never
     ranks records of two cases together."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -354,8 +354,8 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
 
 
 def _write_database(root, picks: dict, with_default: bool = True) -> None:
-    """A CPU database under ``root`` whose write buckets each measured the default at 1 ms (unless not
-    ``with_default``: then their pick selects nothing) and their pick at 0.5 ms (so the pick applies)."""
+    """A CPU database under ``root`` whose write buckets measured the default at 1 ms (not if not
+    ``with_default``: then the pick selects nothing) and their pick at 0.5 ms (so it applies)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -383,7 +383,7 @@ def _unrolled(unroll: int):
 
 def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
     """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` each choose for
-    their own mode's launches; a mode without a bucket (PARTIAL) runs the default."""
+    their mode's launches; a mode without a bucket (PARTIAL) runs the default."""
     picks = {(8, 16): _unrolled(1), (8, 16, 2): _unrolled(2)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -397,8 +397,8 @@ def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
 
 
 def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_path, monkeypatch):
-    """An empty database (``tune --time-limit 0``) hid the later ones, one tuned for some workloads hid
-    their picks of the others, and one without a valid default record of a bucket hid its measured pick."""
+    """An empty database (``tune --time-limit 0``) hid later ones, one tuned for some workloads hid their
+    picks of the others, one without a valid default record of a bucket hid its measured pick."""
     from tvm.s_tir import meta_schedule as ms
 
     cpu = torch.device("cpu")
@@ -420,9 +420,9 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
 
 
 def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_path, monkeypatch):
-    """A write's first launch in a mode loads every bucket's geometry of that mode, so a later launch at
-    another token count loads nothing (no module load during CUDA-graph capture). Other kernels load the
-    one they launch."""
+    """A write's first launch in a mode loads every bucket's geometry of the mode, so a later launch at
+    another token count loads nothing (none during CUDA-graph capture). Other kernels load the one they
+    launch."""
     picks = {(8, 16): _unrolled(1), (1, 512): _unrolled(2), (8, 16, 2): _unrolled(8)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -445,7 +445,7 @@ def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_p
 
 def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monkeypatch):
     """Without a database a write's default still follows its tokens per request, so its first launch in
-    a mode loads every default of the mode: a long chain after a decode step loads nothing."""
+    a mode loads every default of it: a long chain after a decode step loads nothing."""
     from tvm_canary.runtime import targets
 
     monkeypatch.setattr(C, "tuning_enabled", lambda: False)
@@ -466,8 +466,8 @@ def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monk
 
 @pytest.mark.parametrize("mode", list(RealKvHashMode))
 def test_write_launches_carry_their_real_kv_mode(mode):
-    """A write that folds sources launches in its real-KV hash mode, whose buckets choose its geometry;
-    without sources it is mode 0."""
+    """A write folding sources launches in its real-KV hash mode, whose buckets choose its geometry;
+    without sources, mode 0."""
     case = write_case(torch.Generator().manual_seed(3), "cpu")
     ctx = case["context"]
     case["context"] = dataclasses.replace(ctx, real_kv_hash_mode=mode, real_kv_sources=four_sources(3)[:2])
@@ -479,8 +479,8 @@ def test_write_launches_carry_their_real_kv_mode(mode):
 
 def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
     """A write's workload point is (request capacity, tokens per request): a decode step's write takes
-    the one-token bucket at any batch, not a long-chain bucket its request count alone would pick
-    (those writes took 6.5-14 µs against the default's 3.5-6.2 µs). A bare size compares leading sizes."""
+    the one-token bucket at any batch, not a long-chain one its request count alone would pick (those
+    took 6.5-14 µs against the default's 3.5-6.2 µs). A bare size compares leading sizes."""
     gpu_buckets = sorted([(4096, 1), (64, 512), (1, 32768), (4096, 1, 2), (64, 512, 2), (1, 32768, 2)])
     none, folded = [b for b in gpu_buckets if len(b) == 2], [b for b in gpu_buckets if len(b) == 3]
     wants = {(1, 1): (4096, 1), (64, 1): (4096, 1), (256, 1): (4096, 1), (4096, 1): (4096, 1),
@@ -507,7 +507,7 @@ def test_scatter_takes_the_bucket_of_its_batch():
 def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
     """``apply.tuned_geometry`` takes the nearest bucket on the launch's side of its mode's size-class
     bound (``targets.size_class``): 64 x 4 tokens take 4096 x 1, not the nearer 64 x 512; verify 16385
-    takes 64K, not the as-near 4K. With no bucket in its class a launch takes its default (None)."""
+    64K, not the as-near 4K. No bucket in its class: its default (None)."""
     from tvm_canary.geometry import Geometry
     from tvm_canary.runtime import targets
 
@@ -539,16 +539,16 @@ def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
     apply._records.cache_clear()
-    # Point the lookup away from the repository's tune_logs/ (it may hold this CPU's database).
+    # Point the lookup away from the repository's tune_logs/ (may hold this CPU's database).
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024) is None
     apply._records.cache_clear()
 
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
-    """Verify and write have a CUDA default per mode (``CUDA_MODE_DEFAULTS``); each is a point of the
-    design space (``tune`` measures it beside the candidates), ahead-of-time builds cover a
-    specialization's modes; the CPU has one default."""
+    """Verify and write have a CUDA default per mode (``CUDA_MODE_DEFAULTS``), each a design-space point
+    (``tune`` measures it beside the candidates); ahead-of-time builds cover a specialization's modes;
+    the CPU has one default."""
     from tvm_canary import schedules
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import aot, specializations, targets
@@ -587,10 +587,10 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
 
 
 def test_the_default_geometry_follows_the_launch_size_class():
-    """From ``CUDA_SIZE_DEFAULTS``' size on a launch takes that class's default; below it, and with no
-    size, the mode's. The size is the launch's workload point (``KernelCall.size``, a bucket's
-    ``workloads.point_of``), so launches, the tuner's default record and ahead-of-time builds agree.
-    Write's classes bound tokens per request. Plan, scatter and the CPU have no size class."""
+    """From ``CUDA_SIZE_DEFAULTS``' size on a launch takes that class's default; below it, or sizeless, the
+    mode's. The size is the workload point (``KernelCall.size``, a bucket's ``workloads.point_of``), so
+    launches, the tuner's default record and ahead-of-time builds agree. Write's classes bound tokens per
+    request. Plan, scatter and the CPU have no size class."""
     from tvm_canary import schedules
     from tvm_canary.runtime import targets
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
@@ -719,8 +719,8 @@ def chosen_in(folder, cuda: bool) -> dict:
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
-    """``driver.commit_measurement`` stores a trace replaying to the default; a failed record (1e10 s) is
-    not a measurement."""
+    """``driver.commit_measurement`` stores a trace replaying to the default; a failed record (1e10 s) is no
+    measurement."""
     db, commit, default = write_bucket_database(tmp_path)
     failed = dataclasses.replace(default, unroll=1)
     commit(failed, [1e10])
@@ -747,7 +747,7 @@ def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, fas
 @pytest.mark.parametrize("default_seconds", [1e10, None], ids=["default-failed", "default-never-measured"])
 def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, caplog, default_seconds):
     """``apply.chosen``: a record replaces the default only when measured against it; a bucket whose
-    default failed (1e10 s) or is unmeasured keeps it, and one warning names the bucket."""
+    default failed (1e10 s) or is unmeasured keeps it; one warning names the bucket."""
     db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
     commit(candidate, [1e-6])
@@ -787,9 +787,9 @@ def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision"])
 def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage,
                                                                 committed_cpu_key):
-    """An unreadable database (truncated, a file missing, a decision not among its candidates) or one of
-    another device gives the defaults, one warning at load, a kv-canary line in ``info`` and a refused
-    merge, not TVM's errors in every launch."""
+    """An unreadable database (truncated, a file missing, a decision not among its candidates) or another
+    device's gives the defaults, one warning at load, a kv-canary line in ``info``, a refused merge; not
+    TVM's errors in every launch."""
     import shutil
 
     from tvm_canary import info
@@ -827,9 +827,9 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
 
 
 def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_without_its_record(tmp_path, caplog):
-    """The default fallback on real CUDA records (a committed H200 bucket, times rewritten): another
-    geometry applies when clearly faster than the default's record beside it; without that record the
-    default stays and the warning names the bucket."""
+    """Default fallback on real CUDA records (a committed H200 bucket, times rewritten): another geometry
+    applies when clearly faster than the default's record beside it; without that record the default
+    stays and the warning names the bucket."""
     from tvm.s_tir import meta_schedule as ms
 
     folder = keys.committed_tune_logs() / "nvidia-h200-sm_90"
@@ -875,8 +875,8 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
 
 def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default(tmp_path, monkeypatch):
     """``apply.chosen`` on verify's two-launch case (times per launch, ``launch_seconds``): the fastest
-    record not ``TUNED_MARGIN`` faster than the default in both launches is passed over for the next that
-    is; with none the default applies. (A two-launch write case stands in on the CPU.)"""
+    record not ``TUNED_MARGIN`` faster than the default in both launches yields to the next that is; with
+    none the default applies. (A two-launch write case stands in on the CPU.)"""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -913,8 +913,8 @@ def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default
 
 
 def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):
-    """A database tuned for other kernel code: its records do not apply, and one warning names the
-    kernels to re-tune."""
+    """A database tuned for other kernel code: its records do not apply; one warning names the kernels
+    to re-tune."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -952,7 +952,7 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
 
 def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_path, monkeypatch):
     """``tune --stale-only``: a bucket with a current default record is done; one with only another
-    geometry's record, one never tuned, and a changed kernel's buckets are stale."""
+    geometry's record, one never tuned, and a changed kernel's are stale."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -982,7 +982,7 @@ def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_p
 @pytest.mark.slow  # the tuned_logs fixture
 def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_logs, tmp_path, monkeypatch, capsys):
     """After a change to verify, ``--stale-only`` re-tunes verify only, keeping write's records; with
-    nothing stale it tunes nothing."""
+    nothing stale, nothing."""
     import shutil
 
     from tvm.s_tir import meta_schedule as ms
@@ -990,7 +990,7 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
     out = tmp_path / "tune_logs"
     shutil.copytree(tuned_logs, out)
     def write_records():
-        """Write's valid current records in the copy: (bucket, seconds of the case) fastest first."""
+        """Write's valid current records in the copy: (bucket, case seconds) fastest first."""
         db = ms.database.JSONDatabase(work_dir=str(out / keys.device_key(torch.device("cpu"))))
         rows = apply.measured_records(db).items()
         return {key: [cost for cost, _ in costs] for key, costs in rows if key[0] == "write"}
@@ -1032,7 +1032,7 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
 
 def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, monkeypatch, capsys):
     """A default that failed while candidates were measured is named in the summary, not only in
-    MetaSchedule's log. (The test takes the case where the search did not draw the default.)"""
+    MetaSchedule's log (in the case where the search did not draw the default)."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "kv-canary: the default's error"))
@@ -1074,7 +1074,7 @@ def test_restamp_command_line(tmp_path, capsys):
 
 def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch, capsys):
     """Write records timed on write's previous tuning case are refused, not silently made current
-    (their times are incomparable); nothing is written."""
+    (incomparable times); nothing is written."""
     import shutil
 
     from tvm_canary.tuning import restamp
@@ -1115,7 +1115,7 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
 
 def test_the_notice_names_kernel_and_mode_and_only_where_a_schedule_could_be_tuned(monkeypatch, caplog):
     """With write records only in NONE mode, a PARTIAL write gets the notice once; verify (no CPU knobs)
-    never does."""
+    never."""
     import logging
 
     from tvm_canary.runtime.targets import default_geometry
@@ -1141,8 +1141,8 @@ def test_tune_cuda_without_a_gpu_is_a_one_line_usage_error(capsys):
 
 
 def test_candidate_artifacts_have_file_names_of_their_own():
-    """Each candidate's artifact has its own file name: an RPC session under one name would run the
-    first one's code (``measure._build_exported``)."""
+    """Each candidate's artifact has its own file name: under one name an RPC session would run the first
+    one's code (``measure._build_exported``)."""
     import pathlib
 
     from tvm.s_tir import meta_schedule as ms
@@ -1226,7 +1226,7 @@ class _FailingBuilder:
 
 
 def test_a_workload_that_measures_nothing_says_why(tmp_path):
-    """When the default fails too, the result names the error and the log folder, and has no candidates."""
+    """When the default fails too, the result names the error and log folder, and has no candidates."""
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_canary.tuning.driver import tune_workload
@@ -1239,7 +1239,7 @@ def test_a_workload_that_measures_nothing_says_why(tmp_path):
 
 
 def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, capsys):
-    """The database is written, but a run that left a workload unmeasured is not a success."""
+    """The database is written, but a run leaving a workload unmeasured is not a success."""
     import types
 
     from tvm_canary.tuning import driver, measure
@@ -1259,7 +1259,7 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
 
 def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, capsys):
     """``--time-limit``: a workload starts only while elapsed time plus the longest workload so far fits;
-    the rest are listed and keep their records; exit 3 with the tuned table (none is cut)."""
+    the rest are listed, keeping their records; exit 3 with the tuned table (none is cut)."""
     import types
 
     from tvm_canary.tuning import command, driver, measure
@@ -1289,7 +1289,7 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
 
 
 def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):
-    """An ``--out`` folder that cannot be created is one usage line before any build, not a traceback."""
+    """An ``--out`` folder that cannot be created is one usage line before any build, no traceback."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built before checking --out"))
@@ -1302,7 +1302,7 @@ def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypa
 
 def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_logs, tmp_path, monkeypatch, capsys):
     """A database file this process cannot write is refused in one line before tuning, files unchanged
-    (not a late traceback). ``os.access`` is made to answer as for non-root."""
+    (no late traceback). ``os.access`` answers as for non-root."""
     import os
     import shutil
 
@@ -1323,7 +1323,7 @@ def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_l
 
 
 def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, monkeypatch, capsys):
-    """``tune-merge`` into a folder it cannot write is one ``kv-canary:`` line, not a traceback."""
+    """``tune-merge`` into a folder it cannot write is one ``kv-canary:`` line, no traceback."""
     import tempfile
 
     key = keys.device_key(torch.device("cpu"))
@@ -1347,7 +1347,7 @@ def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
 
 def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, monkeypatch, capsys):
     """When the fleet's last server goes between workloads, ``tune`` prints what it measured, lists the
-    rest, compacts the workload table and exits 1 with the fleet's ``kv-canary:`` line."""
+    rest, compacts the workload table, exits 1 with the fleet's ``kv-canary:`` line."""
     import json
 
     from tvm_canary.runtime import targets
@@ -1376,8 +1376,7 @@ def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, m
 
 
 def test_a_resumed_workload_measures_only_the_trials_it_lacks(tmp_path, capsys):
-    """A workload with fewer than ``--trials`` measured candidates measures the rest, not ``--trials``
-    more."""
+    """A workload with fewer than ``--trials`` measured candidates measures the rest, not ``--trials`` more."""
     args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--out", str(tmp_path / "out"),
             "--log-dir", str(tmp_path / "ms")]
     for trials in ("2", "4"):
@@ -1390,7 +1389,7 @@ def test_a_resumed_workload_measures_only_the_trials_it_lacks(tmp_path, capsys):
 
 
 def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, capsys, committed_cpu_key):
-    """A device folder with records but no workload table is refused before tuning (not a TVM crash)."""
+    """A device folder with records but no workload table is refused before tuning (no TVM crash)."""
     import shutil
 
     folder = tmp_path / "out" / committed_cpu_key
