@@ -93,8 +93,8 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
 
 def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkeypatch):
     """With --jobs N the modules the cache lacks compile in N processes (one by one, a whole CUDA target
-    took longer than a ten-minute GPU call): the building process compiles none, and the folder holds
-    what a one-by-one build writes."""
+    outlasted a ten-minute GPU call): the building process compiles none; the folder holds what a
+    one-by-one build writes."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache-1"))
     assert main(["build", "--target", "llvm", "--kernels", "scatter", "plan", "--tuning", "none", "--jobs", "1",
                  "-o", str(tmp_path / "one-by-one")]) == 0
@@ -142,9 +142,9 @@ def test_a_damaged_kernel_cache_entry_is_compiled_again(tmp_path, monkeypatch, c
 
 def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):
     """A build runs under TVM's default pass configuration whatever the caller holds: the disk cache and
-    ``tvm-canary build`` share its module with every later process. (Built inside a caller's
-    ``tirx.disable_assert``, the module lost the kernels' own ``kv-canary:`` checks, and every process
-    sharing the cache then ran without them.)"""
+    ``tvm-canary build`` share its module with every later process. (Built in a caller's
+    ``tirx.disable_assert``, the module lost the kernels' ``kv-canary:`` checks, for every process
+    sharing the cache.)"""
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
         C.export(C.build("scatter", (), "llvm", geom), tmp_path / "scatter.so")
@@ -152,16 +152,16 @@ def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):
 
 
 def test_the_module_key_covers_the_build_code():
-    """A module's key hashes the build code too (parsing, targets, ``build``): an edit there changes
-    what is generated, and a cache keyed on the kernels alone kept loading the modules built before it."""
+    """A module's key hashes the build code too (parsing, targets, ``build``): an edit there changes the
+    output; a cache keyed on the kernels alone kept loading modules built before it."""
     names = {f"{p.parent.name}/{p.name}" for p in C.source_files()}
     assert {"runtime/compile.py", "runtime/parse.py", "runtime/targets.py", "kernels/scatter.py"} <= names
 
 
 def test_cached_modules_are_readable_by_others_and_an_unwritable_cache_says_so(tmp_path, monkeypatch):
-    """A cached module gets the mode the process umask gives a new file (``tempfile``'s 0600 made a cache
-    warmed by one user unreadable to another: a raw PermissionError), and a cache that lacks a module and
-    cannot store it is named in one ``kv-canary:`` line."""
+    """A cached module gets the umask's mode for a new file (``tempfile``'s 0600 made a cache warmed by
+    one user unreadable to another: a raw PermissionError); a cache lacking a module that cannot store it
+    is named in one ``kv-canary:`` line."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache"))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     umask = os.umask(0o022)
@@ -184,7 +184,7 @@ def test_cached_modules_are_readable_by_others_and_an_unwritable_cache_says_so(t
 
 def test_kernel_hashes_need_no_writable_cache_and_survive_a_damaged_memo(tmp_path, monkeypatch):
     """The kernel-hash memo is a cache: a read-only kernel cache (prebuilt modules) or a damaged memo
-    file computes the hashes again instead of failing every launch that reads a tuning database."""
+    file recomputes the hashes, not failing every launch that reads a tuning database."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache"))
     workloads._hash_table.cache_clear()  # the memo is read once per process
     want = workloads.kernel_hash("scatter", (256, 1024), "llvm")

@@ -1,10 +1,10 @@
 """CUDA code generation without a GPU: every kernel specialization lowers for CUDA, keeps all state on
-the device (no host-side workspace, no host reads of device tensors), and its device code compiles
-with nvcc for sm_80 and sm_90, so CUDA breakage is caught in CPU CI.
+the device (no host-side workspace, no host reads of device tensors), and its device code compiles with
+nvcc for sm_80 and sm_90: CUDA breakage is caught in CPU CI.
 
-One class per kernel: under ``pytest -n 2 --dist loadscope`` (the README's test command) a class runs
-in one worker, so the nvcc test finds its kernel's lowerings in ``cuda_build``'s per-process cache and
-each (kernel, specialization, arch) is lowered once per run.
+One class per kernel: under ``pytest -n 2 --dist loadscope`` (the README's test command) a class runs in
+one worker, so the nvcc test finds its lowerings in ``cuda_build``'s per-process cache and each (kernel,
+specialization, arch) is lowered once per run.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Relax: a toy serving step (plan -> verify -> KV append -> write) in one Relax function.
 
-The canary kernels are added to the module with ``tvm_canary.relax`` and called in place; the toy
-model's KV append is a TensorIR function of this test. Built with ``tvm.compile`` (llvm; cuda on a
-GPU host) and run twice in the Relax VM on torch tensors, it must leave every tensor byte-equal to
-the torch reference running the same step.
+Canary kernels are added with ``tvm_canary.relax`` and called in place; the KV append is this test's
+TensorIR function. Built with ``tvm.compile`` (llvm; cuda on a GPU host) and run twice in the Relax VM
+on torch tensors, it leaves every tensor byte-equal to the torch reference running the same step.
 """
 
 from __future__ import annotations
@@ -207,9 +206,9 @@ def test_relax_serving_step_equals_the_reference(device):
 
 
 def test_relax_ir_cache_survives_damage_and_a_read_only_cache(tmp_path, monkeypatch, caplog):
-    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is parsed and written again (it
-    raised JSONDecodeError at every later ``add_kernel``), a cache that cannot store it costs a parse, and
-    a stored file is readable by others (``tempfile``'s 0600 locked other users out)."""
+    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is re-parsed and rewritten (it
+    raised JSONDecodeError at every later ``add_kernel``), one that cannot be stored costs a parse, and a
+    stored file is readable by others (``tempfile``'s 0600 locked other users out)."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     umask = os.umask(0o022)
@@ -278,9 +277,9 @@ def test_relax_call_needs_the_sources_its_specialization_folds():
 
 
 def test_relax_one_specialization_in_two_geometries_is_two_functions():
-    """Added for two launch modes whose default CUDA geometries differ, one specialization is two
-    functions with symbols of their own (both took its name: the module failed to build); added again
-    in the same geometry, it is the function already there. No GPU is needed to build the IR."""
+    """Added for two launch modes with different default CUDA geometries, one specialization is two
+    functions with their own symbols (both took its name: the module failed to build); added again in
+    the same geometry, it is the existing function. Building the IR needs no GPU."""
     bb = relax.BlockBuilder()
     spec = (1, False, False, 0)
     none = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=0, size=1024)

@@ -119,7 +119,7 @@ def test_swa_group_verifies_the_window_in_swa_slots():
 
 def test_a_sweep_translates_its_chains_for_the_swa_group():
     """A sweep reaches the SWA group through its LUT: a clean sweep reports nothing there (untranslated
-    slots would read others), and a stale SWA fingerprint is reported at its SWA slot on the SWA sweep
+    slots would read others); a stale SWA fingerprint is reported at its SWA slot on the SWA sweep
     endpoint alone."""
     lut = torch.zeros(NUM_SLOTS, dtype=torch.int64)
     lut[1:] = torch.arange(1, NUM_SLOTS) + NUM_SLOTS  # SWA slot = full slot + 64
@@ -605,8 +605,8 @@ def test_health_check_flags_a_tag_that_stops_running():
 
 
 def test_a_failed_health_check_is_raised_once_at_the_end_of_a_whole_step():
-    """Raised once, at the end of the step that decodes it (which runs whole); the next check judges only
-    its own step. A step "without" a tag: its counter is put back after the step."""
+    """Raised once, at the end of the step decoding it (which runs whole); the next check judges only its
+    own step. A step "without" a tag: its counter is restored after the step."""
     session, kv = make_session(enable_v=False, health_warmup_steps=0, health_check_interval=1)
     counters = session.kernel_run_counters
     step(session, kv, 0, 4)

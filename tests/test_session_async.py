@@ -1,9 +1,8 @@
 """The session's asynchronous host side, on CPU with stand-in CUDA events that arrive when told.
 
-On CUDA the status snapshots and ring rows reach the host through non-blocking copies; these tests hold
-the copies back and check that nothing is reported before they arrive, that rows then come in two
-stages (snapshot, then rows), that ``flush()`` waits for everything, and that the overflow warning
-waits for its snapshot.
+On CUDA status snapshots and ring rows reach the host by non-blocking copies; these tests hold them back:
+nothing is reported before they arrive, rows then come in two stages (snapshot, then rows), ``flush()``
+waits for everything, and the overflow warning waits for its snapshot.
 """
 
 from __future__ import annotations
@@ -141,8 +140,8 @@ def stand_in_cuda_graphs(monkeypatch) -> None:
 @pytest.mark.parametrize("staged_on_host", [True, False], ids=["host-staging", "device-concatenation"])
 def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_on_host, write_input_assert):
     """StepGraph's own logic (static buffers, padding rows and tokens, scatter offsets, step bookkeeping,
-    the write input assert's inputs) on CPU, with both ways of refilling its inputs (on CUDA: host inputs /
-    device inputs). The real capture is tests/test_session_cuda.py's (GPU)."""
+    the write input assert's inputs) on CPU, both ways of refilling inputs (on CUDA: host / device
+    inputs). The real capture is tests/test_session_cuda.py's (GPU)."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
@@ -220,8 +219,8 @@ def test_a_replay_checks_the_expected_inputs_as_before_forward_does(monkeypatch)
 
 
 def test_capturing_is_refused_while_a_step_awaits_after_forward(monkeypatch):
-    """Capturing runs a step's work, which re-plans every group: the pending step's TAIL would verify
-    against plans of an empty batch (false chain violations). It is refused; the pending step goes on."""
+    """Capturing runs a step's work, re-planning every group: the pending step's TAIL would verify against
+    an empty batch's plans (false chain violations). It is refused; the pending step goes on."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
@@ -234,9 +233,9 @@ def test_capturing_is_refused_while_a_step_awaits_after_forward(monkeypatch):
 
 
 def test_a_step_graph_captured_without_the_write_input_assert(monkeypatch):
-    """``capture_step(write_input_assert=False)`` (an EAGLE draft-decode graph) on a session that asserts:
-    its replays take no expected inputs and refuse them as ``before_forward`` does; a graph captured with
-    the assert needs them."""
+    """``capture_step(write_input_assert=False)`` (an EAGLE draft-decode graph) on an asserting session:
+    replays take no expected inputs, refusing them as ``before_forward`` does; one captured with the
+    assert needs them."""
     from test_session import TABLE, make_session, step_inputs
 
     stand_in_cuda_graphs(monkeypatch)

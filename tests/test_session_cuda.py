@@ -1,11 +1,11 @@
 """CanarySession on CUDA: no host synchronisation per step, and one CUDA graph per decode step.
 
-A small decode workload (every row one token per step after a prefill, FULL + SWA groups, K and V,
-real-KV sources, the expected-token check, sweeps, the health check) runs with inputs built on the
-device, and faults are injected between steps: canary fields of HEAD/TAIL/SWA buffers and a byte of
-a real-KV source. The eager session, and a session replaying its ``StepGraph`` with device inputs,
-run under ``torch.cuda.set_sync_debug_mode("error")``; a replaying session must match the eager one
-byte for byte after every step. Both must report every fault and rows only of faulted requests.
+A small decode workload (one token a row per step after a prefill, FULL + SWA groups, K and V, real-KV
+sources, expected-token check, sweeps, health check) runs with device-built inputs; faults are injected
+between steps: canary fields of HEAD/TAIL/SWA buffers and a real-KV source byte. The eager session and
+one replaying its ``StepGraph`` with device inputs run under ``torch.cuda.set_sync_debug_mode("error")``;
+the replay must match eager byte for byte after every step. Both report every fault, and rows only of
+faulted requests.
 """
 
 from __future__ import annotations
