@@ -4,7 +4,7 @@
 usage errors are one line (no usage block), and option help shows each default that the help text
 does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
 GPU visible to torch is a usage error, not a traceback from inside torch; ``int_at_least(low)`` that of
-counts (steps, trials, workers), ``duration(zero=...)`` of durations, ``seed`` of seeds (torch takes
+counts (steps, trials, workers, ports), ``duration(zero=...)`` of durations, ``seed`` of seeds (torch takes
 int64), ``output_file``, ``output_folder`` and ``output_root`` of paths a command writes (checked before
 it runs, so a long run is not lost to a bad path at its end).
 """
@@ -76,8 +76,8 @@ def torch_device(value: str) -> str:
     return value
 
 
-def int_at_least(low: int):
-    """An argparse ``type`` accepting integers ``>= low`` (argparse reports the rest as usage errors)."""
+def int_at_least(low: int, most: int | None = None):
+    """An argparse ``type`` accepting integers ``>= low`` (``<= most``); argparse reports the rest as usage errors."""
 
     def parse(text: str) -> int:
         try:
@@ -86,6 +86,8 @@ def int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {value}")
         return value
 
     return parse

@@ -43,7 +43,7 @@ import time
 
 import tvm_ffi
 
-from ..cliargs import UsageError
+from ..cliargs import UsageError, int_at_least
 from ..console import counted
 
 CANDIDATE_TIMEOUT_S = 120  # the first candidate of a workload builds its case (16M entries: seconds)
@@ -179,8 +179,8 @@ def host_port(text: str) -> str:
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` -> (host, port)."""
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"kv-canary: expected HOST:PORT for the RPC tracker, got {text!r}")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"kv-canary: expected HOST:PORT (PORT 0 to 65535) for the RPC tracker, got {text!r}")
     return host, int(port)
 
 
@@ -483,8 +483,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tracker", required=True, type=host_port, help="the RPC tracker's HOST:PORT")
     p.add_argument("--key", required=True, help="RPC key: one per device model (e.g. h200)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    p.add_argument("--port", type=int, default=9090, help="first port to try")
-    p.add_argument("--port-end", type=int, default=9199, help="end of the port range (not tried itself)")
+    p.add_argument("--port", type=int_at_least(0, 65535), default=9090, help="first port to try")
+    p.add_argument("--port-end", type=int_at_least(0, 65535), default=9199,
+                   help="end of the port range (not tried itself)")
     p.add_argument("--custom-addr", default=None, help="address to report to the tracker (default: the one it sees)")
     p.set_defaults(func=_serve_command)
 
