@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import filecmp
+import json
 import os
 import pathlib
 import subprocess
@@ -214,3 +215,11 @@ def test_a_module_missing_from_the_prebuilt_folders_is_compiled_with_a_warning(t
     with caplog.at_level("WARNING", logger="tvm_canary"):
         assert C._load_or_build("scatter", (), torch.device("cpu"), geom) is not None
     assert "has no module scatter-" in caplog.text and "compiling it" in caplog.text
+
+
+def test_a_repeated_arch_is_built_once(tmp_path, capsys):
+    """``--arch sm_90 --arch sm_90`` builds once, one tag in the manifest (was: each module twice)."""
+    assert main(["build", "--target", "cuda", *["--arch", "sm_90"] * 2, "--kernels", "scatter", "--tuning", "none",
+                 "-o", str(tmp_path)]) == 0
+    assert "wrote 1 module " in capsys.readouterr().out
+    assert json.loads((tmp_path / "manifest.json").read_text())["tags"] == ["cuda-sm_90"]
