@@ -277,18 +277,21 @@ def test_relax_call_needs_the_sources_its_specialization_folds():
 
 
 def test_relax_one_specialization_in_two_geometries_is_two_functions():
-    """Added for two launch modes with different default CUDA geometries, one specialization is two
-    functions with their own symbols (both took its name: the module failed to build); added again in
-    the same geometry, it is the existing function. Building the IR needs no GPU."""
+    """Added for two sizes whose default CUDA geometries differ, one specialization is two functions with
+    their own symbols (both took its name: the module failed to build); added again in the same geometry
+    (the spec's mode, ALL, by default), it is the existing function; another mode is refused. Building the
+    IR needs no GPU."""
     bb = relax.BlockBuilder()
     spec = (1, False, False, 0)
-    none = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=0, size=1024)
-    partial = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=1, size=1024)
-    assert canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=0, size=1024).same_as(none)
+    small = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", size=1024)
+    large = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", size=2**20)
+    assert canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=2, size=1024).same_as(small)
+    with pytest.raises(ValueError, match=r"kv-canary: verify \(1, False, False, 0\) runs in mode 2 .*, not 1"):
+        canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", mode=1)
     mod = bb.finalize()
     symbols = sorted(str(f.attrs["global_symbol"]) for f in mod.functions.values())
     assert len(symbols) == 2 and symbols[0] == "canary_verify_1_0_0_0", symbols
     assert symbols[1].startswith("canary_verify_1_0_0_0_cuda_b"), symbols
-    assert not none.same_as(partial)
+    assert not small.same_as(large)
     with pytest.raises(ValueError, match="kv-canary: no kernel 'nosuch'"):
         canary_relax.add_kernel(bb, "nosuch")

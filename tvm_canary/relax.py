@@ -57,22 +57,25 @@ _SOURCES_ATTR = "tvm_canary.sources"  # the sources the specialization folds: th
 
 
 def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm",
-               mode: int = 0, size: int | tuple | None = None) -> relax.GlobalVar:
+               mode: int | None = None, size: int | tuple | None = None) -> relax.GlobalVar:
     """Add kernel ``kernel`` specialised by ``spec`` (``runtime.specializations``) with the default
-    geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...), launch ``mode`` (verify folding
-    sources: the ``RealKvHashMode`` its calls run in, which only picks the geometry; else 0) and
-    workload point ``size`` (``runtime.packing.KernelCall.size``, e.g. verify's plan capacity; None: the
-    default below any size class, ``targets.default_geometry``) to ``bb``'s module, named
-    ``canary_<kernel>[_<spec>]``, or ``canary_<kernel>[_<spec>]_<geometry>`` when the module already
-    holds that specialization in another geometry (another ``mode`` or ``size`` on a GPU tag); returns
-    its GlobalVar (the one already there for the same function). An unknown ``kernel`` or a ``spec``
-    that is not one of its specializations (``specializations.all_specs``) raises ValueError."""
+    geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...), the spec's launch mode
+    (``specializations.launch_mode``; ``mode``, if given, must be it) and workload point ``size``
+    (``runtime.packing.KernelCall.size``, e.g. verify's plan capacity; None: the default below any size
+    class, ``targets.default_geometry``) to ``bb``'s module, named ``canary_<kernel>[_<spec>]``, or
+    ``canary_<kernel>[_<spec>]_<geometry>`` when the module already holds that specialization in another
+    geometry (another ``size`` on a GPU tag); returns its GlobalVar (the one already there for the same
+    function). An unknown ``kernel``, a ``spec`` not one of its specializations (``all_specs``) or
+    another ``mode`` raises ValueError."""
     if kernel not in specializations.AXES:
         raise ValueError(f"kv-canary: no kernel {kernel!r} (kernels: {', '.join(specializations.KERNELS)})")
     if tuple(spec) not in specializations.all_specs(kernel):
         axes = [name for name, _ in specializations.AXES[kernel]]
         raise ValueError(f"kv-canary: {kernel} has no specialization {tuple(spec)!r} (its axes: {axes})")
-    geom = targets.default_geometry(kernel, tag, mode, size)
+    launch = specializations.launch_mode(kernel, spec)
+    if mode not in (None, launch):
+        raise ValueError(f"kv-canary: {kernel} {tuple(spec)!r} runs in mode {launch} (launch_mode), not {mode}")
+    geom = targets.default_geometry(kernel, tag, launch, size)
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
     sources = int(specializations.axis_values(kernel, spec).get("num_sources", 0))
     ir = _default_ir(kernel, spec, tag, geom)
