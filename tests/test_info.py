@@ -25,7 +25,7 @@ def test_info_lists_devices_databases_and_folders(tmp_path, monkeypatch, capsys,
     records = len((tmp_path / "logs" / key / "database_tuning_record.json").read_text().splitlines())
     assert f"cpu      key {key}" in out and f"tuning database: {tmp_path / 'logs' / key}" in out
     assert f"{records:5} records, {records:4} usable  {tmp_path / 'logs' / key}" in out
-    assert "(only for the workloads the ones above lack)" in out  # the committed copy of the same key comes later
+    assert "(for workloads none above selects a measured geometry for)" in out  # the committed copy comes later
     assert "TVM 0.27" in out and "tvm-ffi " in out
     assert f"AOT module folders ($TVM_CANARY_MODULES): {tmp_path / 'modules'}" in out and "kernel cache: " in out
 

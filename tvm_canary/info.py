@@ -79,7 +79,7 @@ def lines() -> list[str]:
     out.append("tuning databases (lookup order: $TVM_CANARY_TUNE_LOGS, user folder, committed; per workload the "
                "first selecting a measured geometry wins):")
     for key, folder in found:
-        note = "" if used[key][0] == str(folder) else "  (only for the workloads the ones above lack)"
+        note = "" if used[key][0] == str(folder) else "  (for workloads none above selects a measured geometry for)"
         out.append(f"  {key:24} {_records(folder)}  {folder}{note}")
     if not found:
         out.append("  none")
