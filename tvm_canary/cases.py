@@ -5,7 +5,7 @@
   LUT indices in range); with ``valid=False`` indices, offsets and counts are garbage. Outputs start
   poisoned, so every byte a launch leaves is compared.
 * ``GOLDEN[kernel]``: hand-built cases whose result is pinned to the SPEC 1.5 hash vectors.
-* ``rehome`` moves every tensor of a case between guard bands of random bytes (SPEC D4 memory safety);
+* ``rehome`` moves a case's tensors (not a real-KV source's) between guard bands of random bytes (SPEC D4);
   ``guard_violations`` names what a launch wrote outside its outputs.
 * ``LAUNCH`` / ``REFERENCE``: the public launch function and the torch reference of each kernel.
 """

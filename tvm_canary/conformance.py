@@ -10,8 +10,8 @@ reference's (for plan's LUT indices past the end, the reference's on the clamped
 ring's scratch flags non-zero, when the launch raised, or when a golden case's pinned value is wrong.
 
 Under ``torchrun`` every process runs its own device (``cuda:LOCAL_RANK``, or the CPU without a GPU)
-plus the reference, the results are gathered with torch.distributed and rank 0 compares all of them,
-prints the table and writes the JSON; every rank exits with the same status.
+plus the reference, the results are gathered to every rank with torch.distributed and every rank compares
+them (so all exit with the same status); rank 0 prints the table and writes the JSON.
 
 ``--against EARLIER.json`` compares the run with an earlier one (its ``--json``, from another GPU, host,
 driver or version): rank 0 reads it, checks it against itself (``report_problem``), refuses a run whose
