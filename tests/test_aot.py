@@ -206,9 +206,6 @@ def test_kernel_hashes_need_no_writable_cache_and_survive_a_damaged_memo(tmp_pat
 
 
 def test_a_module_missing_from_the_prebuilt_folders_is_compiled_with_a_warning(tmp_path, monkeypatch, caplog):
-    from tvm_canary.runtime import compile as C
-    from tvm_canary.runtime import targets
-
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     monkeypatch.setenv("TVM_CANARY_MODULES", str(tmp_path))  # an empty folder (e.g. built from other sources)
     monkeypatch.setattr(C, "_missing_prebuilt", set())

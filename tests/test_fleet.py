@@ -5,15 +5,36 @@ default) of a run that measured the default, and refuses another device's databa
 
 from __future__ import annotations
 
+import argparse
+import base64
+import concurrent.futures
+import contextlib
+import dataclasses
+import importlib.util
 import json
+import os
+import pathlib
+import shutil
+import signal
+import struct
+import subprocess
+import sys
 import time
+import types
 
 import pytest
 import torch
+import tvm
+import tvm_ffi
+from tvm.s_tir import meta_schedule as ms
 
+from tvm_canary import schedules
 from tvm_canary.cli import main
 from tvm_canary.runtime import compile as C
-from tvm_canary.tuning import apply, fleet, keys
+from tvm_canary.runtime import targets
+from tvm_canary.runtime.targets import default_geometry
+from tvm_canary.tuning import apply, driver, fleet, keys, measure, merge, workloads
+from tvm_canary.tuning.driver import commit_measurement
 
 RPC_KEY = "ci-cpu"
 TUNE_TIMEOUT_S = 300
@@ -29,9 +50,6 @@ def tracker():
 @pytest.fixture(scope="module")
 def mixed_tracker():
     """A loopback tracker with a tvm_canary RPC server, then TVM's stock one, under the key "mix"."""
-    import subprocess
-    import sys
-
     with fleet.local_fleet("mix", [{}], start_timeout_s=60) as address:
         host, port = fleet.parse_address(address)
         stock = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", address, "--key", "mix",
@@ -63,13 +81,6 @@ def test_preflight_checks_the_free_servers_and_waits_for_none_busy(monkeypatch):
 def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
     """A runner worker's refusal ends tune (exit 1) through MetaSchedule's C++ loop, not a failed
     candidate (1e10 s) and exit 0."""
-    import concurrent.futures
-    import types
-
-    import tvm_ffi
-
-    from tvm_canary.tuning import driver
-
     inner = concurrent.futures.Future()
     inner.set_exception(fleet.ServerRefused("Traceback ...\ntvm_canary.tuning.fleet.ServerRefused: kv-canary: no"))
     future = types.SimpleNamespace(_inst=types.SimpleNamespace(future=inner, result=lambda: pytest.fail("stored")))
@@ -92,8 +103,6 @@ def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
 def test_a_server_a_runner_worker_refuses_ends_a_real_run(tracker, tmp_path, monkeypatch, capsys):
     """The refusal crosses MetaSchedule's real runner (``Fleet.runner`` wraps its futures): a server whose
     device key differs from the fleet's ends ``tune`` with exit 1 and stores nothing."""
-    import dataclasses
-
     connect = fleet.connect
 
     def another_key(*args):
@@ -123,8 +132,6 @@ def fleet_logs(tracker, tmp_path_factory):
 
 @pytest.mark.slow  # the loopback fleet
 def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, monkeypatch, capsys):
-    from tvm.s_tir import meta_schedule as ms
-
     key = keys.device_key(torch.device("cpu"))  # the server runs on this CPU
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / key))
     records = apply.measured_records(db)
@@ -144,8 +151,6 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
 @pytest.mark.slow  # the loopback fleet
 def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_record(fleet_logs):
     """Every stored time is a real measurement: MetaSchedule marks failed candidates with 1e10 s."""
-    from tvm.s_tir import meta_schedule as ms
-
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / keys.device_key(torch.device("cpu"))))
     assert all(max(float(s) for s in r.run_secs) < apply.FAILED_RUN_SECS for r in db.get_all_tuning_records())
 
@@ -176,11 +181,6 @@ def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
 def test_a_terminated_rpc_server_stops_its_server_process():
     """SIGTERM (or SIGINT) on ``tvm-canary rpc-server`` stops its TVM server process, which would keep the
     port and registration. No tracker listens: the server binds its port and retries."""
-    import pathlib
-    import signal
-    import subprocess
-    import sys
-
     import psutil
 
     args = [sys.executable, "-m", "tvm_canary", "rpc-server", "--tracker", f"127.0.0.1:{fleet._free_port()}",
@@ -205,8 +205,6 @@ def test_a_terminated_rpc_server_stops_its_server_process():
 def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
     """A session process killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread:
     ``rpc-server`` left the tracker for good; now a new server registers and serves the next session."""
-    import signal
-
     import psutil
 
     with fleet.local_fleet(RPC_KEY, [{}], log_dir=tmp_path) as address:
@@ -226,8 +224,6 @@ def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
 def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
     """TVM's server stops retrying its tracker after 60 s but lives on unregistered; ``rpc-server`` exits 1
     once the tracker refused connections for TRACKER_GONE_S (2 s here), stopping its server."""
-    import argparse
-
     monkeypatch.setattr(fleet, "TRACKER_GONE_S", 2)
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what ``serve`` sets, restored afterwards
     port = fleet._free_port()
@@ -242,10 +238,6 @@ def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
 def test_build_workers_exit_when_the_tuning_process_is_killed():
     """Build workers (about 500 MB each) exit once their parent is gone, e.g. a SIGKILLed ``tune``
     (``measure.exit_with_parent``)."""
-    import pathlib
-    import subprocess
-    import sys
-
     import psutil
 
     script = ("import os, signal\nfrom tvm_canary.tuning import measure\nbuilder = measure.CandidateBuilder(1)\n"
@@ -265,14 +257,6 @@ def test_build_workers_exit_when_the_tuning_process_is_killed():
 
 def _database(root, key, costs: dict):
     """A database ``root/key`` with, per (kernel, bucket, geometry), the given seconds."""
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary import schedules
-    from tvm_canary.runtime import targets
-    from tvm_canary.tuning import workloads
-    from tvm_canary.tuning.driver import commit_measurement
-
     folder = root / key
     folder.mkdir(parents=True)
     db = ms.database.JSONDatabase(work_dir=str(folder))
@@ -287,12 +271,6 @@ def _database(root, key, costs: dict):
 def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(tmp_path, capsys):
     """Host a chose its default (2.05 us) over a slower candidate; host b measured a faster one (2 us) but
     no default: a's choice and default are kept, not b's unweighed candidate. A failed record never wins."""
-    import dataclasses
-
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary.runtime.targets import default_geometry
-
     key = keys.device_key(torch.device("cpu"))
     g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 2, 4)}
     assert g[4] == default_geometry("write", "llvm")
@@ -313,16 +291,6 @@ def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_d
     """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2
     (39, 50.5), slower than a's default in launch two. The merge keeps a's choice and default, not the
     default weighing b against a's default gives."""
-    import dataclasses
-
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary import schedules
-    from tvm_canary.runtime import targets
-    from tvm_canary.tuning import workloads
-    from tvm_canary.tuning.driver import commit_measurement
-
     monkeypatch.setitem(workloads.CASE_LAUNCHES, "write", 2)
     key = keys.device_key(torch.device("cpu"))
     default = targets.default_geometry("write", "llvm")
@@ -345,10 +313,6 @@ def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_d
 def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
     """``measure.protocol`` hashes what shapes a measurement; a server of another tvm_canary, whose times
     would be ranked with this host's, is refused by name."""
-    import json
-
-    from tvm_canary.tuning import measure
-
     assert len(measure.protocol()) == 16 and measure.protocol() == measure.protocol()
     ours = {"key": "k", "tag": "llvm", "protocol": measure.protocol()}
     monkeypatch.setattr(fleet, "_server_function", lambda session, rpc_key, name: lambda device_type: json.dumps(ours))
@@ -364,15 +328,6 @@ def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
 def test_tune_merge_writes_the_workload_table_compact(tmp_path):
     """The merged workload table drops MetaSchedule's indentation (about half the bytes) and loads the
     same modules and records."""
-    import base64
-    import json
-    import struct
-
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary.runtime.targets import default_geometry
-
     key = keys.device_key(torch.device("cpu"))
     source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6,
                                                ("verify", (4096,), default_geometry("verify", "llvm")): 2e-6})
@@ -400,12 +355,6 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
     """Records name workloads by position, so a half-written ``--out`` silently mismatched them. Stopped
     at any step, ``--out`` (new too) holds the old database, a table with empty records, or the new one;
     files get the umask's mode, not 0600."""
-    import os
-    import shutil
-
-    from tvm_canary.runtime.targets import default_geometry
-    from tvm_canary.tuning import merge
-
     key = keys.device_key(torch.device("cpu"))
     geom = default_geometry("write", "llvm")
     old = {("write", (8, 16), geom): 1e-6}
@@ -443,9 +392,6 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
 
 def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, capsys):
     """Records of older kernel code drop out of a merge, which names their kernels and how to keep them."""
-    from tvm_canary.runtime.targets import default_geometry
-    from tvm_canary.tuning import workloads
-
     key = keys.device_key(torch.device("cpu"))
     source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
     monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)
@@ -457,11 +403,7 @@ def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, cap
 def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):
     """``tune`` into a device-key folder of another target's records, or a truncated one, is refused
     naming the folder before anything is written (no unusable database or TVM traceback)."""
-    from tvm_canary.runtime.targets import default_geometry
-
     key = keys.device_key(torch.device("cpu"))
-    import shutil
-
     one_record = {("write", (8, 16), default_geometry("write", "llvm")): 1e-6}
     shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", tmp_path / "gpu" / key)
     assert main(["tune", "--target", "llvm", "--kernels", "write", "--trials", "1",
@@ -475,8 +417,6 @@ def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys)
 
 
 def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):
-    from tvm_canary.runtime.targets import default_geometry
-
     key = keys.device_key(torch.device("cpu"))
     one_record = {("write", (8, 16), default_geometry("write", "llvm")): 1e-6}
     ours = _database(tmp_path / "a", key, one_record)
@@ -496,8 +436,6 @@ def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):
 
 
 def test_a_database_applies_only_to_its_own_device_key(tmp_path, monkeypatch, caplog):
-    from tvm_canary.runtime.targets import default_geometry
-
     key = keys.device_key(torch.device("cpu"))
     _database(tmp_path, "another-cpu", {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -514,12 +452,6 @@ def test_a_database_applies_only_to_its_own_device_key(tmp_path, monkeypatch, ca
 def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
     """A tuned record is weighed against its own run's default, not another run's faster one: host a
     measured g1 10% faster than its default, host b the default 1% slower than g1."""
-    import dataclasses
-
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_canary.runtime.targets import default_geometry
-
     key = keys.device_key(torch.device("cpu"))
     g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 4)}
     a = _database(tmp_path / "host-a", key, {("write", (8, 16), g[1]): 2.0e-6, ("write", (8, 16), g[4]): 2.2e-6})
@@ -579,11 +511,6 @@ def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
 @pytest.mark.parametrize("visible, served", [("2,3", ["2", "3"]), (None, ["0", "1"])])
 def test_fleet_tune_serves_the_gpus_the_caller_made_visible(visible, served, monkeypatch, tmp_path):
     """Under CUDA_VISIBLE_DEVICES=2,3 ``scripts/fleet_tune.py`` gives servers GPUs 2 and 3, not 0 and 1."""
-    import contextlib
-    import importlib.util
-    import pathlib
-    import sys
-
     path = pathlib.Path(fleet.__file__).parents[2] / "scripts" / "fleet_tune.py"
     spec = importlib.util.spec_from_file_location("fleet_tune", path)
     script = importlib.util.module_from_spec(spec)
