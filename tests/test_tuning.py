@@ -1042,6 +1042,24 @@ def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, 
     assert "(the default's measurement failed: kv-canary: the default's error; no record" in capsys.readouterr().out
 
 
+def test_every_search_round_keeps_metaschedule_quiet_without_verbose(tmp_path, monkeypatch):
+    """A round's logging setup left MetaSchedule's logger at DEBUG: the next round printed its INFO lines."""
+    import logging
+
+    from tvm.s_tir import meta_schedule as ms
+
+    levels = []
+
+    def round_measuring_nothing(*args, **kwargs):
+        levels.append(logging.getLogger("tvm.s_tir.meta_schedule").level)
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.DEBUG)  # as MetaSchedule's setup does
+
+    monkeypatch.setattr(ms, "tune_tir", round_measuring_nothing)
+    main(["tune", "--target", "llvm", "--kernels", "write", "--trials", "2", "--workloads", "ci", "--out",
+          str(tmp_path), "--log-dir", str(tmp_path / "ms-logs")])
+    assert len(levels) > 1 and set(levels) == {logging.WARNING}, levels
+
+
 def test_restamp_command_line(tmp_path, capsys):
     """``--help`` prints the docstring (not a folder traceback); a non-folder is a usage error before any
     re-stamp; a re-stamped committed database keeps its records byte for byte."""

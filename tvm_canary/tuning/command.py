@@ -68,7 +68,8 @@ def add_parser(subparsers) -> None:
                         "geometry has no current record in the database (never tuned, or staled by a kernel "
                         "change); the others keep their records")
     p.add_argument("--log-dir", type=output_folder, default=None,
-                   help="MetaSchedule's log folder; default: a new folder under $TVM_CANARY_CACHE/tune-runs/")
+                   help="MetaSchedule's logs go to DIR/logs; DIR by default: a new folder under "
+                        "$TVM_CANARY_CACHE/tune-runs/")
     p.add_argument("--verbose", action="store_true", help="also print MetaSchedule's INFO lines (tables per round)")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", type=fleet.host_port, default=None,
                    help="measure on the servers registered with this TVM RPC tracker (`tvm-canary rpc-server`), "

@@ -176,9 +176,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         generator = ms.space_generator.ScheduleFn(make_space(space.knobs), sch_rules=[], postprocs=[], mutator_probs={})
         # Our spaces never tensorize: skip the 20-30 s import of TVM's tensor intrinsics.
         sys.modules.setdefault("tvm.s_tir.tensor_intrin", types.ModuleType("tvm.s_tir.tensor_intrin"))
-        # MetaSchedule's console handler takes this level; its log files always get everything.
         ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
-        ms_logger.setLevel(logging.INFO if verbose else logging.WARNING)
         # MetaSchedule's logging setup lists its logger's handlers by name and fails on an unnamed one
         # ("'NoneType' object has no attribute 'format'"), such as the capture handlers pytest attaches to
         # non-propagating loggers: keep those aside while it runs.
@@ -192,6 +190,9 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
             # geometries were tried (failed ones count), at most SEARCH_ROUNDS in all.
             missing = trials - before
             for seed in range(SEARCH_ROUNDS):
+                # MetaSchedule's console handler takes this level (its log files get everything); set each
+                # round: a round's logging setup leaves the logger at DEBUG, so the next one printed INFO
+                ms_logger.setLevel(logging.INFO if verbose else logging.WARNING)
                 ms.tune_tir(
                     mod, target, str(log_dir), max_trials_global=missing, num_trials_per_iter=missing,
                     builder=builder, runner=runner, database=db, cost_model="random", space=generator,
