@@ -112,6 +112,24 @@ def test_launch_errors_after_a_memoised_launch(base, check, mutate, error, messa
     assert type(info.value) is error
 
 
+def test_a_source_given_the_conjugate_bit_in_place_is_refused_again():
+    """``.data =`` sets the bit at the same address, shape, strides and dtype: SPEC 4 refuses it at every launch."""
+    import dataclasses
+
+    from tvm_canary.cases import clean_context
+
+    kv = torch.randn(16, 8, dtype=torch.complex64)
+    ctx = dataclasses.replace(clean_context(16, "cpu"), real_kv_hash_mode=tc.consts.RealKvHashMode.ALL,
+                              real_kv_sources=(tc.RealKvSource(tensor=kv, page_size=1, num_bytes_per_token=64,
+                                                                read_bytes=64),))
+    plan = tc.VerifyPlan.allocate(verify_capacity=4, device="cpu").zero_for_testing_()
+    for _ in range(2):  # the second a replay
+        tc.launch_canary_verify_kernel(context=ctx, plan=plan, check_verify_expected_token=False)
+    kv.data = kv.conj()
+    with pytest.raises(ValueError, match="kv-canary: RealKvSource.tensor must not be a conjugate or negative view"):
+        tc.launch_canary_verify_kernel(context=ctx, plan=plan, check_verify_expected_token=False)
+
+
 def test_entries_are_forgotten_with_their_context():
     args = verify_args()
     tc.launch_canary_verify_kernel(**args)

@@ -15,9 +15,10 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   is never mistaken for another object's.
 * Their tensors may change in place (``resize_``, ``set_``, ``as_strided_``, ``.data =``, ...): every
   tensor the checks or the packing read (the context's, the plan's, each source's) has its data
-  pointer, shape, strides and dtype compared with those it had when packed. Equal, every check passes
-  again and every view addresses the same bytes with the same layout. The device follows from a
-  non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
+  pointer, shape, strides and dtype compared with those it had when packed, a source's also its
+  conjugate and negative bits (SPEC 4 refuses such views; ``.data =`` can set them at one address).
+  Equal, every check passes again and every view addresses the same bytes with the same layout. The
+  device follows from a non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
 * Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; tensors
   that are not exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor
   with a null data pointer (no elements: its device would not follow from it). A launch packed during a
@@ -53,8 +54,9 @@ _Tensor = torch.Tensor
 class _Packed:
     """One (context, plan, flag)'s checked launch.
 
-    tensors: every tensor the checks and the packing read, in a fixed order.
-    metadata: ``_metadata(tensors)`` when packed.
+    tensors: every tensor the checks and the packing read, in a fixed order, the real-KV sources' last.
+    sources: how many of them are real-KV sources.
+    metadata: ``_metadata(tensors, sources)`` when packed.
     fn, head, tail: the compiled function (write: a ``_WriteKernel``, which gives it for the launch's
         token count) and its arguments; write's per-step tensors go between ``head`` and
         ``tail`` (verify: ``tail`` is empty).
@@ -64,6 +66,7 @@ class _Packed:
     """
 
     tensors: tuple
+    sources: int
     metadata: list
     fn: object
     head: tuple
@@ -76,8 +79,9 @@ class _Packed:
 _memo: dict[tuple, _Packed] = {}
 
 
-def _metadata(tensors: tuple) -> list:
-    return [(t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors]
+def _metadata(tensors: tuple, sources: int) -> list:
+    return [(t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors] + [
+        t.is_conj() or t.is_neg() for t in tensors[len(tensors) - sources:]]
 
 
 def verify(context, plan, check_verify_expected_token) -> None:
@@ -86,7 +90,7 @@ def verify(context, plan, check_verify_expected_token) -> None:
     if check_verify_expected_token is True or check_verify_expected_token is False:
         key = ("verify", id(context), id(plan), check_verify_expected_token)
         packed = _memo.get(key)
-        if packed is not None and packed.metadata == _metadata(packed.tensors) and not use_reference():
+        if packed is not None and packed.metadata == _metadata(packed.tensors, packed.sources) and not use_reference():
             packed.fn(*packed.head)
             return
     kwargs = dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token)
@@ -109,7 +113,7 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
     if enable_write_input_assert is True or enable_write_input_assert is False:
         key = ("write", id(context), id(plan), enable_write_input_assert)
         packed = _memo.get(key)
-        if packed is not None and packed.metadata == _metadata(packed.tensors):
+        if packed is not None and packed.metadata == _metadata(packed.tensors, packed.sources):
             checks.check_write_inputs(context, *inputs, packed.written_ranges)
             if not use_reference():
                 packed.fn(input_ids.shape[0])(*packed.head, *packing.write_inputs(*inputs), *packed.tail)
@@ -172,7 +176,8 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
     head, tail = _converted(head, keep_first=True), _converted(tail)
     written = checks.launch_tensors("write", {"context": context})[0] if key[0] == "write" else []
     written_ranges = checks.WrittenRanges.of(checks.byte_ranges(written))
-    _memo[key] = _Packed(tensors, _metadata(tensors), fn, head, tail, lifelines, written_ranges)
+    _memo[key] = _Packed(tensors, len(sources), _metadata(tensors, len(sources)), fn, head, tail, lifelines,
+                         written_ranges)
 
 
 def _converted(args: tuple, *, keep_first: bool = False) -> tuple:

@@ -21,11 +21,12 @@ launch). Neither is an output, so traced graphs need not see them; allocated dur
 capture, they come from the graph's pool and serve only that graph's launch (``packing.flags_for``).
 
 Every call runs the public launch's checks (SPEC 4, D10: ``checks.CHECKS``) on the tensors it is given,
-then the kernel, so a direct call is as safe as a public launch (the kernels rely on the shape relations
-the checks establish: a too-short plan tensor would be read past its end). A traced caller's launch ran
-them on fake tensors, which have no data pointers (alignment, overlaps). Untraced eager launches skip
-the operator and call ``run`` after their own checks (``launch.py``). Under ``torch.compile`` the
-implementations are opaque calls: nothing in them is traced (locks, module loading, the tvm-ffi call).
+then the kernel (a call whose tensors are all meta only infers shapes), so a direct call is as safe as a
+public launch (the kernels rely on the shape relations the checks establish: a too-short plan tensor
+would be read past its end). A traced caller's launch ran them on fake tensors, which have no data
+pointers (alignment, overlaps). Untraced eager launches skip the operator and call ``run`` after their
+own checks (``launch.py``). Under ``torch.compile`` the implementations are opaque calls: nothing in
+them is traced (locks, module loading, the tvm-ffi call).
 """
 
 from __future__ import annotations
