@@ -1,5 +1,5 @@
-"""Benchmark scripts without a GPU: a one-line error, no traceback; plot.py's tables and report.py's
-target summary from a run's JSON (no GPU or matplotlib needed)."""
+"""Benchmark scripts without a GPU: a one-line error; plot.py's tables and report.py's target summary from
+a run's JSON (no GPU or matplotlib needed)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _row(kernel, case, us, floor_us, **extra):
 
 
 def _render(tmp_path, rows, empty_us=1.0) -> tuple[str, list[str]]:
-    """plot.py's tables (text) and report.py's summary (lines) of a complete run of ``rows``."""
+    """plot.py's tables (text), report.py's summary (lines) of a complete run of ``rows``."""
     import plot
     import report
 
@@ -85,7 +85,7 @@ def test_plot_tables_and_targets(tmp_path, capsys):
     assert "| verify, >= 1M entries: <= 1.10 x floor | 0 | 1 | NONE chain 1048576 (1.50) |" in lines
     assert "| verify, <= 64K entries: <= 1.25 x floor | 1 | 0 | - |" in lines
     assert "| write, real-KV modes: <= 1.10 x NONE | 0 | 1 | PARTIAL 1x32768 (1.20) |" in lines
-    # compare.py: rows of both runs and those only one has; an incomplete run says so in the summary
+    # compare.py: rows of both runs and of one; an incomplete run's summary says so
     import compare
 
     path.write_text(json.dumps({**run, "rows": rows[2:], "complete": False}))
@@ -105,8 +105,8 @@ def test_plot_tables_and_targets(tmp_path, capsys):
 
 
 def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
-    """Verify rows up to 64K entries and ALL's at every size are timed against hash and ordered floors
-    (``bounded_row``); reference lines group them by size range, each with its limit (1M: 1.10x)."""
+    """Verify rows up to 64K entries and ALL's at any size get hash and ordered floors (``bounded_row``);
+    reference lines group them by size range, each with its limit (1M: 1.10x)."""
     import bench_kernels
     import report
 
@@ -115,7 +115,7 @@ def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
     bounds = {"ordered_floor": "hash + ticket 2112x32"}
     rows = [_row("verify", "ALL random 4096", 5.0, 4.0, mode="ALL", order="random", n=4096, hash_floor_us=4.5,
                  ordered_floor_us=4.6, **bounds),
-            # 1.12x its gather floor, but hashing as SPEC requires alone takes 1.11x: past the hardware at 1.10x
+            # 1.12x its gather floor, SPEC hashing alone 1.11x: past the hardware at 1.10x
             _row("verify", "ALL random 1048576", 460.0, 410.0, mode="ALL", order="random", n=1 << 20,
                  hash_floor_us=455.0, ordered_floor_us=458.0, **bounds),
             _row("verify", "NONE random 1048576", 60.0, 58.0, mode="NONE", order="random", n=1 << 20)]
@@ -139,7 +139,7 @@ def test_bounded_rows_and_their_reference_lines_per_size_range(tmp_path):
 
 
 def test_plots_take_a_row_without_a_tuned_time(tmp_path):
-    """A null tuned time leaves the tuned series out, not failing the PNGs (with matplotlib)."""
+    """A null tuned time drops the tuned series from the PNGs, not failing them."""
     pytest.importorskip("matplotlib")
     import bench_kernels
     import plot
@@ -157,8 +157,7 @@ def test_plots_take_a_row_without_a_tuned_time(tmp_path):
 
 
 def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
-    """A real-KV write row's NONE target divides by NONE timed in its own rounds (``none_us``); an older
-    row without it uses the NONE row of its shape."""
+    """A real-KV write row's NONE target uses NONE of its rounds (``none_us``), else its shape's NONE row."""
     import bench_kernels
 
     shape = dict(reqs=4096, shape="4096x1", chain_floor_us=1.0)
@@ -171,8 +170,8 @@ def test_real_kv_write_rows_compare_with_none_in_their_own_rounds():
 
 
 def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cpu():
-    """The pre-timing check (``baselines/agreement.py``) launches write in every CUDA size class of each
-    mode (each with its default geometry); the CPU kernels pass it."""
+    """Pre-timing ``baselines/agreement.py`` launches write in each CUDA size class and mode (its default);
+    CPU kernels pass it."""
     from baselines import agreement
 
     import tvm_canary as tc
@@ -183,7 +182,7 @@ def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cp
         gen = torch.Generator().manual_seed(1234)
         kw = agreement._write_kwargs(agreement._context(cpu, tc.consts.RealKvHashMode.ALL, gen), gen, cpu, False,
                                      tokens)
-        point = packing.write_call(**kw).size  # the workload point the launch's geometry is chosen for
+        point = packing.write_call(**kw).size  # the point choosing the launch's geometry
         reached |= {(mode, targets.size_class("write", "cuda-sm_90", mode, point)) for mode in (0, 1, 2)}
     assert reached == {(mode, c) for mode in (0, 1, 2) for c in range(len(targets.size_classes("write", "cuda", mode)))}
     assert len(targets.size_classes("write", "cuda", 1)) == 3
@@ -194,8 +193,8 @@ def test_the_agreement_check_reaches_every_write_size_class_and_passes_on_the_cp
 
 
 def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
-    """``--resume`` keeps finished kernels' rows, runs the rest; a file from another GPU, driver, version,
-    option set or default is refused naming what differs; the tables say how it was made."""
+    """``--resume`` keeps finished kernels' rows, runs the rest; another GPU, driver, version, option set or default is
+    refused by name; tables say how it was made."""
     import bench_kernels
     import plot
 
@@ -207,7 +206,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     prior = {"env": env, **options, "default_geometries": {"verify": defaults["verify"]}, "rows": [verify_row]}
     now = {"env": env, **options, "default_geometries": defaults, "code": None}
     kernels = ["verify", "write", "plan", "scatter"]
-    # verify goes on while its sweep misses a row; a finished kernel's rows are kept
+    # verify goes on while its sweep lacks a row; finished kernels' rows kept
     assert bench_kernels.resume_run(prior, now, kernels) == ([verify_row], kernels, [])
     assert bench_kernels.resume_run(prior, now, ["write"]) == ([verify_row], ["write"], [])
     assert bench_kernels.resume_run(prior, now, ["verify", "write"], (), (1 << 20,), ("NONE",)) == (
@@ -215,7 +214,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
     whole = {**prior, "rows": [_row("verify", f"{m} {o} {n}", 30.0, 20.0, mode=m, order=o, n=n)
                                for m, o, n in sorted(bench_kernels.verify_cases())]}
     assert bench_kernels.resume_run(whole, now, kernels) == (whole["rows"], ["write", "plan", "scatter"], [])
-    # --redo: a finished kernel's rows are re-timed, even at other defaults; the part says so
+    # --redo re-times a finished kernel's rows, even at other defaults; the part says so
     parts = [{"kernels": ["verify", "write"], "wall_s": 400.0, "empty_us": 1.3, "chain_ns": 101.0}]
     write_row = _row("write", "NONE 4096x1", 3.2, 2.8, mode="NONE", n=4096)
     both = {**prior, "rows": [*whole["rows"], write_row], "parts": parts,
@@ -244,7 +243,7 @@ def test_a_run_resumes_only_where_it_is_the_same_run(tmp_path):
 
 
 class _StandInPool:
-    """A KV pool for ``Bench.verify_rows``, its timing work stood in (``_stand_in_verify_work``)."""
+    """A KV pool for ``Bench.verify_rows`` (timing stood in: ``_stand_in_verify_work``)."""
 
     canary = torch.zeros(4, 32, dtype=torch.uint8)
 
@@ -259,8 +258,7 @@ class _StandInPool:
 
 
 def _stand_in_verify_work(monkeypatch, progress) -> None:
-    """``Bench.verify_rows`` without a GPU: each row 30 µs against a 20 µs floor; ``progress(bench,
-    row)`` runs after each row."""
+    """``Bench.verify_rows`` GPU-less: rows 30 µs, floors 20 µs; ``progress(bench, row)`` after each."""
     import bench_kernels
 
     monkeypatch.setattr(bench_kernels, "stamp_chains", lambda *args: (0, 0))
@@ -273,8 +271,7 @@ def _stand_in_verify_work(monkeypatch, progress) -> None:
 
 
 def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch):
-    """``code_digest`` changes with the kernels' sources, floors, benchmark, timing method and baselines
-    (not the defaults or the database)."""
+    """``code_digest`` follows kernel sources, floors, benchmark, timing, baselines (not defaults, database)."""
     import bench_kernels
 
     from tvm_canary import reference, timing
@@ -298,8 +295,8 @@ def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch)
 
 
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
-    """Verify's rows are written as timed (the part says ``cut`` until the sweep ends): a resume times
-    only missing rows; the tables say the part was cut."""
+    """Verify rows are saved as timed (part ``cut`` till the sweep ends); a resume times the rest; tables
+    say it was cut."""
     import bench_kernels
     import plot
 
@@ -317,21 +314,21 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     prior = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "rows": rows, "parts": [cut]}
     now = {"env": env, **options, "default_geometries": {"verify": "2112x128m4"}, "code": None}
     assert bench_kernels.resume_run(prior, now, ["verify"], (), sizes, modes) == (rows, ["verify"], [cut])
-    # the sweep goes on only with the code that timed its kept rows; --redo verify re-times them all
+    # the sweep goes on only with its kept rows' code; --redo verify re-times all
     coded, stamped_cut = {**now, "code": "0123abcd4567"}, {**cut, "code": "0123abcd4567"}
     with pytest.raises(ValueError, match="rows it keeps with code none recorded, this checkout's is 0123abcd4567"):
         bench_kernels.resume_run(prior, coded, ["verify"], (), sizes, modes)
     assert bench_kernels.resume_run({**prior, "parts": [stamped_cut]}, coded, ["verify"], (), sizes, modes)[1] == [
         "verify"]
     assert bench_kernels.resume_run(prior, coded, ["verify"], ["verify"])[:2] == ([], ["verify"])
-    # a part whose verify rows were all replaced (partial redo at other code) does not count
+    # a part whose verify rows were all replaced (partial redo, other code) does not count
     older = {**cut, "verify_sizes": [1 << 16], "verify_rows": ["ALL random 65536"],
              "replaced_verify_sizes": [1 << 16]}
     assert bench_kernels.resume_run({**prior, "parts": [older, stamped_cut]}, coded, ["verify"], (), sizes,
                                     modes)[1] == ["verify"]
     done = [*rows, _row("verify", "ALL chain 1048576", 30.0, 20.0, mode="ALL", order="chain", n=1 << 20)]
     assert bench_kernels.resume_run({**prior, "rows": done}, now, ["verify"], (), sizes, modes)[1] == []
-    # the part that went on names the row it timed; a later redo marks each part for its rows
+    # the continuing part names its row; a later redo marks each part for its rows
     went_on = bench_kernels.part_record(["verify"], 60.0, 1.1, 100.9, sizes, modes, verify_rows=["ALL chain 1048576"])
     both = {**prior, "rows": done, "parts": [cut, went_on]}
     assert bench_kernels.resume_run(both, now, ["verify"], ["verify"], (1 << 16,), modes)[2] == [
@@ -339,7 +336,7 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
     assert bench_kernels.resume_run(both, now, ["verify"], ["verify"], (1 << 20,), modes)[2] == [
         {**cut, "replaced_verify_rows": ["ALL 1048576"]}, {**went_on, "replaced_verify_rows": ["ALL 1048576"]}]
 
-    # the sweep times the rows the run lacks, handing each to ``timed`` with the rows before it
+    # the sweep times missing rows, handing ``timed`` each with those before it
     _stand_in_verify_work(monkeypatch, lambda self, row: None)
     stamped = []
     monkeypatch.setattr(bench_kernels, "stamp_chains", lambda bench, pool, mode, order: stamped.append(order) or (0, 0))
@@ -360,9 +357,8 @@ def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
 
 
 def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, monkeypatch, capsys):
-    """``bench_kernels.main`` with GPU stand-ins: a run cut after five verify rows keeps them, its part
-    marked cut; ``--resume`` times the others once, completing the file; a later partial redo marks only
-    the parts whose rows it replaced."""
+    """``bench_kernels.main``, GPU stood in: a run cut after five verify rows keeps them, part cut;
+    ``--resume`` times the rest once; a partial redo marks only the parts whose rows it replaced."""
     import bench_kernels as bk
     import floors
 
@@ -413,7 +409,7 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
     (cut,) = first["parts"]
     assert cut["kernels"] == ["verify"] and cut["cut"] == "verify" and cut["verify_rows"] == timed_cases[:5]
     assert cut["code"] == bk.code_digest()
-    with monkeypatch.context() as changed:  # another checkout does not go on with the sweep
+    with monkeypatch.context() as changed:  # another checkout does not continue the sweep
         changed.setattr(bk, "code_digest", lambda: "0" * 16)
         assert run("--kernels", "verify", "--resume") == 2 and saved() == first
         assert "rows it keeps with code " + cut["code"] in capsys.readouterr().err
@@ -434,8 +430,8 @@ def test_main_writes_each_verify_row_and_a_resume_times_only_the_rest(tmp_path, 
 
 
 def test_a_run_redoes_only_the_verify_sizes_asked_for():
-    """``--redo verify --verify-sizes`` re-times only those sizes; a kept row whose default changed is
-    refused, naming the size to add; parts and tables name the replaced sizes."""
+    """``--redo verify --verify-sizes``: those sizes only; a kept row of a changed default is refused naming
+    the size to add; parts and tables name them."""
     import bench_kernels
     import plot
 
@@ -461,10 +457,10 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
     with pytest.raises(ValueError, match="timed verify PARTIAL chain 4194304 at 1056x512m2, this checkout's default "
                                          "there is 2112x512m2: give --verify-sizes 4194304 too"):
         bench_kernels.resume_run(prior, now, ["verify"], ["verify"], (1 << 20,))
-    # a later whole redo of verify names the kernel, not its sizes
+    # a whole verify redo names the kernel, not sizes
     assert bench_kernels.resume_run({**prior, "parts": marked}, now, ["verify"], ["verify"])[2] == [
         {**parts[0], "replaced": ["verify"]}]
-    # a part that timed some sizes alone is marked for those only; earlier marks stay
+    # a part of some sizes alone is marked for those; earlier marks stay
     later = {"kernels": ["verify"], "wall_s": 60.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 22]}
     again = {**prior, "default_geometries": {**prior["default_geometries"], "verify": new}, "parts": [*marked, later]}
     assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 20,))[2] == [*marked, later]
@@ -472,17 +468,17 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
         *marked, {**later, "replaced_verify_sizes": [1 << 22]}]
     assert bench_kernels.resume_run(again, now, ["verify"], ["verify"], (1 << 16,))[2] == [
         {**parts[0], "replaced_verify_sizes": [1 << 16, 1 << 20, 1 << 22]}, later]
-    # an invocation's part names verify's sizes only when it timed verify
+    # a part names verify's sizes only if it timed verify
     assert bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9, (1 << 20,)) == {
         "kernels": ["verify"], "wall_s": 90.0, "empty_us": 1.2, "chain_ns": 100.9, "verify_sizes": [1 << 20]}
     assert "verify_sizes" not in bench_kernels.part_record(["write"], 90.0, 1.2, 100.9, (1 << 20,))
     assert "verify_sizes" not in bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9)
-    # --verify-sizes and --verify-modes need verify rows to time, of the preset's sizes
+    # --verify-sizes/--verify-modes need verify rows to time, of preset sizes
     assert bench_kernels.verify_rows_problem([1 << 20], [], False, ["verify", "write"]) is None
     assert "sizes are 1024, 4096, 65536, 1048576" in bench_kernels.verify_rows_problem([1 << 22], [], True, ["verify"])
     for sizes, modes in (([1 << 20], []), ([], ["ALL"])):
         assert "this invocation times none" in bench_kernels.verify_rows_problem(sizes, modes, False, ["write"])
-    # a run's rows are in the sweeps' order, wherever a later part put them
+    # rows in the sweeps' order, wherever a later part put them
     shuffled = [write_row, rows[4], rows[0], rows[3], rows[1]]
     assert sorted(shuffled, key=bench_kernels.row_order) == [rows[0], rows[1], rows[3], rows[4], write_row]
     run = {"env": env, "arch": "sm_90", "empty_us": 1.2, "chain_ns": 100.9, "rows": kept[:2], "complete": False,
@@ -495,8 +491,8 @@ def test_a_run_redoes_only_the_verify_sizes_asked_for():
 
 
 def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
-    """``--redo verify --verify-modes ALL --verify-sizes ...`` re-times only ALL's rows of those sizes; a
-    kept row whose default changed is refused, naming the mode or size; parts and tables record it."""
+    """``--redo verify --verify-modes ALL --verify-sizes ...``: ALL's rows of those sizes only; a kept row of
+    a changed default is refused naming mode or size; parts and tables record it."""
     import bench_kernels
     import plot
 
@@ -522,12 +518,12 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
         with pytest.raises(ValueError, match=f"timed verify ALL random 65536 at 528x128m2w, this checkout's default "
                                              f"there is 2112x256m4p: give {add} too"):
             bench_kernels.resume_run(prior, now, ["verify"], ["verify"], sizes, modes)
-    # a quick run's part timed the quick preset's sizes: a redo of mode ALL replaces only those rows
+    # a quick run's part timed quick sizes: a redo of ALL replaces only those rows
     quick_marked = bench_kernels.resume_run({**prior, "quick": True, "parts": [first]}, {**now, "quick": True},
                                             ["verify"], ["verify"], (), ("ALL",))[2]
     quick_rows = [f"ALL {n}" for n in bench_kernels.VERIFY_SIZES["quick"]]
     assert quick_marked == [{**first, "replaced_verify_rows": quick_rows}]
-    # rows replaced in every mode make a whole size; an invocation's part names its modes
+    # rows replaced in every mode make a whole size; a part names its modes
     assert bench_kernels.replaced_verify_keys({(m, 1 << 16) for m in bench_kernels.MODES} | {("NONE", 1 << 12)}) == {
         "replaced_verify_sizes": [1 << 16], "replaced_verify_rows": ["NONE 4096"]}
     later = bench_kernels.part_record(["verify"], 90.0, 1.2, 100.9, (1 << 16, 1 << 20), ("ALL",))
@@ -543,8 +539,8 @@ def test_a_run_redoes_only_the_verify_modes_and_sizes_asked_for():
 
 
 def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
-    """The run's empty launch and register-only chain come from the part whose write rows it keeps; a run
-    with rows of every kernel (verify's of every mode and size) is complete, however made."""
+    """Empty launch and register-only chain come from the part of the kept write rows; every kernel's
+    rows (verify's of each mode and size) make a run complete."""
     import bench_kernels
 
     first = {"kernels": ["write", "plan", "scatter"], "wall_s": 250.0, "empty_us": 1.34, "chain_ns": 100.9,
@@ -558,18 +554,18 @@ def test_a_resumed_run_reports_the_timing_of_the_write_rows_it_holds():
             for n in bench_kernels.VERIFY_SIZES["full"] for m in bench_kernels.MODES for o in bench_kernels.ORDERS]
     assert not bench_kernels.complete(rows) and bench_kernels.complete([*rows, {"kernel": "scatter"}])
     cut = [r for r in rows if (r["kernel"], r["mode"], r["order"], r["n"]) != ("verify", "ALL", "chain", 1 << 24)]
-    assert not bench_kernels.complete([*cut, {"kernel": "scatter"}])  # cut in ALL chain: every (mode, size) is there
+    assert not bench_kernels.complete([*cut, {"kernel": "scatter"}])  # cut in ALL chain: every (mode, size) there
     some_sizes = [r for r in rows if r["kernel"] != "verify" or r["n"] == 1 << 20] + [{"kernel": "scatter"}]
-    assert not bench_kernels.complete(some_sizes)  # verify timed at some sizes alone (--verify-sizes)
+    assert not bench_kernels.complete(some_sizes)  # verify at some sizes alone (--verify-sizes)
     some_modes = [r for r in rows if r["kernel"] != "verify" or r["mode"] == "ALL"] + [{"kernel": "scatter"}]
-    assert not bench_kernels.complete(some_modes)  # verify timed in some modes alone (--verify-modes)
+    assert not bench_kernels.complete(some_modes)  # verify in some modes alone (--verify-modes)
     quick = [r for r in rows if r["kernel"] != "verify" or r["n"] in bench_kernels.VERIFY_SIZES["quick"]]
     assert bench_kernels.complete([*quick, {"kernel": "scatter"}], quick=True)
     assert not bench_kernels.complete([*quick, {"kernel": "scatter"}])
 
 
 def test_a_ratio_is_printed_on_its_side_of_the_limit():
-    """Two decimals, or more where needed so a ratio just over its limit does not read as the limit."""
+    """Two decimals, more where a ratio just over its limit would read as it."""
     import verdicts
 
     assert [verdicts.ratio_text(r, 1.10) for r in (1.0951, 1.10, 1.1004, 1.109, 1.10004)] == [
@@ -579,7 +575,7 @@ def test_a_ratio_is_printed_on_its_side_of_the_limit():
 
 
 def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
-    """A row 1.2505x its floors prints as 1.2505 in plot.py and report.py, not 1.25 (read as passing)."""
+    """A row 1.2505x its floors prints 1.2505 in plot.py and report.py, not 1.25 (read as passing)."""
     import bench_kernels
 
     rows = [_row("verify", "NONE chain 1024", 2.5010, 2.0, mode="NONE", order="chain", n=1024, hash_floor_us=2.0,
@@ -593,8 +589,7 @@ def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
 
 
 def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
-    """Reference lines compare a ratio with the limit as targets do: 1.8 / 1.44 is 1.25 and passes
-    (1.8 > 1.25 * 1.44 rounds up and failed it)."""
+    """Reference lines compare as targets: 1.8 / 1.44 is 1.25, passing (1.8 > 1.25 * 1.44 rounds up: failed)."""
     import bench_kernels
 
     rows = [_row("verify", "NONE chain 1024", 1.8, 1.44, mode="NONE", order="chain", n=1024, hash_floor_us=1.44,
@@ -606,8 +601,8 @@ def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
 
 
 def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
-    """A one-token write row's target floor is the lower of its store and hash floors, but a kernel over
-    5% under the store floor still fails "floors as lower bounds"."""
+    """One-token write: target floor min(store, hash); a kernel over 5% under store fails "floors as lower
+    bounds"."""
     import bench_kernels
 
     shape = dict(mode="NONE", reqs=4096, shape="4096x1", chain_floor_us=1.0, hash_floor_us=2.80,
@@ -620,8 +615,8 @@ def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
 
 
 def test_small_verify_rows_report_their_bounds(tmp_path):
-    """Small verify rows' hash and ordered floors get a plot.py table and report.py reference lines (target
-    still against the gather floor); a row over 5% faster than a floor is a floor bug."""
+    """Small verify rows' hash and ordered floors: a plot.py table, report.py reference lines (target vs
+    gather floor); over 5% faster than a floor is a floor bug."""
     import bench_kernels
 
     rows = [
@@ -640,7 +635,7 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
             in lines)
     assert ("| (for reference) verify, <= 64K entries: <= 1.25 x ordered floor "
             "(gather + SPEC hashing + ordered append) | 3 | 0 | - |") in lines
-    # ALL random 4096's hashing alone is 1.333x its gather floor: past the hardware at 1.25x
+    # ALL random 4096's hashing alone: 1.333x its gather floor, past the hardware at 1.25x
     assert ("| (for reference) verify, <= 64K entries: hash floor (gather + SPEC hashing) <= 1.25 x floor; over it the "
             "target is past the hardware | 2 | 1 | ALL random 4096 (1.333) |") in lines
     assert ("Floors as lower bounds: FAIL, rows faster than a floor by more than 5% (default or tuned arm): "
@@ -648,8 +643,8 @@ def test_small_verify_rows_report_their_bounds(tmp_path):
 
 
 def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
-    """Both A/B arms are held to the floors; a tuned arm over 3% slower fails the tuning check in rows,
-    plot.py and report.py alike; an older run without ``floor_ratios`` is judged from its times."""
+    """Both arms held to floors; tuned over 3% slower fails the tuning check in rows, plot.py, report.py;
+    older runs without ``floor_ratios`` judged by times."""
     import bench_kernels
 
     rows = [
@@ -659,7 +654,7 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
              tuned_us=9.6, tuned_geometry="264x128"),
         _row("verify", "NONE chain 65536", 5.2, 4.2, mode="NONE", order="chain", n=1 << 16,
              tuned_us=5.35, tuned_geometry="264x128"),
-        # tuned to its default geometry: one module in both arms (an A/A), 4% apart by noise alone
+        # tuned to its default: one module in both arms (A/A), 4% apart by noise
         _row("verify", "NONE chain 1024", 2.5, 2.0, mode="NONE", order="chain", n=1 << 10,
              tuned_us=2.6, tuned_geometry="2112x128m4", tuned_same_geometry=True),
     ]
@@ -683,8 +678,8 @@ def test_tuned_arm_below_its_floor_and_slower_tuning_are_reported(tmp_path):
 
 
 def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
-    """A small verify row times both arms and every floor grid interleaved, keeping each arm's median,
-    each floor's fastest grid and order, and the ordered floor as min(ticket, hash + a launch)."""
+    """Small verify rows interleave arms and floor grids: arm medians, each floor's fastest grid and order;
+    ordered floor min(ticket, hash + a launch)."""
     import bench_kernels
     import floors
 
@@ -697,8 +692,7 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
         def tuned_geometry(self, kernel, kw):
             return Geometry(gpu=True, blocks=1056, threads=128, min_blocks=8)
 
-    # Rounds per arm: the kernel's; every floor grid 10 us except one grid of each floor family (the split
-    # gather's in a bounded grid).
+    # Rounds per arm: the kernel's; floor grids 10 us but one per floor family (split gather's bounded).
     fastest = {"gather-ALL": ("2112x64", 4.0), "gather-split-ALL": ("2112x512m2", 3.9),
                "gather-hash-ALL": ("1056x128", 5.5), "gather-hash-seq-ALL": ("528x512", 5.0),
                "gather-hash-split-ALL": ("2112x32", 4.8), "gather-ticket-ALL": ("1056x256", 6.4),
@@ -735,7 +729,7 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     bench.timed("write", [{}, {}], none_row, {}, none_sets=[{}, {}])  # a real-KV write row: NONE in its rounds
     assert timed_arms[-1] == {"default", "tuned", "none"} and none_row["none_us"] == 5.25
     assert bench.fastest(times, "gather-ALL") == (4.0, "2112x64")
-    # the memory floor: the faster of one lane an entry and split
+    # memory floor: the faster of one lane an entry and split
     assert bench.fastest_memory(times, "gather", "ALL") == (3.9, "gather 2112x512m2 sources split")
     assert (bench.fastest_memory({**times, ("gather-split-ALL", "2112x512m2"): 4.1}, "gather", "ALL")
             == (4.0, "gather 2112x64"))
@@ -747,14 +741,13 @@ def test_a_row_is_timed_interleaved_with_every_grid_of_its_floors(monkeypatch):
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (5.8, "hash 2112x32 sources split + launch")
     bench.bounds(row, "gather", "ALL", times, empty_us=1.6)
     assert (row["ordered_floor_us"], row["ordered_floor"]) == (6.3, "hash + ticket 2112x32 sources in turn")
-    # the ordered floor does the hash floor's work and more: a hash floor measured above it was noise
+    # the ordered floor does the hash floor's work and more: a hash floor above it is noise
     bench.bounds(row, "gather", "ALL", {**times, ("gather-ticket-seq-ALL", "2112x32"): 4.5}, empty_us=1.0)
     assert (row["hash_floor_us"], row["hash_floor"]) == (4.5, "hash + ticket 2112x32 sources in turn")
 
 
 def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
-    """``copy_floor_us`` times torch's and the TIR copies interleaved, naming the fastest; ``fastest_floor``
-    returns the fastest grid as a geometry."""
+    """``copy_floor_us`` interleaves torch's and TIR copies, naming the fastest; ``fastest_floor``: its grid."""
     import bench_kernels
     import floors
 
@@ -780,8 +773,8 @@ def test_copy_and_lone_floors_take_their_fastest_arm(monkeypatch):
 
 
 def test_decode_step_floors_mirror_the_step(monkeypatch):
-    """bench_embedding's decode-step floor lists the step's canary operators in launch order (from an
-    eager step), each with arguments its TensorIR signature binds; only buildable floors."""
+    """bench_embedding's decode-step floor: an eager step's canary operators in order, arguments binding
+    their TensorIR signature; buildable floors only."""
     import bench_embedding
     import tvm
 
@@ -806,7 +799,7 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
             return launch(**kw)
         return run
 
-    def recording_dispatch(dispatch):  # the session's checked plan and scatter launches
+    def recording_dispatch(dispatch):  # the session's checked plan, scatter launches
         def run(kernel, kw):
             record(kernel, kw)
             return dispatch(kernel, kw)
@@ -818,7 +811,7 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
     w.eager_step()
     operators = w.operators()
     assert [tuple(op.what.split()) for op in operators] == launched
-    assert len(launched) == 1 + 2 * 9  # scatter; per group: plan, HEAD and TAIL verify + write of K and V
+    assert len(launched) == 1 + 2 * 9  # scatter; per group plan, HEAD and TAIL verify + write of K and V
 
     bench = bench_embedding.floor_bench("sm_90")
     for op in operators:
@@ -827,7 +820,7 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
             continue
         func = bench.floor_makers[op.floor](bench_embedding.floors.floor_geometries()[0])
         assert len(func.params) == len(op.args), op.what
-        sizes = {}  # the signature's shape variables, bound as the launch would bind them
+        sizes = {}  # the signature's shape variables, bound as by the launch
         for param, arg in zip(func.params, op.args):
             assert (str(arg.dtype).removeprefix("torch.") == str(param.dtype)
                     and arg.dim() == len(param.ty.shape)), (op.what, param)
@@ -843,10 +836,9 @@ def test_decode_step_floors_mirror_the_step(monkeypatch):
 
 
 def test_the_gather_floors_also_run_bounded_grids():
-    """Gather floors run in ``FLOOR_GRIDS``, ``BOUNDED_GATHER_GRIDS`` (declaring
-    ``__launch_bounds__(threads, min_blocks)`` as verify does) and ``HELD_GATHER_GRIDS`` (keeping
-    ``HELD_VALUES`` clock reads live; labels end in "h"); other floors ``FLOOR_GRIDS`` alone; a plain grid
-    declares only the threads."""
+    """Gather floors run in ``FLOOR_GRIDS``, ``BOUNDED_GATHER_GRIDS`` (``__launch_bounds__(threads,
+    min_blocks)`` as verify) and ``HELD_GATHER_GRIDS`` (``HELD_VALUES`` clock reads live; labels end in "h");
+    other floors ``FLOOR_GRIDS`` alone; a plain grid declares only the threads."""
     import bench_embedding
     import bench_kernels
     import floors
@@ -857,7 +849,7 @@ def test_the_gather_floors_also_run_bounded_grids():
     plain = [(b, t, 1) for b, t in floors.FLOOR_GRIDS]
     gathers = {name for name in bench_kernels.floor_makers() if name.startswith("gather-")}
     assert {"gather-NONE", "gather-split-ALL", "gather-hash-split-ALL", "gather-ticket-seq-PARTIAL"} <= gathers
-    # every floor either benchmark builds; the embedding's token-reading gathers keep plain grids
+    # every floor of both benchmarks; the embedding's token-reading gathers keep plain grids
     makers = dict(bench_embedding.floor_bench("sm_90").floor_makers)
     assert {"gather-token-NONE", "gather-token-PARTIAL"} <= set(makers)
     for name in makers:
@@ -882,8 +874,8 @@ def test_the_gather_floors_also_run_bounded_grids():
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_floor_kernels_compile_for_cuda(tmp_path):
-    """Every floor kernel the benchmarks build lowers for CUDA and compiles with nvcc for sm_90 (one grid:
-    grids change only constants): a broken floor is found here, not in a GPU session."""
+    """Every benchmark floor kernel lowers for CUDA, compiles with nvcc for sm_90 (one grid: grids change
+    constants): broken ones found here, not on a GPU."""
     import bench_embedding
     import bench_kernels
     import floors
@@ -923,7 +915,7 @@ def test_kernel_ab_variants(capsys):
 
     from tvm_canary.geometry import Geometry
 
-    def refused(argv, message):  # exit status 2 and the message (a GPU-less host also exits 2, for want of a GPU)
+    def refused(argv, message):  # status 2 and the message (a GPU-less host exits 2 too, lacking a GPU)
         assert ab_kernels.main(argv) == 2
         assert message in capsys.readouterr().err
 
@@ -938,12 +930,12 @@ def test_kernel_ab_variants(capsys):
         with pytest.raises(ValueError, match="--variant"):
             ab_kernels.parse_variant(bad)
     refused(["--base", "HEAD", "--variant", "m4:verify:ALL"], "kv-canary: --variant 'm4:verify:ALL': expected")
-    # a variant of a kernel or mode the run does not time times nothing
+    # a variant of a kernel or mode not timed times nothing
     refused(["--base", "HEAD", "--modes", "NONE", "--variant", "m4:verify:ALL:min_blocks=4"],
             "kv-canary: --variant m4: verify ALL is not timed (--kernels verify write, --modes NONE)")
     refused(["--base", "HEAD", "--kernels", "write", "--variant", "m4:verify:NONE:min_blocks=4"],
             "kv-canary: --variant m4: verify NONE is not timed (--kernels write,")
-    for too_many in ("0", str((1 << 24) + 1)):  # any size up to the benchmark's largest (5000: not one of them)
+    for too_many in ("0", str((1 << 24) + 1)):  # any size to the benchmark's largest (5000: not one of them)
         refused(["--base", "HEAD", "--verify-sizes", "5000", too_many],
                 "kv-canary: --verify-sizes: each from 1 to 16777216 (the benchmark's largest size)")
     assert ab_kernels.parse_floor_grid("2112x512m2") == Geometry(gpu=True, blocks=2112, threads=512, min_blocks=2)
@@ -988,14 +980,14 @@ def test_geometry_labels_round_trip():
 
 
 def test_ab_kernels_keys_rows_by_their_workload_point():
-    """A row's functions are found by its launch's ``KernelCall.size``, as the child keyed them."""
+    """A row's functions are keyed by its launch's ``KernelCall.size``, as in the child."""
     import ab_kernels
 
     assert ab_kernels.point_key(1 << 20) == "1048576" and ab_kernels.point_key((64, 512)) == "[64, 512]"
 
 
 def test_default_labels_name_modes_and_size_classes():
-    """A run's ``default_geometries`` say which default each mode and size class launched."""
+    """``default_geometries`` say which default each mode and size class launched."""
     import bench_kernels
 
     assert bench_kernels.default_labels("verify", "cuda-sm_90") == (
@@ -1008,8 +1000,8 @@ def test_default_labels_name_modes_and_size_classes():
 
 @pytest.mark.parametrize("capacity", [None, 16])
 def test_write_args_plan_padded_to_a_capacity(monkeypatch, capacity):
-    """``bench_kernels.write_args`` with capacity above its requests (``--write-shapes RxTcC``): extra
-    requests are empty and invalid, so the CPU kernel stamps only the requests' slots, as the reference."""
+    """``write_args`` capacity over requests (``--write-shapes RxTcC``): extra requests empty, invalid; the
+    CPU kernel stamps only the requests' slots, as the reference."""
     import copy
 
     import bench_kernels

@@ -1,6 +1,6 @@
-"""Eager replays (tvm_canary.eager): after a launch is memoised, changing its context's or plan's tensors in
-place (resize_, set_, as_strided_, .data =) makes the next launch check and pack again, so it raises what
-the checks raise and reads and writes the tensors as they now are. Correctness only, no timing."""
+"""Eager replays (tvm_canary.eager): once a launch is memoised, changing its context's or plan's tensors in
+place (resize_, set_, as_strided_, .data =) makes the next launch check and pack again: it raises what the
+checks raise and reads and writes the tensors as they now are. Correctness only, no timing."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _memoised(kernel: str, args: dict) -> eager._Packed:
 
 
 def _roll(t: torch.Tensor) -> torch.Tensor:
-    """Other bytes in a new storage, same shape."""
+    """Other bytes, new storage, same shape."""
     return t.roll(1, 0).contiguous()
 
 
@@ -39,8 +39,8 @@ CHANGES = {
 @pytest.mark.parametrize("change", list(CHANGES))
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_a_replay_follows_tensors_replaced_in_place(kernel, change):
-    # Rolling write's offsets hands each request the next one's entries: an entry storing its own
-    # request's seed slot would store another request's, which is outside the contract (SPEC D7).
+    # Rolling write's offsets gives each request the next one's entries: an entry storing its request's
+    # seed slot would store another request's, outside the contract (SPEC D7).
     options = {"own_seeds": 0} if kernel == "write" else {}
     for seed in range(4):
         got = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", **options)
@@ -48,8 +48,8 @@ def test_a_replay_follows_tensors_replaced_in_place(kernel, change):
         LAUNCH[kernel](**got)
         REFERENCE[kernel](**want)
         if seed == 0:
-            assert _memoised(kernel, got)  # the second launch below replays or repacks a memoised one
-        for case in (got, want):  # the first launch may fill the ring: the second's rows must land too
+            assert _memoised(kernel, got)  # the second launch replays or repacks a memoised one
+        for case in (got, want):  # the first may fill the ring: the second's rows must land too
             case["context"].violation_write_index.zero_()
         CHANGES[change](got)
         CHANGES[change](want)
@@ -64,7 +64,7 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def _shifted_by_4_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous uint8 tensor like ``t`` whose data starts 4 bytes past an aligned one."""
+    """A contiguous uint8 tensor like ``t``, data 4 bytes past alignment."""
     return torch.zeros(t.numel() + 4, dtype=t.dtype)[4:].view(t.shape)
 
 
@@ -100,9 +100,9 @@ def test_a_tensor_changed_in_place_is_checked_again(change):
     ids=[c[0] for c in LAUNCH_CASES + TYPE_CASES if c[2] in (checks.check_write, checks.check_verify)],
 )
 def test_launch_errors_after_a_memoised_launch(base, check, mutate, error, message):
-    """Each write/verify case of test_checks through the public launch, after a clean launch of the base
+    """Each write/verify case of test_checks via the public launch, after a clean launch of the base
     arguments: cases changing only write's per-step tensors replay the memoised context and plan
-    (``checks.check_write_inputs``) and must fail as ``check_write`` does."""
+    (``checks.check_write_inputs``), failing as ``check_write`` does."""
     args = base()
     launch = tc.launch_canary_write_kernel if check is checks.check_write else tc.launch_canary_verify_kernel
     launch(**args)
@@ -148,9 +148,9 @@ def test_flags_that_are_not_bools_are_not_memoised():
 
 
 def test_a_memoised_write_takes_the_geometry_of_each_launchs_token_count(monkeypatch):
-    """Write's geometry is chosen by its plan's request capacity and the launch's tokens per request
-    (``packing.write_point``); a replay of a memoised plan with another token count looks its kernel
-    up for that count, as an unmemoised launch does, and keeps it for the next launch of that count."""
+    """Write's geometry follows its plan's request capacity and the launch's tokens per request
+    (``packing.write_point``); a memoised plan's replay at another token count looks its kernel up for
+    that count, as an unmemoised launch does, keeping it for the next launch of that count."""
     from tvm_canary.cases import write_case
     from tvm_canary.runtime import packing
 
@@ -170,4 +170,4 @@ def test_a_memoised_write_takes_the_geometry_of_each_launchs_token_count(monkeyp
     tc.launch_canary_write_kernel(**longer)
     tc.launch_canary_write_kernel(**longer)  # the same count again: the kept function, no lookup
     assert looked_up == [packing.write_point(cap, tokens), packing.write_point(cap, 2 * tokens)]
-    assert len(checked) == 1  # the later launches were replays of the memoised one
+    assert len(checked) == 1  # later launches replayed the memoised one

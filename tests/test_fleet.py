@@ -1,7 +1,7 @@
 """Fleet tuning without a GPU: a loopback tracker and CPU ``tvm-canary rpc-server`` tune a tiny llvm
-workload end to end; the record applies at load; preflight refuses what would hang or measure with another
+workload end to end, the record applying at load; preflight refuses what would hang or measure by another
 protocol; a terminated ``rpc-server`` leaves no process; ``tune-merge`` keeps each workload's choice (and
-default) of a run that measured the default, and refuses another device's database."""
+default) of a run that measured the default, refusing another device's database."""
 
 from __future__ import annotations
 
@@ -42,14 +42,14 @@ TUNE_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def tracker():
-    """A loopback tracker with one CPU tvm_canary RPC server under RPC_KEY: the tracker's HOST:PORT."""
+    """HOST:PORT of a loopback tracker with one CPU tvm_canary RPC server under RPC_KEY."""
     with fleet.local_fleet(RPC_KEY, [{}], start_timeout_s=60) as address:
         yield address
 
 
 @pytest.fixture(scope="module")
 def mixed_tracker():
-    """A loopback tracker with a tvm_canary RPC server, then TVM's stock one, under the key "mix"."""
+    """A loopback tracker, a tvm_canary RPC server then TVM's stock one, under the key "mix"."""
     with fleet.local_fleet("mix", [{}], start_timeout_s=60) as address:
         host, port = fleet.parse_address(address)
         stock = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", address, "--key", "mix",
@@ -64,13 +64,13 @@ def mixed_tracker():
 
 @pytest.mark.slow  # the loopback fleet
 def test_preflight_refuses_a_stock_server_beside_a_canary_one(mixed_tracker):
-    """Preflight checks every server, not only the first registered."""
+    """Preflight checks every server, not just the first registered."""
     with pytest.raises(fleet.ServerRefused, match="^kv-canary: the RPC server under key 'mix' lacks tvm_canary"):
         fleet.connect(mixed_tracker, "mix", "llvm", None)
 
 
 def test_preflight_checks_the_free_servers_and_waits_for_none_busy(monkeypatch):
-    """A server busy with another client is not awaited (the runner worker that reaches it checks it)."""
+    """A server busy with another client is not awaited (the runner worker reaching it checks)."""
     requests = []
     monkeypatch.setattr(fleet, "_registered", lambda *_: (2, 1))
     monkeypatch.setattr(fleet, "_request", lambda *_: requests.append(object()) or requests[-1])
@@ -79,8 +79,7 @@ def test_preflight_checks_the_free_servers_and_waits_for_none_busy(monkeypatch):
 
 
 def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
-    """A runner worker's refusal ends tune (exit 1) through MetaSchedule's C++ loop, not a failed
-    candidate (1e10 s) and exit 0."""
+    """A worker's refusal ends tune (exit 1) via MetaSchedule's C++ loop, not a 1e10 s candidate, exit 0."""
     inner = concurrent.futures.Future()
     inner.set_exception(fleet.ServerRefused("Traceback ...\ntvm_canary.tuning.fleet.ServerRefused: kv-canary: no"))
     future = types.SimpleNamespace(_inst=types.SimpleNamespace(future=inner, result=lambda: pytest.fail("stored")))
@@ -101,8 +100,8 @@ def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow  # the loopback fleet
 def test_a_server_a_runner_worker_refuses_ends_a_real_run(tracker, tmp_path, monkeypatch, capsys):
-    """The refusal crosses MetaSchedule's real runner (``Fleet.runner`` wraps its futures): a server whose
-    device key differs from the fleet's ends ``tune`` with exit 1 and stores nothing."""
+    """Across MetaSchedule's real runner (``Fleet.runner`` wraps its futures) a foreign device key ends
+    ``tune``: exit 1, nothing stored."""
     connect = fleet.connect
 
     def another_key(*args):
@@ -122,10 +121,10 @@ def test_a_server_a_runner_worker_refuses_ends_a_real_run(tracker, tmp_path, mon
 @pytest.fixture(scope="module")
 def fleet_logs(tracker, tmp_path_factory):
     out = tmp_path_factory.mktemp("fleet_logs")
-    # Two kernels, three workloads, one session: each candidate must run its own code on its own case.
+    # two kernels, three workloads, one session: each candidate its own code and case
     args = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--workloads", "ci", "--trials", "2",
             "--out", str(out), "--log-dir", str(out.parent / "ms-logs"), "--rpc-tracker", tracker, "--rpc-key", RPC_KEY]
-    # An outer limit: a fleet whose server died would otherwise leave MetaSchedule waiting.
+    # outer limit: a dead server would leave MetaSchedule waiting
     assert fleet._bounded("tune on the loopback fleet", lambda: main(args), timeout_s=TUNE_TIMEOUT_S) == 0
     return out
 
@@ -137,7 +136,7 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
     records = apply.measured_records(db)
     assert set(records) == {("write", (8, 16)), ("verify", (1024,)), ("verify", (1024, 2))}  # every workload measured
     rows = records[("write", (8, 16))]
-    assert len(rows) >= 2  # 2 candidates (and the default when the search did not draw it), all checked
+    assert len(rows) >= 2  # 2 candidates (and the default if not drawn), all checked
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(fleet_logs))
     monkeypatch.setattr(C, "_by_launch", {})
     apply._records.cache_clear()
@@ -150,7 +149,7 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
 
 @pytest.mark.slow  # the loopback fleet
 def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_record(fleet_logs):
-    """Every stored time is a real measurement: MetaSchedule marks failed candidates with 1e10 s."""
+    """Every stored time is real: MetaSchedule marks failed candidates with 1e10 s."""
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / keys.device_key(torch.device("cpu"))))
     assert all(max(float(s) for s in r.run_secs) < apply.FAILED_RUN_SECS for r in db.get_all_tuning_records())
 
@@ -163,11 +162,11 @@ def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
         fleet.connect(tracker, RPC_KEY, "llvm", 2)
     with pytest.raises(RuntimeError, match="kv-canary: cannot reach the RPC tracker"):
         fleet.connect(f"127.0.0.1:{fleet._free_port()}", RPC_KEY, "llvm", None)
-    # the server's own refusal, one kv-canary line (not TVM's RPCError traceback)
+    # the server's refusal: one kv-canary line, not TVM's RPCError traceback
     with pytest.raises(RuntimeError, match="^kv-canary: this RPC server has no CUDA GPU visible to torch$"):
         fleet.connect(tracker, RPC_KEY, "cuda", None)
-    # A gone fleet: a session request fails after TRACKER_TIMEOUT_S (1 s here); ``tune`` asks before each
-    # workload (``Fleet.require_servers``).
+    # a gone fleet: a session request fails after TRACKER_TIMEOUT_S (1 s here), asked per workload
+    # (``Fleet.require_servers``).
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 1)
     host, port = fleet.parse_address(tracker)
     start = time.monotonic()
@@ -179,8 +178,8 @@ def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
 
 
 def test_a_terminated_rpc_server_stops_its_server_process():
-    """SIGTERM (or SIGINT) on ``tvm-canary rpc-server`` stops its TVM server process, which would keep the
-    port and registration. No tracker listens: the server binds its port and retries."""
+    """SIGTERM/SIGINT on ``rpc-server`` stops its TVM server (else keeping port and registration). No
+    tracker: the server binds its port, retries."""
     import psutil
 
     args = [sys.executable, "-m", "tvm_canary", "rpc-server", "--tracker", f"127.0.0.1:{fleet._free_port()}",
@@ -195,7 +194,7 @@ def test_a_terminated_rpc_server_stops_its_server_process():
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(10)
         assert psutil.wait_procs(children, timeout=5)[1] == []  # none left alive
-        assert status == 128 + signal.SIGTERM  # it stopped them, not the signal's default action
+        assert status == 128 + signal.SIGTERM  # stopped by it, not the signal's default
     finally:
         fleet.stop_process_group(proc)  # what a failure left behind
         proc.stdout.close()
@@ -203,8 +202,8 @@ def test_a_terminated_rpc_server_stops_its_server_process():
 
 @pytest.mark.slow  # a loopback tracker and server
 def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
-    """A session process killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread:
-    ``rpc-server`` left the tracker for good; now a new server registers and serves the next session."""
+    """A session killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread: ``rpc-server`` left the
+    tracker for good; now a new server registers and serves."""
     import psutil
 
     with fleet.local_fleet(RPC_KEY, [{}], log_dir=tmp_path) as address:
@@ -222,8 +221,8 @@ def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
 
 
 def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
-    """TVM's server stops retrying its tracker after 60 s but lives on unregistered; ``rpc-server`` exits 1
-    once the tracker refused connections for TRACKER_GONE_S (2 s here), stopping its server."""
+    """TVM's server quits retrying after 60 s, living unregistered; ``rpc-server`` exits 1 (stopping it)
+    after TRACKER_GONE_S (2 s here) of refusals."""
     monkeypatch.setattr(fleet, "TRACKER_GONE_S", 2)
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what ``serve`` sets, restored afterwards
     port = fleet._free_port()
@@ -236,8 +235,7 @@ def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
 
 
 def test_build_workers_exit_when_the_tuning_process_is_killed():
-    """Build workers (about 500 MB each) exit once their parent is gone, e.g. a SIGKILLed ``tune``
-    (``measure.exit_with_parent``)."""
+    """Build workers (~500 MB each) exit with a SIGKILLed ``tune`` parent (``measure.exit_with_parent``)."""
     import psutil
 
     script = ("import os, signal\nfrom tvm_canary.tuning import measure\nbuilder = measure.CandidateBuilder(1)\n"
@@ -252,25 +250,25 @@ def test_build_workers_exit_when_the_tuning_process_is_killed():
         time.sleep(0.2)
 
 
-# -- tune-merge ----------------------------------------------------------------------------------------
+# -- tune-merge
 
 
 def _database(root, key, costs: dict):
-    """A database ``root/key`` with, per (kernel, bucket, geometry), the given seconds."""
+    """A database ``root/key``: the given seconds per (kernel, bucket, geometry)."""
     folder = root / key
     folder.mkdir(parents=True)
     db = ms.database.JSONDatabase(work_dir=str(folder))
     for (kernel, bucket, geom), seconds in costs.items():
         mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, "llvm")})
-        launches = workloads.CASE_LAUNCHES.get(kernel, 1)  # ``seconds``: the case's, split over its launches
+        launches = workloads.CASE_LAUNCHES.get(kernel, 1)  # ``seconds``: the case's, split over launches
         commit_measurement(db, mod, schedules.knobs(kernel, False), geom, [seconds / launches] * launches,
                            targets.target_from_tag("llvm"))
     return folder
 
 
 def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(tmp_path, capsys):
-    """Host a chose its default (2.05 us) over a slower candidate; host b measured a faster one (2 us) but
-    no default: a's choice and default are kept, not b's unweighed candidate. A failed record never wins."""
+    """Host a chose its default (2.05 us) over a slower candidate; host b measured a faster one (2 us), no
+    default: a's choice and default stay, not b's unweighed one. A failed record never wins."""
     key = keys.device_key(torch.device("cpu"))
     g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 2, 4)}
     assert g[4] == default_geometry("write", "llvm")
@@ -280,7 +278,7 @@ def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(t
     out = tmp_path / "merged" / key
     assert main(["tune-merge", str(a), str(b), "--out", str(out)]) == 0
     merged = apply.measured_records(ms.database.JSONDatabase(work_dir=str(out)))
-    # per workload the chosen record, and the default's when it is another one
+    # per workload the chosen record, and the default's if other
     assert {w: len(rows) for w, rows in merged.items()} == {("write", (8, 16)): 1, ("write", (256, 1)): 1}
     assert apply.record_geometry(merged[("write", (8, 16))][0][1], cuda=False) == g[4]  # a's choice: its default
     assert apply.record_geometry(merged[("write", (256, 1))][0][1], cuda=False) == g[4]  # the failed record lost
@@ -290,7 +288,7 @@ def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(t
 def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_default(tmp_path, monkeypatch):
     """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2
     (39, 50.5), slower than a's default in launch two. The merge keeps a's choice and default, not the
-    default weighing b against a's default gives."""
+    default that weighing b against a's default gives."""
     monkeypatch.setitem(workloads.CASE_LAUNCHES, "write", 2)
     key = keys.device_key(torch.device("cpu"))
     default = targets.default_geometry("write", "llvm")
@@ -311,8 +309,8 @@ def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_d
 
 
 def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
-    """``measure.protocol`` hashes what shapes a measurement; a server of another tvm_canary, whose times
-    would be ranked with this host's, is refused by name."""
+    """``measure.protocol`` hashes what shapes a measurement; another tvm_canary's server (its times ranked with
+    this host's) is refused by name."""
     assert len(measure.protocol()) == 16 and measure.protocol() == measure.protocol()
     ours = {"key": "k", "tag": "llvm", "protocol": measure.protocol()}
     monkeypatch.setattr(fleet, "_server_function", lambda session, rpc_key, name: lambda device_type: json.dumps(ours))
@@ -320,14 +318,13 @@ def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
     ours["protocol"] = "0" * 16
     with pytest.raises(RuntimeError, match="another measurement protocol"):
         fleet._server_info(None, "ci", "llvm")
-    del ours["protocol"]  # a server from before the protocol was reported
+    del ours["protocol"]  # a server from before protocols were reported
     with pytest.raises(RuntimeError, match="another measurement protocol"):
         fleet._server_info(None, "ci", "llvm")
 
 
 def test_tune_merge_writes_the_workload_table_compact(tmp_path):
-    """The merged workload table drops MetaSchedule's indentation (about half the bytes) and loads the
-    same modules and records."""
+    """The merged table drops MetaSchedule's indentation (~half the bytes); same modules and records."""
     key = keys.device_key(torch.device("cpu"))
     source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6,
                                                ("verify", (4096,), default_geometry("verify", "llvm")): 2e-6})
@@ -352,8 +349,8 @@ def test_tune_merge_writes_the_workload_table_compact(tmp_path):
 
 
 def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_path, monkeypatch, capsys):
-    """Records name workloads by position, so a half-written ``--out`` silently mismatched them. Stopped
-    at any step, ``--out`` (new too) holds the old database, a table with empty records, or the new one;
+    """Records name workloads by position: a half-written ``--out`` silently mismatched them. Stopped at
+    any step, ``--out`` (new too) holds the old database, a table with empty records, or the new one;
     files get the umask's mode, not 0600."""
     key = keys.device_key(torch.device("cpu"))
     geom = default_geometry("write", "llvm")
@@ -391,7 +388,7 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
 
 
 def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, capsys):
-    """Records of older kernel code drop out of a merge, which names their kernels and how to keep them."""
+    """A merge drops older kernel code's records, naming their kernels and how to keep them."""
     key = keys.device_key(torch.device("cpu"))
     source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
     monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)
@@ -401,8 +398,8 @@ def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, cap
 
 
 def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):
-    """``tune`` into a device-key folder of another target's records, or a truncated one, is refused
-    naming the folder before anything is written (no unusable database or TVM traceback)."""
+    """``tune`` into a device-key folder of another target's or truncated records is refused by name,
+    before any write (no unusable database, no TVM traceback)."""
     key = keys.device_key(torch.device("cpu"))
     one_record = {("write", (8, 16), default_geometry("write", "llvm")): 1e-6}
     shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", tmp_path / "gpu" / key)
@@ -427,7 +424,7 @@ def test_tune_merge_refuses_another_devices_database(tmp_path, capsys):
     assert (f"kv-canary: refusing to merge {theirs}: it is the database of device key 'nvidia-h200-sm_90', "
             f"the output is for '{key}'") in err
     assert not out.exists()  # nothing written
-    # An llvm database renamed into a GPU key's folder is refused by its records' target.
+    # an llvm database renamed into a GPU key's folder: refused by its records' target
     renamed = tmp_path / "c" / "nvidia-h200-sm_90"
     renamed.parent.mkdir()
     ours.rename(renamed)
@@ -450,8 +447,8 @@ def test_a_database_applies_only_to_its_own_device_key(tmp_path, monkeypatch, ca
 
 
 def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
-    """A tuned record is weighed against its own run's default, not another run's faster one: host a
-    measured g1 10% faster than its default, host b the default 1% slower than g1."""
+    """A record is weighed against its run's default, not another's faster one: host a measured g1 10%
+    under its default, host b the default 1% over g1."""
     key = keys.device_key(torch.device("cpu"))
     g = {u: dataclasses.replace(default_geometry("write", "llvm"), unroll=u) for u in (1, 4)}
     a = _database(tmp_path / "host-a", key, {("write", (8, 16), g[1]): 2.0e-6, ("write", (8, 16), g[4]): 2.2e-6})
@@ -464,8 +461,8 @@ def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
 
 
 def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, capsys):
-    """A server gone mid-run while another remains silently cost each workload a candidate and 30 s;
-    ``require_servers`` warns once per drop."""
+    """A server lost, another left, silently cost each workload a candidate and 30 s; ``require_servers``
+    warns once per drop."""
     counts = iter([(2, 2), (1, 1), (1, 1), (1, 1), (1, 1)])
     monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 0)
@@ -487,8 +484,7 @@ def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, cap
     ("rpc-server --tracker h:9 --key k --port-end 70010", "--port-end: must be at most 65535, got 70010"),
     ("rpc-server --tracker h:1 --key k --port 9095 --port-end 9095", "--port-end 9095 must be above")])
 def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, message, capsys):
-    """A tracker address without port, a port above 65535 or an empty port range is a usage error, not
-    exit 1 or TVM's traceback."""
+    """No port, one over 65535, an empty port range: a usage error, not exit 1 or TVM's traceback."""
     with pytest.raises(SystemExit) as exit_info:
         main(argv.split())
     assert exit_info.value.code == 2
@@ -497,7 +493,7 @@ def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, message, cap
 
 
 def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
-    """With more servers than workers, losing one that leaves enough does not wait TRACKER_TIMEOUT_S."""
+    """More servers than workers: losing one, enough left, does not wait TRACKER_TIMEOUT_S."""
     counts = iter([(3, 3), (2, 2), (2, 2)])
     monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 5)
@@ -510,7 +506,7 @@ def test_a_spare_server_gone_costs_no_wait(monkeypatch, capsys):
 
 @pytest.mark.parametrize("visible, served", [("2,3", ["2", "3"]), (None, ["0", "1"])])
 def test_fleet_tune_serves_the_gpus_the_caller_made_visible(visible, served, monkeypatch, tmp_path):
-    """Under CUDA_VISIBLE_DEVICES=2,3 ``scripts/fleet_tune.py`` gives servers GPUs 2 and 3, not 0 and 1."""
+    """Under CUDA_VISIBLE_DEVICES=2,3 ``scripts/fleet_tune.py`` gives servers GPUs 2, 3, not 0, 1."""
     path = pathlib.Path(fleet.__file__).parents[2] / "scripts" / "fleet_tune.py"
     spec = importlib.util.spec_from_file_location("fleet_tune", path)
     script = importlib.util.module_from_spec(spec)

@@ -1,5 +1,4 @@
-"""Hash primitives (SPEC 1.3-1.5): on Python ints (``_consts``), the vectorized torch versions and the
-TensorIR macros the kernels use."""
+"""Hash primitives (SPEC 1.3-1.5): Python ints (``_consts``), vectorized torch, the kernels' TensorIR macros."""
 
 from __future__ import annotations
 
@@ -119,7 +118,7 @@ def test_chain_hash_ignores_real_kv_field():
 
 
 def test_fold_known_strip_value():
-    """One source, page_size 4: slot 6 lives in row 1 at byte 2*32; bytes 0x01..0x40 there."""
+    """One source, page_size 4: slot 6 is row 1, byte 2*32; bytes 0x01..0x40 there."""
     t = torch.zeros(3, 4 * 32, dtype=torch.uint8)
     t[1, 64:96] = torch.arange(1, 33, dtype=torch.uint8)
     src = RealKvSource(tensor=t, page_size=4, num_bytes_per_token=32, read_bytes=32)
@@ -146,8 +145,8 @@ def test_fold_matches_definition(mode, num_sources):
 
 @pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
 def test_fold_in_chunks_matches_definition(mode, monkeypatch):
-    """Plans larger than FOLD_CHUNK are folded a chunk at a time (bounded temporaries): chunk edges
-    inside and at the end of the slots, and an empty slot list, give the definition's values."""
+    """Plans over FOLD_CHUNK fold a chunk at a time (bounded temporaries): chunk edges inside and at the
+    end of the slots, and no slots, give the definition's values."""
     monkeypatch.setattr(hashing, "FOLD_CHUNK", 3)
     sources = four_sources(21)[:2]
     slots = [15, 0, 7, 7, 3, 12, 1]
@@ -178,7 +177,7 @@ def test_fold_strided_view_equals_contiguous_copy():
 
 
 def test_fold_reads_only_the_folded_bytes():
-    """PARTIAL folds bytes 0..15, ALL bytes 0..read_bytes-1; trailing row bytes are never read."""
+    """PARTIAL folds bytes 0..15, ALL 0..read_bytes-1; trailing row bytes never read."""
     src = random_source(torch.Generator().manual_seed(4), rows=2, page_size=2, nbpt=64, read_bytes=32,
                         row_bytes=160)
     slot = i64([3])
@@ -206,9 +205,9 @@ def test_valid_slot_mask():
 
 
 def tir_hashes(xs, bs, cs, slots, fields):
-    """The kernels' TensorIR ``splitmix64`` / ``mix3`` / ``slot_hash`` macros, compiled for llvm in one
-    tiny prim_func, on u64 ``xs, bs, cs`` and slots of the int64 ``fields [2, 4]``: lists (as u64) of
-    ``splitmix64(x)``, ``mix3(x, b, c)`` and the chain-link hash of each slot (anchor when negative)."""
+    """The kernels' TensorIR ``splitmix64`` / ``mix3`` / ``slot_hash`` macros in one tiny llvm prim_func,
+    on u64 ``xs, bs, cs`` and slots of int64 ``fields [2, 4]``: u64 lists of ``splitmix64(x)``,
+    ``mix3(x, b, c)`` and each slot's chain-link hash (anchor when negative)."""
     n = len(xs)
 
     @T.prim_func(private=False)
@@ -234,7 +233,7 @@ def tir_hashes(xs, bs, cs, slots, fields):
 
 def test_tir_splitmix64_mix3_and_slot_hash_match_spec():
     """The TensorIR macros give the published splitmix64 vectors (SPEC 1.5), mix3 on Python ints, and
-    the chain-link hash of SPEC 1.3 (anchor for a negative slot)."""
+    SPEC 1.3's chain-link hash (anchor for a negative slot)."""
     xs = [x for x, _ in SPEC_VECTORS] + rand_u64(40, seed=7)
     bs, cs = rand_u64(len(xs) - len(EDGE_U64), seed=8), rand_u64(len(xs) - len(EDGE_U64), seed=9)
     fields = [[0, 0, 0, 0], [-5, 7, I64(0xFEDCBA9876543210), 1]]  # (token, position, prev_hash, real_kv_hash)

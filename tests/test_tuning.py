@@ -1,6 +1,6 @@
-"""Tuning without a GPU: a tiny MetaSchedule run on llvm writes a database that kernel load reloads, whose
-kernels pass the differential tests; stale records are ignored; committed databases match the kernels;
-``tune``'s errors, logs and summary."""
+"""Tuning without a GPU: a tiny llvm MetaSchedule run writes a database kernel load reloads, its kernels pass
+the differential tests; stale records ignored; committed databases match the kernels; ``tune``'s errors, logs,
+summary."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ TUNE_CI = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials
 
 @pytest.fixture(scope="module")
 def tuned_logs(tmp_path_factory):
-    """The database folder of a tiny tune; its printed summary is kept beside it in ``tune-stdout.txt``."""
+    """A tiny tune's database folder; its printed summary beside it in ``tune-stdout.txt``."""
     out = tmp_path_factory.mktemp("tune_logs")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -38,33 +38,32 @@ def tuned_logs(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
     assert any((tuned_logs.parent / "ms-logs" / "logs").glob("*.log"))
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
-    """Each row gives the workload's wall seconds and build wait; the last lines their sums and a build's
-    cost to a worker: a tune's cost per workload is in its output."""
+    """Rows give each workload's wall seconds and build wait; the last lines their sums, a build's worker cost."""
     printed = (tuned_logs.parent / "tune-stdout.txt").read_text()
     header, *rest = printed[printed.index("kernel "):].splitlines()
     assert header.split()[8:12] == ["speedup", "seconds", "builds", "s"]
     rows = [line for line in rest if line.startswith(("write ", "verify "))]
     assert len(rows) == sum(len(workloads.PRESETS["ci"][k]) for k in ("write", "verify"))
-    # speedup, seconds, builds s, then the tuned geometry's key
+    # speedup, seconds, builds s, tuned geometry's key
     seconds = [tuple(map(float, re.search(r" [\d.]+ +([\d.]+) +([\d.]+)  cpu-", row).groups())) for row in rows]
-    # a one-point design space (verify on llvm) builds nothing of its own: its default was built up front
+    # a one-point space (verify on llvm) builds only its default, up front
     assert all(0 <= built <= wall for wall, built in seconds) and any(built > 0 for _, built in seconds)
     total = re.search(r"(\d+) workloads in ([\d.]+) s \(the defaults built first: ([\d.]+) s; waiting on builds "
                       r"([\d.]+) s in all;", printed)
     assert total and int(total[1]) == len(rows)
     defaults, waited, rounding = float(total[3]), float(total[4]), 0.1 * (len(rows) + 1)
-    assert defaults > 0  # an empty database: every workload's default was built up front
+    assert defaults > 0  # an empty database: every default built up front
     assert float(total[2]) == pytest.approx(defaults + sum(w for w, _ in seconds), abs=rounding)
-    # the wait counts the defaults' round (part of their time) and each workload's own
+    # the wait counts the defaults' round (in their time) and each workload's
     assert sum(b for _, b in seconds) - rounding <= waited <= defaults + sum(b for _, b in seconds) + rounding
-    # a build's cost to a worker tells a slow build from a pool that builds few at once
+    # a build's worker cost tells a slow build from a pool building few at once
     builds = re.search(r"builds: (\d+) candidates? in (\d+) worker process(?:es)?, ([\d.]+) s of a worker's time",
                        printed)
     new = sum(int(re.search(r"\)\s+\d+\s+(\d+)", row)[1]) for row in rows)  # each measured record was built
@@ -73,7 +72,7 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
 
 
 class _RecordingBuilder:
-    """A builder that records each round's workloads and builds nothing (no artifacts)."""
+    """Records each round's workloads, builds nothing (no artifacts)."""
 
     build_seconds = 0.0
 
@@ -88,8 +87,8 @@ class _RecordingBuilder:
 
 
 def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unmeasured(tmp_path):
-    """``build_defaults`` builds every default the database lacks in one round (one a round left workers
-    idle), none it has, none a whole-space search will measure anyway."""
+    """``build_defaults``: one round (a round each idled workers) of the defaults the database lacks, unless a
+    whole-space search measures them."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -111,14 +110,14 @@ def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unme
     assert list(driver.build_defaults(jobs, "llvm", db, builder, trials=1)) == jobs[1:]  # its default is measured
     assert driver.build_defaults(jobs[:1], "llvm", db, builder, trials=1) == {}
     assert len(builder.rounds) == 2  # nothing to build: no round
-    # enough trials measure all of write's few llvm points; one-point spaces are not searched
+    # enough trials measure write's few llvm points; one-point spaces unsearched
     whole = driver.build_defaults(jobs, "llvm", empty, builder, trials=10**6)
     assert list(whole) == [(k, b) for k, b in jobs if k != "write"]
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
-    """A workload not running its prebuilt default (the database holds it) removes the artifact."""
+    """A prebuilt default not run (the database holds it) has its artifact removed."""
     import types
 
     from tvm.s_tir import meta_schedule as ms
@@ -137,8 +136,8 @@ def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
 
 
 def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
-    """After a kernel change stales a bucket's records, the re-tune measures their pick once at the new
-    code, whatever the search draws; it competes like any candidate."""
+    """A re-tune of a bucket a kernel change staled measures its previous pick once, whatever the search
+    draws; it competes like any candidate."""
     import types
 
     import tvm
@@ -158,11 +157,11 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
     for geom, secs in ((default, 1e-3), (pick, 0.5e-3)):
         driver.commit_measurement(db, driver.workload_module(kernel, bucket, "llvm"), knobs, geom, [secs], target)
-    assert apply.previous_pick(db, kernel, bucket, False) is None  # its records are current: nothing is previous
+    assert apply.previous_pick(db, kernel, bucket, False) is None  # current records: nothing previous
     monkeypatch.setitem(workloads.CASE_VERSIONS, kernel, workloads.CASE_VERSIONS[kernel] + 1)  # the kernel changes
     assert apply.previous_pick(db, kernel, bucket, False) == pick and (kernel, bucket) not in apply.measured_records(db)
     mod = driver.workload_module(kernel, bucket, "llvm")
-    driver.commit_measurement(db, mod, knobs, default, [1e-3], target)  # the default, measured at the new code
+    driver.commit_measurement(db, mod, knobs, default, [1e-3], target)  # the default, measured at new code
 
     built = []
 
@@ -181,7 +180,7 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
             result = types.SimpleNamespace(error_msg=None, run_secs=[0.6e-3] * 3)
             return [types.SimpleNamespace(result=lambda: result) for _ in inputs]
 
-    # One trial, which the default's record fills: no search, only the previous pick is measured.
+    # one trial, filled by the default's record: no search, only the previous pick measured
     result = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", Builder(), Runner())
     assert built == [pick] and result.measured == 1 and result.geometry == pick.key()
     again = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", Builder(), Runner())
@@ -189,8 +188,7 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
 
 
 def test_long_graphs_take_fewer_replays_per_value():
-    """A timed value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: big buckets (tens
-    of ms a replay) are not replayed ten times a value."""
+    """A value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: not ten of a tens-of-ms one."""
     from tvm_canary.tuning import measure
 
     most = measure.evaluator_config().number
@@ -198,11 +196,11 @@ def test_long_graphs_take_fewer_replays_per_value():
     assert measure.replays_per_value(15_000.0, most) == 2  # write 1 x 32768
     assert measure.replays_per_value(measure.VALUE_MIN_US, most) == 1
     assert measure.replays_per_value(measure.VALUE_MIN_US - 1, most) == 2
-    assert measure.replays_per_value(8.0, most) == most  # a few-µs launch keeps every replay
+    assert measure.replays_per_value(8.0, most) == most  # a few-µs launch keeps all replays
     assert measure.replays_per_value(0.0, most) == most
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_tune_again_says_it_measured_nothing(tuned_logs, capsys):
     assert main([*TUNE_CI, "--out", str(tuned_logs), "--log-dir", str(tuned_logs.parent / "ms-logs-2")]) == 0
     out = capsys.readouterr().out
@@ -219,7 +217,7 @@ def test_tune_rejects_fewer_than_one_trial(trials, capsys):
     assert f"argument --trials: must be at least 1, got {trials}" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_tune_writes_a_database_per_device(tuned_logs):
     key = keys.device_key(torch.device("cpu"))
     assert (tuned_logs / key / "database_workload.json").exists()
@@ -227,11 +225,11 @@ def test_tune_writes_a_database_per_device(tuned_logs):
     assert records.count("\n") >= 6  # 4 write + 2 verify (NONE and ALL)
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()
-    # Forget geometries earlier launches took from the repository's tune_logs/.
+    # forget geometries taken from the repository's tune_logs/
     monkeypatch.setattr(C, "_by_launch", {})
     from tvm.s_tir import meta_schedule as ms
 
@@ -242,14 +240,14 @@ def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     for seed in range(15):
         run_differential("write", "cpu", seed)
         run_differential("verify", "cpu", seed)
-    assert any(k[0] == "write" and k[4] == want for k in C._memory)  # the tuned build was the one run
+    assert any(k[0] == "write" and k[4] == want for k in C._memory)  # the tuned build ran
     apply._records.cache_clear()
 
 
 @pytest.mark.gpu
 def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, capsys):
-    """The ci preset tuned on GPU 0 (CUDA-graph replays over a ``GPU_POOL_SLOTS`` pool): every workload
-    has finite default and tuned times; tuned kernels pass the differential tests."""
+    """ci tuned on GPU 0 (CUDA graphs, ``GPU_POOL_SLOTS`` pool): finite default and tuned times per workload;
+    tuned kernels pass the differential tests."""
     key = keys.device_key(torch.device("cuda", 0))
     assert main(["tune", "--target", "cuda", "--kernels", "write", "verify", "--trials", "3", "--workloads", "ci",
                  "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms-logs")]) == 0
@@ -272,8 +270,8 @@ def test_tune_on_a_gpu_times_candidates_in_cuda_graphs(tmp_path, monkeypatch, ca
 
 
 def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
-    """A GPU case draws from ``GPU_POOL_SLOTS`` slots, or as many as fit in half the free memory, at
-    least twice its own; a CPU case from twice its slots."""
+    """A GPU case draws from ``GPU_POOL_SLOTS`` slots or as many as fit half the free memory, at least twice
+    its own; a CPU case from twice its slots."""
     gpu = torch.device("cuda", 0)
     free = 10 * 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 24 * 2**30))
@@ -285,22 +283,21 @@ def test_gpu_cases_scatter_slots_over_a_pool_that_fits(monkeypatch):
 
 
 def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
-    """The verify case is two launches of the bucket's size, as benchmarks time them: random slots in
-    random order, then consecutive ones in chain order; the reference check covers both (a candidate
-    skipping the second launch would not match)."""
+    """Verify's case: two bucket-sized launches, as benchmarks time them: random slots in random order, then
+    consecutive ones in chain order; the reference check covers both (skipping the second fails)."""
     from tvm_canary.runtime.targets import default_geometry
 
     case = workloads.make_case("verify", (256,), torch.device("cpu"))
     random_args, chain_args = case.launches
     assert random_args[0].data_ptr() == chain_args[0].data_ptr()  # one canary buffer
     assert [ptr for ptr, _ in case.initial].count(random_args[0].data_ptr()) == 1  # and one snapshot of it
-    assert [args[1].numel() for args in case.launches] == [256, 256]  # plan capacity: the bucket's size each
+    assert [args[1].numel() for args in case.launches] == [256, 256]  # plan capacity: each the bucket's size
     assert len(set(random_args[1].tolist()) | set(chain_args[1].tolist())) == 512  # no slot in both
     assert random_args[0].shape[0] == 2 * 256 + 1  # the run lies inside the pool of twice the random slots
     slots = [args[1][:128] for args in case.launches]
     assert not bool((slots[0][1:] > slots[0][:-1]).all())  # random order
     steps = slots[1][1:] - slots[1][:-1]
-    assert int((steps == 1).sum()) >= 128 - 128 // 64 - 1  # consecutive slots, a new chain every 64
+    assert int((steps == 1).sum()) >= 128 - 128 // 64 - 1  # consecutive, a new chain every 64
     built = C.build("verify", workloads.tuned_spec("verify", (256,)), "llvm", default_geometry("verify", "llvm"))
     verify = built.mod["canary_verify"]
     case.reset()
@@ -313,8 +310,8 @@ def test_a_verify_case_times_each_order_in_a_launch_of_its_own():
 
 
 def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
-    """A verify case of any size has two bucket-sized plans whose slots never meet nor use slot 0, also
-    in a pool over twice them (a GPU's; here a CPU one made larger)."""
+    """Verify's two bucket-sized plans share no slot nor use slot 0, at any size, also in a pool over twice
+    them (a GPU's; a larger CPU one here)."""
     for universe in (None, 1000):
         if universe is not None:
             monkeypatch.setattr(workloads, "pool_universe", lambda scattered, device, mode, u=universe: u)
@@ -322,14 +319,13 @@ def test_verify_case_slots_are_distinct_and_in_the_pool(monkeypatch):
         random_slots, chain_slots = (args[1].tolist() for args in case.launches)
         pool = case.launches[0][0].shape[0]
         assert len(random_slots) == len(chain_slots) == 100
-        assert chain_slots == list(range(1, 101))  # chain order on the run 1 .. 100 (two chains of 64, cut)
+        assert chain_slots == list(range(1, 101))  # chain order on 1 .. 100 (two chains of 64, cut)
         assert not set(random_slots) & set(range(1, 129)) and len(set(random_slots)) == 100
         assert 0 < min(random_slots) and max(random_slots) < pool == (universe or 2 * 128) + 1
 
 
 def test_records_timed_on_another_case_are_stale(monkeypatch):
-    """Changing a kernel's tuning case (``workloads.CASE_VERSIONS``) stales its records: a tune never
-    ranks records of two cases together."""
+    """A changed tuning case (``workloads.CASE_VERSIONS``) stales its kernel's records: never ranked together."""
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(keys.committed_tune_logs() / "amd-epyc"), allow_missing=False)
@@ -340,7 +336,7 @@ def test_records_timed_on_another_case_are_stale(monkeypatch):
     assert stale == {"verify"} and rows and not any(kernel == "verify" for kernel, _ in rows)
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()
@@ -354,8 +350,8 @@ def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch
 
 
 def _write_database(root, picks: dict, with_default: bool = True) -> None:
-    """A CPU database under ``root`` whose write buckets measured the default at 1 ms (not if not
-    ``with_default``: then the pick selects nothing) and their pick at 0.5 ms (so it applies)."""
+    """A CPU database in ``root``: write buckets' default at 1 ms (unless not ``with_default``: the pick
+    then selects nothing), their pick at 0.5 ms (so it applies)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -382,8 +378,7 @@ def _unrolled(unroll: int):
 
 
 def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
-    """Write's NONE bucket ``(requests, tokens)`` and ALL bucket ``(requests, tokens, 2)`` each choose for
-    their mode's launches; a mode without a bucket (PARTIAL) runs the default."""
+    """Write's NONE ``(reqs, tokens)`` and ALL ``(reqs, tokens, 2)`` buckets choose per mode; PARTIAL: default."""
     picks = {(8, 16): _unrolled(1), (8, 16, 2): _unrolled(2)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -397,8 +392,8 @@ def test_write_geometry_is_chosen_within_the_launch_mode(tmp_path, monkeypatch):
 
 
 def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_path, monkeypatch):
-    """An empty database (``tune --time-limit 0``) hid later ones, one tuned for some workloads hid their
-    picks of the others, one without a valid default record of a bucket hid its measured pick."""
+    """Once an empty database (``tune --time-limit 0``) hid later ones, a partly tuned one the rest, one
+    without a bucket's valid default record its pick."""
     from tvm.s_tir import meta_schedule as ms
 
     cpu = torch.device("cpu")
@@ -406,7 +401,7 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
     for root in roots:
         root.mkdir()
     (roots[0] / keys.device_key(cpu)).mkdir()
-    ms.database.JSONDatabase(work_dir=str(roots[0] / keys.device_key(cpu)))  # as tune --time-limit 0 left it
+    ms.database.JSONDatabase(work_dir=str(roots[0] / keys.device_key(cpu)))  # as tune --time-limit 0 leaves it
     _write_database(roots[1], {(8, 16): _unrolled(1), (8, 32): _unrolled(1)}, with_default=False)
     _write_database(roots[2], {(8, 16): _unrolled(2), (1, 512): _unrolled(8)})
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: roots)
@@ -420,9 +415,8 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
 
 
 def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_path, monkeypatch):
-    """A write's first launch in a mode loads every bucket's geometry of the mode, so a later launch at
-    another token count loads nothing (none during CUDA-graph capture). Other kernels load the one they
-    launch."""
+    """Write's first launch in a mode loads all the mode's bucket geometries: another token count loads
+    none (nor in CUDA-graph capture). Other kernels load the one they launch."""
     picks = {(8, 16): _unrolled(1), (1, 512): _unrolled(2), (8, 16, 2): _unrolled(8)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -444,8 +438,8 @@ def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_p
 
 
 def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monkeypatch):
-    """Without a database a write's default still follows its tokens per request, so its first launch in
-    a mode loads every default of it: a long chain after a decode step loads nothing."""
+    """Without a database write's default follows tokens per request: its first launch loads all its mode's
+    defaults, a long chain after a decode step none."""
     from tvm_canary.runtime import targets
 
     monkeypatch.setattr(C, "tuning_enabled", lambda: False)
@@ -453,7 +447,7 @@ def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monk
     monkeypatch.setattr(C, "_memory", {})
     monkeypatch.setattr(C, "_by_launch", {})
     monkeypatch.setattr(C, "_load_or_build", lambda name, spec, device, geom: (name, geom))  # no compiling here
-    gpu = torch.device("cuda", 0)  # never touched: nothing is built or launched
+    gpu = torch.device("cuda", 0)  # untouched: nothing built or launched
     short = targets.default_geometry("write", "cuda-sm_90", 2, (4096, 1))
     long = targets.default_geometry("write", "cuda-sm_90", 2, (1, 32768))
     assert (short.unroll, long.unroll) == (1, 8)
@@ -466,8 +460,7 @@ def test_the_first_write_without_a_database_loads_every_default_of_its_mode(monk
 
 @pytest.mark.parametrize("mode", list(RealKvHashMode))
 def test_write_launches_carry_their_real_kv_mode(mode):
-    """A write folding sources launches in its real-KV hash mode, whose buckets choose its geometry;
-    without sources, mode 0."""
+    """A write folding sources launches in its real-KV hash mode (its buckets choose); without, mode 0."""
     case = write_case(torch.Generator().manual_seed(3), "cpu")
     ctx = case["context"]
     case["context"] = dataclasses.replace(ctx, real_kv_hash_mode=mode, real_kv_sources=four_sources(3)[:2])
@@ -478,9 +471,8 @@ def test_write_launches_carry_their_real_kv_mode(mode):
 
 
 def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
-    """A write's workload point is (request capacity, tokens per request): a decode step's write takes
-    the one-token bucket at any batch, not a long-chain one its request count alone would pick (those
-    took 6.5-14 µs against the default's 3.5-6.2 µs). A bare size compares leading sizes."""
+    """Write's point is (request capacity, tokens per request): a decode step takes the one-token bucket at
+    any batch, not a long-chain one (6.5-14 µs vs the default's 3.5-6.2 µs). A bare size compares leading sizes."""
     gpu_buckets = sorted([(4096, 1), (64, 512), (1, 32768), (4096, 1, 2), (64, 512, 2), (1, 32768, 2)])
     none, folded = [b for b in gpu_buckets if len(b) == 2], [b for b in gpu_buckets if len(b) == 3]
     wants = {(1, 1): (4096, 1), (64, 1): (4096, 1), (256, 1): (4096, 1), (4096, 1): (4096, 1),
@@ -496,7 +488,7 @@ def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
 
 
 def test_scatter_takes_the_bucket_of_its_batch():
-    """Scatter's workload point is its batch size, not its pool's rows (sized for the largest batch)."""
+    """Scatter's point is its batch size, not its pool's rows (sized for the largest batch)."""
     pool = torch.zeros(4097, 8, dtype=torch.int32)
     call = packing.scatter_call(flat_in=torch.zeros(256 * 8, dtype=torch.int64), offsets=torch.arange(257) * 8,
                                 req_pool_indices=torch.arange(256) + 1, pool_out=pool)
@@ -505,9 +497,8 @@ def test_scatter_takes_the_bucket_of_its_batch():
 
 
 def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
-    """``apply.tuned_geometry`` takes the nearest bucket on the launch's side of its mode's size-class
-    bound (``targets.size_class``): 64 x 4 tokens take 4096 x 1, not the nearer 64 x 512; verify 16385
-    64K, not the as-near 4K. No bucket in its class: its default (None)."""
+    """``apply.tuned_geometry``: nearest bucket in the size class (``targets.size_class``): 64 x 4 takes 4096 x
+    1, not the nearer 64 x 512; verify 16385 64K, not the as-near 4K. None in class: default (None)."""
     from tvm_canary.geometry import Geometry
     from tvm_canary.runtime import targets
 
@@ -539,16 +530,15 @@ def test_a_tuned_launch_takes_a_bucket_of_its_own_size_class(monkeypatch):
 def test_device_without_database_falls_back_to_default(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
     apply._records.cache_clear()
-    # Point the lookup away from the repository's tune_logs/ (may hold this CPU's database).
+    # not the repository's tune_logs/ (may hold this CPU's database)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     assert apply.tuned_geometry("verify", torch.device("cpu"), 1024) is None
     apply._records.cache_clear()
 
 
 def test_the_default_geometry_is_that_of_the_launch_mode():
-    """Verify and write have a CUDA default per mode (``CUDA_MODE_DEFAULTS``), each a design-space point
-    (``tune`` measures it beside the candidates); ahead-of-time builds cover a specialization's modes;
-    the CPU has one default."""
+    """Verify and write: a CUDA default per mode (``CUDA_MODE_DEFAULTS``), a design-space point ``tune``
+    measures; AOT builds cover a specialization's modes; the CPU has one."""
     from tvm_canary import schedules
     from tvm_canary.consts import RealKvHashMode
     from tvm_canary.runtime import aot, specializations, targets
@@ -560,7 +550,7 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
     verifies = (none, partial, full)
     assert all(knob_values_of(schedules.knobs("verify", True, int(m)), g) for m, g in zip(RealKvHashMode, verifies))
     assert "pairs" not in schedules.knobs("verify", True) and "pairs" in schedules.knobs("verify", True, 2)
-    assert (none.thin, partial.thin, full.thin) == (0, 1, 1)  # thin where it measured faster (defaults.py)
+    assert (none.thin, partial.thin, full.thin) == (0, 1, 1)  # thin where faster (defaults.py)
     writes = [targets.default_geometry("write", "cuda", int(m)) for m in RealKvHashMode]
     assert [(g.threads, g.thin) for g in writes] == [(64, 0), (32, 0), (32, 1)]
     assert all(knob_values_of(schedules.knobs("write", True, int(m)), g) for m, g in zip(RealKvHashMode, writes))
@@ -587,16 +577,15 @@ def test_the_default_geometry_is_that_of_the_launch_mode():
 
 
 def test_the_default_geometry_follows_the_launch_size_class():
-    """From ``CUDA_SIZE_DEFAULTS``' size on a launch takes that class's default; below it, or sizeless, the
-    mode's. The size is the workload point (``KernelCall.size``, a bucket's ``workloads.point_of``), so
-    launches, the tuner's default record and ahead-of-time builds agree. Write's classes bound tokens per
-    request. Plan, scatter and the CPU have no size class."""
+    """From ``CUDA_SIZE_DEFAULTS``' size on, that class's default; below or sizeless, the mode's. The size is
+    the workload point (``KernelCall.size``, ``workloads.point_of``), so launches, tuner and AOT agree.
+    Write's classes bound tokens per request; plan, scatter, CPU have none."""
     from tvm_canary import schedules
     from tvm_canary.runtime import targets
     from tvm_canary.schedules import CUDA_SIZE_DEFAULTS
     from tvm_canary.schedules.space import knob_values_of
 
-    for classes in CUDA_SIZE_DEFAULTS.values():  # by increasing bound, each reaching the previous one
+    for classes in CUDA_SIZE_DEFAULTS.values():  # by increasing bound, each reaching the last
         bounds = [at_least for at_least, _ in classes]
         assert all(targets.reaches(b, a) and a != b for a, b in zip(bounds, bounds[1:])), bounds
     ((at_least, overrides),) = CUDA_SIZE_DEFAULTS[("verify", 2)]
@@ -608,20 +597,20 @@ def test_the_default_geometry_follows_the_launch_size_class():
     for size, expected in ((None, split), (1, split), (at_least - 1, split), (at_least, wide), (1 << 24, wide)):
         assert targets.default_geometry("verify", "cuda-sm_90", 2, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 2) == [split, wide]
-    # PARTIAL: thin and paired below the same boundary, full blocks and single-chain folds from it on.
+    # PARTIAL: thin, paired below it; full blocks, single-chain folds from it.
     assert CUDA_SIZE_DEFAULTS[("verify", 1)][0][0] == at_least
     partial_small = targets.default_geometry("verify", "cuda-sm_90", 1)
     partial_large = targets.default_geometry("verify", "cuda-sm_90", 1, at_least)
     assert (partial_small.thin, partial_small.pairs, partial_large.thin, partial_large.pairs) == (1, 1, 0, 0)
     assert targets.default_geometry("verify", "cuda-sm_90", 1, at_least - 1) == partial_small
-    # From 256K entries on (NONE's bound, below) up to 2112 512-lane blocks, two an SM.
+    # from 256K entries (NONE's bound, below) 2112 512-lane blocks, two an SM
     (_, (partial_bound, wide_overrides)) = CUDA_SIZE_DEFAULTS[("verify", 1)]
     assert (partial_bound, wide_overrides) == ((1 << 18) + 1, {"blocks": 2112, "threads": 512, "min_blocks": 2})
     partial_wide = dataclasses.replace(partial_large, blocks=2112, threads=512, min_blocks=2)
     for size, expected in ((partial_bound - 1, partial_large), (partial_bound, partial_wide), (1 << 24, partial_wide)):
         assert targets.default_geometry("verify", "cuda-sm_90", 1, size) == expected, size
     assert targets.default_geometries("verify", "cuda", 1) == [partial_small, partial_large, partial_wide]
-    # NONE: 128 registers (min_blocks 4) up to 256K entries, 32 from there on.
+    # NONE: 128 registers (min_blocks 4) up to 256K entries, 32 from there
     ((none_bound, none_overrides),) = CUDA_SIZE_DEFAULTS[("verify", 0)]
     assert (none_bound, none_overrides) == ((1 << 18) + 1, {"min_blocks": 16})
     none_small = targets.default_geometry("verify", "cuda-sm_90", 0)
@@ -660,14 +649,14 @@ def test_the_default_geometry_follows_the_launch_size_class():
         assert targets.default_geometries(kernel, "cuda", mode) == [targets.default_geometry(kernel, "cuda", mode)]
     assert targets.default_geometry("verify", "llvm", 2, 1 << 24) == targets.default_geometry("verify", "llvm", 2)
     assert targets.default_geometries("verify", "llvm", 2) == [targets.default_geometry("verify", "llvm", 2)]
-    # A tuning bucket's default is that of a launch of its size and mode.
+    # a bucket's default: a launch's of its size, mode
     assert workloads.point_of("verify", (1 << 16, 2)) == 1 << 16
     assert workloads.point_of("write", (64, 512, 2)) == (64, 512)
     assert workloads.default_of("verify", (4096, 2), "cuda") == split
     assert workloads.default_of("verify", (1 << 16, 2), "cuda") == wide
     assert workloads.default_of("verify", (1 << 24, 2), "cuda") == wide
     assert workloads.default_of("write", (4096, 1, 2), "cuda") == targets.default_geometry("write", "cuda", 2)
-    # At the class boundary (16K) a launch takes the 4K bucket (ties go smaller), split like its default.
+    # at the class boundary (16K) the 4K bucket (ties go smaller), split like its default
     buckets = [(4096, 2), (1 << 16, 2)]
     for size in (at_least - 1, at_least):
         launch_default = targets.default_geometry("verify", "cuda", 2, size)
@@ -676,7 +665,7 @@ def test_the_default_geometry_follows_the_launch_size_class():
 
 
 def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
-    """``compile.geometry`` passes the launch's size to the default when no database applies."""
+    """``compile.geometry`` passes the launch's size to the default if no database applies."""
     from tvm_canary.runtime import targets
 
     monkeypatch.setattr(targets, "tag_for", lambda device: "cuda-sm_90")
@@ -688,7 +677,7 @@ def test_a_launch_takes_the_default_of_its_size_class(monkeypatch):
 
 
 def write_bucket_database(folder):
-    """(empty database in ``folder``, ``commit(geometry, run_secs)`` for CPU write (8, 16), its default)."""
+    """(empty database in ``folder``, ``commit(geometry, run_secs)`` for CPU write (8, 16), default)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -708,7 +697,7 @@ def write_bucket_database(folder):
 
 
 def chosen_in(folder, cuda: bool) -> dict:
-    """{kernel: {bucket: geometry}} of ``apply._chosen_geometries`` of the database in ``folder``."""
+    """{kernel: {bucket: geometry}} of ``apply._chosen_geometries`` of ``folder``'s database."""
     from tvm.s_tir import meta_schedule as ms
 
     out: dict = {}
@@ -719,8 +708,7 @@ def chosen_in(folder, cuda: bool) -> dict:
 
 
 def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
-    """``driver.commit_measurement`` stores a trace replaying to the default; a failed record (1e10 s) is no
-    measurement."""
+    """``driver.commit_measurement``'s trace replays to the default; a failed (1e10 s) record is no measurement."""
     db, commit, default = write_bucket_database(tmp_path)
     failed = dataclasses.replace(default, unroll=1)
     commit(failed, [1e10])
@@ -732,8 +720,7 @@ def test_default_geometry_competes_and_failed_records_never_win(tmp_path):
 
 @pytest.mark.parametrize(("faster", "wins"), [(0.02, False), (0.04, True)])
 def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, faster, wins):
-    """``apply.chosen``: the fastest record applies only when ``TUNED_MARGIN`` (3%) faster than the
-    default in the same database."""
+    """``apply.chosen``: the fastest applies only if ``TUNED_MARGIN`` (3%) faster than its database's default."""
     db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
     commit(default, [1e-3])
@@ -746,8 +733,8 @@ def test_a_candidate_replaces_the_default_only_when_clearly_faster(tmp_path, fas
 
 @pytest.mark.parametrize("default_seconds", [1e10, None], ids=["default-failed", "default-never-measured"])
 def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, caplog, default_seconds):
-    """``apply.chosen``: a record replaces the default only when measured against it; a bucket whose
-    default failed (1e10 s) or is unmeasured keeps it; one warning names the bucket."""
+    """``apply.chosen``: only a record measured against the default replaces it; a failed (1e10 s) or
+    unmeasured default stays; one warning names the bucket."""
     db, commit, default = write_bucket_database(tmp_path)
     candidate = dataclasses.replace(default, unroll=1)
     commit(candidate, [1e-6])
@@ -766,8 +753,8 @@ def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, ca
 
 
 def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
-    """A record of a geometry outside the design space (hand-edited, another space: unroll 0 divided by
-    zero in every write launch) is passed over for the fastest valid one."""
+    """A record outside the design space (hand-edited; unroll 0 divided by zero per write launch) yields to
+    the fastest valid one."""
     from tvm_canary import schedules
 
     db, commit, default = write_bucket_database(tmp_path)
@@ -787,9 +774,8 @@ def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision"])
 def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage,
                                                                 committed_cpu_key):
-    """An unreadable database (truncated, a file missing, a decision not among its candidates) or another
-    device's gives the defaults, one warning at load, a kv-canary line in ``info``, a refused merge; not
-    TVM's errors in every launch."""
+    """An unreadable (truncated, file missing, decision not a candidate) or foreign database: defaults, one
+    warning at load, a kv-canary line in ``info``, a refused merge; no TVM error per launch."""
     import shutil
 
     from tvm_canary import info
@@ -809,7 +795,7 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
         elif damage == "no-records-file":
             records.unlink()
         else:
-            # every record that samples the unroll knob decides candidate 9 of 4
+            # every unroll-sampling record decides candidate 9 of 4
             records.write_text(re.sub(r"\]\],\[\[1,\d+\]\]\]", "]],[[1,9]]]", records.read_text()))
             assert "[[1,9]]]" in records.read_text(), "no sampled decision to edit"
             want = "Wrong decision value"
@@ -827,9 +813,8 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
 
 
 def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_without_its_record(tmp_path, caplog):
-    """Default fallback on real CUDA records (a committed H200 bucket, times rewritten): another geometry
-    applies when clearly faster than the default's record beside it; without that record the default
-    stays and the warning names the bucket."""
+    """Real CUDA records (a committed H200 bucket, times rewritten): another geometry applies if clearly
+    faster than the default's record; without it, the default and a warning naming the bucket."""
     from tvm.s_tir import meta_schedule as ms
 
     folder = keys.committed_tune_logs() / "nvidia-h200-sm_90"
@@ -840,7 +825,7 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
         by_bucket.setdefault((str(func.attrs["canary.kernel"]), workloads.bucket_of(func)), []).append(record)
 
     def split(key):
-        """(the default's record, another geometry's record and that geometry) of a bucket, or None."""
+        """A bucket's (default's record, another geometry's record, that geometry), or None."""
         default = workloads.default_of(*key, "cuda")
         geometries = [(apply.record_geometry(r, cuda=True), r) for r in by_bucket[key]]
         mine = next((r for g, r in geometries if g == default), None)
@@ -855,7 +840,7 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
     launches = workloads.CASE_LAUNCHES.get(key[0], 1)
 
     def copy_with(name, timed):
-        """A database of ``(record, seconds per launch)`` pairs of the bucket; its folder."""
+        """The folder of a database of the bucket's ``(record, seconds per launch)`` pairs."""
         (tmp_path / name).mkdir()
         db = ms.database.JSONDatabase(work_dir=str(tmp_path / name))
         for record, seconds in timed:
@@ -874,9 +859,8 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
 
 
 def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default(tmp_path, monkeypatch):
-    """``apply.chosen`` on verify's two-launch case (times per launch, ``launch_seconds``): the fastest
-    record not ``TUNED_MARGIN`` faster than the default in both launches yields to the next that is; with
-    none the default applies. (A two-launch write case stands in on the CPU.)"""
+    """``apply.chosen``, two-launch case (verify's; write on the CPU; ``launch_seconds``): a record not
+    ``TUNED_MARGIN`` faster than the default in both launches yields to the next that is, else the default."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -892,7 +876,7 @@ def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default
     mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm")})
     knobs, target = schedules.knobs("write", False), targets.target_from_tag("llvm")
     default = targets.default_geometry("write", "llvm")
-    # the first and second launch (µs) per repeat; over the case 1200 µs for the default
+    # first and second launch (µs) per repeat; the default's case 1200 µs
     timed = {"default": (default, [1000, 200]), "second slower": (dataclasses.replace(default, unroll=1), [900, 201]),
              "second within the margin": (dataclasses.replace(default, unroll=8), [900, 196]),
              "both faster": (dataclasses.replace(default, unroll=2), [960, 193])}
@@ -913,8 +897,7 @@ def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default
 
 
 def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):
-    """A database tuned for other kernel code: its records do not apply; one warning names the kernels
-    to re-tune."""
+    """Other kernel code's records do not apply; one warning names the kernels to re-tune."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -932,7 +915,7 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
         mod = tvm.IRModule({"main": workloads.descriptor(kernel, bucket, "llvm")})
         default = workloads.default_of(kernel, bucket, "llvm")
         commit_measurement(db, mod, schedules.knobs(kernel, False), default, [2e-3], target)
-        if kernel == "write":  # twice as fast as the default: it applies
+        if kernel == "write":  # twice the default's speed: applies
             commit_measurement(db, mod, schedules.knobs(kernel, False), tuned, [1e-3], target)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
     apply._records.cache_clear()
@@ -943,7 +926,7 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
     with caplog.at_level("WARNING", logger="tvm_canary"):
         assert apply.tuned_geometry("write", torch.device("cpu"), 8) is None
         assert apply.tuned_geometry("write", torch.device("cpu"), 1) is None
-        assert apply.tuned_geometry("scatter", torch.device("cpu"), 8) is not None  # unchanged kernel: still applies
+        assert apply.tuned_geometry("scatter", torch.device("cpu"), 8) is not None  # unchanged kernel: applies
     stale = [r.getMessage() for r in caplog.records if "older version" in r.getMessage()]
     assert len(stale) == 1 and "of write;" in stale[0], stale
     assert "tvm-canary tune --target llvm --kernels write --stale-only --out" in stale[0], stale
@@ -951,8 +934,8 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
 
 
 def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_path, monkeypatch):
-    """``tune --stale-only``: a bucket with a current default record is done; one with only another
-    geometry's record, one never tuned, and a changed kernel's are stale."""
+    """``--stale-only``: a bucket without a current default record (other geometry, untuned, changed
+    kernel) is stale."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -972,17 +955,16 @@ def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_p
         assert geom != default
         commit_measurement(db, mod, schedules.knobs(kernel, False), geom or default, [2e-3], target)
     assert apply.stale_buckets(db, jobs, False) == [("write", (1, 64)), ("write", (256, 1))]
-    # --stale-only adds the buckets the database holds (tuned with another preset) to the preset's
+    # --stale-only adds the database's buckets (another preset's) to the preset's
     assert apply.database_buckets(db, {"write"}) == [("write", (1, 64)), ("write", (8, 16))]
     assert apply.database_buckets(db, {"write", "scatter"})[0] == ("scatter", (8, 16))
     monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)  # write changes
     assert apply.stale_buckets(db, jobs, False) == jobs[:3]
 
 
-@pytest.mark.slow  # the tuned_logs fixture
+@pytest.mark.slow  # tuned_logs fixture
 def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_logs, tmp_path, monkeypatch, capsys):
-    """After a change to verify, ``--stale-only`` re-tunes verify only, keeping write's records; with
-    nothing stale, nothing."""
+    """After a verify change ``--stale-only`` re-tunes verify only, keeping write's; nothing stale: nothing."""
     import shutil
 
     from tvm.s_tir import meta_schedule as ms
@@ -990,7 +972,7 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
     out = tmp_path / "tune_logs"
     shutil.copytree(tuned_logs, out)
     def write_records():
-        """Write's valid current records in the copy: (bucket, case seconds) fastest first."""
+        """The copy's valid current write records: (bucket, case seconds) fastest first."""
         db = ms.database.JSONDatabase(work_dir=str(out / keys.device_key(torch.device("cpu"))))
         rows = apply.measured_records(db).items()
         return {key: [cost for cost, _ in costs] for key, costs in rows if key[0] == "write"}
@@ -1015,8 +997,8 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
 @pytest.mark.parametrize("key", sorted(p.parent.name
                                       for p in keys.committed_tune_logs().glob("*/database_workload.json")))
 def test_committed_databases_match_the_current_kernels(key, tmp_path):
-    """Every committed record matches this tree's kernels (a TensorIR change needs a re-tune, a provably
-    code-neutral one tuning/restamp.py); workload tables are compact, as `tune-merge` writes them."""
+    """Committed records match the kernels (TensorIR changes need a re-tune, or tuning/restamp.py if
+    provably code-neutral); tables compact, as `tune-merge` writes."""
     import shutil
 
     from tvm.s_tir import meta_schedule as ms
@@ -1031,8 +1013,7 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
 
 
 def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, monkeypatch, capsys):
-    """A default that failed while candidates were measured is named in the summary, not only in
-    MetaSchedule's log (in the case where the search did not draw the default)."""
+    """A failed default (not drawn) beside measured candidates is named in the summary, not only MetaSchedule's log."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "kv-canary: the default's error"))
@@ -1061,8 +1042,8 @@ def test_every_search_round_keeps_metaschedule_quiet_without_verbose(tmp_path, m
 
 
 def test_restamp_command_line(tmp_path, capsys):
-    """``--help`` prints the docstring (not a folder traceback); a non-folder is a usage error before any
-    re-stamp; a re-stamped committed database keeps its records byte for byte."""
+    """``--help`` prints the docstring (no folder traceback); a non-folder is a usage error before any
+    re-stamp; re-stamping keeps a committed database's records byte for byte."""
     import shutil
 
     from tvm_canary.tuning import restamp
@@ -1078,7 +1059,7 @@ def test_restamp_command_line(tmp_path, capsys):
     shutil.copytree(copy, broken)
     (broken / "database_workload.json").write_text("[truncated")
     table = (copy / "database_workload.json").read_bytes()
-    with pytest.raises(SystemExit) as exit_status:  # every folder is read before any is re-stamped
+    with pytest.raises(SystemExit) as exit_status:  # all folders read before any re-stamp
         restamp.main([str(copy), str(broken)])
     assert exit_status.value.code == 1
     assert f"kv-canary: cannot read the tuning database {broken}" in capsys.readouterr().err
@@ -1091,8 +1072,7 @@ def test_restamp_command_line(tmp_path, capsys):
 
 
 def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch, capsys):
-    """Write records timed on write's previous tuning case are refused, not silently made current
-    (incomparable times); nothing is written."""
+    """Records of write's previous tuning case are refused (incomparable times), nothing written."""
     import shutil
 
     from tvm_canary.tuning import restamp
@@ -1114,7 +1094,7 @@ def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch
 
 
 def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
-    """The "no tuned schedule" notice goes through tqdm.write, once per process and device."""
+    """The "no tuned schedule" notice goes via tqdm.write, once a process and device."""
     from tvm_canary import console
 
     printed = []
@@ -1132,8 +1112,7 @@ def test_notices_print_once_above_progress_bars(tmp_path, monkeypatch):
 
 
 def test_the_notice_names_kernel_and_mode_and_only_where_a_schedule_could_be_tuned(monkeypatch, caplog):
-    """With write records only in NONE mode, a PARTIAL write gets the notice once; verify (no CPU knobs)
-    never."""
+    """Write records in NONE only: a PARTIAL write gets one notice; verify (no CPU knobs) none."""
     import logging
 
     from tvm_canary.runtime.targets import default_geometry
@@ -1159,8 +1138,8 @@ def test_tune_cuda_without_a_gpu_is_a_one_line_usage_error(capsys):
 
 
 def test_candidate_artifacts_have_file_names_of_their_own():
-    """Each candidate's artifact has its own file name: under one name an RPC session would run the first
-    one's code (``measure._build_exported``)."""
+    """Each candidate's artifact has its own name: a shared one made an RPC session run the first's code
+    (``measure._build_exported``)."""
     import pathlib
 
     from tvm.s_tir import meta_schedule as ms
@@ -1173,14 +1152,14 @@ def test_candidate_artifacts_have_file_names_of_their_own():
     paths = [pathlib.Path(path) for path, _ in built]
     try:
         assert paths[0].name != paths[1].name and all(p.stat().st_size > 0 for p in paths)
-        assert all(seconds > 0 for _, seconds in built)  # the worker's own time, for tune's summary
+        assert all(seconds > 0 for _, seconds in built)  # the worker's time, for tune's summary
     finally:
         for path in paths:
             ms.utils.remove_build_dir(str(path))
 
 
 def test_a_dead_build_worker_fails_only_its_round():
-    """A dead build worker (OOM, codegen crash) fails its round; the next round gets a fresh pool."""
+    """A dead build worker (OOM, codegen crash) fails its round; the next gets a fresh pool."""
     import os
     import signal
     import time
@@ -1199,7 +1178,7 @@ def test_a_dead_build_worker_fails_only_its_round():
         built += builder.build(inputs)
         os.kill(next(iter(builder._pool._processes)), signal.SIGKILL)
         time.sleep(1)
-        built += builder.build(inputs)  # the broken pool: this round fails
+        built += builder.build(inputs)  # broken pool: this round fails
         built += builder.build(inputs)  # a fresh pool
         errors = [r.error_msg for r in built]
         assert errors[0] is None and "candidate build failed" in errors[1] and errors[2] is None, errors
@@ -1244,7 +1223,7 @@ class _FailingBuilder:
 
 
 def test_a_workload_that_measures_nothing_says_why(tmp_path):
-    """When the default fails too, the result names the error and log folder, and has no candidates."""
+    """Default failing too: the result names error and log folder, no candidates."""
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_canary.tuning.driver import tune_workload
@@ -1257,7 +1236,7 @@ def test_a_workload_that_measures_nothing_says_why(tmp_path):
 
 
 def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, capsys):
-    """The database is written, but a run leaving a workload unmeasured is not a success."""
+    """The database is written, but a workload left unmeasured fails the run."""
     import types
 
     from tvm_canary.tuning import driver, measure
@@ -1270,14 +1249,14 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
     out, err = capsys.readouterr()
     assert rc == 1
     assert "every candidate failed (the default's: torch.OutOfMemoryError" in out
-    assert "already had its candidates" not in out  # it said so of a run whose every workload failed
+    assert "already had its candidates" not in out  # once said of a run whose every workload failed
     assert "tvm-canary tune: error: nothing measured for 1 workload: scatter (8, 16)" in err
     assert (tmp_path / keys.device_key(torch.device("cpu"))).is_dir()
 
 
 def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, capsys):
-    """``--time-limit``: a workload starts only while elapsed time plus the longest workload so far fits;
-    the rest are listed, keeping their records; exit 3 with the tuned table (none is cut)."""
+    """``--time-limit``: start while elapsed plus the longest so far fits; the rest listed, records kept;
+    exit 3 with the tuned table (none cut)."""
     import types
 
     from tvm_canary.tuning import command, driver, measure
@@ -1299,7 +1278,7 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
     rc = main([*argv, "--time-limit", "25"])
     out, err = capsys.readouterr()
     assert rc == 3
-    assert "2 workloads in 20.0 s" in out  # verify (1024,) and (1024, 2): a third would end at 30 s
+    assert "2 workloads in 20.0 s" in out  # verify (1024,), (1024, 2): a third ends at 30 s
     assert ("stopped (at --time-limit 25 s): 2 workloads not tuned in this run (their earlier records, if any, are "
             "kept): write (8, 16), plan (8, 16)") in err
     clock[0] = 0.0
@@ -1307,7 +1286,7 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
 
 
 def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):
-    """An ``--out`` folder that cannot be created is one usage line before any build, no traceback."""
+    """An uncreatable ``--out``: one usage line before any build, no traceback."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built before checking --out"))
@@ -1319,8 +1298,8 @@ def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypa
 
 
 def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_logs, tmp_path, monkeypatch, capsys):
-    """A database file this process cannot write is refused in one line before tuning, files unchanged
-    (no late traceback). ``os.access`` answers as for non-root."""
+    """An unwritable database file is refused in one line before tuning, files unchanged, no late traceback
+    (``os.access`` as non-root)."""
     import os
     import shutil
 
@@ -1341,7 +1320,7 @@ def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_l
 
 
 def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, monkeypatch, capsys):
-    """``tune-merge`` into a folder it cannot write is one ``kv-canary:`` line, no traceback."""
+    """``tune-merge`` into an unwritable folder: one ``kv-canary:`` line, no traceback."""
     import tempfile
 
     key = keys.device_key(torch.device("cpu"))
@@ -1355,7 +1334,7 @@ def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, 
 
 
 def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
-    """``--time-limit 0`` starts no workload and builds no default; all are listed as left, status 3."""
+    """``--time-limit 0`` starts no workload, builds no default; all listed as left, status 3."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built defaults for no workload"))
@@ -1364,8 +1343,8 @@ def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
 
 
 def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, monkeypatch, capsys):
-    """When the fleet's last server goes between workloads, ``tune`` prints what it measured, lists the
-    rest, compacts the workload table, exits 1 with the fleet's ``kv-canary:`` line."""
+    """Last server gone between workloads: ``tune`` prints its table, lists the rest, compacts the
+    workload table, exits 1 with the fleet's ``kv-canary:`` line."""
     import json
 
     from tvm_canary.runtime import targets
@@ -1394,20 +1373,20 @@ def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, m
 
 
 def test_a_resumed_workload_measures_only_the_trials_it_lacks(tmp_path, capsys):
-    """A workload with fewer than ``--trials`` measured candidates measures the rest, not ``--trials`` more."""
+    """Under ``--trials`` measured candidates, a workload measures the rest, not ``--trials`` more."""
     args = ["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--out", str(tmp_path / "out"),
             "--log-dir", str(tmp_path / "ms")]
     for trials in ("2", "4"):
         assert main([*args, "--trials", trials]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines()[::-1] if line.startswith("write"))
     candidates, new = row.split()[3:5]  # the bucket "(8, 16)" is two words
-    # the first run holds 2 or 3 (with the default); the resume may redraw a measured geometry, so it can
-    # end with 3 (driver.SEARCH_ROUNDS), never more than the space's 4
+    # first run: 2 or 3 (with the default); the resume may redraw a measured geometry, so may end at 3
+    # (driver.SEARCH_ROUNDS), never over the space's 4
     assert candidates in {"3", "4"} and 0 <= int(new) <= 2, row
 
 
 def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, capsys, committed_cpu_key):
-    """A device folder with records but no workload table is refused before tuning (no TVM crash)."""
+    """Records without a workload table: refused before tuning (no TVM crash)."""
     import shutil
 
     folder = tmp_path / "out" / committed_cpu_key
