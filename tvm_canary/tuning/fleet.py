@@ -252,7 +252,7 @@ def _refusing(future):
         error = inner.exception()  # the worker's, re-created with its traceback as the message
         if isinstance(error, ServerRefused):
             line = error_line(error)
-            raise ServerRefused(line[line.find("kv-canary:"):])
+            raise ServerRefused(line[max(line.find("kv-canary:"), 0):])  # from its message on, if it has one
         return result()
 
     future._inst.result = checked
