@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -322,6 +323,22 @@ def test_after_forward_refuses_inputs_changed_in_place_before_any_tail_launch():
     assert session.step == 2
 
 
+def test_after_forward_refuses_a_token_count_changed_in_place_before_any_tail_launch():
+    """Inputs lengthened alike (every launch check passes) no longer match the HEAD's plans: refused before
+    the first TAIL launch, the SWA group's included."""
+    session, kv = make_session(swa_lut=torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS)
+    inputs = {name: torch.tensor(value) if name != "req_to_token" else value
+              for name, value in step_inputs(session, 0, 3).items()}
+    session.before_forward(**inputs)
+    before = session_state(session)
+    for name in ("input_ids", "positions", "out_cache_loc"):
+        inputs[name].resize_(8)
+    with pytest.raises(ValueError, match=re.escape("kv-canary: input_ids length changed since before_forward(): "
+                                                   "6, now 8")):
+        session.after_forward()
+    assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+
+
 def test_after_forward_refuses_a_tail_source_restrided_in_place_before_any_tail_launch():
     """All TAIL real-KV sources are checked before the first TAIL launch: a re-strided V source changes
     nothing."""
@@ -390,15 +407,16 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
     (dict(out_cache_loc=torch.tensor([1.9, 2.7])), TypeError,
      "out_cache_loc must hold int64 values, got torch.float32"),
     (dict(input_ids=[2**63, 0]), TypeError, "input_ids must hold int64 values, got list"),
-    (dict(req_to_token=TABLE.float()), TypeError, "req_to_token must hold int64 values, got torch.float32"),
+    (dict(req_to_token=TABLE.float()), TypeError, "req_to_token must hold int32 values, got torch.float32"),
     (dict(req_to_token=(TABLE.to(torch.int64) + 2**32).tolist()), ValueError,
      "req_to_token holds values outside torch.int32: 4294967296 .. "),
     (dict(req_pool_indices=torch.tensor(1)), ValueError, re.escape("req_pool_indices must be 1-D, got shape ()")),
     (dict(token_lens=torch.tensor(5)), ValueError, re.escape("token_lens must be 1-D, got shape ()")),
     (dict(input_ids=None), TypeError, "input_ids must be a torch.Tensor, got NoneType"),
+    (dict(input_ids=5), ValueError, re.escape("input_ids must be 1-D, got shape ()")),
 ], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
         "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
-        "scalar_lens", "no_input_ids"])
+        "scalar_lens", "no_input_ids", "scalar_ids"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """A rejected call raises before the step is counted or anything runs; later steps run clean."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
@@ -425,6 +443,20 @@ def test_the_reference_backend_refuses_a_slot_past_the_lut_before_the_step():
             session.before_forward(**step_inputs(session, 4, 1))
         assert session.step == 1
         assert all(torch.equal(a, b) for a, b in zip(before, session_state(session)))
+
+
+def test_an_overflow_warning_made_an_error_is_raised_once():
+    """A filter that raises on the overflow warning raises it at its step's end, once: later steps, their
+    violations and flush are not blocked by it."""
+    session, kv = make_session(verify_capacity=4)
+    step(session, kv, 0, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(RuntimeWarning, match=r"skipped this step due to overflow \(step 2\)"):
+            step(session, kv, 4, 1)
+        poke(session, "HEAD", "K", slot(1, 0), 1, 100)
+        step(session, kv, 1, 1)  # verifies position 0 of each row
+        assert [v.slot for v in session.flush().records] == [slot(1, 0)]
 
 
 def test_a_refused_after_forward_still_warns_of_its_overflow():

@@ -161,7 +161,9 @@ class CanarySession:
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
             tag's kernel_run_counter must have grown (0 interval: check off; see ``_health_check``). The
             three step counts are ints >= 0 (TypeError, ValueError).
-        violation_mode: ``log`` (warnings), ``raise`` (one CanaryViolationError) or ``quiet``.
+        violation_mode: ``log`` (a CanaryViolationWarning a row; the rows are read first, so a filter that
+            makes the warning an error raises the first row's and drops the rest), ``raise`` (one
+            CanaryViolationError holding every row) or ``quiet``.
     """
 
     def __init__(
@@ -271,6 +273,7 @@ class CanarySession:
             checks.byte_ranges({id(t): (t, name) for t, name in written}.values()))
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
+        self._head_tokens = 0  # the pending step's token count, which its TAIL must match
         self._health_snapshot: list[int] | None = None
         self._health_failures: list[str] = []  # decoded, not yet raised
         self._overflow_warnings: list[str] = []  # decoded, not yet warned
@@ -417,7 +420,8 @@ class CanarySession:
         Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
         capacities, ValueError when ``req_to_token`` is larger than the expected-token pool or a host input
         holds values outside its dtype (uint64 values of 2**63 and more included), TypeError for
-        inputs that are not integers or a ``write_input_assert`` that is not a bool, and the launches'
+        inputs that are not integers (Python ints outside int64 included) or a ``write_input_assert`` that
+        is not a bool, and the launches'
         errors (SPEC 4), before anything is counted or launched: a rejected call changes nothing (a
         pending step stays pending).
         """
@@ -434,11 +438,12 @@ class CanarySession:
         if batch is None:
             batch = self._converted_batch(given, req_to_token, input_assert)
         require_tensor(batch.input_ids, "input_ids")  # the capacity check reads its length
+        checks.require_same_length([(batch.input_ids, "input_ids")])
         self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
         self._check_step(batch)
         self._begin_step()
         self._head(batch)
-        self._batch = batch
+        self._batch, self._head_tokens = batch, batch.input_ids.shape[0]
 
     def _stages(self, given: dict) -> bool:
         """Whether ``before_forward`` stages its inputs (``_staged_batch``): on a device session, when every
@@ -485,7 +490,8 @@ class CanarySession:
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
         status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
         The step's per-token inputs and the TAIL endpoints' real-KV sources are checked again first (the
-        launches' checks): one changed in place since ``before_forward`` is refused before any TAIL launch,
+        launches' checks, and the token count against the HEAD's): one the checks now refuse (resized or
+        re-strided in place since ``before_forward``; changed values cannot be seen) is refused before any TAIL launch,
         and the step ends there (its TAIL never runs; the next ``before_forward`` may begin; its status
         snapshot is still taken, so an overflow of its HEAD is warned about)."""
         if self._batch is None:
@@ -493,6 +499,9 @@ class CanarySession:
         batch, self._batch = self._batch, None
         try:
             self._check_write_inputs(batch)
+            if batch.input_ids.shape[0] != self._head_tokens:  # the plans are for the HEAD's tokens
+                raise ValueError(f"kv-canary: input_ids length changed since before_forward(): "
+                                 f"{self._head_tokens}, now {batch.input_ids.shape[0]}")
             for g in self._groups:
                 self._check_sources(g, ("TAIL",))
         except Exception:
@@ -744,9 +753,9 @@ class CanarySession:
         decoded and not yet raised (one RuntimeError, a line each). Called where a step is whole (the end of
         ``after_forward`` or a replay, ``violations``, ``flush``), never inside one: a warning filter that
         raises cannot stop a step half done. ``stacklevel``: the caller's frame, as ``warnings.warn``'s."""
-        for message in self._overflow_warnings:
+        pending, self._overflow_warnings = self._overflow_warnings, []  # a raising filter cannot warn one twice
+        for message in pending:
             warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
-        self._overflow_warnings.clear()
         if self._health_failures:
             message = "\n".join(self._health_failures)
             self._health_failures.clear()
@@ -971,17 +980,18 @@ class StepGraph:
 def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """``value`` (a tensor, an array, a list or a number of integers) as a ``dtype`` tensor where it is
     (host data on the host; itself when it already is one). Values that are not integers (floats,
-    booleans, complex numbers) or not numbers, and ints outside int64, are refused rather than
+    booleans, complex numbers) or not numbers, and Python ints outside int64, are refused (TypeError) rather than
     converted, and so are host values outside a narrower ``dtype`` (``req_to_token``'s int32; reading a
     device tensor's values would synchronise the host, so its conversion wraps as torch's does); an empty
     list is an empty tensor."""
+    wanted = f"kv-canary: {name} must hold {str(dtype).removeprefix('torch.')} values"
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:  # not numbers, or ints past int64
-            raise TypeError(f"kv-canary: {name} must hold int64 values, got {type_name(value)} ({error})") from None
+            raise TypeError(f"{wanted}, got {type_name(value)} ({error})") from None
     if value.dtype not in _INTEGER_DTYPES and value.numel():
-        raise TypeError(f"kv-canary: {name} must hold int64 values, got {value.dtype}")
+        raise TypeError(f"{wanted}, got {value.dtype}")
     if value.dtype == dtype:
         return value
     if value.dtype in (torch.uint32, torch.uint64) and value.device.type == "cpu":
