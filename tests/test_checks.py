@@ -657,6 +657,8 @@ TYPE_CASES = [
      lambda a: arg("input_ids", numpy)(plan_field("plan", "write_offsets", noncontig)(a)), ValueError,
      "kv-canary: plan.write_offsets must be contiguous"),
     # --- verify ---
+    ("t_v_chain_flag_sparse", V, CV, ctx_field("enable_chain_position_assert", lambda t: t.to_sparse()), TypeError,
+     "kv-canary: context.enable_chain_position_assert must be a dense (strided) tensor, got a sparse_coo tensor"),
     ("t_v_context_dict", V, CV, arg("context", lambda c: {"canary_buf": c.canary_buf}), TypeError,
      "kv-canary: context must be a VerifyOrWriteContext, got dict"),
     ("t_v_plan_is_write_plan", V, CV, plan_of("plan", WritePlan, 4), TypeError,
@@ -699,6 +701,16 @@ TYPE_CASES = [
      "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"),
     ("t_p_verify_capacity_float", P, CP, lambda a: dict(a, verify_capacity=8.0), TypeError,
      "kv-canary: verify_capacity must be an int, got float 8.0"),
+    # Arrays have __index__ but no single truth value against an int.
+    ("t_p_verify_capacity_tensor", P, CP, lambda a: dict(a, verify_capacity=torch.tensor([8, 8])), TypeError,
+     "kv-canary: verify_capacity must be an int, got torch.Tensor"),
+    ("t_p_swa_window_array", P, CP, lambda a: dict(a, swa_window_size=np.array([2, 2])), TypeError,
+     "kv-canary: swa_window_size must be an int, got numpy.ndarray"),
+    # An argument the launch ignores is still refused by the overlap check's look at its bytes.
+    ("t_p_valid_lens_sparse_without_pool", P, CP,
+     lambda a: dict(a, req_to_verify_expected_tokens=None,
+                    req_to_verify_expected_tokens_valid_lens=torch.tensor([5], dtype=I64).to_sparse()), TypeError,
+     "kv-canary: req_to_verify_expected_tokens_valid_lens must be a dense (strided) tensor, got a sparse_coo tensor"),
     # A string never equals the plan's length, so the contract's step 4 answers it.
     ("t_p_order_verify_capacity_str", P, CP, lambda a: dict(a, verify_capacity="8"), ValueError,
      "kv-canary: launch_canary_plan_kernels verify_capacity=8 does not match "
@@ -790,6 +802,11 @@ def _context_fields(**overrides) -> dict:
 
 
 TYPE_CONSTRUCTION_CASES = [
+    ("t_write_plan_tensor", lambda: WritePlan.allocate(write_req_capacity=torch.tensor([4, 4]), device="cpu"),
+     TypeError, "kv-canary: WritePlan write_req_capacity must be an int, got torch.Tensor"),
+    ("t_source_page_size_array", lambda: RealKvSource(tensor=zeros(8, 32, dtype=U8), page_size=np.array([1, 1]),
+                                                      num_bytes_per_token=32, read_bytes=16), TypeError,
+     "kv-canary: RealKvSource.page_size must be an int, got numpy.ndarray"),
     # --- plan capacities: the contract's "must be positive" first, then the type ---
     ("t_verify_plan_str", lambda: VerifyPlan.allocate(verify_capacity="8", device="cpu"), TypeError,
      "kv-canary: VerifyPlan verify_capacity must be an int, got str"),

@@ -55,7 +55,16 @@ def require_number(value: object, name: str) -> None:
     Call it just before the range check, and ``require_integer`` after it, so that a float outside the
     range still gets the contract's ``ValueError`` first.
     """
+    refuse_array(value, name)
     if not isinstance(value, numbers.Real) and not hasattr(type(value), "__index__"):
+        raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
+
+
+def refuse_array(value: object, name: str) -> None:
+    """The "must be an int" TypeError for a tensor or array of one or more dimensions (it has ``__index__``,
+    and comparing one with an int gives no single truth value). Ints are passed by first (a traced
+    caller's ``torch.SymInt`` cannot be asked for ``ndim``)."""
+    if not isinstance(value, int | torch.SymInt) and getattr(value, "ndim", 0):
         raise TypeError(f"kv-canary: {name} must be an int, got {type_name(value)}")
 
 

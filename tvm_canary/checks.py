@@ -33,6 +33,7 @@ import torch
 
 from . import consts
 from .argtypes import (
+    refuse_array,
     refuse_negative,
     require_instance,
     require_int64,
@@ -287,9 +288,11 @@ def _tensor_fields(cls: type) -> tuple[str, ...]:
 
 def byte_ranges(named: Iterable[NamedTensor]) -> list[tuple[int, int, str]]:
     """(first byte, past the last byte, name) of each non-empty tensor of ``named`` (a view's range runs
-    from its first to its last element; torch strides are never negative)."""
+    from its first to its last element; torch strides are never negative); a tensor without strides (an
+    argument the launch ignores is not checked before) gets ``require_tensor``'s error."""
     ranges = []
     for tensor, name in named:
+        require_tensor(tensor, name)
         if tensor.numel():
             start = tensor.data_ptr()
             if tensor.is_contiguous():
@@ -573,6 +576,7 @@ def check_plan(
     slot_indices = verify_plan_out.verify_slot_indices
     _require_1d(slot_indices, "out_verify_slot_indices")
     plan_verify_capacity = int(slot_indices.shape[0])
+    refuse_array(verify_capacity, "verify_capacity")  # a str gets step 4's message, as upstream's
     if verify_capacity != plan_verify_capacity:
         raise ValueError(
             f"kv-canary: launch_canary_plan_kernels verify_capacity={verify_capacity} does not match "
