@@ -69,6 +69,19 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
     new = sum(int(re.search(r"\)\s+\d+\s+(\d+)", row)[1]) for row in rows)  # each measured record was built
     assert builds and int(builds[1]) >= max(new, 1) and int(builds[2]) >= 1
     assert 0 < float(builds[3]) * int(builds[1]) <= waited * int(builds[2])
+    assert all(("nothing to tune" in row) == row.startswith("verify") for row in rows)  # verify: no knobs on llvm
+
+
+def test_a_bucket_with_one_measured_geometry_and_knobs_is_not_said_to_have_none(tmp_path, capsys):
+    """The table's "no knobs" note comes from the design space, not from one candidate measured."""
+    folder = tmp_path / keys.device_key(torch.device("cpu"))
+    folder.mkdir()
+    _, commit, default = write_bucket_database(folder)
+    commit(default, [1e-3])
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--trials", "1",
+                 "--out", str(tmp_path), "--log-dir", str(tmp_path / "ms")]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("write "))
+    assert row.split()[3] == "1" and "nothing to tune" not in row, row
 
 
 class _RecordingBuilder:

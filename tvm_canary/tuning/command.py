@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} "
           f"{'speedup':>8} {'seconds':>8} {'builds s':>8}  tuned geometry")
     for r in results:
-        note = "  (no knobs on this target: nothing to tune)" if r.candidates == 1 else ""
+        note = "  (no knobs on this target: nothing to tune)" if r.candidates and r.no_knobs else ""
         if r.candidates and math.isnan(r.default_us):
             why = f": {r.default_error}" if r.default_error else ""
             note = (f"  (the default's measurement failed{why}; no record was measured against it, so the default "

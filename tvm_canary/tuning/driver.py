@@ -47,7 +47,7 @@ class Result:
     it; ``measured``: those this run added (0 when the database already held enough); times in
     microseconds (NaN when every candidate failed); ``seconds``: the workload's wall time in this run,
     ``build_seconds`` the part of it spent waiting on the builder; ``default_error``: why the default's
-    measurement in this run failed, if it did."""
+    measurement in this run failed, if it did; ``no_knobs``: the design space is one point (nothing to tune)."""
 
     kernel: str
     bucket: tuple
@@ -59,6 +59,7 @@ class Result:
     seconds: float = 0.0
     build_seconds: float = 0.0
     default_error: str = ""
+    no_knobs: bool = False
 
 
 def local_runner():
@@ -236,7 +237,8 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         return Result(kernel, bucket, 0, measured, default_us, float("nan"),
                       f"every candidate failed{why}: the default applies; MetaSchedule logs: {log_dir / 'logs'}")
     cost, geom = chosen(kernel, bucket, rows, cuda)
-    return Result(kernel, bucket, candidates, measured, default_us, 1e6 * cost, geom.key(), default_error=default_error)
+    return Result(kernel, bucket, candidates, measured, default_us, 1e6 * cost, geom.key(), default_error=default_error,
+                  no_knobs=space.size == 1)
 
 
 def _geometries(rows: list, cuda: bool) -> int:
