@@ -1310,6 +1310,19 @@ def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypa
     assert "cannot" in err and "/proc" in err and "Traceback" not in err, err
 
 
+def test_tune_refuses_a_default_log_folder_it_cannot_create_before_connecting(monkeypatch, capsys):
+    """No ``--log-dir``, an unwritable ``$TVM_CANARY_CACHE``: one usage line before any connection or build."""
+    from tvm_canary.tuning import fleet
+
+    monkeypatch.setenv("TVM_CANARY_CACHE", "/proc/tvm-canary-no-such-folder")
+    monkeypatch.setattr(fleet, "connect", lambda *a: pytest.fail("connected before checking the log folder"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TUNE_CI, "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "kv-canary: the default --log-dir: /proc/tvm-canary-no-such-folder/tune-runs: cannot write" in err, err
+
+
 def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_logs, tmp_path, monkeypatch, capsys):
     """An unwritable database file is refused in one line before tuning, files unchanged, no late traceback
     (``os.access`` as non-root)."""

@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
         raise UsageError("--rpc-tracker and --rpc-key go together (and --rpc-workers needs them)")
+    if args.log_dir is None:  # checked as an explicit --log-dir is, before anything is connected or built
+        try:
+            output_folder(str(C.cache_dir().parent / "tune-runs"))
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(f"kv-canary: the default --log-dir: {e}") from None
     if args.rpc_tracker:
         remote = fleet.connect(args.rpc_tracker, args.rpc_key, args.target, args.rpc_workers)
         key, tag, make_runner, where = remote.device_key, remote.tag, remote.runner, f"{remote.workers} RPC server(s)"
