@@ -388,13 +388,25 @@ def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_pa
 
 
 def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, capsys):
-    """A merge drops older kernel code's records, naming their kernels and how to keep them."""
-    key = keys.device_key(torch.device("cpu"))
-    source = _database(tmp_path / "host", key, {("write", (8, 16), default_geometry("write", "llvm")): 1e-6})
+    """Older kernel code's records dropped: their kernels named, and the buckets without a current record."""
+    key, buckets = keys.device_key(torch.device("cpu")), [(8, 16), (256, 1)]
+
+    def database(name, tuned):
+        return _database(tmp_path / name, key, {("write", b, workloads.default_of("write", b, "llvm")): 1e-6
+                                                for b in tuned})
+
+    def merged(*sources):
+        out = tmp_path / "out" / "-".join(p.parent.name for p in sources) / key
+        assert main(["tune-merge", *map(str, sources), "--out", str(out)]) == 0
+        return capsys.readouterr().out
+
+    stale = database("stale", buckets)
     monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)
-    assert main(["tune-merge", str(source), "--out", str(tmp_path / "out" / key)]) == 0
-    out = capsys.readouterr().out
+    out = merged(stale)
     assert "wrote 0 workloads" in out and "dropped the records of write tuned for older kernel code" in out
+    assert "(re-tune write (8, 16), write (256, 1) with `tvm-canary tune --stale-only`" in out
+    assert "(re-tune write (256, 1) with" in merged(stale, database("one", buckets[:1]))
+    assert "(superseded: each of their buckets has a current record)" in merged(stale, database("both", buckets))
 
 
 def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):

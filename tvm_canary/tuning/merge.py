@@ -2,21 +2,18 @@
 
     tvm-canary tune-merge DIR... --out tune_logs/<device key>
 
-A database folder is named by its device key (``tune`` writes ``<out>/<device key>/``), and the
-folder name is what lookups at load match (``keys.database_dirs``), so a database is only ever applied
-to its own device key. Merging keeps that true: every input folder must carry the output's device key
-and hold records for that key's target (a GPU key ``...-sm_XY``: CUDA records for ``sm_XY``; a CPU
-key: llvm records); anything else is refused before anything is written. The output (its earlier
+Load applies a database only to the device key its folder is named by (``keys.database_dirs``), so every
+input folder must carry the output's device key and hold records for that key's target (``...-sm_XY``:
+CUDA ``sm_XY``; a CPU key: llvm); anything else is refused before anything is written. The output (its earlier
 records included) gets, per workload, the fastest of the inputs' chosen records (``apply.chosen_row``
 of each input's valid records, ``apply.measured_records``: measured, not failed, tuned for the current
 kernel code and case) and the default geometry's record from the same input, which ``apply.chosen``
 weighs it against: a tuned record replaces the default only when one tuning run measured it clearly
 faster (a default measured in another run, on another host or at another time, can differ by more
-than the margin). So only the inputs that measured the default compete when any did; an input without
-a valid default record (its measurement failed) counts only when none has one, and then its fastest
-record is kept so that the workload stays in the output, though ``apply`` keeps the default for it
-(nothing was measured against the default). The output's workload table is compact
-(``compact_workload_table``), as databases are committed.
+than the margin). So only the inputs that measured the default compete when any did; else the fastest
+record is kept, so that the workload stays in the output (``apply`` keeps its default). Stale records
+are dropped; the buckets they leave without a current record are named to re-tune. The output's
+workload table is compact (``compact_workload_table``).
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import tempfile
 from ..cliargs import output_folder, summary
 from ..console import counted
 from ..runtime import compile as C
-from .apply import default_row, measured_records, open_database, row_chosen_over
+from .apply import database_buckets, default_row, measured_records, open_database, row_chosen_over
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -45,6 +42,7 @@ class Merged:
     workloads: int
     records_read: dict
     stale_kernels: set  # kernels some input held records of for other kernel code or another case (dropped)
+    retune: set  # their (kernel, bucket)s left without a current record in the output
 
 
 def _check_database(folder: pathlib.Path, device_key: str):
@@ -89,6 +87,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
             held = best.get(workload)
             if held is None or (own_default is not None, -own_choice[0]) > (held[1] is not None, -held[0][0]):
                 best[workload] = own_choice, own_default
+    retune = {w for _, db in databases for w in database_buckets(db, stale) if w not in best}
     kept = [row for best_row, own_default in best.values() for row in (best_row, own_default) if row is not None]
     kept = list({id(row[1]): row for row in kept}.values())  # the best row may be the default's
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +101,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
         compact_workload_table(pathlib.Path(tmp))
         out.mkdir(exist_ok=True)
         _install(pathlib.Path(tmp), out)
-    return Merged(len(best), read, stale)
+    return Merged(len(best), read, stale, retune)
 
 
 def _install(staged: pathlib.Path, out: pathlib.Path) -> None:
@@ -164,7 +163,10 @@ def run(args) -> int:
         print(f"read {count:5} records from {folder}")
     print(f"wrote {counted(result.workloads, 'workload')} (the chosen record and the default's, each) to {args.out}")
     if result.stale_kernels:
+        retune = ", ".join(f"{k} {b}" for k, b in sorted(result.retune))
+        advice = (f"re-tune {retune} with `tvm-canary tune --stale-only`; a kernel change that keeps the generated "
+                  "code and the tuning case: `python -m tvm_canary.tuning.restamp` before merging" if retune
+                  else "superseded: each of their buckets has a current record")
         print(f"dropped the records of {', '.join(sorted(result.stale_kernels))} tuned for older kernel code or "
-              "another tuning case (re-tune them with `tvm-canary tune --stale-only`; a kernel change that keeps "
-              "the generated code and the tuning case: `python -m tvm_canary.tuning.restamp` before merging)")
+              f"another tuning case ({advice})")
     return 0
