@@ -1189,12 +1189,16 @@ def test_a_dead_build_worker_fails_only_its_round():
     built = []
     try:
         built += builder.build(inputs)
-        os.kill(next(iter(builder._pool._processes)), signal.SIGKILL)
+        worker = next(iter(builder._pool._processes))
+        os.kill(worker, signal.SIGINT)  # Ctrl-C reaches the workers too: ignored (it broke the pool)
+        time.sleep(1)
+        built += builder.build(inputs)
+        os.kill(worker, signal.SIGKILL)
         time.sleep(1)
         built += builder.build(inputs)  # broken pool: this round fails
         built += builder.build(inputs)  # a fresh pool
         errors = [r.error_msg for r in built]
-        assert errors[0] is None and "candidate build failed" in errors[1] and errors[2] is None, errors
+        assert errors[0] is errors[1] is errors[3] is None and "candidate build failed" in errors[2], errors
     finally:
         builder.shutdown()
         for r in built:
@@ -1267,10 +1271,14 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
     assert (tmp_path / keys.device_key(torch.device("cpu"))).is_dir()
 
 
-def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, capsys):
+def test_tune_starts_no_workload_past_its_time_limit_or_after_ctrl_c(tmp_path, monkeypatch, capsys):
     """``--time-limit``: start while elapsed plus the longest so far fits; the rest listed, records kept;
-    exit 3 with the tuned table (none cut)."""
+    exit 3 with the tuned table (none cut). Ctrl-C in a TVM callback (which TVM re-raises as a bare
+    RuntimeError): likewise, the workload cut listed too, exit 130."""
+    import signal
     import types
+
+    import tvm_ffi
 
     from tvm_canary.tuning import command, driver, measure
 
@@ -1281,8 +1289,13 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
     monkeypatch.setattr(driver, "local_runner", lambda: idle_runner)
     monkeypatch.setattr(driver, "build_defaults", lambda *args: {})
 
+    interrupted = []  # kernels whose workload gets a Ctrl-C
+    ctrl_c = tvm_ffi.convert(lambda: signal.raise_signal(signal.SIGINT))
+
     def tune_workload(kernel, bucket, *args):
         clock[0] += 10.0
+        if kernel in interrupted:
+            ctrl_c()
         return driver.Result(kernel, bucket, 2, 2, 2.0, 1.0, "geometry", seconds=10.0)
 
     monkeypatch.setattr(driver, "tune_workload", tune_workload)
@@ -1296,6 +1309,12 @@ def test_tune_starts_no_workload_past_its_time_limit(tmp_path, monkeypatch, caps
             "kept): write (8, 16), plan (8, 16)") in err
     clock[0] = 0.0
     assert main(argv) == 0 and "4 workloads in 40.0 s" in capsys.readouterr().out
+    clock[0], handler = 0.0, signal.getsignal(signal.SIGINT)
+    interrupted.append("write")
+    assert main(argv) == 130 and signal.getsignal(signal.SIGINT) is handler
+    out, err = capsys.readouterr()
+    assert "2 workloads in 20.0 s" in out and "Traceback" not in err
+    assert "stopped (interrupted): 2 workloads not tuned in this run" in err and "write (8, 16), plan (8, 16)" in err
 
 
 def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):

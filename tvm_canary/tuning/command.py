@@ -4,22 +4,19 @@
                     [--time-limit SECONDS] [--stale-only] [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
 
 Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``,
-or the user's folder for an installed package); workloads already in it with at least N measured
-candidates are skipped (resume). With ``--rpc-tracker``, candidates are built here and measured on
-the RPC servers of ``--rpc-key`` (``tuning/fleet.py``; docs/FLEET-TUNING.md), and the database is
-that of their device. Ends with a table: kernel, workload, candidates, candidates measured
-in this run, default time, tuned time, speedup, the workload's wall seconds and the part of them spent
-waiting on builds; then the run's totals. A workload that measured nothing (every candidate and
-the default failed) shows its error there and makes the command exit 1 (the database is still
-written; that workload runs the default). ``--time-limit``: no workload starts once the run's time
-(from the defaults' builds on, after the process's start) plus its longest workload so far would pass
-the limit (a lent device's call, an outer ``timeout``); the workloads left are listed, keep their
-earlier records, and make the command exit 3 (a later run resumes them). A workload is never cut, so
-the database and the table stay whole. A fleet that goes away or refuses a server (``fleet.ServerRefused``)
-ends the run likewise, with exit 1. ``--stale-only``: tune only the workloads (the preset's, and the
-other buckets the database holds) whose default geometry has no current record in the database
-(``apply.stale_buckets``: new buckets, and those a kernel change staled, as load warns), so that a
-re-tune after a kernel change measures nothing else; with none, the command says so and exits 0.
+or the user's folder for an installed package); workloads already in it with N measured candidates
+are skipped (resume). With ``--rpc-tracker``, candidates are built here and measured on the RPC servers
+of ``--rpc-key`` (docs/FLEET-TUNING.md), and the database is that of their device. Ends with a table
+(kernel, workload, candidates, those new, default and tuned time, speedup, wall seconds, the part waiting
+on builds) and the run's totals. A workload that measured nothing (every candidate and the default
+failed) shows its error there and makes the command exit 1 (that workload runs the default).
+``--time-limit``: no workload starts once the run's time (from the defaults' builds on) plus its longest
+workload so far would pass the limit; the workloads left are listed, keep their earlier records and
+make the command exit 3 (a later run resumes them); none is cut, so database and table stay whole. A
+fleet that goes away or refuses a server (``fleet.ServerRefused``) ends the run likewise, with exit 1;
+Ctrl-C too (the workload it cuts is left), with exit 130. ``--stale-only``: tune only the workloads
+(the preset's and the database's other buckets) without a current record of their default
+(``apply.stale_buckets``); with none, the command says so and exits 0.
 """
 
 from __future__ import annotations
@@ -27,7 +24,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import signal
 import sys
+import threading
 import time
 
 import torch
@@ -127,8 +126,16 @@ def run(args: argparse.Namespace) -> int:
             return 0
         jobs = stale
     builder, runner = CandidateBuilder(), make_runner()
-    defaults, results, left = {}, [], []
+    defaults, results, left, defaults_seconds = {}, [], [], 0.0
     fleet_error = None  # the error of a fleet that went away or refused a server mid-run: raised after the table
+    interrupted = []  # Ctrl-C: TVM re-raises a KeyboardInterrupt raised in its callbacks as a bare RuntimeError
+
+    def on_interrupt(*_):
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()  # the only one that may set it
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
     try:
         start = time.monotonic()
         if args.time_limit > 0:  # a limit of 0 s starts no workload: nothing to build for one
@@ -152,7 +159,13 @@ def run(args: argparse.Namespace) -> int:
             except fleet.ServerRefused as e:  # a worker met a server it must not measure on: the run ends
                 fleet_error = e
                 left.append((kernel, bucket))
+    except (KeyboardInterrupt, RuntimeError):
+        if not interrupted:
+            raise
+        left += jobs[len(results) + len(left):]  # the workload interrupted and those after it
     finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous_handler)
         for built in defaults.values():  # left by a run that stopped early
             discard_build(built)
         builder.shutdown()
@@ -179,9 +192,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"builds: {counted(builder.built, 'candidate')} in {counted(builder.max_workers, 'worker process')}, "
               f"{builder.worker_seconds / builder.built:.2f} s of a worker's time each")
     new = sum(r.measured for r in results)
-    fleet_stop = "an RPC server was refused" if isinstance(fleet_error, fleet.ServerRefused) else "the fleet went away"
+    stop = "interrupted" if interrupted else (
+        "an RPC server was refused" if isinstance(fleet_error, fleet.ServerRefused) else "the fleet went away")
     if new == 0 and not results:
-        why = f"{fleet_stop} in or before the first workload" if fleet_error else (
+        why = f"{stop} in or before the first workload" if fleet_error or interrupted else (
             f"--time-limit {args.time_limit:g} s left no time for a workload")
         print(f"\nnothing measured: {why}.")
     elif new == 0 and all(r.candidates for r in results):
@@ -193,12 +207,14 @@ def run(args: argparse.Namespace) -> int:
               f"database's earlier measurements. Wrote {work_dir}")
     failed = [f"{r.kernel} {r.bucket}" for r in results if not r.candidates]
     if left:
-        why = fleet_stop if fleet_error else f"at --time-limit {args.time_limit:g} s"
+        why = stop if fleet_error or interrupted else f"at --time-limit {args.time_limit:g} s"
         print(f"tvm-canary tune: stopped ({why}): "
               f"{counted(len(left), 'workload')} "
               "not tuned in this run (their earlier records, if any, are kept): "
               f"{', '.join(f'{k} {b}' for k, b in left)}",
               file=sys.stderr)
+    if interrupted:
+        return 130  # a shell's status of a command ended by SIGINT
     if fleet_error is not None:
         raise fleet_error
     if failed:

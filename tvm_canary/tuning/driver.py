@@ -105,12 +105,10 @@ class Space:
 def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each
     workload of ``jobs`` whose default ``db`` has not measured, for target tag ``tag``, in ONE round of
-    ``builder``; ``tune_workload`` takes its workload's as ``default_build``. Built one at a time, after
-    each workload's candidates, every default was a round of one build with the other workers idle:
-    the sixteenth session's whole H200 tune had 16 such rounds (`git show 688719d:docs/TUNING.md`). Left out: workloads
-    whose search at ``trials`` measures their whole design space, the default among it (CUDA: plan and
-    scatter at 32 trials). A default that the search draws by chance is built for nothing (a worker's
-    few seconds)."""
+    ``builder``; ``tune_workload`` takes its workload's as ``default_build`` (built one at a time, each was
+    a round of one build with the other workers idle). Left out: workloads whose search at ``trials``
+    measures their whole design space, the default among it (CUDA: plan and scatter at 32 trials). A
+    default that the search draws by chance is built for nothing (a worker's few seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")

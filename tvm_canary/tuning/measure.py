@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import os
 import pathlib
+import signal
 import tempfile
 import threading
 import time
@@ -80,7 +81,9 @@ def _build_exported(job: tuple) -> tuple[str, float]:
 
 def exit_with_parent() -> None:
     """A pool worker's initializer: the worker exits once the process that started it is gone (a tune
-    killed with SIGKILL left its build workers running, each holding a compiler's memory)."""
+    killed with SIGKILL left its build workers running, each holding a compiler's memory), and ignores
+    Ctrl-C's SIGINT (an idle worker died of it with a traceback; ``tune`` ends them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
 
     def watch() -> None:
@@ -211,9 +214,8 @@ def evaluator_config() -> ms.runner.EvaluatorConfig:
 def replays_per_value(replay_us: float, most: int) -> int:
     """Graph replays per timed value for a graph whose one replay took ``replay_us``: enough that the
     value spans ``VALUE_MIN_US``, at most ``most`` (the evaluator's ``number``), at least 1. On the H200
-    a verify ALL 16M launch (about 7 ms; 28 ms a replay of GRAPH_LAUNCHES copies) then takes 1 replay a
-    value instead of 10, a write 1 x 32768 bucket (15 ms a replay) 2, and launches of a few µs keep
-    all 10."""
+    a verify ALL 16M launch (28 ms a replay) then takes 1 replay a value, a write 1 x 32768 bucket (15 ms)
+    2, launches of a few µs all 10."""
     return max(1, min(most, math.ceil(VALUE_MIN_US / max(replay_us, 1e-3))))
 
 
