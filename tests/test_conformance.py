@@ -1,6 +1,5 @@
-"""``tvm-canary conformance`` on the CPU: one process, two gloo ranks under torchrun, injected faults (a
-corrupting launch via the test-only ``launches`` argument) that must be caught, named and replayable.
-Few cases, the differential/memory-safety tests' seeds (no new specializations)."""
+"""``tvm-canary conformance`` on the CPU: one process, two gloo ranks under torchrun, injected faults (test-only
+``launches``) caught, named and replayable. Few cases, the differential tests' seeds (no new specializations)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def corrupt_ring(kernel: str) -> dict:
-    """``cases.LAUNCH`` with ``kernel``'s launch followed by a bit flip in the violation ring's last word
-    (a stray write the kernels must never make)."""
+    """``cases.LAUNCH``, ``kernel``'s then flipping a bit of the ring's last word (a stray write)."""
 
     def launch(**kw):
         C.LAUNCH[kernel](**kw)
@@ -78,9 +76,8 @@ def test_corrupted_kernel_is_named_with_a_replay_command(tmp_path, capsys):
 
 @contextlib.contextmanager
 def flags_left_dirty(kernel: str):
-    """``cases.LAUNCH`` with ``kernel``'s launch leaving its ring's last scratch word (CUDA's last-block
-    ticket) at 1: digests skip the scratch; the ring's next launch would misread it. All scratch is
-    zeroed on exit: packing keys scratch by ring address, so a later ring there would get the dirty one."""
+    """``cases.LAUNCH``, ``kernel``'s leaving its ring's last scratch word (CUDA's last-block ticket) at 1:
+    digests skip scratch; the next launch would misread it. Zeroed on exit (scratch is keyed by ring address)."""
 
     def launch(**kw):
         C.LAUNCH[kernel](**kw)
@@ -99,13 +96,12 @@ def test_scratch_flags_left_non_zero_fail_the_case(tmp_path):
         status, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "write",
                                  launches=launches)
     assert status == 1 and report["mismatches"] == 3  # golden, diff:0, garbage:50000
-    # the ring's scratch list may hold an earlier ring's at the same address too (packing keys it by address)
+    # the scratch list may hold an earlier ring's at the same address too (packing keys it by address)
     assert re.search(r"scratch flags \[\d+\] of the violation ring left non-zero", report["failures"][0]["why"])
 
 
 def test_write_between_a_sources_rows_is_caught(tmp_path):
-    """A source that is a column slice of a wider tensor is hashed by its whole storage: a write into the
-    bytes between its rows fails the (valid-plan) case, naming the source."""
+    """A column-slice source is hashed by its whole storage: a write between its rows fails the case, naming it."""
 
     def into_row_padding(**kw):
         C.LAUNCH["write"](**kw)
@@ -123,8 +119,8 @@ def test_write_between_a_sources_rows_is_caught(tmp_path):
 
 
 def test_golden_case_pins_spec_hash_vectors(tmp_path):
-    """A write kernel whose chain link differs from SPEC 1.5 fails its golden case by the pinned value
-    (named in the failure), not only by a digest differing from the reference's."""
+    """A write kernel whose chain link differs from SPEC 1.5 fails its golden case by the pinned value (named),
+    not only by its digest."""
 
     def wrong_anchor(**kw):
         C.LAUNCH["write"](**kw)
@@ -137,7 +133,7 @@ def test_golden_case_pins_spec_hash_vectors(tmp_path):
 
 
 def test_rank_mismatch_fails(tmp_path):
-    """A second rank (another host or GPU model) whose digest differs is a mismatch of that rank."""
+    """A second rank (another host or GPU) whose digest differs is a mismatch of that rank."""
     _, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "scatter")
     rank1 = copy.deepcopy(report["ranks"][0]) | {"rank": 1}
     rank1["devices"][1]["kernels"]["scatter"][0]["digest"] = "0" * 64
@@ -164,8 +160,8 @@ def test_two_gloo_ranks_under_torchrun(tmp_path):
 
 
 def test_a_rank_whose_peers_never_join_stops_as_a_run_that_could_not_run(tmp_path):
-    """One rank of two started alone waits --timeout for the other, then stops with one kv-canary line,
-    exit 2 (a run that could not run), not 1 (a failing case) with torch's traceback."""
+    """One rank of two started alone waits --timeout, then stops with one kv-canary line, exit 2 (could not
+    run), not 1 (a failing case) and a traceback."""
     import socket
 
     with socket.socket() as free:
@@ -200,7 +196,7 @@ def test_bad_arguments(argv, capsys):
     ("cuda:1", "kv-canary: cuda:1: torch sees 1 CUDA devices"),
 ], ids=["unknown", "cpu-index", "cpu-twice", "gpu-twice", "gpu-index"])  # no "cuda" id: it would mark them gpu
 def test_devices_are_normalised_and_refused_once_each(monkeypatch, text, message):
-    """On a host where torch sees one GPU (simulated), each device is named one way (cpu, cuda:N)."""
+    """Where torch sees one GPU (simulated), each device is named one way (cpu, cuda:N)."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with pytest.raises(ValueError) as e:
@@ -210,8 +206,8 @@ def test_devices_are_normalised_and_refused_once_each(monkeypatch, text, message
 
 
 def test_torchrun_default_device_must_exist(monkeypatch, tmp_path):
-    """Two ranks on a host where torch sees one GPU (simulated): rank 1's default device cuda:1 is refused
-    as an explicit --devices cuda:1 is, before joining the process group, by conformance and fuzz."""
+    """Two ranks, one GPU (simulated): rank 1's default cuda:1 is refused as --devices cuda:1 is, before
+    joining, by conformance and fuzz."""
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -226,8 +222,7 @@ def test_torchrun_default_device_must_exist(monkeypatch, tmp_path):
 
 
 def test_timeout_bounds_the_process_group(monkeypatch):
-    """--timeout (default 600 s) is the process group's timeout: a rank that never arrives stops the
-    others after that long, not after torch's 30 minutes."""
+    """--timeout (default 600 s) is the group's: a rank that never arrives stops the others then, not in 30 min."""
     import torch.distributed as dist
 
     joined = {}
@@ -242,8 +237,7 @@ def test_timeout_bounds_the_process_group(monkeypatch):
 
 
 def test_only_rank_0_checks_the_file_it_writes(monkeypatch, tmp_path):
-    """--json and fuzz's --out are written by rank 0 alone: another rank's host need not have the folder
-    (a rank stopping there would leave the others waiting)."""
+    """--json and fuzz's --out are rank 0's: another rank's host need not have the folder (it would stop)."""
     missing = str(tmp_path / "no-such-folder" / "out.json")
     monkeypatch.setenv("RANK", "1")
     assert str(build_parser().parse_args(["conformance", "--json", missing]).json) == missing
@@ -259,8 +253,8 @@ def test_golden_replay_runs_only_the_kernel_that_has_it(tmp_path):
 
 
 def test_plan_lut_index_past_the_end_has_the_clamped_reference(tmp_path):
-    """garbage:50001's plan reads a LUT index past the end, which the reference rejects: it is compared
-    with the reference on the clamped index (SPEC D4); a lone device cannot pass by matching itself."""
+    """garbage:50001's plan reads a LUT index past the end (the reference rejects it): compared with the
+    reference on the clamped one (SPEC D4), not itself."""
     kw = C.CASES["plan"](torch.Generator().manual_seed(50001), "cpu", valid=False)
     with pytest.raises(ValueError, match="is outside full_to_swa_index_mapping"):
         C.REFERENCE["plan"](**kw)
@@ -276,8 +270,8 @@ def test_plan_lut_index_past_the_end_has_the_clamped_reference(tmp_path):
 
 
 def test_a_failure_between_two_processes_replays_on_every_host():
-    """A rank's reference differing from rank 0's replays under torchrun on every host (one process would
-    compare it with its own and pass); a device differing from rank 0's reference replays alone."""
+    """A rank's reference differing from rank 0's replays under torchrun on every host (alone it would pass);
+    a device differing from rank 0's reference replays alone."""
     def row(device, digest):
         case = {"case": "garbage:50001", "digest": digest, "tensors": {"x": digest}, "error": None}
         return {"device": device, "model": "m", "arch": "a", "kernels": {"plan": [case]}}
@@ -294,9 +288,8 @@ def test_a_failure_between_two_processes_replays_on_every_host():
 
 @pytest.mark.parametrize("other", [["--cases", "2"], ["--seed", "7"], ["--kernels", "plan"]])
 def test_ranks_that_ran_other_cases_are_refused(tmp_path, other):
-    """Cases are compared by position: a rank started with another --cases, --seed or --kernels than rank
-    0 is a one-line error naming it (it raised IndexError or KeyError, or blamed the rank's reference for a
-    case compared with another); it names each kernel's first seeded case, not a golden one all ranks run."""
+    """Cases compare by position: a rank started with another --cases, --seed or --kernels than rank 0 is a
+    one-line error naming it and each kernel's first seeded case (not a golden one all ranks run)."""
     argv = ["--devices", "cpu", "--cases", "1", "--kernels", "verify"]
     _, first = conform(tmp_path, *argv)
     _, second = conform(tmp_path, *argv, *other)
@@ -307,8 +300,8 @@ def test_ranks_that_ran_other_cases_are_refused(tmp_path, other):
 
 
 def test_case_set_identifies_the_generated_cases(monkeypatch, tmp_path):
-    """The JSON records each kernel's case set; a generator that makes other cases under the same ids
-    (another cases.py or torch) changes it, and a rank whose case set differs is refused before running."""
+    """The JSON records each kernel's case set; other cases under the same ids (another cases.py or torch)
+    change it; a rank of another is refused before running."""
     _, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "scatter")
     ids = report["kernels"]["scatter"]["cases"]
     assert report["kernels"]["scatter"]["case_set"] == conformance.case_set("scatter", ids)
@@ -328,7 +321,7 @@ def test_case_set_identifies_the_generated_cases(monkeypatch, tmp_path):
 
 
 def test_ranks_are_checked_before_running(monkeypatch, tmp_path):
-    """Ranks compare their case ids and case sets before any case runs (a refused run runs nothing)."""
+    """Ranks compare their case ids and sets before any case runs (a refused run runs nothing)."""
     monkeypatch.setattr(conformance, "gather", lambda obj, group: [obj, obj | {"rank": 1, "cases": {}}])
     monkeypatch.setattr(conformance, "run_local", lambda *a: pytest.fail("ran cases"))
     args = build_parser().parse_args(["conformance", "--devices", "cpu", "--cases", "1", "--kernels", "scatter"])
@@ -337,8 +330,7 @@ def test_ranks_are_checked_before_running(monkeypatch, tmp_path):
 
 
 def _recombined(report: dict) -> dict:
-    """``report`` with its rows' combined digests and mismatch count recomputed from its per-case digests
-    (as a run that had computed those digests would have written them)."""
+    """``report`` with its combined digests and mismatch count recomputed from its per-case digests."""
     verdict = conformance.compare(report["ranks"], list(report["kernels"]))
     for kernel, entry in report["kernels"].items():
         entry["combined"] = [row for row in verdict["rows"] if row["kernel"] == kernel]
@@ -347,10 +339,9 @@ def _recombined(report: dict) -> dict:
 
 
 def test_against_an_earlier_run(tmp_path, capsys):
-    """``--against`` compares every case with an earlier run's reference: equal runs pass; a case whose
-    digest differs from the earlier run's (on every row, for a consistent report) fails the run (exit 1),
-    named with its tensors; an edited report, one of other case sets or a non-report is refused before
-    anything runs (exit 2: usage error)."""
+    """``--against`` compares each case with an earlier run's reference: equal runs pass; a differing digest
+    fails the run (exit 1), naming its tensors; an edited report, other case sets or a non-report (untyped)
+    is refused before anything runs (exit 2)."""
     status, earlier = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter")
     assert status == 0
     path = tmp_path / "earlier.json"
@@ -377,10 +368,13 @@ def test_against_an_earlier_run(tmp_path, capsys):
     assert report["against"]["differences"][0]["why"] == f"digest differs from {other}'s reference in pool_out"
     assert "against: FAILED, 2 cases differ from" in capsys.readouterr().err
 
-    edited = copy.deepcopy(earlier)
-    edited["ranks"][0]["devices"][1]["kernels"]["verify"][0]["digest"] = "0" * 64  # its rows say otherwise
+    edited, untyped = (copy.deepcopy(earlier) for _ in "12")
+    case = [r["ranks"][0]["devices"][1]["kernels"]["verify"][0] for r in (edited, untyped)]
+    case[0]["digest"] = "0" * 64  # edited: its rows say otherwise
+    del case[1]["tensors"]  # read if digests differ
     refusals = {"edited": (edited, "its combined digests or mismatch count are not those of its per-case digests"),
-                "not a report": ({"kernels": []}, "not a conformance report")}
+                "not a report": ({"kernels": []}, "not a conformance report"),
+                "untyped": (untyped, "not a conformance report")}
     for name, (content, message) in refusals.items():
         bad = tmp_path / f"{name}.json"
         bad.write_text(json.dumps(content))

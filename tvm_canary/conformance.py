@@ -1,22 +1,19 @@
 """``tvm-canary conformance``: the same seeded cases on every device, compared digest by digest.
 
-Every kernel runs its golden cases (pinned to the SPEC 1.5 hash vectors), ``--cases`` differential cases
+Each kernel runs its golden cases (pinned to SPEC 1.5's hash vectors), ``--cases`` differential cases
 (valid plans, seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds
-``GARBAGE_SEED_BASE+S..``) on each device and on the torch reference (CPU). After each launch every
-tensor of the case is hashed (SHA-256 of its bytes; a real-KV source's: of its whole storage); a case's
-digest is the SHA-256 of those digests. A case fails on a device when its digest differs from the
-reference's (for plan's LUT indices past the end, the reference's on the clamped indices SPEC D4 pins:
-``cases.reference_launch``), when a guard band or an input was written, when write or verify left its
-ring's scratch flags non-zero, when the launch raised, or when a golden case's pinned value is wrong.
+``GARBAGE_SEED_BASE+S..``) on each device and the torch reference (CPU). A case's digest is the SHA-256 of
+its tensors' SHA-256s after the launch (a real-KV source's: of its whole storage). A case fails on a device
+when its digest differs from the reference's (for plan's LUT indices past the end: on the clamped indices
+SPEC D4 pins, ``cases.reference_launch``), a guard band or input was written, write or verify left ring
+scratch flags non-zero, the launch raised, or a golden case's pinned value is wrong.
 
-Under ``torchrun`` every process runs its own device (``cuda:LOCAL_RANK``, or the CPU without a GPU)
-plus the reference, the results are gathered to every rank with torch.distributed and every rank compares
-them (so all exit with the same status); rank 0 prints the table and writes the JSON.
+Under ``torchrun`` each process runs its own device (``cuda:LOCAL_RANK``, else the CPU) and the reference;
+every rank gathers and compares all results (one exit status); rank 0 prints the table and writes the JSON.
 
-``--against EARLIER.json`` compares the run with an earlier one (its ``--json``, from another GPU, host,
-driver or version): rank 0 reads it, checks it against itself (``report_problem``), refuses a run whose
-case sets differ from it before anything runs (``against_problem``), and after the run compares every
-row's case digests with its reference's (``against``).
+``--against EARLIER.json`` (an earlier ``--json``: another GPU, host, driver or version): rank 0 reads and
+checks it (``report_problem``), refuses a run of other case sets before it runs (``against_problem``) and
+afterwards compares every row's case digests with its reference's (``against``).
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ REFERENCE_DEVICE = "reference"
 
 @dataclasses.dataclass
 class CaseResult:
-    """One case on one device: ``digest`` (hex) of the case's tensors after the launch, the short
-    digest of each tensor by its name in the launch's arguments, and ``error`` when the launch raised or
-    broke a guard/pinned value (``digest`` None when it raised)."""
+    """A case on a device: ``digest`` (hex) of its tensors after the launch, each one's short digest by its
+    argument name, ``error`` if the launch raised (``digest`` None) or broke a guard/pinned value."""
 
     case: str
     digest: str | None
@@ -65,9 +61,8 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 
 def case_digest(kernel: str, kw: dict) -> tuple[str, dict[str, str]]:
-    """(digest of the whole case, first 16 hex digits of each tensor argument's digest by its name,
-    ``checks.launch_tensors``). A real-KV source is hashed by its whole storage (``cases.storage_bytes``):
-    a column slice's bytes between and after its rows must stay as they were too."""
+    """(the case's digest, 16 hex digits of each tensor argument's by name, ``checks.launch_tensors``).
+    A real-KV source's is of its whole storage (``cases.storage_bytes``): bytes around a column slice count."""
     written, read = checks.launch_tensors(kernel, kw)
     sources = {id(s.tensor) for s in kw["context"].real_kv_sources} if "context" in kw else set()
     each = {name: tensor_digest(C.storage_bytes(t) if id(t) in sources else t) for t, name in written + read}
@@ -105,8 +100,7 @@ def build(kernel: str, case: str, device) -> tuple[dict, object]:
 
 
 def reference_case(kernel: str, case: str) -> tuple[dict, object]:
-    """(launch kwargs on the CPU, check) of a case as the reference takes it: ``build``'s, but a garbage
-    plan without guard bands."""
+    """(CPU launch kwargs, check) of a case for the reference: ``build``'s, a garbage plan without guard bands."""
     kind, _, arg = case.partition(":")
     if kind == "garbage":
         return C.CASES[kernel](torch.Generator().manual_seed(int(arg)), "cpu", valid=False), lambda kw: []
@@ -114,24 +108,24 @@ def reference_case(kernel: str, case: str) -> tuple[dict, object]:
 
 
 def case_set(kernel: str, ids: list[str]) -> str:
-    """What identifies a kernel's cases (first 16 hex digits of a SHA-256 over each case id and the
-    digest of its tensors before the launch): equal exactly where the cases are, whatever changed in
-    between (``cases.py``, torch's random numbers), so combined digests compare only at an equal value."""
+    """What identifies a kernel's cases (16 hex digits of a SHA-256 over each id and its tensors' digest
+    before the launch): equal exactly where the cases are (whatever ``cases.py`` or torch did); combined
+    digests compare only at an equal value."""
     text = "".join(f"{case}={case_digest(kernel, reference_case(kernel, case)[0])[0]};" for case in ids)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict]:
-    """The torch reference (``cases.reference_launch``) on ``reference_case``; also returns the finished
-    kwargs. A golden case's pinned value applies to the reference too."""
+    """The torch reference (``cases.reference_launch``) on ``reference_case``, and the finished kwargs.
+    A golden case's pinned value applies too."""
     kw, check = reference_case(kernel, case)
     C.reference_launch(kernel, kw)
     return CaseResult(case, *case_digest(kernel, kw), "; ".join(check(kw)) or None), kw
 
 
 def run_device(kernel: str, case: str, device: str, want: dict, launches: dict | None = None) -> CaseResult:
-    """The compiled kernel (tvm backend) on ``device``. ``want`` is the reference's finished case, used
-    to settle races of garbage scatter plans; ``launches`` (tests only) replaces ``cases.LAUNCH``."""
+    """The tvm kernel on ``device``; ``want``: the reference's finished case (settles garbage scatter plans'
+    races); ``launches`` (tests only) replaces ``cases.LAUNCH``."""
     launch = (launches or C.LAUNCH)[kernel]
     dev = torch.device(device)
     try:
@@ -143,7 +137,7 @@ def run_device(kernel: str, case: str, device: str, want: dict, launches: dict |
         problems = check(kw) + C.scratch_left_dirty(kw)
         if kernel == "scatter" and case.startswith("garbage:"):
             C.settle_scatter_races(kw, want)
-    except Exception as e:  # noqa: BLE001 -- any raise is a failure of the case, reported with the others
+    except Exception as e:  # noqa: BLE001 -- a raise fails the case
         return CaseResult(case, None, {}, f"{type(e).__name__}: {e}")
     return CaseResult(case, *case_digest(kernel, kw), "; ".join(problems) or None)
 
@@ -184,27 +178,24 @@ def combined(records: list[dict]) -> str:
 
 
 def replay(device: str, kernel: str, case: str) -> str:
-    """The command that runs ``case`` of ``kernel`` on ``device`` (the reference's: on ``cpu``) again, in
-    one process."""
+    """The command that reruns ``case`` of ``kernel`` on ``device`` (the reference's: ``cpu``) in one process."""
     name = "cpu" if device == REFERENCE_DEVICE else device
     return f"python -m tvm_canary conformance --devices {name} --kernels {kernel} --case {case}"
 
 
 def replay_across_ranks(kernel: str, case: str) -> str:
-    """The replay of a case whose failure compared two processes (a rank's reference with rank 0's): one
-    process alone would compare the failing row with its own and pass, so it is started as the run was,
-    on every host."""
+    """The replay of a failure between two processes (a rank's reference vs rank 0's): started as the run
+    was, on every host (alone the row would match itself)."""
     return (f"torchrun <this run's options, on every host> -m tvm_canary conformance <this run's --devices> "
             f"--kernels {kernel} --case {case}")
 
 
 def other_cases(ranks: list[dict]) -> str | None:
-    """The ``kv-canary:`` error when a rank is to run other kernels, case ids or cases (``case_set``:
-    another ``cases.py`` or torch) than rank 0 (hosts started with another ``--kernels``, ``--cases``,
-    ``--seed`` or ``--case``, or another checkout; ``compare`` matches cases by position), else None.
-    ``ranks``: each rank's ``rank``, ``host``, ``cases`` (ids per kernel) and ``case_set`` (per kernel)."""
+    """The ``kv-canary:`` error when a rank is to run other kernels, case ids or cases (``case_set``) than
+    rank 0 (``compare`` matches by position), else None. ``ranks``: each one's ``rank``, ``host``,
+    ``cases`` (ids) and ``case_set``, per kernel."""
     def ran(ids: dict[str, list[str]]) -> str:
-        """Each kernel's case count and first seeded case (golden cases are the same on every rank)."""
+        """Each kernel's case count and first seeded case (golden ones are the same on every rank)."""
         def first(v: list[str]) -> str:
             return next((c for c in v if not c.startswith("golden:")), v[0])
 
@@ -226,7 +217,7 @@ def other_cases(ranks: list[dict]) -> str | None:
 
 
 def compare(ranks: list[dict], kernels: list[str]) -> dict:
-    """Compare every rank's rows (its reference's too) with rank 0's reference, case by case."""
+    """Compare each rank's rows (its reference too) with rank 0's reference, case by case."""
     ref_row = ranks[0]["devices"][0]
     rows, failures = [], []
     for rank in ranks:
@@ -252,11 +243,16 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
 
 
 def report_problem(report: object) -> str | None:
-    """Why ``report`` (an earlier run's ``--json``, parsed) cannot be compared with, else None: not such a
-    report, or its rows' combined digests and its mismatch count are not those of its own per-case
-    digests (``compare`` on its ``ranks``: a report edited by hand)."""
+    """Why ``report`` (a parsed earlier ``--json``) cannot be compared with, else None: not a report (a field
+    read missing or mistyped), or its combined digests and mismatch count are not its cases' (edited)."""
     try:
         kernels, ranks = list(report["kernels"]), report["ranks"]
+        rows = [row for rank in ranks for row in rank["devices"]]
+        cases = [c for row in rows for k in kernels for c in row["kernels"][k]]  # the fields read, typed
+        text = [r["host"] for r in ranks] + [row[f] for row in rows for f in ("device", "model", "arch")]
+        text += [v for c in cases for v in (c["case"], *c["tensors"].values(), *{c["digest"], c["error"]} - {None})]
+        if not all(isinstance(v, str) for v in text) or not all(isinstance(r["rank"], int) for r in ranks):
+            raise TypeError
         verdict = compare(ranks, kernels)
         stated = [row for k in kernels for row in report["kernels"][k]["combined"]]
         consistent = (sorted(map(_row_key, verdict["rows"])) == sorted(map(_row_key, stated))
@@ -273,8 +269,8 @@ def _row_key(row: dict) -> tuple:
 
 
 def against_problem(earlier: dict, case_sets: dict[str, str]) -> str | None:
-    """The ``kv-canary:`` refusal of a run whose kernels (``case_sets``: this run's, per kernel) cannot be
-    compared with the report ``earlier`` (``--against``): a kernel it did not run, or another case set."""
+    """The ``kv-canary:`` refusal of a run whose kernels (``case_sets``: per kernel) cannot be compared with
+    ``earlier`` (``--against``): one it did not run, or another case set."""
     for kernel, mine in case_sets.items():
         theirs = earlier["kernels"].get(kernel, {}).get("case_set")
         if theirs != mine:
@@ -285,9 +281,8 @@ def against_problem(earlier: dict, case_sets: dict[str, str]) -> str | None:
 
 
 def against(ranks: list[dict], kernels: list[str], earlier: dict) -> list[dict]:
-    """Every case of every row of this run (``ranks``, gathered) whose digest differs from the reference's
-    of the report ``earlier`` (its rank 0's; equal case sets, ``against_problem``): rank, host, device,
-    kernel, case, why. A case that raised here is this run's own failure (``compare``), not listed."""
+    """Each case of this run's rows (``ranks``) whose digest differs from ``earlier``'s rank 0 reference
+    (equal case sets): rank, host, device, kernel, case, why. One that raised here is not listed (``compare``'s)."""
     want = {k: earlier["ranks"][0]["devices"][0]["kernels"][k] for k in kernels}
     differences = []
     for rank in ranks:
@@ -304,9 +299,8 @@ def against(ranks: list[dict], kernels: list[str], earlier: dict) -> list[dict]:
 
 
 def earlier_report(text: str) -> dict | None:
-    """argparse ``type=`` of ``--against``: an earlier run's ``--json`` report, read and checked
-    (``report_problem``) on rank 0 (and outside torchrun), with its ``path``; None on the other ranks,
-    whose hosts need not have it."""
+    """argparse ``type=`` of ``--against``: an earlier ``--json`` with its ``path``, read and checked on rank 0
+    (or outside torchrun); None on other ranks."""
     if world()[0] != 0:
         return None
     try:
@@ -337,8 +331,8 @@ def world() -> tuple[int, int, int]:
 
 
 def local_device() -> str:
-    """This process's device under torchrun: ``cuda:LOCAL_RANK`` when GPUs are visible (refused as an
-    explicit ``cuda:N`` is, ``device_name``, when torch sees no GPU of that index), else ``cpu``."""
+    """This process's device under torchrun: ``cuda:LOCAL_RANK`` if GPUs are visible (``device_name``
+    refuses it if torch sees no such GPU), else ``cpu``."""
     return device_name(f"cuda:{world()[2]}") if torch.cuda.is_available() else "cpu"
 
 
@@ -346,10 +340,9 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
 def init_distributed(timeout: float = DEFAULT_TIMEOUT_SECONDS):
-    """Join torchrun's process group (NCCL between GPUs, gloo on CPU) and return a gloo group for
-    gathering Python objects; None outside torchrun. ``timeout`` (seconds) bounds every wait of the
-    groups, joining included: a rank that never arrives (failed before joining, hung) stops the others
-    with torch's error after that long instead of torch's default of 30 minutes."""
+    """Join torchrun's process group (NCCL between GPUs, gloo on CPU); a gloo group for gathering objects,
+    None outside torchrun. ``timeout`` (s) bounds every wait, joining too: a rank that never arrives stops
+    the others with torch's error then, not after 30 min."""
     import torch.distributed as dist
 
     if world()[1] == 1:
@@ -387,9 +380,8 @@ def finish(group) -> None:
 
 @contextlib.contextmanager
 def _group_errors(what: str, timeout: float | None):
-    """A process-group failure (a rank that stopped, never joined, or outlasted ``--timeout``) as one
-    ``kv-canary:`` line naming this rank, so that it exits as a run that could not run (status 2), not
-    as a failing case (1). torch raises these as ``RuntimeError`` (its ``DistError`` family included)."""
+    """A process-group failure (torch's ``RuntimeError``, ``DistError`` too) as one ``kv-canary:`` line
+    naming this rank: a run that could not run (status 2), not a failing case (1)."""
     try:
         yield
     except RuntimeError as e:
@@ -404,8 +396,7 @@ def _group_errors(what: str, timeout: float | None):
 
 def device_name(text: str) -> str:
     """One device of ``--devices``/``--device``, normalised: ``cpu`` (``cpu:0`` too), ``cuda:N`` (``cuda``:
-    torch's current CUDA device). ValueError (``kv-canary:``) for anything else, another CPU index, or a
-    CUDA index torch does not see."""
+    torch's current). ValueError (``kv-canary:``) otherwise, or for a CUDA index torch does not see."""
     try:
         dev = torch.device(text)
     except RuntimeError:
@@ -450,14 +441,13 @@ def device_list(text: str) -> list[str]:
 
 
 def rank0_output_file(text: str) -> pathlib.Path:
-    """argparse ``type=`` of a file rank 0 writes (``--json``, fuzz's ``--out``): ``cliargs.output_file``
-    on rank 0 (and outside torchrun); other ranks never write it, so their hosts need not have its folder
-    (checked there, a rank would stop before joining and leave the others waiting, ``--timeout``)."""
+    """argparse ``type=`` of a file rank 0 writes (``--json``, fuzz's ``--out``): ``cliargs.output_file`` on
+    rank 0 (or outside torchrun); other ranks' hosts need not have its folder (a rank would stop there)."""
     return output_file(text) if world()[0] == 0 else pathlib.Path(text)
 
 
 def add_timeout(p) -> None:
-    """``--timeout`` of a command that joins torchrun's process group (``init_distributed``)."""
+    """``--timeout`` of a command that joins torchrun's group (``init_distributed``)."""
     p.add_argument("--timeout", type=duration(zero=False), default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others (joining, gathering) before it "
                         "stops with torch's error")
@@ -487,8 +477,7 @@ def add_parser(subparsers) -> None:
 
 
 def case_id(text: str) -> str:
-    """argparse ``type=`` of ``--case``: ``golden:NAME``, ``diff:SEED``, ``garbage:SEED`` or ``long:SEED``
-    (write's ``cases.long_write_case``)."""
+    """argparse ``type=`` of ``--case``: ``golden:NAME``, ``diff:SEED``, ``garbage:SEED``, ``long:SEED`` (write's)."""
     kind, _, arg = text.partition(":")
     golden = {name for by_name in C.GOLDEN.values() for name in by_name}
     seeded = kind in ("diff", "garbage", "long") and arg.lstrip("-").isdigit()
@@ -574,8 +563,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
 
 
 def print_against(earlier: dict, differences: list[dict], rows: int, cases: int) -> None:
-    """``--against``'s verdict: every row's cases equal the earlier run's reference, or the first that
-    differs (stderr)."""
+    """``--against``'s verdict: all cases equal the earlier reference, or the first that differs (stderr)."""
     hosts = sorted({rank["host"] for rank in earlier["ranks"]})  # the ranks: what report_problem checked
     models = sorted({row["model"] for rank in earlier["ranks"] for row in rank["devices"]
                      if row["device"] != REFERENCE_DEVICE})
