@@ -340,8 +340,8 @@ def _recombined(report: dict) -> dict:
 
 def test_against_an_earlier_run(tmp_path, capsys):
     """``--against`` compares each case with an earlier run's reference: equal runs pass; a differing digest
-    fails the run (exit 1), naming its tensors; an edited report, other case sets or a non-report (untyped)
-    is refused before anything runs (exit 2)."""
+    fails the run (exit 1), naming its tensors; an edited report, other case sets or a non-report (untyped,
+    unreadable) is refused before anything runs (exit 2)."""
     status, earlier = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter")
     assert status == 0
     path = tmp_path / "earlier.json"
@@ -368,16 +368,17 @@ def test_against_an_earlier_run(tmp_path, capsys):
     assert report["against"]["differences"][0]["why"] == f"digest differs from {other}'s reference in pool_out"
     assert "against: FAILED, 2 cases differ from" in capsys.readouterr().err
 
-    edited, untyped = (copy.deepcopy(earlier) for _ in "12")
-    case = [r["ranks"][0]["devices"][1]["kernels"]["verify"][0] for r in (edited, untyped)]
-    case[0]["digest"] = "0" * 64  # edited: its rows say otherwise
-    del case[1]["tensors"]  # read if digests differ
+    edited, surrogate, untyped = (copy.deepcopy(earlier) for _ in "123")
+    case = [r["ranks"][0]["devices"][1]["kernels"]["verify"][0] for r in (edited, surrogate, untyped)]
+    case[0]["digest"], case[1]["digest"] = "0" * 64, "\ud800"  # edited: its rows say otherwise
+    del case[2]["tensors"]  # read if digests differ
     refusals = {"edited": (edited, "its combined digests or mismatch count are not those of its per-case digests"),
                 "not a report": ({"kernels": []}, "not a conformance report"),
-                "untyped": (untyped, "not a conformance report")}
+                "untyped": (untyped, "not a conformance report"), "deep": ("[" * 10**5, "cannot read"),
+                "surrogate": (surrogate, "not a conformance report")}
     for name, (content, message) in refusals.items():
         bad = tmp_path / f"{name}.json"
-        bad.write_text(json.dumps(content))
+        bad.write_text(content if isinstance(content, str) else json.dumps(content))
         with pytest.raises(SystemExit) as exit_status:
             build_parser().parse_args(["conformance", "--against", str(bad)])
         assert exit_status.value.code == 2 and message in capsys.readouterr().err

@@ -257,7 +257,7 @@ def report_problem(report: object) -> str | None:
         stated = [row for k in kernels for row in report["kernels"][k]["combined"]]
         consistent = (sorted(map(_row_key, verdict["rows"])) == sorted(map(_row_key, stated))
                       and len(verdict["failures"]) == report["mismatches"])
-    except (TypeError, KeyError, IndexError, AttributeError):
+    except (TypeError, KeyError, IndexError, AttributeError, ValueError):  # ValueError: lone surrogates
         return "not a conformance report (the --json of tvm-canary conformance)"
     if not consistent:
         return "its combined digests or mismatch count are not those of its per-case digests (edited?)"
@@ -305,7 +305,7 @@ def earlier_report(text: str) -> dict | None:
         return None
     try:
         report = json.loads(pathlib.Path(text).read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise argparse.ArgumentTypeError(f"kv-canary: cannot read {text}: {e}") from None
     problem = report_problem(report)
     if problem:
