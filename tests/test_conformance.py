@@ -386,3 +386,7 @@ def test_against_an_earlier_run(tmp_path, capsys):
         conform(tmp_path, "--devices", "cpu", "--cases", "2", "--kernels", "verify", "--against", str(path))
     with pytest.raises(ValueError, match="kv-canary: cannot compare with .*: it ran no plan case"):
         conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "plan", "--against", str(path))
+    del earlier["kernels"]["verify"]["case_set"]  # an older version's
+    path.write_text(json.dumps(earlier))
+    with pytest.raises(ValueError, match="it records no verify case set"):
+        conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify", "--against", str(path))

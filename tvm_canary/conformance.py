@@ -270,11 +270,13 @@ def _row_key(row: dict) -> tuple:
 
 def against_problem(earlier: dict, case_sets: dict[str, str]) -> str | None:
     """The ``kv-canary:`` refusal of a run whose kernels (``case_sets``: per kernel) cannot be compared with
-    ``earlier`` (``--against``): one it did not run, or another case set."""
+    ``earlier`` (``--against``): one it did not run, or another or no case set."""
     for kernel, mine in case_sets.items():
-        theirs = earlier["kernels"].get(kernel, {}).get("case_set")
+        entry = earlier["kernels"].get(kernel)
+        theirs = entry and entry.get("case_set")
         if theirs != mine:
-            ran = f"its {kernel} case set is {theirs}" if theirs else f"it ran no {kernel} case"
+            ran = f"its {kernel} case set is {theirs}" if theirs else f"it ran no {kernel} case" if entry is None else (
+                f"it records no {kernel} case set (a version before case sets)")
             return (f"kv-canary: cannot compare with {earlier['path']}: {ran}, this run's {mine} (run with its "
                     "--kernels, --cases, --seed and --case, on the same checkout and torch)")
     return None
