@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from tvm_canary import cli
+from tvm_canary import cli, session
 from tvm_canary.testing import KINDS, Engine
 from tvm_canary.violations import Violation
 
@@ -38,6 +39,22 @@ def test_selftest_via_python_m():
                           text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "selftest: 4/4 faults detected" in done.stdout
+
+
+@pytest.mark.parametrize("after,why", [(0, "on a clean"), (24, "no fault")])
+def test_selftest_fails_a_verify_that_over_reports(monkeypatch, capsys, after, why):
+    """Verify also flags a launch's first entry if it has over ``after`` (24: the last step's)."""
+
+    def noisy(*, context, plan, _verify=session.launch_canary_verify_kernel, **kw):
+        _verify(context=context, plan=plan, **kw)
+        if plan.verify_num_valid[0] > after:
+            at, kind = context.violation_write_index, int(context.kernel_kind)
+            context.violation_ring[at[0]] = torch.tensor([kind, plan.verify_slot_indices[0], *[0] * 5, 1])
+            at[0] += 1
+
+    monkeypatch.setattr(session, "launch_canary_verify_kernel", noisy)
+    assert cli.main(["selftest", "--device", "cpu"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"selftest: FAILED, 4 rows {why}")
 
 
 # ----- CLI edges
@@ -88,7 +105,7 @@ def test_small_pool_counts_only_injected_faults(capsys):
 
 
 def test_notice_lands_above_the_progress_bar(capsys):
-    """Log notices (e.g. "no tuned schedule") are written by tqdm above the bar, never inside a bar line."""
+    """Log notices (e.g. "no tuned schedule") are written by tqdm above the bar, never inside it."""
     import logging
 
     def noisy_schedule(self, _original=Engine.schedule):
@@ -105,7 +122,7 @@ def test_notice_lands_above_the_progress_bar(capsys):
 
 
 def test_a_demo_that_checked_no_fault_fails(capsys):
-    """With two slots no fault finds a target: nothing was checked, so the run does not pass."""
+    """With two slots no fault finds a target: nothing was checked, so the run fails."""
     assert cli.main(["demo", "--slots", "2", "--steps", "30", "--device", "cpu", "--no-progress"]) == 1
     assert "no injected fault took effect in time to be checked" in capsys.readouterr().err
 
@@ -115,9 +132,8 @@ def test_a_demo_without_faults_needs_no_spare_steps(capsys):
 
 
 def test_a_row_goes_to_the_fault_that_hit_its_slot():
-    """Two undetected faults whose victims' chains both hold a slot (one victim was handed the other
-    fault's slot): the row goes to the fault that corrupted that slot and whose victim still holds it,
-    not to the older fault, which would then pass as detected by a row it did not cause."""
+    """Two undetected faults whose victims' chains both hold a slot: the row goes to the fault that
+    corrupted it and whose victim still holds it, not the older one (detected by a row it did not cause)."""
     import types
 
     from tvm_canary.testing.faults import Fault, FaultTracker

@@ -1,7 +1,7 @@
 """``tvm-canary selftest``: plan -> write -> verify on a synthetic batch with injected faults.
 
-Three requests prefill 8 tokens each (step 1); four faults are injected; one decode step (step 2)
-must report each of them at the expected launch, slot and fail reason. Exit status 1 on a miss.
+Three requests prefill 8 tokens each and decode one (recording nothing); four faults are injected; one more
+decode step must report each at its expected launch, slot and fail reason, and nothing else (else exit 1).
 """
 
 from __future__ import annotations
@@ -39,51 +39,56 @@ def run(args: argparse.Namespace) -> int:
     session.mark_init_finished()
     rows = list(range(1, REQS + 1))
     slots = {r: list(range(1 + (r - 1) * PROMPT, 1 + r * PROMPT)) for r in rows}  # prompt slots of row r
-    tokens = {r: [100 * r + p for p in range(PROMPT + 1)] for r in rows}  # prompt + first output token
+    tokens = {r: [100 * r + p for p in range(PROMPT + 2)] for r in rows}  # prompt + two output tokens
     table = torch.zeros(REQS + 1, 2 * PROMPT, dtype=torch.int32)
     for r in rows:
-        table[r, :PROMPT] = torch.tensor(slots[r])
+        table[r, :PROMPT + 2] = torch.tensor([*slots[r], 3 * PROMPT + r, 3 * PROMPT + REQS + r])
 
-    def step(prefix: list[int], start: int, extend: int, out: list[int]) -> None:
-        """Every row writes positions [start, start + extend) into ``out``; ``prefix`` is what is reported."""
-        span = range(start, start + extend)
+    def step(prefix: list[int], start: int, out: list[int]) -> list:
+        """Each row writes positions ``start``.. to ``out`` after ``prefix``; the rows recorded."""
+        span = range(start, start + len(out) // REQS)
         session.before_forward(
-            req_pool_indices=rows, prefix_lens=prefix, extend_seq_lens=[extend] * REQS,
+            req_pool_indices=rows, prefix_lens=prefix, extend_seq_lens=[len(span)] * REQS,
             input_ids=[tokens[r][p] for r in rows for p in span], positions=[p for _ in rows for p in span],
             out_cache_loc=out, req_to_token=table.to(device),
-            token_ids=[t for r in rows for t in tokens[r]], token_lens=[PROMPT + 1] * REQS,
+            token_ids=[t for r in rows for t in tokens[r]], token_lens=[PROMPT + 2] * REQS,
         )
         kv.write(out)
         session.after_forward()
+        return list(session.flush().records)
 
-    step([0] * REQS, 0, PROMPT, [s for r in rows for s in slots[r]])
-    clean = session.flush().records
+    clean = step([0] * REQS, 0, [s for r in rows for s in slots[r]])
+    clean += step([PROMPT] * REQS, PROMPT, [3 * PROMPT + r for r in rows])
     if clean:
-        print("selftest: FAILED, violations on a clean batch:", *(v.line() for v in clean), sep="\n  ")
+        print(f"selftest: FAILED, {len(clean)} rows on a clean batch, e.g. {clean[0].line()}")
         return 1
 
     def field(endpoint: str, half: str, slot: int, f: int) -> None:
         session.canary_buffer(endpoint, half).view(torch.int64)[slot, f] += 1
 
+    seed = 3 * PROMPT + 3 + REQS
     expected = [  # (fault, tag, slot, reason)
         ("token overwrite, HEAD K buffer", "HEAD_K_FULL", slots[1][2], FailReason.VERIFY_TOKEN_MISMATCH),
         ("position overwrite, TAIL V buffer", "TAIL_V_FULL", slots[2][5], FailReason.VERIFY_POSITION_MISMATCH),
         ("KV byte flip, K layer 1", "TAIL_K_FULL", slots[3][4], FailReason.VERIFY_REAL_KV_HASH_MISMATCH),
-        ("wrong seed (prefix one short)", "HEAD_K_FULL", 3 * PROMPT + 3, FailReason.WRITE_POSITION_MISMATCH),
+        ("wrong seed (prefix one short)", "HEAD_K_FULL", seed, FailReason.WRITE_POSITION_MISMATCH),
     ]
     field("HEAD", "K", slots[1][2], CANARY_FIELD_TOKEN)
     field("TAIL", "V", slots[2][5], CANARY_FIELD_POSITION)
     kv.flip("K", 1, slots[3][4], 3, 0x40)
-    decode_slots = [3 * PROMPT + r for r in rows]
-    for r, s in zip(rows, decode_slots):
-        table[r, PROMPT] = s
-    step([PROMPT, PROMPT, PROMPT - 1], PROMPT, 1, decode_slots)  # row 3 reports its prefix one short
-
-    found = session.flush().records
+    # the faults' rows, a chain-hash row at an overwritten slot's successor, the seed's on every endpoint
+    explained = {(t, s, r) for _, t, s, r in expected}
+    explained |= {(t, s + 1, FailReason.VERIFY_CHAIN_HASH_MISMATCH) for _, t, s, _ in expected[:2]}
+    explained |= {(f"{e}_{h}_FULL", seed, expected[3][3]) for e in ("HEAD", "TAIL") for h in "KV"}
+    found = step([PROMPT + 1, PROMPT + 1, PROMPT], PROMPT + 1, [seed - REQS + r for r in rows])  # row 3: one short
     missed = 0
     for name, tag, slot, reason in expected:
         hit = next((v for v in found if v.tag_name == tag and v.slot == slot and reason in v.reasons), None)
         missed += hit is None
         print(f"{name:36s} " + (f"detected: {hit.line()}" if hit else f"MISSED (expected {tag} at slot {slot})"))
+    extra = [v for v in found if (v.tag_name, v.slot, v.reasons) not in explained]
+    if extra:
+        print(f"selftest: FAILED, {len(extra)} rows no fault explains, e.g. {extra[0].line()}")
+        return 1
     print(f"selftest: {len(expected) - missed}/{len(expected)} faults detected, {len(found)} rows recorded")
     return 1 if missed else 0
