@@ -30,6 +30,15 @@ def test_info_lists_devices_databases_and_folders(tmp_path, monkeypatch, capsys,
     assert f"AOT module folders ($TVM_CANARY_MODULES): {tmp_path / 'modules'}" in out and "kernel cache: " in out
 
 
+def test_info_reports_a_records_file_it_cannot_decode(tmp_path, monkeypatch, capsys, committed_cpu_key):
+    shutil.copytree(keys.committed_tune_logs() / committed_cpu_key, tmp_path / committed_cpu_key)
+    with open(tmp_path / committed_cpu_key / "database_tuning_record.json", "ab") as f:
+        f.write(b"\xff\xfe\n")
+    monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
+    assert main(["info"]) == 0
+    assert "none usable" in capsys.readouterr().out
+
+
 def test_wheel_carries_the_tuning_databases(tmp_path):
     """Build a wheel from a copy of the tree, unpack it (a pure-Python install) and ask the unpacked
     copy where its databases are."""

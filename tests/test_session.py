@@ -324,8 +324,7 @@ def test_after_forward_refuses_inputs_changed_in_place_before_any_tail_launch():
 
 
 def test_after_forward_refuses_a_token_count_changed_in_place_before_any_tail_launch():
-    """Inputs lengthened alike (every launch check passes) no longer match the HEAD's plans: refused before
-    the first TAIL launch, the SWA group's included."""
+    """Inputs lengthened alike pass the launch checks but not the HEAD's plans: refused before any TAIL."""
     session, kv = make_session(swa_lut=torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS)
     inputs = {name: torch.tensor(value) if name != "req_to_token" else value
               for name, value in step_inputs(session, 0, 3).items()}
@@ -446,8 +445,7 @@ def test_the_reference_backend_refuses_a_slot_past_the_lut_before_the_step():
 
 
 def test_an_overflow_warning_made_an_error_is_raised_once():
-    """A filter that raises on the overflow warning raises it at its step's end, once: later steps, their
-    violations and flush are not blocked by it."""
+    """Raised once at its step's end: later steps, violations and flush go on."""
     session, kv = make_session(verify_capacity=4)
     step(session, kv, 0, 4)
     with warnings.catch_warnings():

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tuning is None:
         tuning = sorted({key for tag in tags for key in default_tuning_keys(tag)})
     else:
-        tuning = [key for key in args.tuning if key != "none"]
+        tuning = [key for key in dict.fromkeys(args.tuning) if key != "none"]
     missing = [key for key in tuning if not keys.database_dirs(key)]
     if missing:
         raise UsageError(f"no tuning database for {', '.join(missing)} (`tvm-canary info` lists them)")
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {e}; artifacts will carry CUDA source compiled by NVRTC at load")
     print(f"geometries: defaults + tuning databases {', '.join(tuning)}" if tuning
           else "geometries: defaults (no tuning database)")
-    files = build_all(tags, args.out, kernels=tuple(args.kernels), tuning_keys=tuple(tuning),
+    files = build_all(tags, args.out, kernels=tuple(dict.fromkeys(args.kernels)), tuning_keys=tuple(tuning),
                       progress=lambda builds, total: tqdm(builds, total=total, desc="build"), workers=args.jobs)
     print(f"wrote {counted(len(files), 'module')} and manifest.json to {args.out}")
     return 0

@@ -36,7 +36,10 @@ def _records(folder: pathlib.Path) -> str:
     for the current kernels, on the folder's device, in the design space) and which kernels' records are
     stale; why none is when the database cannot be read or holds another device's records."""
     path = folder / "database_tuning_record.json"
-    text = f"{sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0:5} records"
+    try:
+        text = f"{sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0:5} records"
+    except OSError as e:
+        return f"unreadable: {e}"
     if not C.compiler_available():
         return text
     from .tuning.apply import in_design_space, measured_records, open_database, record_geometry

@@ -161,9 +161,8 @@ class CanarySession:
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
             tag's kernel_run_counter must have grown (0 interval: check off; see ``_health_check``). The
             three step counts are ints >= 0 (TypeError, ValueError).
-        violation_mode: ``log`` (a CanaryViolationWarning a row; the rows are read first, so a filter that
-            makes the warning an error raises the first row's and drops the rest), ``raise`` (one
-            CanaryViolationError holding every row) or ``quiet``.
+        violation_mode: ``log`` (a CanaryViolationWarning a row; a filter making it an error raises the
+            first row's, the rest are read and dropped), ``raise`` (one CanaryViolationError, every row) or ``quiet``.
     """
 
     def __init__(
