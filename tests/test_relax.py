@@ -1,8 +1,8 @@
 """Relax: a toy serving step (plan -> verify -> KV append -> write) in one Relax function.
 
-Canary kernels are added with ``tvm_canary.relax`` and called in place; the KV append is this test's
-TensorIR function. Built with ``tvm.compile`` (llvm; cuda on a GPU host) and run twice in the Relax VM
-on torch tensors, it leaves every tensor byte-equal to the torch reference running the same step.
+Canary kernels come from ``tvm_canary.relax``, called in place; the KV append is this test's TensorIR
+function. Built (llvm; cuda on a GPU host) and run twice in the Relax VM on torch tensors, it leaves
+every tensor byte-equal to the torch reference's.
 """
 
 from __future__ import annotations
@@ -206,9 +206,9 @@ def test_relax_serving_step_equals_the_reference(device):
 
 
 def test_relax_ir_cache_survives_damage_and_a_read_only_cache(tmp_path, monkeypatch, caplog):
-    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is re-parsed and rewritten (it
-    raised JSONDecodeError at every later ``add_kernel``), one that cannot be stored costs a parse, and a
-    stored file is readable by others (``tempfile``'s 0600 locked other users out)."""
+    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is re-parsed and rewritten (was a
+    JSONDecodeError at every later ``add_kernel``), one that cannot be stored costs a parse, a stored file is
+    readable by others (``tempfile``'s 0600 was not)."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     umask = os.umask(0o022)
@@ -240,6 +240,10 @@ def test_relax_add_kernel_rejects_a_tuple_that_is_not_a_specialization():
         canary_relax.add_kernel(bb, "verify", (1, False, False), "llvm")
     with pytest.raises(ValueError, match="fold_words"):
         canary_relax.add_kernel(bb, "write", (1, False, False, 32), "llvm")  # built in only with 2 sources
+    with pytest.raises(ValueError, match=r"no specialization None"):
+        canary_relax.add_kernel(bb, "verify", None)
+    with pytest.raises(ValueError, match="unknown target tag 'cuda'"):  # would give CPU TensorIR
+        canary_relax.add_kernel(bb, "verify", (1, False, False, 0), "cuda")
 
 
 def verify_tensor_vars(bb, verify, sources: dict) -> dict:
@@ -277,10 +281,9 @@ def test_relax_call_needs_the_sources_its_specialization_folds():
 
 
 def test_relax_one_specialization_in_two_geometries_is_two_functions():
-    """Added for two sizes whose default CUDA geometries differ, one specialization is two functions with
-    their own symbols (both took its name: the module failed to build); added again in the same geometry
-    (the spec's mode, ALL, by default), it is the existing function; another mode is refused. Building the
-    IR needs no GPU."""
+    """Two sizes whose default CUDA geometries differ give two functions, each its own symbol (both took the
+    name: the module failed to build); the same geometry again (the spec's mode, ALL, by default) is the
+    existing function; another mode is refused. No GPU needed."""
     bb = relax.BlockBuilder()
     spec = (1, False, False, 0)
     small = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", size=1024)

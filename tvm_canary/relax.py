@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -58,20 +59,21 @@ _SOURCES_ATTR = "tvm_canary.sources"  # the sources the specialization folds: th
 
 def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str = "llvm",
                mode: int | None = None, size: int | tuple | None = None) -> relax.GlobalVar:
-    """Add kernel ``kernel`` specialised by ``spec`` (``runtime.specializations``) with the default
-    geometry of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...), the spec's launch mode
-    (``specializations.launch_mode``; ``mode``, if given, must be it) and workload point ``size``
-    (``runtime.packing.KernelCall.size``, e.g. verify's plan capacity; None: the default below any size
-    class, ``targets.default_geometry``) to ``bb``'s module, named ``canary_<kernel>[_<spec>]``, or
-    ``canary_<kernel>[_<spec>]_<geometry>`` when the module already holds that specialization in another
-    geometry (another ``size`` on a GPU tag); returns its GlobalVar (the one already there for the same
-    function). An unknown ``kernel``, a ``spec`` not one of its specializations (``all_specs``) or
-    another ``mode`` raises ValueError."""
+    """Add kernel ``kernel`` specialised by ``spec`` (``runtime.specializations``) to ``bb``'s module, in the
+    default geometry (``targets.default_geometry``) of target tag ``tag`` (``llvm``, ``cuda-sm_90``, ...), the
+    spec's launch mode (``mode``, if given, must be it) and workload point ``size`` (``KernelCall.size``, e.g.
+    verify's plan capacity; None: below any size class). Named ``canary_<kernel>[_<spec>]``, plus
+    ``_<geometry>`` when the module holds that specialization in another geometry; returns its GlobalVar
+    (the one already there for the same function). An unknown ``kernel`` or ``tag``, a ``spec`` not one of
+    its specializations (``all_specs``) or another ``mode`` raises ValueError."""
     if kernel not in specializations.AXES:
         raise ValueError(f"kv-canary: no kernel {kernel!r} (kernels: {', '.join(specializations.KERNELS)})")
-    if tuple(spec) not in specializations.all_specs(kernel):
+    spec = tuple(spec) if isinstance(spec, tuple | list) else spec
+    if spec not in specializations.all_specs(kernel):
         axes = [name for name, _ in specializations.AXES[kernel]]
-        raise ValueError(f"kv-canary: {kernel} has no specialization {tuple(spec)!r} (its axes: {axes})")
+        raise ValueError(f"kv-canary: {kernel} has no specialization {spec!r} (its axes: {axes})")
+    if tag != "llvm" and not re.fullmatch(r"cuda-sm_\d{2,3}[af]?", str(tag)):
+        raise ValueError(f"kv-canary: unknown target tag {tag!r} (llvm, or cuda-sm_XY such as cuda-sm_90)")
     launch = specializations.launch_mode(kernel, spec)
     if mode not in (None, launch):
         raise ValueError(f"kv-canary: {kernel} {tuple(spec)!r} runs in mode {launch} (launch_mode), not {mode}")
