@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target == "cuda":
         if not args.arch:
             raise UsageError("--target cuda needs at least one --arch (e.g. sm_90)")
-        tags = [f"cuda-{arch}" for arch in dict.fromkeys(args.arch)]  # a repeated --arch builds once
+        tags = [f"cuda-{arch}" for arch in dict.fromkeys(args.arch)]
     elif args.arch:
         raise UsageError("--arch is for --target cuda")
     else:

@@ -118,12 +118,13 @@ def seed(text: str) -> int:
 
 
 OLDEST_CUDA_ARCH = 75  # CUDA 13 (nvcc, NVRTC) compiles for sm_75 and newer
+CUDA_ARCH = r"sm_(\d{2,3})[af]?"
 
 
 def cuda_arch(text: str) -> str:
     """An argparse ``type`` for a CUDA arch: ``sm_`` and a compute capability of two or more digits
     (``sm_90``, ``sm_100a``), as nvcc and NVRTC name them, from ``sm_75`` (``OLDEST_CUDA_ARCH``) on."""
-    match = re.fullmatch(r"sm_(\d{2,3})[af]?", text)
+    match = re.fullmatch(CUDA_ARCH, text)
     if not match:
         raise argparse.ArgumentTypeError(f"expected a CUDA arch such as sm_90, got {text!r}")
     if int(match.group(1)) < OLDEST_CUDA_ARCH:

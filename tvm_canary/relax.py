@@ -42,6 +42,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from .cliargs import CUDA_ARCH
 from .runtime import compile as compile_cache
 from .runtime import packing, parse, specializations, targets
 
@@ -72,11 +73,11 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
     if spec not in specializations.all_specs(kernel):
         axes = [name for name, _ in specializations.AXES[kernel]]
         raise ValueError(f"kv-canary: {kernel} has no specialization {spec!r} (its axes: {axes})")
-    if tag != "llvm" and not re.fullmatch(r"cuda-sm_\d{2,3}[af]?", str(tag)):
+    if tag != "llvm" and not re.fullmatch(f"cuda-{CUDA_ARCH}", str(tag)):
         raise ValueError(f"kv-canary: unknown target tag {tag!r} (llvm, or cuda-sm_XY such as cuda-sm_90)")
     launch = specializations.launch_mode(kernel, spec)
     if mode not in (None, launch):
-        raise ValueError(f"kv-canary: {kernel} {tuple(spec)!r} runs in mode {launch} (launch_mode), not {mode}")
+        raise ValueError(f"kv-canary: {kernel} {spec!r} runs in mode {launch} (launch_mode), not {mode}")
     geom = targets.default_geometry(kernel, tag, launch, size)
     name = "_".join(["canary", kernel, *(str(int(x)) for x in spec)])
     sources = int(specializations.axis_values(kernel, spec).get("num_sources", 0))

@@ -272,7 +272,7 @@ class CanarySession:
             checks.byte_ranges({id(t): (t, name) for t, name in written}.values()))
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
-        self._head_tokens = 0  # the pending step's token count, which its TAIL must match
+        self._head_tokens = 0  # the pending step's token count (its TAIL's must match)
         self._health_snapshot: list[int] | None = None
         self._health_failures: list[str] = []  # decoded, not yet raised
         self._overflow_warnings: list[str] = []  # decoded, not yet warned
@@ -489,8 +489,8 @@ class CanarySession:
         A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
         status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
         The step's per-token inputs and the TAIL endpoints' real-KV sources are checked again first (the
-        launches' checks, and the token count against the HEAD's): one the checks now refuse (resized or
-        re-strided in place since ``before_forward``; changed values cannot be seen) is refused before any TAIL launch,
+        launches' checks; the token count against the HEAD's): one resized or re-strided in place since
+        ``before_forward`` (changed values cannot be seen) is refused before any TAIL launch,
         and the step ends there (its TAIL never runs; the next ``before_forward`` may begin; its status
         snapshot is still taken, so an overflow of its HEAD is warned about)."""
         if self._batch is None:
@@ -979,7 +979,7 @@ class StepGraph:
 def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """``value`` (a tensor, an array, a list or a number of integers) as a ``dtype`` tensor where it is
     (host data on the host; itself when it already is one). Values that are not integers (floats,
-    booleans, complex numbers) or not numbers, and Python ints outside int64, are refused (TypeError) rather than
+    booleans, complex numbers) or not numbers, and Python ints outside int64, are refused rather than
     converted, and so are host values outside a narrower ``dtype`` (``req_to_token``'s int32; reading a
     device tensor's values would synchronise the host, so its conversion wraps as torch's does); an empty
     list is an empty tensor."""
