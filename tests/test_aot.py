@@ -9,6 +9,7 @@ import filecmp
 import json
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 
@@ -126,19 +127,52 @@ def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch,
         C._load_or_build("scatter", (), torch.device("cpu"), geom)
 
 
-def test_a_damaged_kernel_cache_entry_is_compiled_again(tmp_path, monkeypatch, caplog):
+def test_a_damaged_or_unloadable_kernel_cache_entry_is_compiled_again(tmp_path, monkeypatch, caplog):
+    """A module of another machine (e_machine AArch64: was a traceback) or cut short is built again; an ELF
+    header naming program headers too small to read is damage (was a ``struct.error``)."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     path = C.cached_module("scatter", (), "llvm", geom)
     whole = path.read_bytes()
-    for kept in (0, 5000):
+    foreign = whole[:18] + (183).to_bytes(2, "little") + whole[20:]
+    for content, said in ((foreign, "cannot be loaded"), (b"", "is damaged"), (whole[:5000], "is damaged")):
         damaged = path.with_suffix(".damaged")  # a new file: the loaded module's pages stay mapped
-        damaged.write_bytes(whole[:kept])
+        damaged.write_bytes(content)
         os.replace(damaged, path)
         with caplog.at_level("WARNING", logger="tvm_canary"):
             assert C._load_or_build("scatter", (), torch.device("cpu"), geom) is not None
-        assert "is damaged" in caplog.text and path.read_bytes() == whole
+        assert said in caplog.text and path.read_bytes() == whole
         caplog.clear()
+    header = bytearray(whole)  # e_phoff 8 bytes before the end, e_phentsize 1, e_phnum 8
+    header[32:40], header[54:58] = (len(whole) - 8).to_bytes(8, "little"), bytes([1, 0, 8, 0])
+    damaged.write_bytes(header)
+    assert "program headers are 1 bytes" in C.damaged_module(damaged)
+
+
+def test_module_keys_name_the_cpu_and_the_sources_read_first(monkeypatch):
+    """A CPU module's key names the machine (two architectures shared keys); a process keeps the source
+    hash it read first (read again after an edit, its old code was stored under the new code's key)."""
+    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    first = C.module_key("scatter", (), "llvm", geom)
+    assert f"-llvm-{platform.machine()}-" in first
+    monkeypatch.setattr(C, "files_hash", lambda files: "edited")
+    assert C.module_key("scatter", (), "llvm", geom) == first
+
+
+def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monkeypatch):
+    ex = C.build("scatter", (), "llvm", targets.default_geometry("scatter", "llvm", 0, None))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"^kv-canary: building a kernel module needs a C/C\+\+ compiler and none"):
+        C.export(ex, tmp_path / "out" / "scatter.so")
+    monkeypatch.setenv("CXX", "/no/g++")
+    with pytest.raises(RuntimeError, match=r"compiler and \$CXX/\$CC '/no/g\+\+' is not found"):
+        C.export(ex, tmp_path / "out" / "scatter.so")
+    monkeypatch.setenv("CXX", "/bin/false")  # a compiler that fails: its temporary file goes too
+    with pytest.raises(RuntimeError, match="Compilation error"):
+        C.export(ex, tmp_path / "out" / "scatter.so")
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):

@@ -1,12 +1,12 @@
-"""Calling the canary kernels from a TVM Relax function (docs/EMBEDDING.md, "Relax").
+"""Calling the canary kernels from a TVM Relax function (docs/EMBEDDING.md, "Recipe 3: TVM Relax",
+states the recipe and its limits: no launch checks, D10 is the caller's, use every result, stay outside
+dataflow blocks).
 
 ``add_kernel(bb, kernel, spec, tag)`` adds one specialization of a kernel's TensorIR to the module of
-a ``relax.BlockBuilder`` (a user's IRModule: ``relax.BlockBuilder(mod)``); ``call_kernel(bb, gvar,
-**args)`` emits an in-place call of it (``R.call_tir_inplace``) whose results are the arguments the
-kernel writes. The Relax function is then built with ``tvm.compile`` and run in the Relax VM; torch
-tensors can be passed straight in (DLPack, zero-copy), except a 2-D table with no columns (a
-``req_to_token`` or token pool ``[R, 0]``), whose strides torch reports as ``(1, 1)``, which tvm-ffi
-refuses: pass ``runtime.packing.table(t)``, as the launch functions do.
+a ``relax.BlockBuilder``; ``call_kernel(bb, gvar, **args)`` emits an in-place call of it
+(``R.call_tir_inplace``) whose results are the arguments the kernel writes. Torch tensors pass straight
+in (DLPack), except a 2-D table with no columns, whose strides torch reports as ``(1, 1)``, which
+tvm-ffi refuses: pass ``runtime.packing.table(t)``.
 
 Arguments are the kernel's TensorIR parameters, by name (see ``parameters(gvar)``): tensors are
 int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view ``[S, stride / 8]``, a
@@ -15,19 +15,11 @@ token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL m
 Python ints. Unused source slots may be left out (all four of a slot's parameters); the slots the
 specialization folds (its ``num_sources``) and a given ``src<i>`` need all four. ``flags`` (verify,
 write) is an int32 scratch the caller allocates zeroed, one per violation ring
-(``runtime.packing.flags_for(ring, capacity, seed_saves=write_capacity)``: write keeps a seed save
-per request in it); the kernels leave it zero again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``.
-
-No launch check runs on a Relax call: SPEC 4's value rules and D10 (no written tensor may overlap another
-argument, ``flags`` and plan's ``scratch`` included) are the caller's. The compiled kernels refuse, with a
+(``runtime.packing.flags_for(ring, capacity, seed_saves=write_capacity)``); the kernels leave it zero
+again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``. The compiled kernels refuse, with a
 ``kv-canary:`` ValueError, arguments that break the shape relations they rely on
-(``kernels.common.require``), so a call whose arguments are disjoint cannot reach memory outside them;
-overlapping ones can (a fingerprint stamped into ``out_cache_loc`` becomes an unchecked slot).
-
-Relax treats ``call_tir_inplace`` as pure: a call whose results are not used is deleted. Use every
-result (pass it to the next call, return it). The TensorIR kernels must stay outside dataflow blocks
-(Relax's dataflow passes expect schedulable functions); they are marked ``tirx.is_scheduled`` so that
-the GPU pipeline does not re-schedule them.
+(``kernels.common.require``); overlapping arguments they cannot see. The kernels are marked
+``tirx.is_scheduled`` so that the GPU pipeline does not re-schedule them.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@
    written by ``tvm-canary build``), which need only the TVM runtime;
 3. the disk cache (``$TVM_CANARY_CACHE`` or ``~/.cache/tvm_canary``);
 4. ``tvm.compile`` (needs the TVM compiler), stored into the disk cache.
-Module keys hold the kernel, its specialization, the geometry, the target tag, the TVM version and a
-hash of the sources that shape the generated code (``source_files``: the kernels and the build code), so
-a stale module is never loaded. Every build runs under TVM's default pass configuration, whatever
+Module keys hold the kernel, its specialization, the geometry, the target tag (a CPU's with its
+machine), the TVM version and a hash of the sources that shape the generated code (``source_files``: the
+kernels and the build code), so a stale module is never loaded. Building needs a C/C++ compiler (TVM links
+each module with it). Every build runs under TVM's default pass configuration, whatever
 ``PassContext`` the caller holds, since the disk cache and ``tvm-canary build`` share its modules.
 """
 
@@ -21,6 +22,8 @@ import hashlib
 import logging
 import os
 import pathlib
+import platform
+import shutil
 import struct
 import sys
 import tempfile
@@ -55,8 +58,10 @@ def files_hash(files) -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
 def source_hash() -> str:
-    """Hash of everything that shapes the generated code (``source_files``)."""
+    """Hash of everything that shapes the generated code (``source_files``), read once per process: a
+    process outliving an edit of the sources keeps keying its modules by those it began with."""
     return files_hash(source_files())
 
 
@@ -66,7 +71,9 @@ def cache_dir() -> pathlib.Path:
 
 
 def module_key(name: str, spec: tuple, tag: str, geom) -> str:
-    return f"{name}-{spec_id(spec)}-{geom.key()}-{tag}-tvm{tvm.__version__}-{source_hash()}"
+    """A build's file name less ``.so``; ``llvm`` builds for the host, so it names the machine too."""
+    machine = f"-{platform.machine()}" if tag == "llvm" else ""
+    return f"{name}-{spec_id(spec)}-{geom.key()}-{tag}{machine}-tvm{tvm.__version__}-{source_hash()}"
 
 
 def build(name: str, spec: tuple, tag: str, geom):
@@ -86,13 +93,24 @@ def build(name: str, spec: tuple, tag: str, geom):
 
 def export(ex, path: pathlib.Path) -> None:
     """Write an executable to ``path`` atomically, readable as a file the process creates is
-    (``new_file_mode``)."""
+    (``new_file_mode``), or leave nothing. Linking needs a C/C++ compiler (TVM's ``get_cc``)."""
+    from tvm.support.cc import get_cc
+
+    compiler = get_cc()
+    if sys.platform.startswith("linux") and not (compiler and shutil.which(compiler)):
+        missing = f"$CXX/$CC {compiler!r} is not found" if compiler else "none is on PATH"
+        raise RuntimeError(f"kv-canary: building a kernel module needs a C/C++ compiler and {missing} (install "
+                           "g++ or clang, or load modules built by `tvm-canary build`)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
-    ex.export_library(tmp_path)
-    os.chmod(tmp_path, new_file_mode(executable=True))
-    os.replace(tmp_path, path)
+    try:
+        ex.export_library(tmp_path)
+        os.chmod(tmp_path, new_file_mode(executable=True))
+        os.replace(tmp_path, path)
+    finally:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)
 
 
 def new_file_mode(executable: bool = False) -> int:
@@ -201,7 +219,13 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
         logging.getLogger("tvm_canary").warning(
             "tvm_canary: TVM_CANARY_MODULES=%r has no module %s.so (built from other sources or for other "
             "geometries?); compiling it", os.environ.get("TVM_CANARY_MODULES", ""), key)
-    return tvm.runtime.load_module(str(cached_module(name, spec, tag, geom)))[f"canary_{name}"]
+    path = cached_module(name, spec, tag, geom)
+    try:
+        return tvm.runtime.load_module(str(path))[f"canary_{name}"]
+    except Exception as e:  # whole but not loadable here (another host's, a foreign file): build it again
+        logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s cannot be loaded (%s); "
+                                                "compiling it again", path, error_line(e))
+    return tvm.runtime.load_module(str(cached_module(name, spec, tag, geom, rebuild=True)))[f"canary_{name}"]
 
 
 _missing_prebuilt: set = set()  # module keys the prebuilt folders lacked (warned once per process)
@@ -212,11 +236,12 @@ def cache_path(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
     return cache_dir() / f"{module_key(name, spec, tag, geom)}.so"
 
 
-def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
-    """The module file of a build in the disk cache, compiled (``build``) and stored first if missing."""
+def cached_module(name: str, spec: tuple, tag: str, geom, rebuild: bool = False) -> pathlib.Path:
+    """The module file of a build in the disk cache, compiled (``build``) and stored first if missing,
+    damaged or (``rebuild``) not loadable."""
     path = cache_path(name, spec, tag, geom)
     filename = path.name
-    if path.exists() and not damaged_module(path):
+    if path.exists() and not rebuild and not damaged_module(path):
         return path
     if not compiler_available():
         raise RuntimeError(
@@ -230,7 +255,7 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
             if damage:
                 logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s is damaged (%s); "
                                                         "compiling it again", path, damage)
-            if damage or not path.exists():
+            if rebuild or damage or not path.exists():
                 export(build(name, spec, tag, geom), path)
     except OSError as e:  # not writable (permissions, a read-only file system), full
         raise RuntimeError(f"kv-canary: the kernel cache {path.parent} lacks {filename} and cannot store it "
@@ -263,6 +288,8 @@ def damaged_module(path: pathlib.Path) -> str | None:
     phentsize, phnum, shentsize, shnum = fields[8], fields[9], fields[10], fields[11]
     needed = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
     fmt, offset_at, size_at = _PROGRAM_HEADER[data[4]]
+    if phnum and phentsize < struct.calcsize(fmt):
+        return f"its program headers are {phentsize} bytes, fewer than an ELF program header's"
     if phoff + phentsize * phnum <= len(data):
         for k in range(phnum):
             header = struct.unpack_from(fmt, data, phoff + k * phentsize)
