@@ -1,14 +1,12 @@
 """Shared fixtures and markers. ``impl`` runs the hand cases against every implementation in ``IMPLS``.
 
-Markers (registered in pyproject.toml): ``gpu`` tests need a CUDA GPU and are skipped without one; a
-test is marked ``gpu`` automatically when one of its parameter ids names CUDA (``tvm-cuda``, ``cuda``),
-or explicitly. The GPU host selects them with ``-m gpu``. ``slow`` tests take tens of seconds (a
-module fixture's cost counts for every test using it).
+Markers (registered in pyproject.toml): ``gpu`` tests need a CUDA GPU, skipped without one; marked
+explicitly or when a parameter id names CUDA (``tvm-cuda``, ``cuda``); the GPU host runs ``-m gpu``.
+``slow`` tests take tens of seconds (a module fixture's cost counts for every test using it).
 
 Order: under the README's ``-n 2 --dist loadscope`` each test class, else module, is one unit of work,
-handed to the workers in collection order (pyproject.toml turns off xdist's reordering by test count).
-The units holding the most ``slow`` tests are collected first, so the long ones start at once and the
-many short units fill in around them, instead of a long unit starting last and running alone.
+handed out in collection order (pyproject.toml turns off xdist's reordering by test count). Units with
+the most ``slow`` tests come first: long ones start at once, short ones fill in, none starts last alone.
 """
 
 from __future__ import annotations
@@ -49,8 +47,8 @@ class ReferenceImpl:
 
 
 class TvmImpl:
-    """The compiled TensorIR kernels through the public launch functions (front-end checks included),
-    forced onto the ``tvm`` backend, with the case's tensors on ``device``."""
+    """The TensorIR kernels via the public launch functions (checks included) on the ``tvm`` backend,
+    the case's tensors on ``device``."""
 
     def __init__(self, name: str, device: str) -> None:
         self.name = name
@@ -73,7 +71,7 @@ class TvmImpl:
             tc.launch_scatter_req_token_ids_kernel(**kw)
 
 
-# name -> implementation object with ``name``, ``device`` and write/verify/plan/scatter methods.
+# name -> object with ``name``, ``device`` and write/verify/plan/scatter methods.
 IMPLS = {
     "reference": ReferenceImpl(),
     "tvm-cpu": TvmImpl("tvm-cpu", "cpu"),
@@ -82,8 +80,8 @@ IMPLS = {
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Mark the tests parametrized on CUDA ``gpu``; skip every ``gpu`` test on a machine without a GPU;
-    put the units of work with the most ``slow`` tests first (see the module docstring)."""
+    """Mark tests parametrized on CUDA ``gpu``; skip ``gpu`` tests without a GPU; units of work with the
+    most ``slow`` tests first (module docstring)."""
     no_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (the gpu-marked tests run on GPU hosts)")
     has_gpu = torch.cuda.is_available()
     for item in items:
@@ -97,8 +95,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def _work_unit(item) -> str:
-    """The unit of work of ``--dist loadscope``: the test's class, else its module (xdist cuts the node
-    id at its last ``::``)."""
+    """``--dist loadscope``'s unit of work: class, else module (xdist cuts the node id at its last ``::``)."""
     return item.nodeid.rsplit("::", 1)[0]
 
 
@@ -112,8 +109,8 @@ def impl(request):
 
 @pytest.fixture
 def committed_cpu_key(monkeypatch) -> str:
-    """The processor taken to be one with a committed CPU database (the tests may run on any other), so
-    that ``keys.device_key`` of the CPU names a folder of ``keys.committed_tune_logs()``; returns it."""
+    """Returns a processor with a committed CPU database, posed as this CPU (tests run on any) so that its
+    ``keys.device_key`` names a folder of ``keys.committed_tune_logs()``."""
     from tvm_canary.tuning import keys
 
     committed = min(p.name for p in keys.committed_tune_logs().iterdir() if p.is_dir() and "-sm_" not in p.name)

@@ -1,8 +1,5 @@
-"""Builders and plain-Python oracles shared by the hand and fuzz tests.
-
-The oracles here recompute SPEC section 1 from the definitions on Python ints and raw storage bytes;
-they never call ``tvm_canary.reference``.
-"""
+"""Builders and plain-Python oracles shared by the hand and fuzz tests: SPEC section 1 recomputed from
+the definitions on Python ints and raw storage bytes, never via ``tvm_canary.reference``."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ POISON_I64 = -7777
 INVALID = int(consts.FailReason.INVALID_INDEX)
 
 
-# ---------------------------------------------------------------- canary buffer
+# ----- canary buffer
 
 
 def make_canary(num_slots: int, *, stride: int = 32, fill: int = 0, device="cpu") -> torch.Tensor:
@@ -54,7 +51,7 @@ def link(h: int, token: int, position: int) -> int:
     return I64(_consts.splitmix64_mix3(h, token, position))
 
 
-# ---------------------------------------------------------------- real-KV sources
+# ----- real-KV sources
 
 
 def four_sources(seed: int, device="cpu") -> tuple[RealKvSource, ...]:
@@ -126,7 +123,7 @@ def stamp_chain(
         h = link(h, tok, pos)
 
 
-# ---------------------------------------------------------------- context and plans
+# ----- context and plans
 
 
 def make_context(
@@ -181,7 +178,7 @@ def make_verify_plan(
     enable: int = 1,
     device="cpu",
 ) -> VerifyPlan:
-    """VerifyPlan holding the given entries; the tail past them is poisoned with ``POISON_I64``."""
+    """VerifyPlan of the given entries, the tail past them poisoned (``POISON_I64``)."""
     capacity = capacity or len(slots)
     plan = VerifyPlan.allocate(verify_capacity=capacity, device=device)
     for vec, vals in (
@@ -200,7 +197,7 @@ def make_verify_plan(
 def make_write_plan(
     offsets: list[int], seeds: list[int], *, capacity: int | None = None, num_valid: int | None = None, device="cpu"
 ) -> WritePlan:
-    """WritePlan with ``offsets``/``seeds`` at the front; the tail is poisoned with ``POISON_I64``."""
+    """WritePlan with ``offsets``/``seeds`` at the front, the tail poisoned (``POISON_I64``)."""
     capacity = capacity or len(seeds)
     plan = WritePlan.allocate(write_req_capacity=capacity, device=device)
     plan.write_offsets.fill_(POISON_I64)
@@ -212,10 +209,8 @@ def make_write_plan(
 
 
 def i64(vals, device="cpu") -> torch.Tensor:
-    """int64 tensor of ``vals``."""
     return torch.tensor(vals, dtype=torch.int64, device=device)
 
 
 def i32(vals, device="cpu") -> torch.Tensor:
-    """int32 tensor of ``vals``."""
     return torch.tensor(vals, dtype=torch.int32, device=device)

@@ -95,8 +95,7 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
 
 def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkeypatch):
     """With --jobs N the modules the cache lacks compile in N processes (one by one, a whole CUDA target
-    outlasted a ten-minute GPU call): the building process compiles none; the folder holds what a
-    one-by-one build writes."""
+    outlasted a ten-minute GPU call), none in the building process; the folder equals a one-by-one build's."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache-1"))
     assert main(["build", "--target", "llvm", "--kernels", "scatter", "plan", "--tuning", "none", "--jobs", "1",
                  "-o", str(tmp_path / "one-by-one")]) == 0
@@ -177,9 +176,8 @@ def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monke
 
 def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):
     """A build runs under TVM's default pass configuration whatever the caller holds: the disk cache and
-    ``tvm-canary build`` share its module with every later process. (Built in a caller's
-    ``tirx.disable_assert``, the module lost the kernels' ``kv-canary:`` checks, for every process
-    sharing the cache.)"""
+    ``tvm-canary build`` share its module with every later process (built in a caller's
+    ``tirx.disable_assert``, it lost the kernels' ``kv-canary:`` checks for all of them)."""
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
         C.export(C.build("scatter", (), "llvm", geom), tmp_path / "scatter.so")

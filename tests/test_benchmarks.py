@@ -1,5 +1,5 @@
 """Benchmark scripts without a GPU: a one-line error; plot.py's tables and report.py's target summary from
-a run's JSON (no GPU or matplotlib needed)."""
+a run's JSON (no matplotlib needed)."""
 
 from __future__ import annotations
 
@@ -295,8 +295,7 @@ def test_the_code_digest_covers_what_decides_a_rows_times(tmp_path, monkeypatch)
 
 
 def test_a_run_cut_short_in_verify_goes_on_where_it_stopped(monkeypatch):
-    """Verify rows are saved as timed (part ``cut`` till the sweep ends); a resume times the rest; tables
-    say it was cut."""
+    """Verify rows saved as timed (part ``cut`` till the sweep ends); a resume times the rest; tables say so."""
     import bench_kernels
     import plot
 
@@ -601,8 +600,7 @@ def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
 
 
 def test_a_write_kernel_under_its_store_floor_is_a_floor_bug():
-    """One-token write: target floor min(store, hash); a kernel over 5% under store fails "floors as lower
-    bounds"."""
+    """One-token write: target floor min(store, hash); over 5% under store fails "floors as lower bounds"."""
     import bench_kernels
 
     shape = dict(mode="NONE", reqs=4096, shape="4096x1", chain_floor_us=1.0, hash_floor_us=2.80,

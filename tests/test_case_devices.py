@@ -1,8 +1,7 @@
-"""The seeded case builders (``tvm_canary.cases``) keep every tensor of a case on the device they are
-asked for, checked on any machine: each builder runs on the ``meta`` device under a torch function mode
-that rejects a call mixing devices. CUDA rejects such calls too (a CPU value tensor stored into a CUDA
-canary raised on an H200), but CI has no GPU: without this check a builder's device mix-up surfaced only
-in the GPU session (the twenty-fourth session's ``uniform_write_case``)."""
+"""The seeded case builders (``tvm_canary.cases``) keep a case's tensors on the asked-for device, checked
+on any machine: each builder runs on ``meta`` under a torch function mode rejecting calls mixing devices.
+CUDA rejects them too (a CPU value tensor stored into a CUDA canary raised on an H200), but CI has no GPU:
+a builder's device mix-up surfaced only in the GPU session (the twenty-fourth's ``uniform_write_case``)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ class MixedDevices(AssertionError):
 
 class RejectMixedDevices(TorchFunctionMode):
     """Raises ``MixedDevices`` on a torch call (other than ``CROSSING``) whose tensor arguments sit on
-    more than one device; a 0-dim CPU tensor counts as a scalar, as torch treats it. Stricter than
-    CUDA, which also accepts CPU index tensors: a case keeps all its tensors on its device."""
+    more than one device; a 0-dim CPU tensor counts as a scalar, as torch treats it. Stricter than CUDA
+    (which accepts CPU index tensors): a case keeps all its tensors on its device."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

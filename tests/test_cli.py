@@ -112,8 +112,8 @@ def test_package_errors_while_running_are_one_line(monkeypatch, capsys):
 
 
 def test_conformance_and_fuzz_errors_exit_2_and_findings_1(capsys, tmp_path, monkeypatch):
-    """A refused conformance or fuzz run exits 2 (1 is what a mismatching case gives those two commands;
-    test_conformance and test_fuzz check it); other commands keep 1 for their kv-canary: errors."""
+    """A refused conformance or fuzz run exits 2 (their mismatching case gives 1; test_conformance and
+    test_fuzz check it); other commands keep 1 for their kv-canary: errors."""
     status, out, err = run_main(["conformance", "--devices", "cpu", "--kernels", "verify", "--case",
                                  "golden:write-anchor", "--json", str(tmp_path / "c.json")], capsys)
     assert status == 2 and out == ""
@@ -224,8 +224,8 @@ def test_tune_checks_its_log_folder_before_building(tmp_path, capsys):
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():
-    """``tvm-canary info | head -1``: the reader closes the pipe, and the command stops with status 1 and no
-    traceback (it printed a BrokenPipeError traceback in most runs)."""
+    """``tvm-canary info | head -1``: the reader closes the pipe; status 1, no traceback (it printed a
+    BrokenPipeError traceback in most runs)."""
     proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", "info"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before the command writes

@@ -1,9 +1,9 @@
 """torch.compile over a serving step calling the public API (scatter -> plan -> verify -> write).
 
 The step compiles with ``fullgraph=True`` (``torch._dynamo.explain``: one graph, no break); every tensor
-it touches is byte-equal to eager over two steps with inputs refilled in place, under Inductor and
-``aot_eager``, on CUDA also ``mode="reduce-overhead"`` (Inductor's CUDA graphs, replayed). The graph
-holds only operators and views, so Inductor compiles no C++ here.
+it touches is byte-equal to eager over two steps, inputs refilled in place, under Inductor and
+``aot_eager`` (CUDA: also ``mode="reduce-overhead"``, Inductor's CUDA graphs replayed). The graph holds
+only operators and views: Inductor compiles no C++ here.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def make_state(device: str, verify_capacity: int = 64) -> dict[str, torch.Tensor
 
 
 def refill(s: dict[str, torch.Tensor], step_no: int) -> None:
-    """Step ``step_no`` (0, 1, ...) of a batch where every row extends by EXTEND tokens; a token of
-    row 2 is corrupted in the canary after step 0 so that step 1 records violations."""
+    """Step ``step_no`` (0, 1, ...): every row extends by EXTEND tokens; a token of row 2 is corrupted in
+    the canary after step 0, so step 1 records violations."""
     prefix = torch.full((BS,), EXTEND * step_no)
     pos = (prefix[:, None] + torch.arange(EXTEND)).flatten()
     rows = torch.arange(1, BS + 1).repeat_interleave(EXTEND)
@@ -70,7 +70,7 @@ def refill(s: dict[str, torch.Tensor], step_no: int) -> None:
 
 def step_context(s: dict[str, torch.Tensor], kernel_kind=TAG, page_size: int = 1) -> tc.VerifyOrWriteContext:
     """The serving step's context: TAG's counters, ALL mode over one real-KV source (``kernel_kind`` and
-    its ``page_size`` can be given wrong, to test the argument checks)."""
+    its ``page_size`` can be wrong, for the argument checks)."""
     source = tc.RealKvSource(tensor=s["kv"], page_size=page_size, num_bytes_per_token=64, read_bytes=64)
     return tc.VerifyOrWriteContext(
         canary_buf=s["canary"], kernel_kind=kernel_kind, violation_ring=s["ring"],
@@ -151,8 +151,8 @@ def test_fullgraph_compile_equals_eager(device, backend):
 @pytest.mark.parametrize("device", devices())
 def test_the_verify_capacity_can_be_a_dynamic_dimension(device):
     """Marked dynamic, the verify plan's capacity stays symbolic through the checks and operator: one
-    graph serves three capacities, each byte-equal to eager (the checks indexed it, making it a graph
-    constant: marked dynamic it failed to compile)."""
+    graph serves three capacities, each byte-equal to eager (the checks indexed it into a graph constant:
+    marked dynamic, it failed to compile)."""
     require(device)
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(serving_step, fullgraph=True, backend="aot_eager")
@@ -168,10 +168,9 @@ def test_the_verify_capacity_can_be_a_dynamic_dimension(device):
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
 def test_state_inside_a_buffer_of_another_dtype(backend):
     """A one-element view of another dtype at a nonzero offset of a larger buffer, taken in the compiled
-    step, reaches an operator empty under torch.compile (torch rebuilds
-    ``buf[i : i + 1].view(torch.int32)[:1]`` wrongly): the operator refuses it with a kv-canary error (its
-    writes were lost: the enable flag stayed 0, on every backend). Viewed from the whole buffer, as the
-    session's status words are, the same state compiles byte-equal to eager."""
+    step, reaches an operator empty (torch.compile rebuilds ``buf[i : i + 1].view(torch.int32)[:1]``
+    wrongly): refused with a kv-canary error (its writes were lost: the enable flag stayed 0, on every
+    backend). Viewed from the whole buffer, as the session's status words are, it compiles byte-equal to eager."""
     def state():
         s = make_state("cpu")
         del s["v_enable"]
@@ -193,8 +192,7 @@ def test_state_inside_a_buffer_of_another_dtype(backend):
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_a_meta_chain_flag_is_ignored_by_a_compiled_verify(backend):
-    """Verify ignores the chain flag, but a meta one sent its operator call to the fake implementation,
-    which did nothing."""
+    """Verify ignores the chain flag, but a meta one sent its operator call to the fake, which did nothing."""
     def meta_flag_state():
         s = make_state("cpu")
         s["chain_assert"] = torch.ones(1, dtype=torch.int32, device="meta")
@@ -248,9 +246,8 @@ def test_reduce_overhead_replays_with_refilled_inputs():
 
 @pytest.mark.parametrize(("field", "wrong"), [("kernel_kind", 2.0), ("kernel_kind", "x"), ("page_size", 1.0)])
 def test_a_wrong_argument_raises_its_error_from_a_compiled_step(field, wrong):
-    """A non-int where an int is expected raises the eager error from the compiled function (torch 2.11's
-    Dynamo made operator.index's TypeError an internal error); with fullgraph=True Dynamo's Unsupported
-    carries it in its chain."""
+    """A non-int for an int raises the eager error from the compiled function (torch 2.11's Dynamo made
+    operator.index's TypeError an internal error); with fullgraph=True, in Dynamo's Unsupported's chain."""
     s = make_state("cpu")
     shown = f"{type(wrong).__name__} {wrong!r}" if isinstance(wrong, float) else type(wrong).__name__  # SPEC 4
     message = f"^kv-canary: (RealKvSource.)?{field} must be an int, got {shown}$"

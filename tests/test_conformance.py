@@ -133,7 +133,7 @@ def test_golden_case_pins_spec_hash_vectors(tmp_path):
 
 
 def test_rank_mismatch_fails(tmp_path):
-    """A second rank (another host or GPU) whose digest differs is a mismatch of that rank."""
+    """A second rank (another host or GPU) with another digest: a mismatch of that rank."""
     _, report = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "scatter")
     rank1 = copy.deepcopy(report["ranks"][0]) | {"rank": 1}
     rank1["devices"][1]["kernels"]["scatter"][0]["digest"] = "0" * 64
@@ -321,7 +321,7 @@ def test_case_set_identifies_the_generated_cases(monkeypatch, tmp_path):
 
 
 def test_ranks_are_checked_before_running(monkeypatch, tmp_path):
-    """Ranks compare their case ids and sets before any case runs (a refused run runs nothing)."""
+    """Case ids and sets are compared first: a refused run runs nothing."""
     monkeypatch.setattr(conformance, "gather", lambda obj, group: [obj, obj | {"rank": 1, "cases": {}}])
     monkeypatch.setattr(conformance, "run_local", lambda *a: pytest.fail("ran cases"))
     args = build_parser().parse_args(["conformance", "--devices", "cpu", "--cases", "1", "--kernels", "scatter"])
@@ -340,8 +340,8 @@ def _recombined(report: dict) -> dict:
 
 def test_against_an_earlier_run(tmp_path, capsys):
     """``--against`` compares each case with an earlier run's reference: equal runs pass; a differing digest
-    fails the run (exit 1), naming its tensors; an edited report, other case sets or a non-report (untyped,
-    unreadable) is refused before anything runs (exit 2)."""
+    fails (exit 1), naming its tensors; an edited report, other case sets or a non-report (untyped,
+    unreadable): refused before anything runs (exit 2)."""
     status, earlier = conform(tmp_path, "--devices", "cpu", "--cases", "1", "--kernels", "verify,scatter")
     assert status == 0
     path = tmp_path / "earlier.json"

@@ -1,5 +1,5 @@
-"""The public ``tvm_canary.consts`` module holds exactly upstream's names (SPEC 1.1, 1.2) and the enum
-values of the contract; tvm_canary's one addition is the fail bit ``FailReason.INVALID_INDEX`` (SPEC D4)."""
+"""The public ``tvm_canary.consts`` holds exactly upstream's names (SPEC 1.1, 1.2) and the contract's enum
+values; its one addition is the fail bit ``FailReason.INVALID_INDEX`` (SPEC D4)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """CUDA code generation without a GPU: every kernel specialization lowers for CUDA, keeps all state on
-the device (no host-side workspace, no host reads of device tensors), and its device code compiles with
-nvcc for sm_80 and sm_90: CUDA breakage is caught in CPU CI.
+the device (no host-side workspace or reads of device tensors), and its device code compiles with nvcc
+for sm_80 and sm_90: CUDA breakage caught in CPU CI.
 
-One class per kernel: under ``pytest -n 2 --dist loadscope`` (the README's test command) a class runs in
-one worker, so the nvcc test finds its lowerings in ``cuda_build``'s per-process cache and each (kernel,
-specialization, arch) is lowered once per run.
+One class per kernel: under the README's ``pytest -n 2 --dist loadscope`` a class runs in one worker, so
+the nvcc test finds its lowerings in ``cuda_build``'s per-process cache: each (kernel, specialization,
+arch) lowered once per run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tvm_canary.runtime import targets
 from tvm_canary.runtime.specializations import KERNELS, all_specs, launch_mode, spec_id
 
 
-@functools.cache  # each (kernel, spec, arch) is built once per run: the nvcc test reuses the lowering test's
+@functools.cache  # the nvcc test reuses the lowering test's builds
 def cuda_build(kernel, spec, arch):
     """The specialization in the default geometry of its launch mode (PARTIAL or ALL when it folds
     sources, NONE otherwise)."""
@@ -55,8 +55,8 @@ class KernelCodegen:
     @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
     def test_nvcc_compiles_generated_source(self, arch, tmp_path):
         """Every third specialization's device code through nvcc's device compiler and assembler (``-cubin``:
-        cicc and ptxas for ``arch``, as when the module is loaded; the host side of these sources is
-        nvcc's own launch stubs), all in one nvcc run per arch."""
+        cicc and ptxas for ``arch``, as at module load; these sources' host side is nvcc's launch stubs), one
+        nvcc run per arch."""
         specs = all_specs(self.kernel)
         files = []
         for spec in specs[:: max(1, len(specs) // 3)]:
@@ -127,9 +127,8 @@ def test_every_kernel_has_codegen_tests():
 
 def test_write_folds_split_where_the_specialization_allows():
     """Write ALL's short-chain default and verify ALL's below 16K entries (``pairs`` 2) fold two sources
-    of a built-in word count split: a lane per source, the odd lane's chain shuffled to the even lane
-    within the pair (``kernels.common.split_fold``); a runtime word count, another source count or the
-    CPU folds as ``pairs`` 1 does."""
+    of a built-in word count split: a lane per source, the odd lane's chain shuffled to the even one
+    (``kernels.common.split_fold``); a runtime word count, another source count or the CPU fold as ``pairs`` 1."""
 
     from tvm_canary.kernels.common import splits_sources
 

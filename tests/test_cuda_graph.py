@@ -1,8 +1,6 @@
-"""CUDA graphs: plan -> verify -> write captured on a side stream, replayed on a refilled batch.
-
-The graph must read the live input tensors: after refilling them in place with a different batch
-and replaying, every output equals the reference run on that new batch.
-"""
+"""CUDA graphs: plan -> verify -> write captured on a side stream, replayed on a refilled batch: the
+graph reads the live inputs, so after refilling them in place and replaying, every output equals the
+reference run on the new batch."""
 
 from __future__ import annotations
 
@@ -105,13 +103,13 @@ def test_graph_replay_reads_live_inputs():
     assert_same_bytes(got, want)
     n = int(want_vp.verify_num_valid)
     assert_same_bytes([t[:n] for t in tensors(vp)[:4]], [t[:n] for t in tensors(want_vp)[:4]])
-    assert int(s["widx"]) > 0  # the refilled canary is random bytes, so verify must have flagged rows
+    assert int(s["widx"]) > 0  # the refilled canary is random bytes: verify flagged rows
 
 
 def test_capture_without_warm_up_keeps_its_scratch():
     """Scratch a launch first needs during a capture is its graph's own (``packing.flags_for``): an eager
-    launch on that ring before the graph's first replay must not find it. The capture's pool holds -1
-    words first, so a kept scratch would hand the eager launch marks and a ticket that are not zero."""
+    launch on that ring before the graph's first replay must not find it (the capture's pool holds -1
+    words first: a kept scratch would hand it nonzero marks and ticket)."""
     gen = torch.Generator().manual_seed(1)
     step(state("cuda", batch(gen)), *plans("cuda"))  # loads the modules outside the capture, on another ring
     s, (vp, wp) = state("cuda", batch(gen)), plans("cuda")
@@ -136,4 +134,4 @@ def test_capture_without_warm_up_keeps_its_scratch():
         step(before, want_vp, want_wp)
         step(before, want_vp, want_wp)
     assert_same_bytes([s[k] for k in sorted(s)] + tensors(wp), [before[k] for k in sorted(before)] + tensors(want_wp))
-    assert int(s["widx"]) > 0  # the prefixes were never written, so verify must have flagged rows
+    assert int(s["widx"]) > 0  # the prefixes were never written: verify flagged rows

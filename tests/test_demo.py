@@ -105,7 +105,7 @@ def test_small_pool_counts_only_injected_faults(capsys):
 
 
 def test_notice_lands_above_the_progress_bar(capsys):
-    """Log notices (e.g. "no tuned schedule") are written by tqdm above the bar, never inside it."""
+    """Log notices (e.g. "no tuned schedule") go via tqdm, never inside the bar."""
     import logging
 
     def noisy_schedule(self, _original=Engine.schedule):
@@ -122,7 +122,7 @@ def test_notice_lands_above_the_progress_bar(capsys):
 
 
 def test_a_demo_that_checked_no_fault_fails(capsys):
-    """With two slots no fault finds a target: nothing was checked, so the run fails."""
+    """Two slots: no fault finds a target, nothing is checked."""
     assert cli.main(["demo", "--slots", "2", "--steps", "30", "--device", "cpu", "--no-progress"]) == 1
     assert "no injected fault took effect in time to be checked" in capsys.readouterr().err
 

@@ -1,8 +1,6 @@
-"""Seeded differential fuzz: compiled kernels (CPU and, when present, CUDA) vs the torch reference.
-
-Every launch tensor (canary buffer, ring, write index, counters, plans, pool) must be byte-identical
-after the run; case builders poison outputs first.
-"""
+"""Seeded differential fuzz: compiled kernels (CPU, and CUDA when present) vs the torch reference: every
+launch tensor (canary buffer, ring, write index, counters, plans, pool) byte-identical after the run;
+case builders poison outputs first."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ ITERATIONS = {"cpu": 60, "cuda": 300}
 
 
 def run_differential(kernel: str, device: str, seed: int, prepare=None, launches=1, **case_options) -> None:
-    """One seeded case on ``device`` vs the reference on the CPU, launched ``launches`` times in a row
-    (the outputs of one are the inputs of the next); ``prepare(case, launch)`` edits both cases before
-    each launch."""
+    """One seeded case on ``device`` vs the CPU reference, launched ``launches`` times in a row (outputs
+    feeding the next); ``prepare(case, launch)`` edits both cases before each launch."""
     want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", **case_options)
     got = CASES[kernel](torch.Generator().manual_seed(seed), device, **case_options)
     for launch in range(launches):
@@ -51,7 +48,7 @@ def test_differential_fuzz(kernel, device):
 
 def stamp_true_folds(case: dict, launch: int = 0) -> None:
     """Field 3 of every readable slot := its real-KV fold, so clean entries verify and a kernel folding
-    differently adds violation rows (random field 3 values mismatch whatever the fold)."""
+    otherwise adds violation rows (random field 3 values mismatch any fold)."""
     ctx = case["context"]
     words = ctx.canary_buf.view(torch.int64)
     slots = torch.arange(words.shape[0], device=words.device)
@@ -95,8 +92,7 @@ def test_verify_split_folds_on_cuda(monkeypatch):
 def test_differential_sources_folded_one_after_another(kernel, pairs_capped, monkeypatch):
     """The CPU default folds sources in pairs (``Geometry.fold_pairs``); without ``pairs``, or under a
     register cap below the pairs' threshold, one after another: same bytes on the wide-token cases.
-    Launches use the function built for the patched default (no database, launch cache emptied and
-    restored)."""
+    Launches use the patched default's function (no database, launch cache emptied and restored)."""
     geom = {"unroll": 4, "pairs": 1, "min_blocks": FOLD_PAIRS_MAX_THREADS + 1} if pairs_capped else {"unroll": 4}
     monkeypatch.setitem(targets.CPU_DEFAULTS, kernel, geom)
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
@@ -185,7 +181,7 @@ def fold_lane_widths(case: dict) -> tuple[int, int]:
 
 def test_write_fold_lanes_over_several_blocks(monkeypatch):
     """Write's fold lanes map for the plan's capacity, and again for the active requests when they get
-    more lanes each (``fold_lanes``): a multi-block CPU grid runs both (the cases reach both) and stamps
+    more lanes each (``fold_lanes``): a multi-block CPU grid runs both (the cases reach both), stamping
     the reference's bytes."""
     monkeypatch.setitem(targets.CPU_DEFAULTS, "write", {"blocks": FOLD_GRID_BLOCKS, "unroll": 2, "pairs": 1})
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
@@ -233,7 +229,7 @@ TICKET_GRIDS = [Geometry(gpu=True, blocks=8192, threads=32), Geometry(gpu=True, 
 
 def launch_grids(monkeypatch, grids) -> list:
     """Make every launch take ``grids[i]`` while ``chosen[0] == i`` (the launch cache emptied first).
-    These grids are no default, so no ahead-of-time build holds them: a runtime-only TVM skips."""
+    No defaults, so no AOT build holds them: a runtime-only TVM skips."""
     if not compile_.compiler_available():
         pytest.skip("kv-canary: the ticket grids are built at load, which a runtime-only TVM cannot do")
     chosen = [0]

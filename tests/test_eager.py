@@ -1,6 +1,6 @@
 """Eager replays (tvm_canary.eager): once a launch is memoised, changing its context's or plan's tensors in
-place (resize_, set_, as_strided_, .data =) makes the next launch check and pack again: it raises what the
-checks raise and reads and writes the tensors as they now are. Correctness only, no timing."""
+place (resize_, set_, as_strided_, .data =) makes the next launch check and pack again, raising what the
+checks raise and using the tensors as they now are. Correctness only, no timing."""
 
 from __future__ import annotations
 
@@ -149,8 +149,8 @@ def test_flags_that_are_not_bools_are_not_memoised():
 
 def test_a_memoised_write_takes_the_geometry_of_each_launchs_token_count(monkeypatch):
     """Write's geometry follows its plan's request capacity and the launch's tokens per request
-    (``packing.write_point``); a memoised plan's replay at another token count looks its kernel up for
-    that count, as an unmemoised launch does, keeping it for the next launch of that count."""
+    (``packing.write_point``); a memoised plan's replay at another token count looks up that count's
+    kernel as an unmemoised launch does, kept for the count's next launch."""
     from tvm_canary.cases import write_case
     from tvm_canary.runtime import packing
 

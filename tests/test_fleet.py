@@ -62,7 +62,7 @@ def mixed_tracker():
             fleet.stop_process_group(stock)
 
 
-@pytest.mark.slow  # the loopback fleet
+@pytest.mark.slow
 def test_preflight_refuses_a_stock_server_beside_a_canary_one(mixed_tracker):
     """Preflight checks every server, not just the first registered."""
     with pytest.raises(fleet.ServerRefused, match="^kv-canary: the RPC server under key 'mix' lacks tvm_canary"):
@@ -98,7 +98,7 @@ def test_a_server_refused_mid_run_ends_the_run(tmp_path, monkeypatch, capsys):
     assert "stopped (an RPC server was refused): 1 workload not tuned" in err and "error: kv-canary: no\n" in err
 
 
-@pytest.mark.slow  # the loopback fleet
+@pytest.mark.slow
 def test_a_server_a_runner_worker_refuses_ends_a_real_run(tracker, tmp_path, monkeypatch, capsys):
     """Across MetaSchedule's real runner (``Fleet.runner`` wraps its futures) a foreign device key ends
     ``tune``: exit 1, nothing stored."""
@@ -129,7 +129,7 @@ def fleet_logs(tracker, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # the loopback fleet
+@pytest.mark.slow
 def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, monkeypatch, capsys):
     key = keys.device_key(torch.device("cpu"))  # the server runs on this CPU
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / key))
@@ -147,14 +147,14 @@ def test_fleet_tuning_measures_on_the_server_and_its_record_applies(fleet_logs, 
         apply._records.cache_clear()
 
 
-@pytest.mark.slow  # the loopback fleet
+@pytest.mark.slow
 def test_a_candidate_failing_the_reference_check_on_the_server_never_becomes_a_record(fleet_logs):
     """Every stored time is real: MetaSchedule marks failed candidates with 1e10 s."""
     db = ms.database.JSONDatabase(work_dir=str(fleet_logs / keys.device_key(torch.device("cpu"))))
     assert all(max(float(s) for s in r.run_secs) < apply.FAILED_RUN_SECS for r in db.get_all_tuning_records())
 
 
-@pytest.mark.slow  # the loopback fleet
+@pytest.mark.slow
 def test_preflight_refuses_what_would_hang(tracker, monkeypatch):
     with pytest.raises(RuntimeError, match="kv-canary: the RPC tracker at .* has no server under key 'nobody'"):
         fleet.connect(tracker, "nobody", "llvm", None)
@@ -287,8 +287,8 @@ def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(t
 
 def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_default(tmp_path, monkeypatch):
     """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2
-    (39, 50.5), slower than a's default in launch two. The merge keeps a's choice and default, not the
-    default that weighing b against a's default gives."""
+    (39, 50.5), slower than a's default in launch two. Kept: a's choice and default, not the default
+    weighing b against it gives."""
     monkeypatch.setitem(workloads.CASE_LAUNCHES, "write", 2)
     key = keys.device_key(torch.device("cpu"))
     default = targets.default_geometry("write", "llvm")
@@ -309,8 +309,8 @@ def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_d
 
 
 def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
-    """``measure.protocol`` hashes what shapes a measurement; another tvm_canary's server (its times ranked with
-    this host's) is refused by name."""
+    """``measure.protocol`` hashes what shapes a measurement; another tvm_canary's server (times ranked with
+    this host's): refused by name."""
     assert len(measure.protocol()) == 16 and measure.protocol() == measure.protocol()
     ours = {"key": "k", "tag": "llvm", "protocol": measure.protocol()}
     monkeypatch.setattr(fleet, "_server_function", lambda session, rpc_key, name: lambda device_type: json.dumps(ours))
@@ -410,8 +410,8 @@ def test_tune_merge_says_which_stale_records_it_drops(tmp_path, monkeypatch, cap
 
 
 def test_tune_refuses_a_folder_of_another_target_or_unreadable(tmp_path, capsys):
-    """``tune`` into a device-key folder of another target's or truncated records is refused by name,
-    before any write (no unusable database, no TVM traceback)."""
+    """A device-key folder of another target's or truncated records: refused by name before any write (no
+    unusable database, no TVM traceback)."""
     key = keys.device_key(torch.device("cpu"))
     one_record = {("write", (8, 16), default_geometry("write", "llvm")): 1e-6}
     shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", tmp_path / "gpu" / key)
@@ -496,7 +496,7 @@ def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, cap
     ("rpc-server --tracker h:9 --key k --port-end 70010", "--port-end: must be at most 65535, got 70010"),
     ("rpc-server --tracker h:1 --key k --port 9095 --port-end 9095", "--port-end 9095 must be above")])
 def test_a_bad_tracker_address_or_port_range_is_a_usage_error(argv, message, capsys):
-    """No port, one over 65535, an empty port range: a usage error, not exit 1 or TVM's traceback."""
+    """No port, one over 65535, an empty range: not exit 1 or TVM's traceback."""
     with pytest.raises(SystemExit) as exit_info:
         main(argv.split())
     assert exit_info.value.code == 2

@@ -1,6 +1,6 @@
 """ALL mode's built-in fold word counts (``runtime.specializations.fold_words``): seeded differential
-cases of verify and write over a pair of sources of each listed count, against the torch reference.
-A module of its own, so that ``--dist loadscope`` runs it beside test_differential.py."""
+cases of verify and write over a pair of sources of each listed count vs the torch reference. Its own
+module, so ``--dist loadscope`` runs it beside test_differential.py."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from tree import devices, require
 
 
 def built_in_fold_layout(seed: int, words: int, shift: int = 0):
-    """``prepare`` for ``run_differential``: the case's context := ALL mode over a pair of sources that
-    each fold ``words`` words per token (random page sizes, row padding and bytes past the folded ones,
-    drawn from ``seed`` alike on every device), the layout whose fold word count an ALL kernel builds in
-    (``specializations.fold_words``); verify's canaries then hold the true folds. ``shift``: each source
-    starts that many bytes into its rows (8: a start 8-byte but not 16-byte aligned, which a source may
-    have: the launch-time rules of docs/SPEC.md section 2)."""
+    """``prepare`` for ``run_differential``: the case's context := ALL mode over a pair of sources each
+    folding ``words`` words per token (random page sizes, row padding, bytes past the folded ones, drawn
+    from ``seed`` alike on every device), a layout whose fold word count an ALL kernel builds in
+    (``specializations.fold_words``); verify's canaries hold the true folds. ``shift``: each source starts
+    that many bytes into its rows (8: 8-byte but not 16-byte aligned, allowed by docs/SPEC.md section 2's
+    launch-time rules)."""
 
     def prepare(case: dict, launch: int) -> None:
         ctx = case["context"]
@@ -47,9 +47,8 @@ def built_in_fold_layout(seed: int, words: int, shift: int = 0):
     return prepare
 
 
-# (fold words, source start's offset in bytes): every built-in count from 16-byte aligned starts, and the
-# counts whose whole token rows write loads before its chain (``common.whole_row_pair``) also from starts
-# 8 bytes past a 16-byte boundary
+# (fold words, source start offset in bytes): every built-in count from 16-byte aligned starts; counts whose
+# whole token rows write loads before its chain (``common.whole_row_pair``) also 8 bytes past a 16-byte boundary
 LAYOUTS = [(16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (16, 8), (32, 8)]
 
 
@@ -57,9 +56,8 @@ LAYOUTS = [(16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (16, 8), (32, 8)]
 @pytest.mark.parametrize("words,shift", LAYOUTS)
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_differential_built_in_fold_words(kernel, words, shift, device):
-    """ALL mode over two sources of one fold word count that a kernel builds in (``fold_words``): the
-    reference's bytes and rows, on every listed count and source start (test_differential.py's
-    wide-token fuzz draws the other layouts)."""
+    """ALL mode over two sources of a built-in fold word count (``fold_words``): the reference's bytes and
+    rows for every listed count and source start (test_differential.py's wide-token fuzz draws the rest)."""
     require(device)
     for seed in range(ITERATIONS[device] // 20):
         try:

@@ -1,6 +1,6 @@
-"""``tvm-canary fuzz`` on the CPU: a clean campaign, and a fault injected through the test-only
-``launches`` argument that must be caught, written to the failures JSON with its replay command and
-fail the run. Seed base 0: the seeds of the differential tests (no new specializations)."""
+"""``tvm-canary fuzz`` on the CPU: a clean campaign, and a fault injected via the test-only ``launches``
+argument: caught, written to the failures JSON with its replay command, failing the run. Seed base 0:
+the differential tests' seeds (no new specializations)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_injected_fault_is_caught_and_replayable(tmp_path, capsys):
 
 
 def test_scratch_flags_left_non_zero_are_caught(tmp_path):
-    """The per-device check of conformance (``cases.scratch_left_dirty``) applies to every fuzz case."""
+    """Conformance's per-device check (``cases.scratch_left_dirty``) applies to every fuzz case."""
     from test_conformance import flags_left_dirty
 
     with flags_left_dirty("verify") as launches:

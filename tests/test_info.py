@@ -40,8 +40,7 @@ def test_info_reports_a_records_file_it_cannot_decode(tmp_path, monkeypatch, cap
 
 
 def test_wheel_carries_the_tuning_databases(tmp_path):
-    """Build a wheel from a copy of the tree, unpack it (a pure-Python install) and ask the unpacked
-    copy where its databases are."""
+    """A wheel built from a copy of the tree, unpacked (a pure-Python install), finds its databases."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):

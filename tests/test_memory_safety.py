@@ -1,10 +1,9 @@
 """Memory safety of the compiled kernels on garbage plans (SPEC D4).
 
-Each launch tensor (but read-only RealKvSource ones) is re-homed between random-byte guard bands, keeping
-shape, dtype and contiguity, at a random multiple of its promised alignment, mostly not 16-byte aligned
+Each launch tensor (but read-only RealKvSource ones) is re-homed between random-byte guard bands (same
+shape, dtype, contiguity) at a random multiple of its promised alignment, mostly not 16-byte aligned
 (``cases.rehome``). Garbage cases (``valid=False``: huge and negative indices, inconsistent offsets, bad
-counts) run through the public API on the tvm backend: no crash or raise; guard bands and inputs stay
-byte-unchanged.
+counts) run via the public API, tvm backend: no crash or raise, guard bands and inputs byte-unchanged.
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ def test_garbage_plans_match_reference(kernel, device):
 
 def test_rehome_keeps_layout_and_detects_stray_writes():
     """Harness self-test: views keep shape/dtype/contiguity at their promised (often not 16-byte)
-    alignment, and a write one element past a view is reported in its guard band."""
+    alignment; a write one element past a view shows in its guard band."""
     gen = torch.Generator().manual_seed(0)
     case = CASES["write"](gen, "cpu", valid=False)
     guarded: list[Guarded] = []
@@ -131,8 +130,8 @@ def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
 
 
 def with_tensor(obj, path: list, tensor: torch.Tensor):
-    """``obj`` (launch keyword arguments, a dataclass or a tuple) with the tensor at ``path`` (the steps
-    of a ``checks.launch_tensors`` name: keys, fields and indices) replaced by ``tensor``."""
+    """``obj`` (launch keywords, a dataclass or a tuple) with ``tensor`` at ``path`` (the keys, fields and
+    indices of a ``checks.launch_tensors`` name)."""
     if not path:
         return tensor
     step, rest = path[0], path[1:]
@@ -201,8 +200,8 @@ def test_a_replayed_write_refuses_step_tensors_inside_its_outputs():
 
 @pytest.mark.parametrize("kernel", ["verify", "write"])
 def test_a_one_slot_canary_buffer_may_have_any_row_stride(kernel):
-    """A one-slot buffer, contiguous to torch whatever its row stride, is packed with dense rows and gives
-    the reference's bytes (no torch error on a stride not a multiple of 8)."""
+    """A one-slot buffer, contiguous to torch whatever its row stride, is packed with dense rows: the
+    reference's bytes (no torch error on a stride not a multiple of 8)."""
     want = CASES[kernel](torch.Generator().manual_seed(5), "cpu")
     got = CASES[kernel](torch.Generator().manual_seed(5), "cpu")
     for kw in (want, got):

@@ -1,9 +1,8 @@
 """The torch operators (``torch.ops.tvm_canary.*``): schema, fake tensors, AOT dispatch, results.
 
-``torch.library.opcheck`` runs each operator on real cases (the differential fuzz's builders) and
-checks that the schema's mutable arguments are exactly those changed, that the fake implementation
-matches, and that AOT-dispatch tracing gives the eager result. Each case's outputs are also checked
-byte for byte against the torch reference.
+``torch.library.opcheck`` runs each operator on real cases (the differential fuzz's builders): the
+schema's mutable arguments are exactly those changed, the fake implementation matches, AOT-dispatch
+tracing gives the eager result; outputs also match the torch reference byte for byte.
 """
 
 from __future__ import annotations
@@ -48,8 +47,8 @@ def test_opcheck_and_reference_bytes(kernel, device):
 
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_fake_implementation_accepts_meta_tensors(kernel):
-    """Each operator has a fake (Meta) implementation: it accepts meta tensors and returns None (a
-    missing one would make the dispatcher raise here)."""
+    """Each operator's fake (Meta) implementation accepts meta tensors, returning None (without one the
+    dispatcher raises here)."""
     case = CASES[kernel](torch.Generator().manual_seed(0), "cpu")
     def meta(a):
         if isinstance(a, torch.Tensor):
@@ -117,9 +116,9 @@ def test_schema_declares_what_each_kernel_writes():
 
 @pytest.mark.parametrize("kernel", ["verify", "write", "plan", "scatter"])
 def test_public_launch_under_a_dispatch_mode_goes_through_the_operator(kernel, recwarn):
-    """Under FakeTensorMode the launch must record the operator (whose fake runs), not call the kernel
-    (which cannot take fake tensors), and its checks read no data pointer (a fake tensor has none:
-    torch warned that reading one is deprecated)."""
+    """Under FakeTensorMode the launch records the operator (its fake runs), not calling the kernel (which
+    cannot take fake tensors); its checks read no data pointer (a fake has none: torch warned reading one
+    is deprecated)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def fake(obj, mode):

@@ -1,14 +1,14 @@
 """End to end: scatter -> plan -> verify -> write over several steps of a synthetic batch.
 
 Requests share a ReqToTokenPool-style ``req_to_token`` table and a randomly allocated KV slot pool:
-prefills (one chunked), decodes, a finished request whose row and slots are reused, CUDA-graph padding
-rows. Each step runs as the engine does (SPEC 6): expected-token scatter, plan kernels, HEAD endpoint
-(verify + write, no real-KV sources), "model forward" (fresh random KV bytes for the step's slots), TAIL
-endpoint (verify + write, two real-KV sources, PARTIAL or ALL). All through the public API, tvm backend.
+prefills (one chunked), decodes, a finished request's row and slots reused, CUDA-graph padding rows.
+Steps run as the engine's (SPEC 6): expected-token scatter, plan, HEAD (verify + write, no real-KV
+sources), "model forward" (random KV bytes for the step's slots), TAIL (verify + write, two real-KV
+sources, PARTIAL or ALL). Public API, tvm backend.
 
-Clean runs record no violation and leave canary buffers equal to a Python-int oracle. Injected corruption
-is reported with the exact slots and fail-reason bits. The whole pipeline (with corruption) is
-byte-identical between the tvm and reference backends.
+Clean runs record nothing and leave canary buffers equal to a Python-int oracle; injected corruption is
+reported with the exact slots and fail-reason bits; the whole corrupted run is byte-identical on the
+tvm and reference backends.
 """
 
 from __future__ import annotations
@@ -105,11 +105,9 @@ class Request:
 
 
 class Pipeline:
-    """A scripted engine (SCHEDULE) feeding a ``CanarySession``: FULL group, K half, HEAD and TAIL endpoints.
-
-    The session runs the step (SPEC 6); this class builds each step's batch, plays the model
-    (``KvPool.write`` between ``before_forward`` and ``after_forward``) and exposes the state.
-    """
+    """A scripted engine (SCHEDULE) feeding a ``CanarySession`` (FULL group, K half, HEAD and TAIL), which
+    runs the step (SPEC 6); this builds the batches, plays the model (``KvPool.write`` between
+    ``before_forward`` and ``after_forward``) and exposes the state."""
 
     def __init__(self, device: str, mode: RealKvHashMode, seed: int, *, with_pool: bool = True, ring: int = 16):
         self.device = device
@@ -154,9 +152,8 @@ class Pipeline:
         return int(torch.randint(0, 32000, (1,), generator=self.gen))
 
     def _plan(self, after_plan: Callable[["Pipeline"], None] | None):
-        """The session's dispatch of its checked plan and scatter launches, wrapped at the plan: remembers
-        (and first poisons) the plans, checks the verify plan did not overflow, then runs ``after_plan``
-        before the HEAD verify and write."""
+        """The session's plan/scatter dispatch, wrapped at the plan: remembers (first poisoning) the plans,
+        checks the verify plan did not overflow, runs ``after_plan`` before HEAD's verify and write."""
         dispatch = session_module.dispatch
 
         def plan(kernel, kw):
@@ -208,7 +205,7 @@ class Pipeline:
             self.session.before_forward(
                 req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend, input_ids=ids, positions=pos,
                 out_cache_loc=locs, req_to_token=self.req_to_token,
-                expected_input_tokens=ids, expected_input_positions=pos,  # the token oracle agrees with the batch
+                expected_input_tokens=ids, expected_input_positions=pos,  # the token oracle agrees
                 **tokens,
             )
         self.kv.write(locs)  # the model's forward
@@ -237,8 +234,8 @@ class Pipeline:
         return int(self.session.kernel_run_counters[tag]), int(self.session.slot_run_counters[tag])
 
     def expected_row(self, kind, rid, p, bits, *, stored=None, et=None, sh=None, eh=None) -> list[int]:
-        """A verify row for request ``rid``'s position ``p`` whose stored fields are the clean ones
-        unless overridden (``stored`` = (token, position))."""
+        """A verify row for ``rid``'s position ``p``, stored fields clean unless overridden (``stored`` =
+        (token, position))."""
         toks = self.reqs[rid].tokens
         h = chain_hashes(toks)
         st, sp = stored or (toks[p], p)
@@ -337,8 +334,7 @@ def test_flipped_real_kv_byte(device, mode, source, byte):
 @pytest.mark.parametrize("endpoint", ["head", "tail"])
 @pytest.mark.parametrize("with_pool", [True, False], ids=["pool", "no-pool"])
 def test_overwritten_token(device, endpoint, with_pool):
-    """With the expected-token pool the slot itself fails VERIFY_TOKEN; without it only the
-    successor's chain check sees the change."""
+    """With the expected-token pool the slot fails VERIFY_TOKEN; without, only its successor's chain check."""
     pipe = Pipeline(device, ALL, seed=3, with_pool=with_pool)
     run_clean(pipe, range(3))
     buf, slot = pipe.buffer(endpoint), pipe.slot_of("b", P)
@@ -385,8 +381,8 @@ def test_overwritten_prev_hash(device, endpoint):
 @pytest.mark.parametrize("same_position", [True, False], ids=["same-position", "other-position"])
 def test_wrong_seed_slot(device, same_position):
     """Step 3 writes b's token 11 after a wrong seed. One at the right position (a's slot of position 10)
-    passes the write's chain-position assert, so only the next verify sees the broken chain; one at
-    another position (b's own position 7) also trips WRITE_POSITION at once."""
+    passes the write's chain-position assert: only the next verify sees the broken chain; one elsewhere (b's
+    position 7) also trips WRITE_POSITION at once."""
     pipe = Pipeline(device, PARTIAL, seed=6)
     run_clean(pipe, range(3))
     wrong_rid, wrong_pos = ("a", 10) if same_position else ("b", 7)

@@ -1,11 +1,10 @@
-"""The plan kernel under grids of several blocks and lanes, against the reference byte for byte.
+"""The plan kernel on grids of several blocks and lanes, against the reference byte for byte.
 
-The public launches on CPU use one block of one lane, which never exercises what the CUDA grid does:
-the offsets launch's lane scan, the entries launch's per-block ranges, steps of ``threads`` entries,
-row changes inside a step and the galloping row search. Serial CPU loops run a CUDA geometry's
-blocks and lanes in order (``kernels/common.py``), so a CPU build with ``gpu=False`` and several
-blocks/lanes runs those paths here; on a GPU host the same cases run on CUDA with the default
-geometry and a small grid that walks many steps per block.
+Public CPU launches use one block of one lane, missing the CUDA grid's paths: the offsets launch's lane
+scan, the entries launch's per-block ranges, steps of ``threads`` entries, row changes inside a step,
+the galloping row search. CPU loops run a CUDA geometry's blocks and lanes in order
+(``kernels/common.py``), so a ``gpu=False`` CPU build of several blocks/lanes runs them here; a GPU host
+runs the same cases on CUDA with the default geometry and a small grid walking many steps per block.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from tvm_canary.runtime import packing, targets
 
 from tree import assert_same_bytes, devices, require, tensors
 
-# Few blocks and lanes, so that blocks own several steps and lanes several rows; tile 4 and 3 (not a
-# power of two) for the scan.
+# Few blocks and lanes: blocks own several steps, lanes several rows; scan tiles 4 and 3 (not a power of two).
 CPU_GRIDS = [Geometry(gpu=False, blocks=3, threads=8, tile=4), Geometry(gpu=False, blocks=2, threads=5, tile=3)]
 
 
@@ -35,9 +33,9 @@ def cuda_grids(device):
 
 
 def wide_case(seed, device, rows_max=40, bs_max=200, L_max=300):
-    """A batch of up to ``bs_max`` rows of mixed lengths (all lengths, empty rows, all-or-nothing,
-    inactive rows) with a verify capacity equal to the total, larger, or one short (overflow); the
-    seed's low bits choose the specialization (LUT, pool) and the capacity."""
+    """Up to ``bs_max`` rows of mixed lengths (all lengths, empty rows, all-or-nothing, inactive rows),
+    verify capacity equal to the total, larger or one short (overflow); the seed's low bits choose the
+    specialization (LUT, pool) and capacity."""
     gen = torch.Generator().manual_seed(seed)
     has_lut, has_pool, cap_mode = bool(seed & 1), bool(seed & 2), (seed >> 2) % 3
 
@@ -87,7 +85,7 @@ def small_case(seed, device, valid):
 
 def check(make, device, grids):
     """``make(device)`` -> plan arguments; the kernel under each grid gives the reference's bytes.
-    Returns False when the reference rejects the case (a LUT index past the end, SPEC D4)."""
+    False if the reference rejects the case (a LUT index past the end, SPEC D4)."""
     want = make("cpu")
     try:
         canary_plan_ref(**want)

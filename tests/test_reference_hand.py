@@ -1,8 +1,8 @@
 """Hand cases for every behaviour of SPEC section 3 and docs/SEMANTICS.md.
 
-Cases build tensors on ``impl.device`` (fixture in tests/conftest.py), so they run against the reference and
-every compiled backend. Expected values come from Python ints (tests/helpers.py), never the reference.
-Outputs are poisoned before each launch.
+Cases build tensors on ``impl.device`` (tests/conftest.py), so they run on the reference and every
+compiled backend. Expected values come from Python ints (tests/helpers.py), never the reference; outputs
+are poisoned before each launch.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def test_write_invalid_slot(impl):
 
 @pytest.mark.parametrize("mode", [NONE, PARTIAL, ALL])
 def test_write_slot_unreadable_for_a_source(impl, mode):
-    """Source covers slots 0..3; slot 5 is valid for the canary but unreadable by the source."""
+    """Source covers slots 0..3: slot 5, valid for the canary, is unreadable by it."""
     src = random_source(torch.Generator().manual_seed(1), rows=2, page_size=2, nbpt=16, read_bytes=16,
                         device=impl.device)
     buf = make_canary(8, device=impl.device)

@@ -1,8 +1,8 @@
 """Relax: a toy serving step (plan -> verify -> KV append -> write) in one Relax function.
 
-Canary kernels come from ``tvm_canary.relax``, called in place; the KV append is this test's TensorIR
-function. Built (llvm; cuda on a GPU host) and run twice in the Relax VM on torch tensors, it leaves
-every tensor byte-equal to the torch reference's.
+Canary kernels from ``tvm_canary.relax``, called in place; the KV append is this test's TensorIR function.
+Built (llvm; cuda on a GPU host) and run twice in the Relax VM on torch tensors: every tensor byte-equal
+to the torch reference's.
 """
 
 from __future__ import annotations
@@ -197,9 +197,8 @@ def test_relax_serving_step_equals_the_reference(device):
             corrupt(got)
     assert int(want["write_index"][0]) > 0  # the corruptions were found
     assert_same_bytes(list(got.values()), list(want.values()))
-    # No launch check runs on a Relax call: the kernels check their own shape relations (SPEC D4). A flags
-    # scratch of one word has no room for the chunk marks, which verify (the step's first user of it)
-    # would store past its end.
+    # No launch check runs on a Relax call: kernels check their own shape relations (SPEC D4). A one-word
+    # flags scratch lacks room for the chunk marks verify (its first user in the step) would store past its end.
     short = torch.zeros(1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="kv-canary: verify: flags is shorter than the launch's marks need"):
         relax_step(vm, names, got, {k: v.to(device) for k, v in step_inputs(want, 3).items()}, flags=short)
@@ -269,8 +268,7 @@ def test_relax_call_needs_the_parameters_of_a_given_source():
 
 
 def test_relax_call_needs_the_sources_its_specialization_folds():
-    """A slot the specialization folds cannot be left out: left out, it took the unused slot's
-    placeholder and every entry was reported as INVALID_INDEX."""
+    """Left out, such a slot took the unused slot's placeholder: every entry was reported INVALID_INDEX."""
     bb = relax.BlockBuilder()
     verify = canary_relax.add_kernel(bb, "verify", (1, False, False, 0), "llvm")
     x = verify_tensor_vars(bb, verify, {})

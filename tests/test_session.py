@@ -51,7 +51,7 @@ def make_session(swa_lut: torch.Tensor | None = None, **kw) -> tuple[CanarySessi
 def step_inputs(session: CanarySession, prefix: int, extend: int, *, reported: list[int] | None = None,
                 **extra) -> dict:
     """``before_forward``'s arguments: both rows write positions [prefix, prefix + extend); ``reported``
-    overrides the prefix lengths. Expected tokens are passed when the session has a pool."""
+    overrides the prefix lengths; expected tokens passed if the session has a pool."""
     span = [(r, p) for r in ROWS for p in range(prefix, prefix + extend)]
     if session.expected_token_pool is not None:
         extra.update(token_ids=[token(r, p) for r in ROWS for p in range(prefix + extend)],
@@ -305,7 +305,7 @@ def test_a_sweep_after_the_lut_was_emptied_in_place_launches_nothing():
 
 def test_after_forward_refuses_inputs_changed_in_place_before_any_tail_launch():
     """An input resized since ``before_forward`` is refused by ``after_forward`` before the TAIL launches;
-    the step ends there and the next one runs."""
+    the step ends, the next runs."""
     session, kv = make_session()
     inputs = {name: torch.tensor(value) if name != "req_to_token" else value
               for name, value in step_inputs(session, 0, 4).items()}
@@ -339,8 +339,7 @@ def test_after_forward_refuses_a_token_count_changed_in_place_before_any_tail_la
 
 
 def test_after_forward_refuses_a_tail_source_restrided_in_place_before_any_tail_launch():
-    """All TAIL real-KV sources are checked before the first TAIL launch: a re-strided V source changes
-    nothing."""
+    """All TAIL real-KV sources are checked before the first TAIL launch: a re-strided V source changes nothing."""
     session, kv = make_session()
     session.before_forward(**step_inputs(session, 0, 4))
     kv.write(step_inputs(session, 0, 4)["out_cache_loc"])
@@ -417,7 +416,7 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
         "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
         "scalar_lens", "no_input_ids", "scalar_ids"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
-    """A rejected call raises before the step is counted or anything runs; later steps run clean."""
+    """It raises before the step is counted or anything runs; later steps run clean."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
     session, kv = make_session(swa_lut=lut, expected_token_pool_shape=(3, MAX_LEN), health_warmup_steps=0,
                                health_check_interval=1)
@@ -445,7 +444,7 @@ def test_the_reference_backend_refuses_a_slot_past_the_lut_before_the_step():
 
 
 def test_an_overflow_warning_made_an_error_is_raised_once():
-    """Raised once at its step's end: later steps, violations and flush go on."""
+    """At its step's end; later steps, violations and flush go on."""
     session, kv = make_session(verify_capacity=4)
     step(session, kv, 0, 4)
     with warnings.catch_warnings():
@@ -576,8 +575,7 @@ def test_reads_only_new_rows_and_reports_overflow():
 
 
 def test_violations_are_counted_past_the_write_index_wrap():
-    """The int32 write index wraps negative after 2^31 - 1 violations (SPEC D4); the session's count goes
-    on."""
+    """The int32 write index wraps negative after 2^31 - 1 violations (SPEC D4); the session's count goes on."""
     session, kv = make_session(ring_capacity=2)
     step(session, kv, 0, 4)
     for p in range(3):
@@ -635,8 +633,8 @@ def test_health_check_flags_a_tag_that_stops_running():
 
 
 def test_a_failed_health_check_is_raised_once_at_the_end_of_a_whole_step():
-    """Raised once, at the end of the step decoding it (which runs whole); the next check judges only its
-    own step. A step "without" a tag: its counter is restored after the step."""
+    """Raised once, at the end of the step decoding it (run whole); the next check judges its own step alone.
+    A step "without" a tag: its counter restored after it."""
     session, kv = make_session(enable_v=False, health_warmup_steps=0, health_check_interval=1)
     counters = session.kernel_run_counters
     step(session, kv, 0, 4)
@@ -718,7 +716,7 @@ def test_labels_of_sweep_unknown_token_and_invalid_rows():
 
 def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step():
     """SPEC D10 for a whole step: prefix_lens carved from the expected-token pool (which scatter writes
-    before the plan reads prefix_lens) is refused before the step begins."""
+    before the plan reads prefix_lens) is refused before the step."""
     session, kv = make_session(expected_token_pool_shape=(3, MAX_LEN))
     step(session, kv, 0, 4)
     carved = session.expected_token_pool[1].view(torch.int64)[: len(ROWS)]
@@ -732,7 +730,7 @@ def test_step_inputs_inside_the_expected_token_pool_are_refused_before_the_step(
 
 def test_step_inputs_inside_a_plan_are_refused_before_the_step():
     """SPEC D10 for a whole step: input_ids carved from the FULL group's verify plan (written before write
-    reads input_ids) is refused before the step begins."""
+    reads input_ids) is refused before the step."""
     session, kv = make_session()
     step(session, kv, 0, 4)
     inputs = step_inputs(session, 4, 1)
@@ -748,7 +746,7 @@ def test_step_inputs_inside_a_plan_are_refused_before_the_step():
 
 def test_step_inputs_inside_any_endpoints_buffer_are_refused_before_the_step():
     """SPEC D10 for a whole step: out_cache_loc carved from the SWA TAIL V canary buffer (the last write)
-    is refused before the step begins, not at that write."""
+    is refused before the step, not at that write."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
     session, kv = make_session(swa_lut=lut)
     step(session, kv, 0, 4)

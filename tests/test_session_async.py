@@ -1,8 +1,8 @@
 """The session's asynchronous host side, on CPU with stand-in CUDA events that arrive when told.
 
-On CUDA status snapshots and ring rows reach the host by non-blocking copies; these tests hold them back:
-nothing is reported before they arrive, rows then come in two stages (snapshot, then rows), ``flush()``
-waits for everything, and the overflow warning waits for its snapshot.
+On CUDA status snapshots and ring rows reach the host by non-blocking copies; held back here, nothing is
+reported before they arrive, rows come in two stages (snapshot, rows), ``flush()`` waits for all, the
+overflow warning for its snapshot.
 """
 
 from __future__ import annotations
@@ -93,15 +93,15 @@ def test_a_host_too_far_ahead_waits_for_the_oldest_snapshot():
     for p in range(session_module.SNAPSHOT_SLOTS + 2):  # one snapshot per step, none arrives by itself
         step(session, kv, p, 1)
     waited = [e for e in HeldEvent.created if e.done]
-    assert waited  # the oldest snapshots were waited for, so that a pinned slot became free
+    assert waited  # the oldest snapshots were awaited, freeing a pinned slot
     assert len(session._snapshots) == session_module.SNAPSHOT_SLOTS
     assert not session.flush()  # clean steps
     assert not session._snapshots
 
 
 def stand_in_cuda_graphs(monkeypatch) -> None:
-    """Let ``capture_step`` run on a CPU session: a stand-in graph records the captured work and replays
-    it by running it again; events are complete at once."""
+    """``capture_step`` on a CPU session: a stand-in graph records the captured work, replays it by running
+    it again; events complete at once."""
     import contextlib
 
     class StandInGraph:
@@ -140,8 +140,8 @@ def stand_in_cuda_graphs(monkeypatch) -> None:
 @pytest.mark.parametrize("staged_on_host", [True, False], ids=["host-staging", "device-concatenation"])
 def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_on_host, write_input_assert):
     """StepGraph's own logic (static buffers, padding rows and tokens, scatter offsets, step bookkeeping,
-    the write input assert's inputs) on CPU, both ways of refilling inputs (on CUDA: host / device
-    inputs). The real capture is tests/test_session_cuda.py's (GPU)."""
+    the write input assert's inputs) on CPU, both ways of refilling inputs (CUDA: host / device inputs).
+    The real capture: tests/test_session_cuda.py (GPU)."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
@@ -158,8 +158,8 @@ def test_step_graph_refills_and_pads_like_the_eager_session(monkeypatch, staged_
     ("prefix_lens", lambda t: t[:3], "prefix_lens length must be 6, got 3"),
 ])
 def test_a_replay_whose_inputs_do_not_fit_is_not_a_step(monkeypatch, name, change, error):
-    """StepGraph.replay rejects inputs too long for its buffers, or of lengths that before_forward rejects (it
-    would pad them), before it copies or counts anything."""
+    """StepGraph.replay rejects inputs too long for its buffers or of lengths before_forward rejects (it
+    would pad them) before copying or counting anything."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
@@ -192,7 +192,7 @@ def test_a_replay_is_refused_while_a_step_awaits_after_forward(monkeypatch):
 
 def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):
     """``before_forward`` stages all-host inputs on a CUDA session (one copy, scatter offsets included);
-    forced here on CPU, a run so staged equals one whose inputs are converted one by one."""
+    forced on CPU here, such a run equals one converting its inputs one by one."""
     import test_session_cuda as decode
 
     for module in (session_module, violations_module):
@@ -204,8 +204,8 @@ def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):
 
 
 def test_a_replay_checks_the_expected_inputs_as_before_forward_does(monkeypatch):
-    """Expected input tensors given to a session without the write input assert: replay raises
-    before_forward's error before anything is copied or counted (it ignored them and counted the step)."""
+    """Expected inputs given a session without the write input assert: replay raises before_forward's
+    error before copying or counting (it ignored them and counted the step)."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
@@ -220,7 +220,7 @@ def test_a_replay_checks_the_expected_inputs_as_before_forward_does(monkeypatch)
 
 def test_capturing_is_refused_while_a_step_awaits_after_forward(monkeypatch):
     """Capturing runs a step's work, re-planning every group: the pending step's TAIL would verify against
-    an empty batch's plans (false chain violations). It is refused; the pending step goes on."""
+    an empty batch's plans (false chain violations). Refused; the pending step goes on."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)
@@ -234,8 +234,7 @@ def test_capturing_is_refused_while_a_step_awaits_after_forward(monkeypatch):
 
 def test_a_step_graph_captured_without_the_write_input_assert(monkeypatch):
     """``capture_step(write_input_assert=False)`` (an EAGLE draft-decode graph) on an asserting session:
-    replays take no expected inputs, refusing them as ``before_forward`` does; one captured with the
-    assert needs them."""
+    replays take no expected inputs (refused as by ``before_forward``); one captured with it needs them."""
     from test_session import TABLE, make_session, step_inputs
 
     stand_in_cuda_graphs(monkeypatch)

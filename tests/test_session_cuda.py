@@ -1,11 +1,10 @@
-"""CanarySession on CUDA: no host synchronisation per step, and one CUDA graph per decode step.
+"""CanarySession on CUDA: no host synchronisation per step, one CUDA graph per decode step.
 
-A small decode workload (one token a row per step after a prefill, FULL + SWA groups, K and V, real-KV
-sources, expected-token check, sweeps, health check) runs with device-built inputs; faults are injected
-between steps: canary fields of HEAD/TAIL/SWA buffers and a real-KV source byte. The eager session and
-one replaying its ``StepGraph`` with device inputs run under ``torch.cuda.set_sync_debug_mode("error")``;
-the replay must match eager byte for byte after every step. Both report every fault, and rows only of
-faulted requests.
+A small decode workload (a token a row per step after a prefill, FULL + SWA groups, K and V, real-KV
+sources, expected-token check, sweeps, health check) runs on device-built inputs, faults injected between
+steps (canary fields of HEAD/TAIL/SWA buffers, a real-KV source byte). The eager session and one replaying
+its ``StepGraph`` on device inputs run under ``torch.cuda.set_sync_debug_mode("error")``; the replay
+matches eager byte for byte after every step. Both report every fault, rows only of faulted requests.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ FAULTS = {
     13: ("HEAD_V_SWA", 1, None),  # a position inside the SWA window
     17: ("TAIL_V_FULL", 3, 1),
 }
-# asserting runs: the expected token of one row at one step, and the expected position of another, are off by one
+# asserting runs: one row's expected token at one step, another's expected position, off by one
 WRONG_TOKEN_STEP, WRONG_TOKEN_ROW, WRONG_POSITION_STEP, WRONG_POSITION_ROW = 11, 2, 15, 4
 
 pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
@@ -39,10 +38,9 @@ pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 class DecodeRun:
     """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens).
     ``swa=False`` leaves the SWA group out (the faults and ``state()`` need it). ``write_input_assert``:
-    None, a session without the write input assert; True, a session with it, every step given the
-    expected inputs (a token and a position wrong: ``WRONG_TOKEN_STEP``, ``WRONG_POSITION_STEP``); False,
-    a session with it whose every step (and captured graph) turns it off, as an EAGLE draft-decode step
-    does."""
+    None, a session without the assert; True, with it, every step given the expected inputs (a token and
+    a position wrong: ``WRONG_TOKEN_STEP``, ``WRONG_POSITION_STEP``); False, with it, every step (and
+    captured graph) turning it off as an EAGLE draft-decode step does."""
 
     def __init__(self, graph: bool, device: str = "cuda", swa: bool = True,
                  write_input_assert: bool | None = None) -> None:
@@ -126,7 +124,7 @@ class DecodeRun:
             self.inject(k, *FAULTS[k])
 
     def slot(self, row: int, pos: int) -> int:
-        return int(self.table_host[row, pos])  # the host copy: reading the device table would synchronise
+        return int(self.table_host[row, pos])  # the host copy: the device table's would synchronise
 
     def fault_slot(self, k: int) -> tuple[str, int]:
         """(group, canary slot) of the fault injected after step k."""
@@ -194,9 +192,9 @@ def test_session_steps_never_synchronise_and_report_one_step_late(graph):
 
 
 def check_replay_equals_eager(eager: DecodeRun, graphed: DecodeRun) -> None:
-    """Step both runs; every state tensor is equal after every step, and both report the same rows,
-    which detect every injected fault and hold write rows iff the steps assert their inputs: at the
-    wrong expected token's and the wrong expected position's slots alone."""
+    """Step both runs: state tensors equal after every step, the same rows reported, detecting every fault,
+    with write rows iff the steps assert their inputs (at the wrong expected token's and position's slots
+    alone)."""
     for k in range(STEPS):
         eager.step(k)
         graphed.step(k)

@@ -1,15 +1,13 @@
 """The device operations of one session step, counted on CPU (no timing).
 
-On CUDA every operation below is at least one launch (kernel, copy or memset), and the graph-replayed
-decode step is launch-bound at small batches, so the step must issue only the canary kernels and the
-few torch operations listed here. A ``TorchDispatchMode`` logs what the step dispatches; on CPU the
-session runs the same Python path as on CUDA (under a dispatch mode the launch functions call the
-``torch.ops.tvm_canary`` operators, which are logged as one operation each). Views and allocations
-launch nothing and are not counted. A new operation in the step fails here: remove it, or, if it is
-needed, add it to the pinned lists with the reason.
+On CUDA each operation is a launch or more (kernel, copy, memset) and the graph-replayed decode step
+is launch-bound at small batches, so a step issues only the canary kernels and the torch operations
+listed here. A ``TorchDispatchMode`` logs them; on CPU the session runs CUDA's Python path (under a
+dispatch mode the launch functions call the ``torch.ops.tvm_canary`` operators, one operation each).
+Views and allocations launch nothing, uncounted. A new operation fails here: remove it, or pin it
+below with the reason.
 
-The workload is tests/test_session_cuda.py's decode run (K and V halves, real-KV sources on FULL, the
-expected-token check), one decode step with its inputs already on the session device.
+Workload: one step of tests/test_session_cuda.py's decode run, inputs already on the session device.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ NO_LAUNCH = {"aten.empty.memory_format", "aten.empty_strided.default", "aten.emp
 
 
 class DeviceOps(TorchDispatchMode):
-    """The operations dispatched inside the ``with`` block that run on a device (not views or
-    allocations), by name in order."""
+    """Names, in order, of the device operations dispatched in the ``with`` block (no views, allocations)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,13 +45,12 @@ class DeviceOps(TorchDispatchMode):
 
 
 def canary_ops(groups: int) -> collections.Counter:
-    """Per step: one scatter; per group one plan and, per endpoint (HEAD, TAIL) and half (K, V), one
-    verify and one write."""
+    """Per step one scatter; per group one plan, per endpoint (HEAD, TAIL) and half (K, V) a verify, a write."""
     return collections.Counter({"scatter.default": 1, "plan.default": groups, "verify.default": 4 * groups,
                                 "write.default": 4 * groups})
 
 
-# The operations of a step besides the canary operators.
+# A step's other operations.
 SCATTER_OFFSETS = {"aten.cumsum.out": 1}  # eager steps: the scatter's offsets (StepGraph: an input)
 SWA_TRANSLATION = {"aten.lt.Scalar": 1, "aten.clamp.default": 1, "aten.index.Tensor": 1,
                    "aten.where.self_out": 1}  # the step's slots through the LUT, once per step (HEAD)
@@ -63,8 +59,8 @@ STATUS_SNAPSHOT = {"aten.copy_.default": 1}  # the one status copy to pinned mem
 
 @pytest.fixture(params=[False, True], ids=["FULL", "FULL+SWA"])
 def run(request, monkeypatch):
-    """A decode run on CPU whose ``graph`` (stand-in CUDA graph) replays the captured work, after the
-    prefill and one decode step (every kernel compiled and loaded, every scratch buffer allocated)."""
+    """A CPU decode run whose ``graph`` (stand-in CUDA graph) replays the captured work, after prefill and
+    one decode step (kernels loaded, scratch allocated)."""
     stand_in_cuda_graphs(monkeypatch)
     run = decode.DecodeRun(graph=True, device="cpu", swa=request.param)
     run.step(0)
@@ -81,8 +77,7 @@ def test_the_captured_step_issues_only_the_canary_kernels_and_the_listed_ops(run
 
 
 def test_an_eager_step_adds_only_the_status_copy(run):
-    """``before_forward`` + ``after_forward`` with inputs on the device: the captured work and the
-    status snapshot."""
+    """``before_forward`` + ``after_forward``, inputs on the device: the captured work + status snapshot."""
     session, batch = run.session, run.inputs(2)
     with DeviceOps() as ops:
         session.before_forward(**batch)
@@ -94,7 +89,7 @@ def test_an_eager_step_adds_only_the_status_copy(run):
 
 
 def test_the_counter_sees_launching_ops():
-    """The dispatch mode counts what it should: a fill and a copy count, a view does not."""
+    """A fill and a copy count, a view does not."""
     x, ones = torch.zeros(4, dtype=torch.int64), torch.ones(2, 2, dtype=torch.int64)
     with DeviceOps() as ops:
         x[1:].fill_(3)

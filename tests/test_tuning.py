@@ -29,7 +29,7 @@ TUNE_CI = ["tune", "--target", "llvm", "--kernels", "write", "verify", "--trials
 
 @pytest.fixture(scope="module")
 def tuned_logs(tmp_path_factory):
-    """A tiny tune's database folder; its printed summary beside it in ``tune-stdout.txt``."""
+    """A tiny tune's database folder, its summary beside it in ``tune-stdout.txt``."""
     out = tmp_path_factory.mktemp("tune_logs")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -38,14 +38,14 @@ def tuned_logs(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_metaschedule_logs_go_to_the_log_folder(tuned_logs):
     assert any((tuned_logs.parent / "ms-logs" / "logs").glob("*.log"))
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
-    """Rows give each workload's wall seconds and build wait; the last lines their sums, a build's worker cost."""
+    """Rows: each workload's wall seconds and build wait; last lines: their sums, a build's worker cost."""
     printed = (tuned_logs.parent / "tune-stdout.txt").read_text()
     header, *rest = printed[printed.index("kernel "):].splitlines()
     assert header.split()[8:12] == ["speedup", "seconds", "builds", "s"]
@@ -59,7 +59,7 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
                       r"([\d.]+) s in all;", printed)
     assert total and int(total[1]) == len(rows)
     defaults, waited, rounding = float(total[3]), float(total[4]), 0.1 * (len(rows) + 1)
-    assert defaults > 0  # an empty database: every default built up front
+    assert defaults > 0  # empty database: all defaults built first
     assert float(total[2]) == pytest.approx(defaults + sum(w for w, _ in seconds), abs=rounding)
     # the wait counts the defaults' round (in their time) and each workload's
     assert sum(b for _, b in seconds) - rounding <= waited <= defaults + sum(b for _, b in seconds) + rounding
@@ -73,7 +73,7 @@ def test_tune_reports_each_workloads_time_and_the_total(tuned_logs):
 
 
 def test_a_bucket_with_one_measured_geometry_and_knobs_is_not_said_to_have_none(tmp_path, capsys):
-    """The table's "no knobs" note comes from the design space, not from one candidate measured."""
+    """The "no knobs" note comes from the design space, not one measured candidate."""
     folder = tmp_path / keys.device_key(torch.device("cpu"))
     folder.mkdir()
     _, commit, default = write_bucket_database(folder)
@@ -128,9 +128,9 @@ def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unme
     assert list(whole) == [(k, b) for k, b in jobs if k != "write"]
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
-    """A prebuilt default not run (the database holds it) has its artifact removed."""
+    """Not run (the database holds it): its artifact is removed."""
     import types
 
     from tvm.s_tir import meta_schedule as ms
@@ -149,8 +149,8 @@ def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
 
 
 def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
-    """A re-tune of a bucket a kernel change staled measures its previous pick once, whatever the search
-    draws; it competes like any candidate."""
+    """Re-tuning a bucket a kernel change staled measures its previous pick once, whatever the search draws,
+    competing like any candidate."""
     import types
 
     import tvm
@@ -171,7 +171,7 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
     for geom, secs in ((default, 1e-3), (pick, 0.5e-3)):
         driver.commit_measurement(db, driver.workload_module(kernel, bucket, "llvm"), knobs, geom, [secs], target)
     assert apply.previous_pick(db, kernel, bucket, False) is None  # current records: nothing previous
-    monkeypatch.setitem(workloads.CASE_VERSIONS, kernel, workloads.CASE_VERSIONS[kernel] + 1)  # the kernel changes
+    monkeypatch.setitem(workloads.CASE_VERSIONS, kernel, workloads.CASE_VERSIONS[kernel] + 1)
     assert apply.previous_pick(db, kernel, bucket, False) == pick and (kernel, bucket) not in apply.measured_records(db)
     mod = driver.workload_module(kernel, bucket, "llvm")
     driver.commit_measurement(db, mod, knobs, default, [1e-3], target)  # the default, measured at new code
@@ -213,7 +213,7 @@ def test_long_graphs_take_fewer_replays_per_value():
     assert measure.replays_per_value(0.0, most) == most
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_tune_again_says_it_measured_nothing(tuned_logs, capsys):
     assert main([*TUNE_CI, "--out", str(tuned_logs), "--log-dir", str(tuned_logs.parent / "ms-logs-2")]) == 0
     out = capsys.readouterr().out
@@ -230,7 +230,7 @@ def test_tune_rejects_fewer_than_one_trial(trials, capsys):
     assert f"argument --trials: must be at least 1, got {trials}" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_tune_writes_a_database_per_device(tuned_logs):
     key = keys.device_key(torch.device("cpu"))
     assert (tuned_logs / key / "database_workload.json").exists()
@@ -238,7 +238,7 @@ def test_tune_writes_a_database_per_device(tuned_logs):
     assert records.count("\n") >= 6  # 4 write + 2 verify (NONE and ALL)
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_tuned_kernels_load_and_match_the_reference(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()
@@ -349,7 +349,7 @@ def test_records_timed_on_another_case_are_stale(monkeypatch):
     assert stale == {"verify"} and rows and not any(kernel == "verify" for kernel, _ in rows)
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_tuned_geometry_is_chosen_within_the_launch_mode(tuned_logs, monkeypatch):
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tuned_logs))
     apply._records.cache_clear()
@@ -428,8 +428,8 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
 
 
 def test_the_first_write_of_a_mode_loads_every_geometry_its_buckets_select(tmp_path, monkeypatch):
-    """Write's first launch in a mode loads all the mode's bucket geometries: another token count loads
-    none (nor in CUDA-graph capture). Other kernels load the one they launch."""
+    """Write's first launch in a mode loads all its buckets' geometries, another token count none (nor in
+    CUDA-graph capture). Other kernels load the one they launch."""
     picks = {(8, 16): _unrolled(1), (1, 512): _unrolled(2), (8, 16, 2): _unrolled(8)}
     _write_database(tmp_path, picks)
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path])
@@ -766,8 +766,7 @@ def test_a_bucket_without_a_record_of_its_default_keeps_the_default(tmp_path, ca
 
 
 def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
-    """A record outside the design space (hand-edited; unroll 0 divided by zero per write launch) yields to
-    the fastest valid one."""
+    """A hand-edited one (unroll 0 divided by zero per write launch) yields to the fastest valid record."""
     from tvm_canary import schedules
 
     db, commit, default = write_bucket_database(tmp_path)
@@ -910,7 +909,7 @@ def test_a_candidate_slower_in_one_launch_of_its_case_never_replaces_the_default
 
 
 def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monkeypatch, caplog):
-    """Other kernel code's records do not apply; one warning names the kernels to re-tune."""
+    """One warning names the kernels to re-tune."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -947,8 +946,7 @@ def test_records_of_a_changed_kernel_are_ignored_with_one_warning(tmp_path, monk
 
 
 def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_path, monkeypatch):
-    """``--stale-only``: a bucket without a current default record (other geometry, untuned, changed
-    kernel) is stale."""
+    """``--stale-only``: a bucket without a current default record (other geometry, untuned, changed kernel)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -971,11 +969,11 @@ def test_stale_buckets_are_those_without_a_current_record_of_their_default(tmp_p
     # --stale-only adds the database's buckets (another preset's) to the preset's
     assert apply.database_buckets(db, {"write"}) == [("write", (1, 64)), ("write", (8, 16))]
     assert apply.database_buckets(db, {"write", "scatter"})[0] == ("scatter", (8, 16))
-    monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)  # write changes
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "write", workloads.CASE_VERSIONS["write"] + 1)
     assert apply.stale_buckets(db, jobs, False) == jobs[:3]
 
 
-@pytest.mark.slow  # tuned_logs fixture
+@pytest.mark.slow
 def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_logs, tmp_path, monkeypatch, capsys):
     """After a verify change ``--stale-only`` re-tunes verify only, keeping write's; nothing stale: nothing."""
     import shutil
@@ -996,7 +994,7 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
     stale_line = "--stale-only: {} of 3 workloads without a current record of their default"
     assert stale_line.format(0) + "; nothing to tune" in capsys.readouterr().out
     assert not (tmp_path / "ms-0").exists()  # MetaSchedule never ran
-    monkeypatch.setitem(workloads.CASE_VERSIONS, "verify", workloads.CASE_VERSIONS["verify"] + 1)  # verify changes
+    monkeypatch.setitem(workloads.CASE_VERSIONS, "verify", workloads.CASE_VERSIONS["verify"] + 1)
     assert main([*TUNE_CI, "--stale-only", "--out", str(out), "--log-dir", str(tmp_path / "ms-1")]) == 0
     printed = capsys.readouterr().out
     assert stale_line.format(2) + ": verify (1024,), verify (1024, 2)" in printed
@@ -1026,7 +1024,7 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
 
 
 def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, monkeypatch, capsys):
-    """A failed default (not drawn) beside measured candidates is named in the summary, not only MetaSchedule's log."""
+    """A failed default (not drawn) is named in the summary, not only MetaSchedule's log."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "kv-canary: the default's error"))
@@ -1151,8 +1149,7 @@ def test_tune_cuda_without_a_gpu_is_a_one_line_usage_error(capsys):
 
 
 def test_candidate_artifacts_have_file_names_of_their_own():
-    """Each candidate's artifact has its own name: a shared one made an RPC session run the first's code
-    (``measure._build_exported``)."""
+    """A shared name made an RPC session run the first candidate's code (``measure._build_exported``)."""
     import pathlib
 
     from tvm.s_tir import meta_schedule as ms
@@ -1172,7 +1169,7 @@ def test_candidate_artifacts_have_file_names_of_their_own():
 
 
 def test_a_dead_build_worker_fails_only_its_round():
-    """A dead build worker (OOM, codegen crash) fails its round; the next gets a fresh pool."""
+    """A dead worker (OOM, codegen crash) fails its round; the next gets a fresh pool."""
     import os
     import signal
     import time
@@ -1253,7 +1250,7 @@ def test_a_workload_that_measures_nothing_says_why(tmp_path):
 
 
 def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, capsys):
-    """The database is written, but a workload left unmeasured fails the run."""
+    """The database is still written."""
     import types
 
     from tvm_canary.tuning import driver, measure
@@ -1318,7 +1315,7 @@ def test_tune_starts_no_workload_past_its_time_limit_or_after_ctrl_c(tmp_path, m
 
 
 def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):
-    """An uncreatable ``--out``: one usage line before any build, no traceback."""
+    """One usage line before any build, no traceback."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built before checking --out"))
@@ -1343,8 +1340,7 @@ def test_tune_refuses_a_default_log_folder_it_cannot_create_before_connecting(mo
 
 
 def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_logs, tmp_path, monkeypatch, capsys):
-    """An unwritable database file is refused in one line before tuning, files unchanged, no late traceback
-    (``os.access`` as non-root)."""
+    """Refused in one line before tuning, files unchanged, no late traceback (``os.access`` as non-root)."""
     import os
     import shutil
 
@@ -1365,7 +1361,7 @@ def test_tune_refuses_a_database_it_cannot_write_and_leaves_it_as_it_was(tuned_l
 
 
 def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, monkeypatch, capsys):
-    """``tune-merge`` into an unwritable folder: one ``kv-canary:`` line, no traceback."""
+    """One ``kv-canary:`` line, no traceback."""
     import tempfile
 
     key = keys.device_key(torch.device("cpu"))
@@ -1379,7 +1375,7 @@ def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, 
 
 
 def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
-    """``--time-limit 0`` starts no workload, builds no default; all listed as left, status 3."""
+    """No workload started, no default built; all listed as left, status 3."""
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built defaults for no workload"))
