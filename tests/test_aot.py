@@ -126,21 +126,24 @@ def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch,
         C._load_or_build("scatter", (), torch.device("cpu"), geom)
 
 
-def test_a_damaged_or_unloadable_kernel_cache_entry_is_compiled_again(tmp_path, monkeypatch, caplog):
-    """A module of another machine (e_machine AArch64: was a traceback) or cut short is built again; an ELF
-    header naming program headers too small to read is damage (was a ``struct.error``)."""
+def test_a_damaged_kernel_cache_entry_is_compiled_again_and_an_unloadable_one_named(tmp_path, monkeypatch, caplog):
+    """A cut module is built again, a whole one that does not load (AArch64) named in one line (was a
+    traceback); too-small program headers are damage (was a ``struct.error``)."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     path = C.cached_module("scatter", (), "llvm", geom)
     whole = path.read_bytes()
-    foreign = whole[:18] + (183).to_bytes(2, "little") + whole[20:]
-    for content, said in ((foreign, "cannot be loaded"), (b"", "is damaged"), (whole[:5000], "is damaged")):
-        damaged = path.with_suffix(".damaged")  # a new file: the loaded module's pages stay mapped
-        damaged.write_bytes(content)
+    damaged = path.with_suffix(".damaged")  # a new file: the loaded module's pages stay mapped
+    damaged.write_bytes(whole[:18] + (183).to_bytes(2, "little") + whole[20:])
+    os.replace(damaged, path)
+    with pytest.raises(RuntimeError, match=r"^kv-canary: cannot load the kernel cache's .*\.so: .*\(delete it"):
+        C._load_or_build("scatter", (), torch.device("cpu"), geom)
+    for kept in (0, 5000):
+        damaged.write_bytes(whole[:kept])
         os.replace(damaged, path)
         with caplog.at_level("WARNING", logger="tvm_canary"):
             assert C._load_or_build("scatter", (), torch.device("cpu"), geom) is not None
-        assert said in caplog.text and path.read_bytes() == whole
+        assert "is damaged" in caplog.text and path.read_bytes() == whole
         caplog.clear()
     header = bytearray(whole)  # e_phoff 8 bytes before the end, e_phentsize 1, e_phnum 8
     header[32:40], header[54:58] = (len(whole) - 8).to_bytes(8, "little"), bytes([1, 0, 8, 0])
@@ -148,14 +151,19 @@ def test_a_damaged_or_unloadable_kernel_cache_entry_is_compiled_again(tmp_path, 
     assert "program headers are 1 bytes" in C.damaged_module(damaged)
 
 
-def test_module_keys_name_the_cpu_and_the_sources_read_first(monkeypatch):
-    """A CPU module's key names the machine (two architectures shared keys); a process keeps the source
-    hash it read first (read again after an edit, its old code was stored under the new code's key)."""
+def test_module_keys_name_the_machine_and_the_sources_first_read(tmp_path, monkeypatch):
+    """Keys name the machine (two architectures shared keys). After a source edit a process keeps its key
+    and stores no build (TVMScript parses the edited text, which went under the old or new key)."""
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     first = C.module_key("scatter", (), "llvm", geom)
     assert f"-llvm-{platform.machine()}-" in first
+    assert f"-cuda-sm_90-{platform.machine()}-" in C.module_key("scatter", (), "cuda-sm_90", geom)
     monkeypatch.setattr(C, "files_hash", lambda files: "edited")
     assert C.module_key("scatter", (), "llvm", geom) == first
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel or build sources changed since this process"):
+        C.cached_module("scatter", (), "llvm", geom)
+    assert not list(tmp_path.rglob("*.so"))
 
 
 def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monkeypatch):
@@ -165,8 +173,8 @@ def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monke
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"^kv-canary: building a kernel module needs a C/C\+\+ compiler and none"):
         C.export(ex, tmp_path / "out" / "scatter.so")
-    monkeypatch.setenv("CXX", "/no/g++")
-    with pytest.raises(RuntimeError, match=r"compiler and \$CXX/\$CC '/no/g\+\+' is not found"):
+    monkeypatch.setenv("CXX", "g++ -O2")
+    with pytest.raises(RuntimeError, match=r"compiler and \$CXX/\$CC 'g\+\+ -O2' is not one program on PATH"):
         C.export(ex, tmp_path / "out" / "scatter.so")
     monkeypatch.setenv("CXX", "/bin/false")  # a compiler that fails: its temporary file goes too
     with pytest.raises(RuntimeError, match="Compilation error"):

@@ -5,8 +5,7 @@ dataflow blocks).
 ``add_kernel(bb, kernel, spec, tag)`` adds one specialization of a kernel's TensorIR to the module of
 a ``relax.BlockBuilder``; ``call_kernel(bb, gvar, **args)`` emits an in-place call of it
 (``R.call_tir_inplace``) whose results are the arguments the kernel writes. Torch tensors pass straight
-in (DLPack), except a 2-D table with no columns, whose strides torch reports as ``(1, 1)``, which
-tvm-ffi refuses: pass ``runtime.packing.table(t)``.
+in (DLPack; a 2-D table with no columns as ``runtime.packing.table(t)``).
 
 Arguments are the kernel's TensorIR parameters, by name (see ``parameters(gvar)``): tensors are
 int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view ``[S, stride / 8]``, a
@@ -14,12 +13,9 @@ real-KV source is its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``
 token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are
 Python ints. Unused source slots may be left out (all four of a slot's parameters); the slots the
 specialization folds (its ``num_sources``) and a given ``src<i>`` need all four. ``flags`` (verify,
-write) is an int32 scratch the caller allocates zeroed, one per violation ring
-(``runtime.packing.flags_for(ring, capacity, seed_saves=write_capacity)``); the kernels leave it zero
-again. The plan kernel's ``scratch`` is int64 ``[bs + 1]``. The compiled kernels refuse, with a
-``kv-canary:`` ValueError, arguments that break the shape relations they rely on
-(``kernels.common.require``); overlapping arguments they cannot see. The kernels are marked
-``tirx.is_scheduled`` so that the GPU pipeline does not re-schedule them.
+write) is an int32 scratch zeroed once per violation ring (``runtime.packing.flags_for``); the plan
+kernel's ``scratch`` is int64 ``[bs + 1]``. The compiled kernels refuse arguments that break the shape
+relations they rely on (``kernels.common.require``); overlaps they cannot see.
 """
 
 from __future__ import annotations
@@ -97,6 +93,7 @@ def _default_ir(kernel: str, spec: tuple, tag: str, geom) -> tvm.tirx.PrimFunc:
             logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s does not load (%s); parsing "
                                                     "the kernel again", path, compile_cache.error_line(e))
     func = parse.kernel_ir(kernel, spec, geom)
+    compile_cache.require_sources_as_read()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as tmp:

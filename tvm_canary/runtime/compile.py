@@ -6,11 +6,10 @@
    written by ``tvm-canary build``), which need only the TVM runtime;
 3. the disk cache (``$TVM_CANARY_CACHE`` or ``~/.cache/tvm_canary``);
 4. ``tvm.compile`` (needs the TVM compiler), stored into the disk cache.
-Module keys hold the kernel, its specialization, the geometry, the target tag (a CPU's with its
-machine), the TVM version and a hash of the sources that shape the generated code (``source_files``: the
-kernels and the build code), so a stale module is never loaded. Building needs a C/C++ compiler (TVM links
-each module with it). Every build runs under TVM's default pass configuration, whatever
-``PassContext`` the caller holds, since the disk cache and ``tvm-canary build`` share its modules.
+Module keys hold the kernel, its specialization, the geometry, the target tag, the machine (host code
+is built for it), the TVM version and a hash of the sources that shape the generated code
+(``source_files``: the kernels and the build code), so a stale module is never loaded. Building needs a
+C/C++ compiler to link each module, and runs under TVM's default pass configuration (``build``).
 """
 
 from __future__ import annotations
@@ -60,8 +59,8 @@ def files_hash(files) -> str:
 
 @functools.lru_cache(maxsize=None)
 def source_hash() -> str:
-    """Hash of everything that shapes the generated code (``source_files``), read once per process: a
-    process outliving an edit of the sources keeps keying its modules by those it began with."""
+    """Hash of everything that shapes the generated code (``source_files``) as this process first read
+    them: the key of every module, TensorIR and kernel hash it stores (``require_sources_as_read``)."""
     return files_hash(source_files())
 
 
@@ -70,10 +69,18 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(root) / tvm.__version__
 
 
+def require_sources_as_read() -> None:
+    """Refuse to store what this process built or parsed after an edit of ``source_files``: TVMScript
+    re-reads a kernel's text when it parses it, so it would store the edited code under the old key."""
+    if files_hash(source_files()) != source_hash():
+        raise RuntimeError("kv-canary: the kernel or build sources changed since this process first read them; "
+                           "restart it to build the new code")
+
+
 def module_key(name: str, spec: tuple, tag: str, geom) -> str:
-    """A build's file name less ``.so``; ``llvm`` builds for the host, so it names the machine too."""
-    machine = f"-{platform.machine()}" if tag == "llvm" else ""
-    return f"{name}-{spec_id(spec)}-{geom.key()}-{tag}{machine}-tvm{tvm.__version__}-{source_hash()}"
+    """A build's file name less ``.so``."""
+    return (f"{name}-{spec_id(spec)}-{geom.key()}-{tag}-{platform.machine()}-tvm{tvm.__version__}-"
+            f"{source_hash()}")
 
 
 def build(name: str, spec: tuple, tag: str, geom):
@@ -93,14 +100,8 @@ def build(name: str, spec: tuple, tag: str, geom):
 
 def export(ex, path: pathlib.Path) -> None:
     """Write an executable to ``path`` atomically, readable as a file the process creates is
-    (``new_file_mode``), or leave nothing. Linking needs a C/C++ compiler (TVM's ``get_cc``)."""
-    from tvm.support.cc import get_cc
-
-    compiler = get_cc()
-    if sys.platform.startswith("linux") and not (compiler and shutil.which(compiler)):
-        missing = f"$CXX/$CC {compiler!r} is not found" if compiler else "none is on PATH"
-        raise RuntimeError(f"kv-canary: building a kernel module needs a C/C++ compiler and {missing} (install "
-                           "g++ or clang, or load modules built by `tvm-canary build`)")
+    (``new_file_mode``), or leave nothing."""
+    require_c_compiler()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as tmp:
         tmp_path = tmp.name
@@ -111,6 +112,18 @@ def export(ex, path: pathlib.Path) -> None:
     finally:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
+
+
+def require_c_compiler() -> None:
+    """Refuse to build a module with no C/C++ compiler to link it (TVM's ``get_cc``, which runs ``$CXX`` as
+    one program)."""
+    from tvm.support.cc import get_cc
+
+    compiler = get_cc()
+    if sys.platform.startswith("linux") and not (compiler and shutil.which(compiler)):
+        missing = f"$CXX/$CC {compiler!r} is not one program on PATH" if compiler else "none is on PATH"
+        raise RuntimeError(f"kv-canary: building a kernel module needs a C/C++ compiler and {missing} (install "
+                           "g++ or clang, or load modules built by `tvm-canary build`)")
 
 
 def new_file_mode(executable: bool = False) -> int:
@@ -217,15 +230,14 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     if prebuilt_dirs() and compiler_available() and key not in _missing_prebuilt:
         _missing_prebuilt.add(key)
         logging.getLogger("tvm_canary").warning(
-            "tvm_canary: TVM_CANARY_MODULES=%r has no module %s.so (built from other sources or for other "
-            "geometries?); compiling it", os.environ.get("TVM_CANARY_MODULES", ""), key)
+            "tvm_canary: TVM_CANARY_MODULES=%r has no module %s.so (built from other sources, for other machines "
+            "or geometries?); compiling it", os.environ.get("TVM_CANARY_MODULES", ""), key)
     path = cached_module(name, spec, tag, geom)
     try:
         return tvm.runtime.load_module(str(path))[f"canary_{name}"]
-    except Exception as e:  # whole but not loadable here (another host's, a foreign file): build it again
-        logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s cannot be loaded (%s); "
-                                                "compiling it again", path, error_line(e))
-    return tvm.runtime.load_module(str(cached_module(name, spec, tag, geom, rebuild=True)))[f"canary_{name}"]
+    except Exception as e:  # whole but not loadable (a no-exec mount, a foreign file): name it in one line
+        raise RuntimeError(f"kv-canary: cannot load the kernel cache's {path}: {error_line(e)} (delete it to "
+                           "build it again)") from None
 
 
 _missing_prebuilt: set = set()  # module keys the prebuilt folders lacked (warned once per process)
@@ -236,12 +248,12 @@ def cache_path(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
     return cache_dir() / f"{module_key(name, spec, tag, geom)}.so"
 
 
-def cached_module(name: str, spec: tuple, tag: str, geom, rebuild: bool = False) -> pathlib.Path:
-    """The module file of a build in the disk cache, compiled (``build``) and stored first if missing,
-    damaged or (``rebuild``) not loadable."""
+def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
+    """The module file of a build in the disk cache, compiled (``build``) and stored first if missing or
+    damaged."""
     path = cache_path(name, spec, tag, geom)
     filename = path.name
-    if path.exists() and not rebuild and not damaged_module(path):
+    if path.exists() and not damaged_module(path):
         return path
     if not compiler_available():
         raise RuntimeError(
@@ -255,8 +267,11 @@ def cached_module(name: str, spec: tuple, tag: str, geom, rebuild: bool = False)
             if damage:
                 logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s is damaged (%s); "
                                                         "compiling it again", path, damage)
-            if rebuild or damage or not path.exists():
-                export(build(name, spec, tag, geom), path)
+            if damage or not path.exists():
+                require_c_compiler()
+                executable = build(name, spec, tag, geom)
+                require_sources_as_read()
+                export(executable, path)
     except OSError as e:  # not writable (permissions, a read-only file system), full
         raise RuntimeError(f"kv-canary: the kernel cache {path.parent} lacks {filename} and cannot store it "
                            f"({e.strerror}: {e.filename}); set TVM_CANARY_CACHE to a writable folder") from None
