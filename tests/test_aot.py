@@ -20,8 +20,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_canary import schedules
 from tvm_canary.cli import main
+from tvm_canary.runtime import aot, specializations, targets
 from tvm_canary.runtime import compile as C
-from tvm_canary.runtime import specializations, targets
 from tvm_canary.tuning import apply, keys, workloads
 from tvm_canary.tuning.driver import commit_measurement
 
@@ -136,7 +136,7 @@ def test_a_damaged_kernel_cache_entry_is_compiled_again_and_an_unloadable_one_na
     damaged = path.with_suffix(".damaged")  # a new file: the loaded module's pages stay mapped
     damaged.write_bytes(whole[:18] + (183).to_bytes(2, "little") + whole[20:])
     os.replace(damaged, path)
-    with pytest.raises(RuntimeError, match=r"^kv-canary: cannot load the kernel cache's .*\.so: .*\(delete it"):
+    with pytest.raises(RuntimeError, match=r"^kv-canary: cannot load the kernel cache's .*\.so: .*\(a damaged file: "):
         C._load_or_build("scatter", (), torch.device("cpu"), geom)
     for kept in (0, 5000):
         damaged.write_bytes(whole[:kept])
@@ -153,17 +153,22 @@ def test_a_damaged_kernel_cache_entry_is_compiled_again_and_an_unloadable_one_na
 
 def test_module_keys_name_the_machine_and_the_sources_first_read(tmp_path, monkeypatch):
     """Keys name the machine (two architectures shared keys). After a source edit a process keeps its key
-    and stores no build (TVMScript parses the edited text, which went under the old or new key)."""
-    geom = targets.default_geometry("scatter", "llvm", 0, None)
+    and parses nothing (TVMScript reads the edited text, which went under the old or new key), nor do
+    build workers; a refusal is not memoized."""
+    geom = dataclasses.replace(targets.default_geometry("scatter", "llvm", 0, None), unroll=7)  # not parsed yet
     first = C.module_key("scatter", (), "llvm", geom)
     assert f"-llvm-{platform.machine()}-" in first
     assert f"-cuda-sm_90-{platform.machine()}-" in C.module_key("scatter", (), "cuda-sm_90", geom)
-    monkeypatch.setattr(C, "files_hash", lambda files: "edited")
-    assert C.module_key("scatter", (), "llvm", geom) == first
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
-    with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel or build sources changed since this process"):
-        C.cached_module("scatter", (), "llvm", geom)
-    assert not list(tmp_path.rglob("*.so"))
+    with monkeypatch.context() as edited:
+        edited.setattr(C, "files_hash", lambda files: "edited")
+        assert C.module_key("scatter", (), "llvm", geom) == first
+        with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel or build sources changed since this process"):
+            C.cached_module("scatter", (), "llvm", geom)
+        assert not list(tmp_path.rglob("*.so"))
+    with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel or build sources changed since this build"):
+        aot._compile(("llvm", "scatter", (), geom), "another")
+    assert C.cached_module("scatter", (), "llvm", geom).exists()
 
 
 def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monkeypatch):

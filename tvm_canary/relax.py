@@ -93,7 +93,6 @@ def _default_ir(kernel: str, spec: tuple, tag: str, geom) -> tvm.tirx.PrimFunc:
             logging.getLogger("tvm_canary").warning("tvm_canary: the kernel cache's %s does not load (%s); parsing "
                                                     "the kernel again", path, compile_cache.error_line(e))
     func = parse.kernel_ir(kernel, spec, geom)
-    compile_cache.require_sources_as_read()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as tmp:

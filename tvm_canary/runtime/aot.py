@@ -1,16 +1,17 @@
-"""Ahead-of-time artifacts: every kernel specialization, compiled for the listed targets, in every
-geometry a launch can ask for.
+"""Ahead-of-time artifacts: every kernel specialization, compiled for the listed targets, in every geometry a
+launch can ask for.
 
-``build_all(tags, out_dir, tuning_keys)`` writes one ``<module key>.so`` per (kernel, specialization,
-tag, geometry) plus ``manifest.json``. The geometries are the defaults (``targets.default_geometries``)
-and those the tuning databases of ``tuning_keys`` select for the specialization's launch modes, so a
-host whose launches take their geometry from one of those databases finds every module it asks for. A
-host with only torch, apache-tvm-ffi and the TVM runtime loads them through the normal public API when
-``TVM_CANARY_MODULES`` names the directory (it uses the default geometries: reading a database needs
-the TVM compiler). CUDA device code is compiled for each arch at build time where TVM's CUDA runtime
-can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA source, compiled at load by
-NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled before are copied; the
-missing ones compile side by side in ``workers`` processes (the cache's lock compiles each once).
+``build_all(tags, out_dir, tuning_keys)`` writes one ``<module key>.so`` per (kernel, specialization, tag,
+geometry) plus ``manifest.json``. The geometries are the defaults (``targets.default_geometries``) and those
+the tuning databases of ``tuning_keys`` select for the specialization's launch modes, so a host whose
+launches take their geometry from one of those databases finds every module it asks for. A host of the same
+machine (``platform.machine()``, in the keys) with only torch, apache-tvm-ffi and the TVM runtime loads them
+through the normal public API when ``TVM_CANARY_MODULES`` names the directory (it uses the default
+geometries: reading a database needs the TVM compiler). CUDA device code is compiled for each arch at build
+time where TVM's CUDA runtime can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA
+source, compiled at load by NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled
+before are copied; the missing ones compile side by side in ``workers`` processes (the cache's lock compiles
+each once).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import platform
 import shutil
 
 import tvm
@@ -60,8 +62,8 @@ def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), pr
         shutil.copyfile(C.cached_module(kernel, spec, tag, geom), tmp)
         os.replace(tmp, path)
         written.append(path)
-    manifest = {"tvm_version": tvm.__version__, "source_hash": C.source_hash(), "tags": tags,
-                "tuning_databases": list(tuning_keys), "modules": [p.name for p in written]}
+    manifest = {"tvm_version": tvm.__version__, "machine": platform.machine(), "source_hash": C.source_hash(),
+                "tags": tags, "tuning_databases": list(tuning_keys), "modules": [p.name for p in written]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return written
 
@@ -80,7 +82,7 @@ def compile_missing(jobs: list, workers: int, progress) -> None:
         return
     spawn = multiprocessing.get_context("spawn")  # a forked worker could not use a CUDA context of this process
     with concurrent.futures.ProcessPoolExecutor(min(workers, len(missing)), mp_context=spawn) as pool:
-        futures = [pool.submit(_compile, job) for job in missing]
+        futures = [pool.submit(_compile, job, C.source_hash()) for job in missing]
         try:
             for future in progress(concurrent.futures.as_completed(futures), len(futures)):
                 future.result()  # a failed build raises here
@@ -89,7 +91,10 @@ def compile_missing(jobs: list, workers: int, progress) -> None:
             raise
 
 
-def _compile(job: tuple) -> None:
-    """Worker side of ``compile_missing``: one module into the disk cache."""
+def _compile(job: tuple, source_hash: str) -> None:
+    """Worker side of ``compile_missing``: one module into the disk cache, under the parent's key
+    (``source_hash``: a worker reads the sources afresh)."""
+    if C.source_hash() != source_hash:
+        raise RuntimeError("kv-canary: the kernel or build sources changed since this build began; restart it")
     tag, kernel, spec, geom = job
     C.cached_module(kernel, spec, tag, geom)

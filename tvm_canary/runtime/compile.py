@@ -59,8 +59,8 @@ def files_hash(files) -> str:
 
 @functools.lru_cache(maxsize=None)
 def source_hash() -> str:
-    """Hash of everything that shapes the generated code (``source_files``) as this process first read
-    them: the key of every module, TensorIR and kernel hash it stores (``require_sources_as_read``)."""
+    """Hash of everything that shapes the generated code (``source_files``) as this process read them
+    when it imported this module: the key of every module, TensorIR and kernel hash it stores."""
     return files_hash(source_files())
 
 
@@ -70,11 +70,16 @@ def cache_dir() -> pathlib.Path:
 
 
 def require_sources_as_read() -> None:
-    """Refuse to store what this process built or parsed after an edit of ``source_files``: TVMScript
-    re-reads a kernel's text when it parses it, so it would store the edited code under the old key."""
-    if files_hash(source_files()) != source_hash():
+    """Refuse (one ``kv-canary:`` line) once ``source_files`` differ from what ``source_hash`` read: TVMScript
+    re-reads a kernel's text when it parses it (``parse.kernel_ir`` checks before and after), so a build
+    after an edit would store edited code under the old key."""
+    try:
+        unchanged = files_hash(source_files()) == source_hash()
+    except OSError:  # a source file moved away
+        unchanged = False
+    if not unchanged:
         raise RuntimeError("kv-canary: the kernel or build sources changed since this process first read them; "
-                           "restart it to build the new code")
+                           "restart it to use the new code")
 
 
 def module_key(name: str, spec: tuple, tag: str, geom) -> str:
@@ -236,8 +241,8 @@ def _load_or_build(name: str, spec: tuple, device: torch.device, geom):
     try:
         return tvm.runtime.load_module(str(path))[f"canary_{name}"]
     except Exception as e:  # whole but not loadable (a no-exec mount, a foreign file): name it in one line
-        raise RuntimeError(f"kv-canary: cannot load the kernel cache's {path}: {error_line(e)} (delete it to "
-                           "build it again)") from None
+        raise RuntimeError(f"kv-canary: cannot load the kernel cache's {path}: {error_line(e)} (a damaged "
+                           "file: delete it; a folder that cannot map executables: set TVM_CANARY_CACHE)") from None
 
 
 _missing_prebuilt: set = set()  # module keys the prebuilt folders lacked (warned once per process)
@@ -257,7 +262,7 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
         return path
     if not compiler_available():
         raise RuntimeError(
-            f"kv-canary: no prebuilt module {filename} in "
+            f"kv-canary: no prebuilt module {filename} (this machine's) in "
             f"TVM_CANARY_MODULES={os.environ.get('TVM_CANARY_MODULES', '')!r} and this TVM has no compiler "
             "(runtime-only); build it with `tvm-canary build` on a host with the compiler"
         )
@@ -269,9 +274,7 @@ def cached_module(name: str, spec: tuple, tag: str, geom) -> pathlib.Path:
                                                         "compiling it again", path, damage)
             if damage or not path.exists():
                 require_c_compiler()
-                executable = build(name, spec, tag, geom)
-                require_sources_as_read()
-                export(executable, path)
+                export(build(name, spec, tag, geom), path)
     except OSError as e:  # not writable (permissions, a read-only file system), full
         raise RuntimeError(f"kv-canary: the kernel cache {path.parent} lacks {filename} and cannot store it "
                            f"({e.strerror}: {e.filename}); set TVM_CANARY_CACHE to a writable folder") from None
@@ -363,3 +366,6 @@ def ensure_cuda_runtime() -> None:
                                "runtime (libcudart.so.13) and the NVIDIA driver (libcuda.so.1)") from e
     if not tvm.cuda(0).exist:
         raise RuntimeError("kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)")
+
+
+source_hash()  # the sources as this process imports them

@@ -30,10 +30,16 @@ _patch_lock = threading.Lock()
 @functools.lru_cache(maxsize=None)
 def kernel_ir(kernel: str, spec: tuple, geom):
     """The ``tvm.tirx.PrimFunc`` of ``kernel`` for specialization ``spec`` in geometry ``geom``
-    (memoized per process; do not mutate)."""
+    (memoized per process; do not mutate); refused when the sources differ from those the process keys
+    its modules by (``compile.require_sources_as_read``, before and after parsing; a refusal is not memoized)."""
+    from .compile import require_sources_as_read
+
+    require_sources_as_read()
     make = importlib.import_module(f"tvm_canary.kernels.{kernel}").make
     with _fast_macro_lookup():
-        return make(*spec, geom)
+        func = make(*spec, geom)
+    require_sources_as_read()
+    return func
 
 
 def _parser_on_stack(macro) -> object:

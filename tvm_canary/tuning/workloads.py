@@ -167,7 +167,6 @@ def code_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     name = f"{kernel}/{spec_id(kernel_spec)}/{target_kind}"
     if name not in table:
         table[name] = _script_hash(kernel, kernel_spec, target_kind)
-        C.require_sources_as_read()
         try:  # a memo only: a read-only cache (prebuilt modules) computes the hash again next time
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
