@@ -18,7 +18,7 @@ import torch
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from tvm_canary import schedules
+from tvm_canary import _sources, schedules
 from tvm_canary.cli import main
 from tvm_canary.runtime import aot, specializations, targets
 from tvm_canary.runtime import compile as C
@@ -161,7 +161,8 @@ def test_module_keys_name_the_machine_and_the_sources_first_read(tmp_path, monke
     assert f"-cuda-sm_90-{platform.machine()}-" in C.module_key("scatter", (), "cuda-sm_90", geom)
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
     with monkeypatch.context() as edited:
-        edited.setattr(C, "files_hash", lambda files: "edited")
+        edited.setattr(_sources, "_edited", False)  # restored on leaving: the refusal lasts the process
+        edited.setattr(_sources, "files_hash", lambda files: "edited")
         assert C.module_key("scatter", (), "llvm", geom) == first
         with pytest.raises(RuntimeError, match=r"^kv-canary: the kernel or build sources changed since this process"):
             C.cached_module("scatter", (), "llvm", geom)

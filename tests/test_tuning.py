@@ -1158,7 +1158,7 @@ def test_candidate_artifacts_have_file_names_of_their_own():
     from tvm_canary.tuning import measure
 
     geom = targets.default_geometry("write", "llvm")
-    built = [measure._build_exported(("write", (8, 16), "llvm", geom)) for _ in range(2)]
+    built = [measure._build_exported(("write", (8, 16), "llvm", geom, C.source_hash())) for _ in range(2)]
     paths = [pathlib.Path(path) for path, _ in built]
     try:
         assert paths[0].name != paths[1].name and all(p.stat().st_size > 0 for p in paths)

@@ -1,6 +1,6 @@
 """tvm_canary: the sglang KV-cache canary (kv-canary) re-created on Apache TVM (docs/SPEC.md section 0)."""
 
-from . import consts
+from . import _sources, consts  # noqa: F401 -- _sources first: it reads the sources before any is imported
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from .launch import (
     launch_canary_plan_kernels,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import pathlib
@@ -31,6 +30,7 @@ import threading
 import torch
 import tvm
 
+from .._sources import files_hash, require_sources_as_read, source_files, source_hash  # noqa: F401 (re-exported)
 from . import targets
 from .specializations import spec_id
 
@@ -39,47 +39,10 @@ _by_launch: dict[tuple, object] = {}  # (kernel, spec, torch.device, size, mode)
 _lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
-def source_files() -> list[pathlib.Path]:
-    """The sources of everything that shapes the generated code: the kernels, their constants and
-    geometry, and the build (the TVMScript parsing, the targets and their options, ``build`` itself)."""
-    pkg = pathlib.Path(__file__).resolve().parent.parent
-    build_code = [pkg / "runtime" / name for name in ("compile.py", "parse.py", "targets.py")]
-    return sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py",
-                                                     *build_code]
-
-
-def files_hash(files) -> str:
-    """SHA-256 (16 hex digits) of the files' bytes, in the order given."""
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(pathlib.Path(f).read_bytes())
-    return digest.hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=None)
-def source_hash() -> str:
-    """Hash of everything that shapes the generated code (``source_files``) as this process read them
-    when it imported this module: the key of every module, TensorIR and kernel hash it stores."""
-    return files_hash(source_files())
-
 
 def cache_dir() -> pathlib.Path:
     root = os.environ.get("TVM_CANARY_CACHE") or os.path.join(pathlib.Path.home(), ".cache", "tvm_canary")
     return pathlib.Path(root) / tvm.__version__
-
-
-def require_sources_as_read() -> None:
-    """Refuse (one ``kv-canary:`` line) once ``source_files`` differ from what ``source_hash`` read: TVMScript
-    re-reads a kernel's text when it parses it (``parse.kernel_ir`` checks before and after), so a build
-    after an edit would store edited code under the old key."""
-    try:
-        unchanged = files_hash(source_files()) == source_hash()
-    except OSError:  # a source file moved away
-        unchanged = False
-    if not unchanged:
-        raise RuntimeError("kv-canary: the kernel or build sources changed since this process first read them; "
-                           "restart it to use the new code")
 
 
 def module_key(name: str, spec: tuple, tag: str, geom) -> str:
@@ -367,5 +330,3 @@ def ensure_cuda_runtime() -> None:
     if not tvm.cuda(0).exist:
         raise RuntimeError("kv-canary: TVM sees no CUDA device (is libcudart.so.13 on LD_LIBRARY_PATH?)")
 
-
-source_hash()  # the sources as this process imports them

@@ -24,6 +24,8 @@ import threading
 
 from tvm.script.parser.core.parser import ScriptMacro
 
+from .._sources import require_sources_as_read
+
 _patch_lock = threading.Lock()
 
 
@@ -31,9 +33,7 @@ _patch_lock = threading.Lock()
 def kernel_ir(kernel: str, spec: tuple, geom):
     """The ``tvm.tirx.PrimFunc`` of ``kernel`` for specialization ``spec`` in geometry ``geom``
     (memoized per process; do not mutate); refused when the sources differ from those the process keys
-    its modules by (``compile.require_sources_as_read``, before and after parsing; a refusal is not memoized)."""
-    from .compile import require_sources_as_read
-
+    its modules by (``_sources.require_sources_as_read``, before and after parsing)."""
     require_sources_as_read()
     make = importlib.import_module(f"tvm_canary.kernels.{kernel}").make
     with _fast_macro_lookup():

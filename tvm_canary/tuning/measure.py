@@ -55,13 +55,13 @@ VALUE_MIN_US = 20_000.0
 
 
 def _job(mod, target) -> tuple:
-    """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry), the
-    geometry being the one the stand-in workload ``mod``'s annotations select (the fields of the bucket's
-    default, ``workloads.default_of``, where it has none)."""
+    """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry, the
+    parent's ``source_hash``), the geometry being the one the stand-in workload ``mod``'s annotations
+    select (the fields of the bucket's default, ``workloads.default_of``, where it has none)."""
     kernel = str(mod["main"].attrs["canary.kernel"])
     bucket = workloads.bucket_of(mod["main"])
     tag = f"cuda-{target.attrs['arch']}" if target.kind.name == "cuda" else "llvm"
-    return kernel, bucket, tag, geometry_from(mod, workloads.default_of(kernel, bucket, tag))
+    return kernel, bucket, tag, geometry_from(mod, workloads.default_of(kernel, bucket, tag)), C.source_hash()
 
 
 def _build_exported(job: tuple) -> tuple[str, float]:
@@ -73,7 +73,9 @@ def _build_exported(job: tuple) -> tuple[str, float]:
     from tvm.support.tar import tar
 
     start = time.monotonic()
-    kernel, bucket, tag, geom = job
+    kernel, bucket, tag, geom, source_hash = job
+    if C.source_hash() != source_hash:  # a worker reads the sources afresh
+        raise RuntimeError("kv-canary: the kernel or build sources changed since tuning began; restart it")
     path = os.path.join(tempfile.mkdtemp(), f"candidate-{uuid.uuid4().hex}.{tar.output_format}")
     C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod.export_library(path, fcompile=tar)
     return path, time.monotonic() - start
