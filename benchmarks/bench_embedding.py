@@ -174,9 +174,7 @@ class Workload:
         """The step's canary operators in launch order (scatter; per group plan, HEAD verify + write per
         half; then TAIL verify + write per group and half), with their floors' arguments taken from the
         session after a step: the plans its plan kernel filled, the decode batch, the slots the step
-        wrote (translated for SWA) and the sources' bytes. Verify's floor reads its plan, the token
-        vector, the slot and predecessor fields and the PARTIAL words; write's stores a scratch copy of
-        the canary."""
+        wrote (translated for SWA) and the sources' bytes (what each floor reads: module docstring)."""
         bs, decode = self.bs, self.decode
         out = [Operator("scatter", 12 * bs * (CONTEXT + 1), "copy")]
         entries = {"FULL": bs * CONTEXT, "SWA": bs * min(WINDOW, CONTEXT)}
@@ -222,8 +220,7 @@ def floor_bench(arch: str):
 def floor_of(bench, op: Operator) -> dict:
     """The fastest floor of ``op``: ``floor_us`` (µs per launch) and ``floor`` (which one), its floor kernel
     over the floor grids, FLOOR_REPEATS launches per CUDA graph on the step's tensors (for a copy,
-    ``Bench.copy_floor_us``); for a floor kernel also ``device_us``, the device time of one launch of
-    the fastest grid (profiler), to set beside the step's ``graph_op_times``."""
+    ``Bench.copy_floor_us``); for a floor kernel also ``device_us`` (profiler; module docstring)."""
     if op.floor == "copy":
         us, which = bench.copy_floor_us(op.nbytes)
         return dict(what=op.what, floor_us=us, floor=which)

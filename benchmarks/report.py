@@ -56,8 +56,7 @@ def summary(run) -> str:
         failed = [f"{r['case']} ({verdicts.ratio_text(t['ratio'], t['limit'])})" for r, t in entries
                   if t["ratio"] > t["limit"]]
         lines.append(f"| {name} | {len(entries) - len(failed)} | {len(failed)} | {', '.join(failed) or '-'} |")
-    # what the floor really is for the rows timed against their bounds (Bench.bounds), beside their floor
-    # target, per group of rows with one limit: verify by size range, write's one-token requests
+    # the module docstring's rows timed against their bounds (Bench.bounds), per group of rows with one limit
     references: dict[tuple, list] = {}
     for r in run["rows"]:
         target = next((t for t in r.get("targets", []) if t["what"] == "floor"), None)
@@ -71,7 +70,6 @@ def summary(run) -> str:
                 if (ratio := r["us"] / r["ordered_floor_us"]) > limit]
         lines.append(f"| (for reference) {kernel}, {rows_of}: <= {limit:.2f} x ordered floor ({floor} + SPEC hashing + "
                      f"ordered append) | {len(bounded) - len(over)} | {len(over)} | {', '.join(over) or '-'} |")
-        # a row whose hash floor alone is over the limit: no kernel that hashes as SPEC requires meets it
         past = [f"{r['case']} ({verdicts.ratio_text(ratio, limit, 3)})" for r in bounded
                 if (ratio := r["hash_floor_us"] / r["floor_us"]) > limit]
         lines.append(f"| (for reference) {kernel}, {rows_of}: hash floor ({floor} + SPEC hashing) "

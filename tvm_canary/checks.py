@@ -53,9 +53,7 @@ _SCATTER_DTYPE_MESSAGE = "kv-canary: {name} must be {expected_short}, got {actua
 _SCATTER = "scatter_req_token_ids"
 
 
-# ---------------------------------------------------------------------------------------------
-# Private helpers (one message format each).
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- private helpers (one message format each)
 
 
 def _require_contiguous(tensor: torch.Tensor, name: str) -> None:
@@ -151,9 +149,7 @@ def _require_vector(tensor: torch.Tensor, name: str, dtype: torch.dtype, length:
         _require_len(tensor, name, length)
 
 
-# ---------------------------------------------------------------------------------------------
-# Verify / write context and real-KV sources.
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- verify / write context and real-KV sources
 
 
 def _check_real_kv_source_count(context: VerifyOrWriteContext) -> None:
@@ -170,8 +166,7 @@ def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
     At most 4 sources; each tensor has innermost stride 1 (rows may be ``stride(0)`` apart), is 2-D
     when viewed as uint8, has rows at least ``page_size * num_bytes_per_token`` bytes wide and a whole
     number of 16-byte units apart, an 8-byte-aligned data pointer and storage, and lives on
-    ``canary_buf``'s device. Checked on every backend,
-    whatever the hash mode.
+    ``canary_buf``'s device. Checked on every backend, whatever the hash mode.
     """
     _check_real_kv_source_count(context)
     canary_buf = context.canary_buf
@@ -315,9 +310,8 @@ def check_disjoint(kernel: str, launch_kwargs: dict) -> None:
     The kernels assume it (``tirx.noalias``): they check an index once and use it again, so a
     fingerprint stamped into ``out_cache_loc`` or a row appended over a plan would become an unchecked
     address. Views are compared by their byte ranges (``byte_ranges``), so two interleaved views of
-    one storage count as overlapping; the tensors are on one device (checked before). Run by the
-    front-end checks in eager code and by the operators on every call (a traced caller's checks cannot
-    see pointers); skipped while tracing."""
+    one storage count as overlapping; the tensors are on one device (checked before). Run as
+    ``check_word_aligned`` is, but by every operator; skipped while tracing."""
     if tracing():
         return
     written, read = launch_tensors(kernel, launch_kwargs)
@@ -357,8 +351,8 @@ class WrittenRanges:
 
 
 def require_apart(written: WrittenRanges, named: Iterable[NamedTensor]) -> None:
-    """No tensor of ``named`` shares a byte with any range of ``written``, by ``check_disjoint``'s message
-    (naming the first overlapping pair, written ranges outer, as ``check_disjoint`` does)."""
+    """No tensor of ``named`` shares a byte with any range of ``written`` (``_require_apart``'s message, as
+    ``check_disjoint``'s)."""
     ranges = byte_ranges(named)
     if any(written.overlap(start, end) for start, end, _ in ranges):
         _require_apart(written.ranges, ranges)
@@ -410,9 +404,7 @@ def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bo
         _require_vector(context.enable_chain_position_assert, "enable_chain_position_assert", torch.int32, 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Write and verify front ends.
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- write and verify front ends
 
 
 def check_write(
@@ -506,8 +498,8 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
 def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
     """Arguments of ``launch_canary_verify_kernel`` (SPEC 3.2, 4 "Shared" and "Verify").
 
-    ``check_verify_expected_token`` is accepted for signature parity; any value is accepted (the
-    launch reads it as a truth value).
+    ``check_verify_expected_token`` is taken for signature parity; any value is accepted (the launch
+    reads it as a truth value).
     """
     del check_verify_expected_token
     require_instance(context, VerifyOrWriteContext, "context")
@@ -538,9 +530,7 @@ def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verif
     check_disjoint("verify", dict(context=context, plan=plan))
 
 
-# ---------------------------------------------------------------------------------------------
-# Plan front end.
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- plan front end
 
 
 def check_plan(
@@ -685,9 +675,7 @@ def _check_expected_token_pool(
     _require_same_device(slot_indices, "out_verify_slot_indices", pool_tensors)
 
 
-# ---------------------------------------------------------------------------------------------
-# Scatter front end.
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- scatter front end
 
 
 def check_scatter(

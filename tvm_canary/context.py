@@ -170,7 +170,7 @@ class VerifyOrWriteContext:
     def __post_init__(self) -> None:
         """The launch tag is an int64, the hash mode is one of the three modes, and ALL mode has sources
         to hash (SPEC D9)."""
-        if not isinstance(self.kernel_kind, CanaryLaunchTag):  # any other int64 is stamped as it is
+        if not isinstance(self.kernel_kind, CanaryLaunchTag):
             require_int64(self.kernel_kind, "kernel_kind")
         sources = source_tuple(self.real_kv_sources, "real_kv_sources")
         object.__setattr__(self, "real_kv_sources", sources)  # a list is kept as a tuple: it cannot change

@@ -155,7 +155,7 @@ class _WriteKernel:
 def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tuple, tail: tuple) -> None:
     """Keep a checked launch under ``key`` unless the contract (module docstring) cannot vouch for it.
     ``own_tensors``: the plan's tensors and any other the kernel's checks read besides the context's."""
-    if key is None or packing.capturing(context.canary_buf.device):  # its chunk marks may be the capture's own
+    if key is None or packing.capturing(context.canary_buf.device):
         return
     sources = context.real_kv_sources  # a tuple: the context keeps a list given to it as one
     if type(context) is not VerifyOrWriteContext:

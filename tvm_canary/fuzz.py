@@ -26,8 +26,7 @@ PROGRESS_SECONDS = 10.0
 
 
 def case_of(index: int, kernels: list[str], seed_base: int) -> tuple[str, str]:
-    """(kernel, case id) of the campaign's case ``index``: rounds of K cases, differential and garbage
-    in turn; write's differential rounds alternate with long-request ones."""
+    """(kernel, case id) of the campaign's case ``index`` (module docstring)."""
     kernel, turn = kernels[index % len(kernels)], (index // len(kernels)) % 4
     kind = "garbage" if turn % 2 else ("long" if turn == 2 and kernel == "write" else "diff")
     return kernel, f"{kind}:{seed_base + index}"

@@ -48,8 +48,7 @@ _lib = torch.library.Library(NAMESPACE, "DEF")
 
 
 def _run_checked(kernel: str, launch_kwargs: dict) -> None:
-    """``run`` after the public launch's checks (``checks.CHECKS``; a traced caller's saw no data
-    pointers, and a direct caller ran none)."""
+    """``run`` after the public launch's checks (``checks.CHECKS``; the module docstring says why again)."""
     checks.CHECKS[kernel](**launch_kwargs)
     run(kernel, launch_kwargs)
 

@@ -138,8 +138,7 @@ def call_kernel(bb: relax.BlockBuilder, gvar: relax.GlobalVar, **args) -> dict[s
 
 def _unused_source(name: str, used_sources: set[str]):
     """The value of a left-out parameter of an unused real-KV source slot (``src<i>``, ``ps<i>`` ...);
-    ``used_sources``: the slots the specialization folds and those whose ``src<i>`` the call gives,
-    whose parameters cannot be left out."""
+    ``used_sources``: the slots whose parameters cannot be left out (module docstring)."""
     if name.startswith("src") and name[3:].isdigit() and name[3:] not in used_sources:
         return relax.const(np.zeros((1, 1), dtype="int64"), "int64")
     if name[:2] in packing.UNUSED_SOURCE and name[2:].isdigit() and name[2:] not in used_sources:

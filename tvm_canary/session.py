@@ -83,8 +83,7 @@ class CanaryGroup:
     full_to_swa_index_mapping: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        """The fields' types (TypeError) and a non-negative window; their values against the session's
-        other settings are checked by the session."""
+        """The fields' types (TypeError) and a non-negative window (the session checks the rest)."""
         for name in ("k_sources", "v_sources"):
             source_tuple(getattr(self, name), f"CanaryGroup.{name}", entry="each of {name}")
         require_non_negative(self.swa_window_size, "CanaryGroup.swa_window_size")
@@ -122,15 +121,14 @@ class _Batch:
     expected_input_tokens: torch.Tensor | None
     expected_input_positions: torch.Tensor | None
     token_offsets: torch.Tensor | None = None  # the scatter's offsets when given (StepGraph), else computed
-    # The write input assert is on this step: the session's ``enable_write_input_assert`` and the step's
-    # ``write_input_assert`` (off in an EAGLE draft-decode step, SPEC 6 item 4).
+    # The write input assert is on this step (``_step_input_assert``).
     input_assert: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class _Snapshot:
-    """A status copy in flight: ``host`` (pinned) holds ``[write index, enable per group, kernel run
-    counter per tag]`` once ``event`` has completed."""
+    """A status copy in flight: ``host`` (pinned) holds the words of ``CanarySession._status`` once
+    ``event`` has completed."""
 
     host: torch.Tensor
     event: object
@@ -152,8 +150,7 @@ class CanarySession:
         enable_v: also run the V-half endpoints.
         expected_token_pool_shape: ``(rows, max_context_len)`` allocates the expected-token pool and turns
             on the per-forward verify-token check; ``before_forward`` then needs ``token_ids``/``token_lens``
-            and a ``req_to_token`` no larger than the pool in either dimension (a request row or position
-            past the pool would go unchecked without a word; SPEC 6 sizes both alike).
+            and a ``req_to_token`` no larger than the pool in either dimension (``_check_pool_covers``).
         enable_write_input_assert: ``before_forward`` then needs ``expected_input_tokens/positions``, but in
             a step that passes ``write_input_assert=False`` (no oracle: an EAGLE draft-decode step).
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
@@ -324,10 +321,10 @@ class CanarySession:
 
     def _check_config(self) -> None:
         """The launch checks (SPEC 4) that read the configuration (each group's plan checks: LUT, window,
-        plans, pool, offset; each endpoint's real-KV sources), run on an empty step when the session is built
-        (so that what a launch would reject raises here, with its message, rather than at the first step) and
-        before each sweep (whose SWA translation reads the LUT before any launch checks it), on the empty step
-        built with the session (``_empty_step``: a sweep allocates nothing)."""
+        plans, pool, offset; each endpoint's real-KV sources), run on the empty step built with the session
+        (``_empty_step``: a sweep allocates nothing) when the session is built (so what a launch would reject
+        raises here, with its message, not at the first step) and before each sweep (whose SWA translation
+        reads the LUT before any launch checks it)."""
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, self._config_step))
             self._check_sources(g)
@@ -400,29 +397,25 @@ class CanarySession:
     ) -> None:
         """Plan every group, then verify + write on the HEAD endpoints.
 
-        ``req_pool_indices``/``prefix_lens``/``extend_seq_lens`` have one entry per batch row (row 0 of
-        ``req_to_token`` = padding); ``input_ids``/``positions``/``out_cache_loc`` one per token, full-pool
-        slots (negative = skip). ``token_ids`` is every row's known tokens (prompt + output) concatenated
-        and ``token_lens`` their lengths; both are needed iff the expected-token pool exists.
-        ``expected_input_tokens/positions`` are needed iff the write input assert is on this step: the
-        session was built with ``enable_write_input_assert`` and ``write_input_assert`` is true (pass False
-        for a step whose inputs have no oracle, SPEC 6 item 4: an EAGLE draft-decode step).
-        Inputs already on the session device with the right dtype are used as they are (no copy, no
-        host synchronisation), so ``after_forward`` reads ``input_ids``, ``positions``, ``out_cache_loc``
-        and the expected input tensors again: they must not change until it has run (the TAIL would
-        stamp other tokens than the HEAD). On a CUDA session, inputs that are all host data (lists, CPU tensors) are
-        staged and reach the device with one non-blocking copy; mixed ones are converted one by one
-        (host data then copies synchronously).
-        Every input holds integers (int64 values; ``req_to_token`` int32): tensors of floats or booleans are
-        refused, not truncated. No input may share memory with a tensor the step writes (the session's
-        buffers, plans and expected-token pool; SPEC D10).
-        Raises RuntimeError while a step awaits after_forward() or when the batch exceeds the write
-        capacities, ValueError when ``req_to_token`` is larger than the expected-token pool or a host input
-        holds values outside its dtype (uint64 values of 2**63 and more included), TypeError for
-        inputs that are not integers (Python ints outside int64 included) or a ``write_input_assert`` that
-        is not a bool, and the launches'
-        errors (SPEC 4), before anything is counted or launched: a rejected call changes nothing (a
-        pending step stays pending).
+        ``req_pool_indices``/``prefix_lens``/``extend_seq_lens`` have one entry per batch row (row 0 of ``req_to_token``
+        = padding); ``input_ids``/``positions``/``out_cache_loc`` one per token, full-pool slots (negative = skip).
+        ``token_ids`` is every row's known tokens (prompt + output) concatenated, ``token_lens`` their lengths; both
+        are needed iff the expected-token pool exists. ``expected_input_tokens/positions`` are needed iff the write
+        input assert is on this step: the session has ``enable_write_input_assert`` and ``write_input_assert`` is
+        true (False for a step whose inputs have no oracle, SPEC 6 item 4: an EAGLE draft-decode step).
+        Inputs already on the session device with the right dtype are used as they are (no copy, no host
+        synchronisation), so ``after_forward`` reads ``input_ids``, ``positions``, ``out_cache_loc`` and the expected
+        input tensors again: they must not change until it has run (the TAIL would stamp other tokens than the HEAD).
+        On a CUDA session, all-host inputs (lists, CPU tensors) are staged and reach the device with one
+        non-blocking copy; mixed ones are converted one by one (host data then copies synchronously).
+        Every input holds integers (int64; ``req_to_token`` int32): float or boolean tensors are refused, not
+        truncated. No input may share memory with a tensor the step writes (the session's buffers, plans and
+        expected-token pool; SPEC D10).
+        Raises, before anything is counted or launched (a rejected call changes nothing; a pending step stays
+        pending): RuntimeError while a step awaits after_forward() or when the batch exceeds the write capacities;
+        ValueError when ``req_to_token`` is larger than the expected-token pool or a host input holds values outside
+        its dtype (uint64 values of 2**63 and more included); TypeError for non-integer inputs (Python ints outside
+        int64 included) or a non-bool ``write_input_assert``; and the launches' errors (SPEC 4).
         """
         self._refuse_while_pending("before_forward()")
         input_assert = _step_input_assert(self.enable_write_input_assert, write_input_assert,
@@ -486,13 +479,12 @@ class CanarySession:
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward`` (its
         per-token tensors as they are now: see ``before_forward``).
-        A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's
-        status snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
-        The step's per-token inputs and the TAIL endpoints' real-KV sources are checked again first (the
-        launches' checks; the token count against the HEAD's): one resized or re-strided in place since
-        ``before_forward`` (changed values cannot be seen) is refused before any TAIL launch,
-        and the step ends there (its TAIL never runs; the next ``before_forward`` may begin; its status
-        snapshot is still taken, so an overflow of its HEAD is warned about)."""
+        A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's status
+        snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
+        First the step's per-token inputs and the TAIL real-KV sources are checked again (the launches' checks;
+        the token count against the HEAD's): one resized or re-strided in place since ``before_forward`` (changed
+        values cannot be seen) is refused before any TAIL launch, and the step ends there (its TAIL never runs;
+        the next ``before_forward`` may begin; its status snapshot is still taken, so a HEAD overflow is warned)."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
         batch, self._batch = self._batch, None
@@ -564,9 +556,8 @@ class CanarySession:
 
     def capture_step(self, *, batch_size: int, num_tokens: int | None = None, req_to_token: torch.Tensor,
                      forward: Callable[[], None] | None = None, write_input_assert: bool = True) -> "StepGraph":
-        """Record one decode step's canary work in one CUDA graph for batches of up to ``batch_size``
-        rows and ``num_tokens`` tokens (default ``batch_size``, one token per row); ``write_input_assert``
-        as ``before_forward``'s, for every replay of the graph. See ``StepGraph``."""
+        """Capture a ``StepGraph`` for batches of up to ``batch_size`` rows and ``num_tokens`` tokens (default
+        ``batch_size``, one token per row); ``write_input_assert`` as ``before_forward``'s, for every replay."""
         if self.device.type != "cuda":
             raise ValueError(f"kv-canary: capture_step needs a CUDA session, this one is on {self.device}")
         return StepGraph(self, batch_size=batch_size, num_tokens=num_tokens or batch_size,
@@ -575,10 +566,9 @@ class CanarySession:
     # ------------------------------------------------------------------ the step's launches
 
     def _begin_step(self) -> None:
-        """Count the step and take the health check's counter snapshot when one is due (SPEC 6 item 9:
-        at the start of a step, every ``health_check_interval`` steps after the warm-up). Raises nothing
-        and warns nothing (what it decodes is reported at the step's end), so a step once counted is launched
-        whole."""
+        """Count the step and take the health check's counter snapshot when due (SPEC 6 item 9: at the start
+        of a step, every ``health_check_interval`` steps after the warm-up). Raises and warns nothing (what it
+        decodes is reported at the step's end), so a step once counted is launched whole."""
         self.step += 1
         done = self.step - 1
         interval, warmup = self.health_check_interval, self.health_warmup_steps
@@ -605,7 +595,7 @@ class CanarySession:
     def _check_step(self, batch: _Batch) -> None:
         """The launch checks (SPEC 4) that read the step's inputs, run before anything is launched so that a
         rejected step changes nothing: every group's plan kernels' and the scatter's in full (``_head``
-        dispatches them unchecked), write's per-step ones (each write launch checks them again)."""
+        dispatches them unchecked), write's per-step ones (``_check_write_inputs``)."""
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, batch))
             if use_reference() and g.config.full_to_swa_index_mapping is not None:
@@ -700,9 +690,8 @@ class CanarySession:
     # ------------------------------------------------------------------ host side: snapshots, reports
 
     def _snapshot(self, *, overflow_step: int | None = None, health_done: int | None = None) -> None:
-        """Copy the status buffer (write index, enable flags, kernel run counters) to a pinned slot without
-        waiting (one copy); if all slots are in flight (the host is SNAPSHOT_SLOTS snapshots ahead), wait for
-        the oldest first."""
+        """Copy the status buffer to a pinned slot without waiting (one copy); if all slots are in flight
+        (the host is SNAPSHOT_SLOTS snapshots ahead), wait for the oldest first."""
         if not self._free_snapshots:
             self._poll(wait_for_one=True)
         host = self._free_snapshots.pop()
@@ -735,9 +724,9 @@ class CanarySession:
 
     def _health_check(self, counts: list[int], done: int) -> None:
         """SPEC 6 item 9: each active tag's kernel_run_counter after ``done`` steps must exceed its value
-        ``health_check_interval`` steps earlier. A failure is kept (decoding runs inside steps, which must
-        not stop half done) and raised once, by ``_raise_health_failures``; pass or fail, ``counts`` is the
-        next check's baseline, so each check judges only its own interval."""
+        ``health_check_interval`` steps earlier. A failure is kept (decoding runs inside steps) and raised
+        once, by ``_report_decoded``; pass or fail, ``counts`` is the next check's baseline, so each check
+        judges only its own interval."""
         if self._health_snapshot is not None:
             stalled = [t.name for t in self.active_tags if counts[t] <= self._health_snapshot[t]]
             if stalled:
@@ -748,10 +737,10 @@ class CanarySession:
         self._health_snapshot = counts
 
     def _report_decoded(self, stacklevel: int) -> None:
-        """Warn the overflow warnings decoded and not yet warned, then raise the health-check failures
-        decoded and not yet raised (one RuntimeError, a line each). Called where a step is whole (the end of
-        ``after_forward`` or a replay, ``violations``, ``flush``), never inside one: a warning filter that
-        raises cannot stop a step half done. ``stacklevel``: the caller's frame, as ``warnings.warn``'s."""
+        """Warn the decoded overflows not yet warned, then raise the decoded health-check failures not yet
+        raised (one RuntimeError, a line each). Called where a step is whole (the end of ``after_forward`` or
+        a replay, ``violations``, ``flush``), never inside one: a warning filter that raises cannot stop a step
+        half done. ``stacklevel``: the caller's frame, as ``warnings.warn``'s."""
         pending, self._overflow_warnings = self._overflow_warnings, []  # a raising filter cannot warn one twice
         for message in pending:
             warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
@@ -840,13 +829,11 @@ class StepGraph:
     ``replay``: HEAD reads no KV bytes, so the canary bytes are those of the eager order.
 
     Inputs live in static device buffers (``inputs``), all slices of one int64 buffer, which
-    ``replay(**batch)`` refills with one operation: rows beyond the batch become padding rows (pool
-    index 0, no tokens), tokens beyond it are skipped (slot -1). The scatter's offsets (the prefix sums
-    of ``token_lens``) are an input too, computed by ``replay``: on the host when every input is host
-    data (then the refill is one host-to-device copy), else by one device cumsum after the refill.
-    ``req_to_token`` and the session's state (canary buffers, plans, ring, counters, LUTs, real-KV
-    sources) are read in place, so they must keep their addresses. The host side of a step (step count,
-    health check, status snapshot) stays outside the graph and runs in ``replay``.
+    ``replay(**batch)`` refills with one operation (``_refill``): rows beyond the batch become padding rows
+    (pool index 0, no tokens), tokens beyond it are skipped (slot -1). The scatter's offsets are an input
+    too, computed by ``replay``. ``req_to_token`` and the session's state (canary buffers, plans, ring,
+    counters, LUTs, real-KV sources) are read in place, so they must keep their addresses. The host side of
+    a step (step count, health check, status snapshot) stays outside the graph and runs in ``replay``.
 
     Capture loads every kernel first by running the work once on an all-padding batch (it plans
     nothing; the run counters it bumps are restored), so no module is compiled or loaded during capture.
@@ -950,9 +937,9 @@ class StepGraph:
 
     def _refill(self, values: list[torch.Tensor], token_ids: torch.Tensor | None) -> None:
         """Write ``values`` (one per field, each followed by its padding) and ``token_ids`` into the static
-        buffer with one operation, and the scatter offsets: host data is staged on the host and copied
-        once, without waiting; device tensors (and host data copied beside them) are concatenated on the
-        device, then one cumsum gives the offsets."""
+        buffer with one operation, and the scatter offsets (prefix sums of ``token_lens``): when every input is
+        host data, staged and summed on the host and copied once (one host-to-device copy), without waiting;
+        else concatenated on the device (host data copied beside them), then one device cumsum."""
         if token_ids is not None and token_ids.shape[0] > self._static.shape[0] - self._fields_end:
             raise RuntimeError(f"kv-canary: {token_ids.shape[0]} values do not fit the captured buffer of "
                                f"{self._static.shape[0] - self._fields_end}")
@@ -978,11 +965,10 @@ class StepGraph:
 
 def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """``value`` (a tensor, an array, a list or a number of integers) as a ``dtype`` tensor where it is
-    (host data on the host; itself when it already is one). Values that are not integers (floats,
-    booleans, complex numbers) or not numbers, and Python ints outside int64, are refused rather than
-    converted, and so are host values outside a narrower ``dtype`` (``req_to_token``'s int32; reading a
-    device tensor's values would synchronise the host, so its conversion wraps as torch's does); an empty
-    list is an empty tensor."""
+    (host data on the host; itself when it already is one). Non-integers (floats, booleans, complex
+    numbers), non-numbers and Python ints outside int64 are refused, not converted, as are host values
+    outside a narrower ``dtype`` (``req_to_token``'s int32; reading a device tensor's values would
+    synchronise the host, so its conversion wraps as torch's does); an empty list is an empty tensor."""
     wanted = f"kv-canary: {name} must hold {str(dtype).removeprefix('torch.')} values"
     if not isinstance(value, torch.Tensor):
         try:

@@ -178,8 +178,7 @@ class ViolationLog:
     The host learns the write index from the session's snapshots (``fetch(total)``); ``fetch`` starts
     a non-blocking copy of the rows that index says exist into a pinned mirror of the ring, and
     ``read_new`` decodes the rows whose copies have arrived (every fetched row with ``wait=True``).
-    Rows are final once the write index counts them (the ring is fill-once), so copying them later is
-    safe.
+    Rows are final once the write index counts them (the ring is fill-once), so copying them later is safe.
     """
 
     def __init__(self, *, ring_capacity: int, device: torch.device, write_index: torch.Tensor) -> None:

@@ -92,9 +92,8 @@ def _canary_slot(engine: Engine, group: str, slot: int) -> int:
 
 
 def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: random.Random) -> Fault:
-    """Inject one fault of ``kind`` now (between steps ``engine.step`` and ``engine.step + 1``).
-
-    Raises NoTarget when nothing suits ``kind`` at this point of the run."""
+    """Inject one fault of ``kind`` now (between steps ``engine.step`` and ``engine.step + 1``); NoTarget
+    when nothing suits it yet."""
     if kind == "stale_chain":
         return _stale_chain(engine, rng)
     if kind == "wrong_seed":

@@ -3,16 +3,14 @@
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads their MetaSchedule JSON databases (per workload the first
 selecting a measured geometry, ``_records``), and returns the geometry that the kernel's bucket nearest
-to ``size`` among its buckets of ``mode`` chose (``chosen``: the fastest record at least ``TUNED_MARGIN``
-faster than the default in every launch of the tuning case, else the default, which a bucket without a
-valid record of its default keeps too, with one warning per database);
-``None`` when the device has no database (a one-line notice, once per device) or no record for the
-kernel in that mode (once per kernel and mode); neither notice is given for a launch whose kernel has no
-knobs on its target (``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records
-whose workload carries another kernel hash than the current kernels' (``workloads.kernel_hash``: the
-kernel changed since it was tuned) are ignored, with one warning per database naming the kernels to
-re-tune. Notices go to the ``tvm_canary`` logger (the CLI prints them
-above its progress bars).
+to ``size`` among its buckets of ``mode`` chose (``chosen``, by ``chosen_row``'s rule; a bucket without a
+valid record of its default keeps the default, with one warning per database); ``None`` when the device
+has no database (a one-line notice, once per device) or no record for the kernel in that mode (once per
+kernel and mode); neither notice is given for a launch whose kernel has no knobs on its target
+(``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records whose workload carries
+another kernel hash than the current kernels' (``workloads.kernel_hash``: the kernel changed since it was
+tuned) are ignored, with one warning per database naming the kernels to re-tune. Notices go to the
+``tvm_canary`` logger (the CLI prints them above its progress bars).
 """
 
 from __future__ import annotations
@@ -263,7 +261,7 @@ def _chosen_geometries(db, work_dir: str, cuda: bool) -> dict:
     without a valid record of their default and one naming stale kernels."""
     stale: set = set()
     out: dict = {}
-    unmeasured: list = []  # buckets without a valid record of their default geometry
+    unmeasured: list = []
     for (kernel, bucket), rows in measured_records(db, stale).items():
         cost, geometry = out[kernel, bucket] = chosen(kernel, bucket, rows, cuda)
         if math.isnan(cost):

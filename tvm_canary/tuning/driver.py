@@ -2,12 +2,11 @@
 
 ``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``)
 with the builder and runner hooks of ``measure`` and commits the measurements to a JSON database;
-then the default geometry competes as one more record (built with the other workloads' defaults in
-one round before the first workload when the caller uses ``build_defaults``). One builder and one runner serve a whole
-tuning run (starting their worker processes, which import TVM and torch, is most of a workload's
-time otherwise). Where candidates run is the runner (``local_runner``: this machine's device;
-``fleet.Fleet.runner``: RPC servers), and the default is measured through the same one, so nothing
-else depends on where it runs.
+then the default geometry competes as one more record (built beforehand by ``build_defaults`` when the
+caller uses it). One builder and one runner serve a whole tuning run (starting their worker processes,
+which import TVM and torch, is most of a workload's time otherwise). Where candidates run is the runner
+(``local_runner``: this machine's device; ``fleet.Fleet.runner``: RPC servers), and the default is
+measured through the same one, so nothing else depends on where it runs.
 """
 
 from __future__ import annotations
@@ -143,10 +142,9 @@ def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir
     database ``db`` until it holds ``trials`` measured candidates (at most the size of the design space);
     MetaSchedule's logs go to ``log_dir/logs`` (and its INFO lines to stdout too when ``verbose``).
     ``builder`` (``measure.CandidateBuilder``) and ``runner`` (``local_runner()``, or ``fleet.Fleet.runner()``
-    for RPC servers, which measure on that device) serve every workload of a tuning run; the caller
-    shuts them down. The default geometry is built and measured by the same two (checked against the
-    reference like every candidate); ``default_build``: its build from ``build_defaults`` (None: built
-    here when needed), which is run or removed here."""
+    for RPC servers on that device) serve the whole run; the caller shuts them down. They also build and
+    measure the default (checked against the reference like every candidate); ``default_build``: its build from
+    ``build_defaults`` (None: built here when needed), which is run or removed here."""
     start, built_before = time.monotonic(), builder.build_seconds
     try:
         result = _tune(kernel, bucket, tag, db, trials, log_dir, builder, runner, verbose, default_build)
@@ -219,8 +217,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         if space.has_default and run_secs:
             commit_measurement(db, mod, space.knobs, space.default, run_secs, target)
             rows = measured_records(db).get((kernel, bucket), [])
-    # The bucket's pick at earlier kernel code competes too, whatever the search drew (a kernel change
-    # stales every record; ``previous_pick``).
+    # The bucket's pick at earlier kernel code competes too (``previous_pick``).
     previous = previous_pick(db, kernel, bucket, cuda)
     if (previous is not None and knob_values_of(space.knobs, previous)
             and all(record_geometry(record, cuda) != previous for _, record in rows)):

@@ -204,10 +204,10 @@ class Fleet:
         registered under the key last time, at most ``workers`` (a spare server that went away costs no
         wait), since an ``rpc-server`` whose session process died re-registers within seconds; raises when
         by then none is registered (the fleet is gone: every candidate would fail, each after
-        TRACKER_TIMEOUT_S). When fewer than that remain, says so once on stderr, with how many: each runner
-        worker left without a server fails every candidate it takes, after TRACKER_TIMEOUT_S."""
+        TRACKER_TIMEOUT_S). When fewer remain, says so once on stderr, with how many: each runner worker
+        left without a server fails every candidate it takes, after TRACKER_TIMEOUT_S."""
         before = self._last_seen[-1] if self._last_seen else self.workers
-        wanted = min(before, self.workers)  # a spare server that went away costs no wait
+        wanted = min(before, self.workers)
         servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= wanted)[0]
         if servers < wanted:
             print(f"tvm-canary tune: warning: {servers} of the {self.workers} RPC servers under key {self.rpc_key!r} "
@@ -231,9 +231,9 @@ class Fleet:
             f_cleanup=_cleanup_remote,
             max_workers=self.workers,
         )
-        # RPCRunner's pool waits without a limit; give it the per-candidate limit that PopenPoolExecutor
-        # takes at construction (a timed-out worker is killed and the candidate fails). Set after the
-        # fact to keep the worker RPCRunner already started for its sanity check (one import of TVM).
+        # RPCRunner's pool waits without a limit; give it the per-candidate limit (module docstring) that
+        # PopenPoolExecutor takes at construction. Set after the fact to keep the worker RPCRunner already
+        # started for its sanity check (one import of TVM).
         assert isinstance(runner.pool, PopenPoolExecutor) and hasattr(runner.pool, "_timeout")
         runner.pool._timeout = CANDIDATE_TIMEOUT_S
         run = runner._inst.run  # MetaSchedule calls the instance's method by name: wrapped here
@@ -337,10 +337,10 @@ def _await_servers(host: str, port: int, rpc_key: str, ready) -> tuple[int, int]
 
 
 def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
-    """A session on a free server of ``rpc_key``, requested only once the tracker lists one free (a server
-    re-registers a moment after a session ends, and an ``rpc-server`` whose session crashed comes back within
-    seconds); refused after TRACKER_TIMEOUT_S without one, since a request the tracker cannot serve would wait
-    forever, with ``_registered``'s error when by then no server is registered under the key at all."""
+    """A session on a free server of ``rpc_key``, requested only once the tracker lists one free (module
+    docstring, "Hangs"; a server re-registers a moment after a session ends, an ``rpc-server`` whose session
+    crashed comes back within seconds); refused after TRACKER_TIMEOUT_S without one, with ``_registered``'s error when
+    by then no server is registered under the key at all."""
     from tvm import rpc
 
     if _await_servers(host, port, rpc_key, lambda _registered, free: free > 0)[1] == 0:

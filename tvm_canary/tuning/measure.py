@@ -237,10 +237,9 @@ def run_case(rt_mod, device, config, repeated_args):
     if not case.matches():
         raise RuntimeError(f"candidate output of {name} differs from the torch reference")
     if cuda:
-        # As the benchmarks time (``timing``): per launch, held replays of a CUDA graph of GRAPH_LAUNCHES
-        # copies of it; a value is the time of one launch. Timed eagerly one launch at a time instead,
-        # a kernel of a few µs measures the host's launch cost as much as itself, and a geometry that
-        # won there lost in the benchmark (docs/TUNING.md).
+        # As the benchmarks time (module docstring), replays held; a value is the time of one launch. Timed
+        # eagerly one launch at a time instead, a kernel of a few µs measures the host's launch cost as much
+        # as itself, and a geometry that won there lost in the benchmark (docs/TUNING.md).
         graphs = [timing.capture([lambda args=args: function(*args)] * GRAPH_LAUNCHES) for args in case.launches]
         replays = [replays_per_value(timing.median_us(graph.replay, 1), config.number) for graph in graphs]
         return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, n) for _ in range(config.repeat)

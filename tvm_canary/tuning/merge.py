@@ -61,10 +61,8 @@ def _check_database(folder: pathlib.Path, device_key: str):
 
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
     """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
-    workload the fastest of the chosen records of the inputs that measured the default (of all inputs
-    when none did) and the default geometry's record of the input that holds it. Every input is checked
-    before ``out`` is touched; ``out``'s two files are replaced so that they never disagree
-    (``_install``)."""
+    workload the records the module docstring names. Every input is checked before ``out`` is touched;
+    ``out``'s two files are replaced so that they never disagree (``_install``)."""
     from tvm.s_tir import meta_schedule as ms
 
     device_key = out.resolve().name

@@ -58,8 +58,7 @@ PRESETS = {
 KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of the folded (real-KV mode) verify and write buckets
 # On a GPU a case's slots are scattered over a pool of this many slots, as in a serving engine's pool
 # and in the benchmarks' (1 GB of canary): slots packed into a small pool would sit in L2, and a
-# geometry would be tuned for a memory the launches do not see. A GPU with less free memory than such
-# a case needs gets the largest pool that fits in half of it (``pool_universe``).
+# geometry would be tuned for a memory the launches do not see (less on a small GPU: ``pool_universe``).
 GPU_POOL_SLOTS = 1 << 25
 CASE_COPIES = 3  # a case's tensors are held three times: the inputs, their snapshot, the reference's copy
 # Where a bucket holds its RealKvHashMode (after its sizes); kernels not named here have none.
