@@ -172,6 +172,26 @@ def test_module_keys_name_the_machine_and_the_sources_first_read(tmp_path, monke
     assert C.cached_module("scatter", (), "llvm", geom).exists()
 
 
+def test_hidden_and_unreadable_sources(tmp_path, monkeypatch):
+    """An editor's lock file (dangling ``.#x.py``) broke imports; unreadable sources (zipped) are one line."""
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "._b.py").write_text("")
+    (tmp_path / ".#c.py").symlink_to("user@host.1:2")
+    assert _sources.python_files(tmp_path) == [tmp_path / "a.py"]
+
+    def unreadable(files):
+        raise NotADirectoryError(20, "Not a directory", "tc.zip/tvm_canary/consts.py")
+
+    monkeypatch.setattr(_sources, "files_hash", unreadable)
+    _sources.source_hash.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"^kv-canary: cannot read the kernel sources \(Not a directory: tc"):
+            _sources.require_sources_as_read()
+    finally:
+        monkeypatch.undo()
+        _sources.source_hash.cache_clear()
+
+
 def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monkeypatch):
     ex = C.build("scatter", (), "llvm", targets.default_geometry("scatter", "llvm", 0, None))
     monkeypatch.delenv("CXX", raising=False)

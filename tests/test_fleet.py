@@ -323,6 +323,15 @@ def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
         fleet._server_info(None, "ci", "llvm")
 
 
+def test_a_server_reports_the_protocol_of_the_code_it_imported(monkeypatch):
+    """Read before sessions fork (read in one, updated files passed for the code the server runs)."""
+    started = measure.protocol()
+    measure.protocol.cache_clear()
+    fleet.register_server_functions()
+    monkeypatch.setattr(C, "files_hash", lambda files: "updated")
+    assert json.loads(fleet._device_info("llvm"))["protocol"] == started
+
+
 def test_tune_merge_writes_the_workload_table_compact(tmp_path):
     """The merged table drops MetaSchedule's indentation (~half the bytes); same modules and records."""
     key = keys.device_key(torch.device("cpu"))

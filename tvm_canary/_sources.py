@@ -1,13 +1,13 @@
 """The sources that shape the generated code, and the hash this process keys its modules by.
 
-Imported first by ``tvm_canary`` (standard library only), so ``source_hash`` reads the sources before
-any of them is imported. TVMScript re-reads a kernel's text when it parses it, so a process whose
-sources are edited would build code of one version under the key of another: from the first check
-that sees other sources (``require_sources_as_read``) it refuses until restarted.
+Imported first by ``tvm_canary`` (standard library only), so it reads the sources before any is
+imported. TVMScript re-reads a kernel's text to parse it, so after an edit a process would build one
+version under another's key: from the first check that sees it, it refuses until restarted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import pathlib
@@ -21,8 +21,13 @@ def source_files() -> list[pathlib.Path]:
     geometry, and the build (this module, the TVMScript parsing, the targets, ``compile.build``)."""
     pkg = pathlib.Path(__file__).resolve().parent
     build_code = [pkg / "runtime" / name for name in ("compile.py", "parse.py", "targets.py")]
-    return sorted((pkg / "kernels").glob("*.py")) + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py",
-                                                     pkg / "_sources.py", *build_code]
+    return python_files(pkg / "kernels") + [pkg / "consts.py", pkg / "_consts.py", pkg / "geometry.py",
+                                            pkg / "_sources.py", *build_code]
+
+
+def python_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The folder's ``*.py`` files, sorted, less hidden ones (an editor's ``.#x.py``, macOS's ``._x.py``)."""
+    return sorted(f for f in folder.glob("*.py") if not f.name.startswith("."))
 
 
 def files_hash(files) -> str:
@@ -36,8 +41,12 @@ def files_hash(files) -> str:
 @functools.lru_cache(maxsize=None)
 def source_hash() -> str:
     """Hash of ``source_files`` as this process read them on importing ``tvm_canary``: the key of every
-    module, TensorIR and kernel hash it stores."""
-    return files_hash(source_files())
+    module, TensorIR and kernel hash it stores; unreadable (zipped), a one-line error here, not at import."""
+    try:
+        return files_hash(source_files())
+    except OSError as e:
+        raise RuntimeError(f"kv-canary: cannot read the kernel sources ({e.strerror}: {e.filename}), which key "
+                           "and build the compiled modules (a zipped or sourceless install?)") from None
 
 
 def require_sources_as_read() -> None:
@@ -45,8 +54,9 @@ def require_sources_as_read() -> None:
     from what ``source_hash`` read (a file moved away counts). Checked where code is imported or parsed:
     the kernel package's import, ``parse.kernel_ir`` before and after parsing, build workers."""
     global _edited
+    read = source_hash()
     try:
-        _edited = _edited or files_hash(source_files()) != source_hash()
+        _edited = _edited or files_hash(source_files()) != read
     except OSError:
         _edited = True
     if _edited:
@@ -54,4 +64,5 @@ def require_sources_as_read() -> None:
                            "restart it to use the new code")
 
 
-source_hash()
+with contextlib.suppress(RuntimeError):  # unreadable: said where a key is needed
+    source_hash()

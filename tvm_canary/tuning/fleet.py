@@ -61,9 +61,11 @@ def register_server_functions() -> None:
     """Register the fleet's global functions (``tvm_canary.fleet.*``, below); ``tvm.rpc.Server`` calls this in
     the server process before it forks sessions. The imports here are inherited by every session (torch and
     tvm_canary load once per server, not once per session); nothing touches CUDA, since a forked session
-    could not use a CUDA context created before the fork."""
+    could not use a CUDA context created before the fork; nor is the protocol read after the fork (a
+    session would hash files updated since, not the code it runs)."""
     from . import keys, measure  # noqa: F401 - imported before the fork, see above
 
+    measure.protocol()
     for name, func in (("device_info", _device_info), ("run_case", _run_case)):
         tvm_ffi.register_global_func(f"tvm_canary.fleet.{name}", func, override=True)
 
