@@ -879,13 +879,13 @@ def code_files() -> list:
     """The sources that decide a row's times: what shapes the kernels' generated code
     (``compile.source_files``), the floors, this benchmark, the timing method (``tvm_canary.timing``) and
     the baselines (the torch reference among them); not the defaults or the tuning database."""
-    from tvm_canary import reference, timing
+    from tvm_canary import _sources, reference, timing
     from tvm_canary.runtime import compile
 
     ours, references = pathlib.Path(HERE), pathlib.Path(reference.__file__).parent
-    baselines = sorted(p for p in (ours / "baselines").iterdir() if p.suffix in (".py", ".cu"))
+    baselines = sorted(p for p in (ours / "baselines").iterdir() if p.suffix in (".py", ".cu") and p.name[0] != ".")
     return [*compile.source_files(), ours / "floors.py", ours / "bench_kernels.py", pathlib.Path(timing.__file__),
-            *baselines, *sorted(references.glob("*.py"))]
+            *baselines, *_sources.python_files(references)]
 
 
 def code_digest() -> str:

@@ -10,6 +10,7 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -326,7 +327,7 @@ def test_a_server_that_measures_with_another_protocol_is_refused(monkeypatch):
 def test_a_server_reports_the_protocol_of_the_code_it_imported(monkeypatch):
     """Read before sessions fork (read in one, updated files passed for the code the server runs)."""
     started = measure.protocol()
-    measure.protocol.cache_clear()
+    monkeypatch.setattr(measure, "protocol", functools.lru_cache(measure.protocol.__wrapped__))  # fresh, restored
     fleet.register_server_functions()
     monkeypatch.setattr(C, "files_hash", lambda files: "updated")
     assert json.loads(fleet._device_info("llvm"))["protocol"] == started

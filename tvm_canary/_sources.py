@@ -1,18 +1,17 @@
 """The sources that shape the generated code, and the hash this process keys its modules by.
 
-Imported first by ``tvm_canary`` (standard library only), so it reads the sources before any is
-imported. TVMScript re-reads a kernel's text to parse it, so after an edit a process would build one
-version under another's key: from the first check that sees it, it refuses until restarted.
+Imported first by ``tvm_canary`` (standard library only): it reads the sources before any is imported.
+TVMScript re-reads a kernel's text to parse it, so after an edit a process refuses until restarted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import pathlib
 
 _edited = False  # a check saw sources other than source_hash's: refuse for the rest of the process
+_unreadable = None  # the read at import's error, raised by every later source_hash
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,6 +41,8 @@ def files_hash(files) -> str:
 def source_hash() -> str:
     """Hash of ``source_files`` as this process read them on importing ``tvm_canary``: the key of every
     module, TensorIR and kernel hash it stores; unreadable (zipped), a one-line error here, not at import."""
+    if _unreadable:
+        raise _unreadable
     try:
         return files_hash(source_files())
     except OSError as e:
@@ -64,5 +65,7 @@ def require_sources_as_read() -> None:
                            "restart it to use the new code")
 
 
-with contextlib.suppress(RuntimeError):  # unreadable: said where a key is needed
+try:
     source_hash()
+except RuntimeError as e:  # said where a key is needed (a later read would key code never imported)
+    _unreadable = e

@@ -7,15 +7,16 @@ a ``relax.BlockBuilder``; ``call_kernel(bb, gvar, **args)`` emits an in-place ca
 (``R.call_tir_inplace``) whose results are the arguments the kernel writes. Torch tensors pass straight
 in (DLPack; a 2-D table with no columns as ``runtime.packing.table(t)``).
 
-Arguments are the kernel's TensorIR parameters, by name (see ``parameters(gvar)``): tensors are
-int64 except the ``int32[1]`` counts/flags, the canary buffer is its int64 view ``[S, stride / 8]``, a
-real-KV source is its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``fw`` = page size,
-token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are
-Python ints. Unused source slots may be left out (all four of a slot's parameters); the slots the
-specialization folds (its ``num_sources``) and a given ``src<i>`` need all four. ``flags`` (verify,
-write) is an int32 scratch zeroed once per violation ring (``runtime.packing.flags_for``); the plan
-kernel's ``scratch`` is int64 ``[bs + 1]``. The compiled kernels refuse arguments that break the shape
-relations they rely on (``kernels.common.require``); overlaps they cannot see.
+Arguments are the kernel's TensorIR parameters, by name (see ``parameters(bb, gvar)``): tensors are int64
+except the int32 counts, ``flags`` and token tables (``r2t``, ``pool``), the canary buffer is its int64
+view ``[S, stride / 8]``, a real-KV source is its int64 view ``[rows, row_bytes / 8]`` with
+``ps``/``tw``/``fw`` = page size, token words, fold words (``fw`` = 2 in PARTIAL mode, ``read_bytes / 8``
+in ALL mode), scalars are Python ints. Unused source slots may be left out (all four of a slot's
+parameters); the slots the specialization folds (its ``num_sources``) and a given ``src<i>`` need all
+four. ``flags`` (verify, write) is an int32 scratch zeroed once per violation ring
+(``runtime.packing.flags_for``); the plan kernel's ``scratch`` is int64 ``[bs + 1]``. The compiled kernels
+refuse arguments that break the shape relations they rely on (``kernels.common.require``); overlaps they
+cannot see.
 """
 
 from __future__ import annotations

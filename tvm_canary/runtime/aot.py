@@ -92,8 +92,7 @@ def compile_missing(jobs: list, workers: int, progress) -> None:
 
 
 def _compile(job: tuple, source_hash: str) -> None:
-    """Worker side of ``compile_missing``: one module into the disk cache, under the parent's key
-    (``source_hash``: a worker reads the sources afresh)."""
+    """Worker side of ``compile_missing``: one module into the disk cache, under the parent's key."""
     if C.source_hash() != source_hash:
         raise RuntimeError("kv-canary: the kernel or build sources changed since this build began; restart it")
     tag, kernel, spec, geom = job

@@ -204,6 +204,7 @@ def protocol() -> str:
     (``compile.source_files``) and the sources of the timing, the cases and this module. An RPC server
     whose protocol differs measures differently from this host (``fleet`` refuses it)."""
     here = pathlib.Path(__file__).resolve().parent
+    C.source_hash()  # unreadable: its one-line error
     return C.files_hash(C.source_files() + [here.parent / "timing.py", here / "workloads.py", here / "measure.py"])
 
 
