@@ -8,8 +8,8 @@ step scatters all known tokens, as ``before_forward`` does).
 
 Columns:
 * eager wall: µs per step of back-to-back ``before_forward`` + ``after_forward`` (host-bound when the
-  host is slower than the kernels); eager stream: CUDA-event time of one step (includes the gaps
-  while the host enqueues).
+  host is slower than the kernels); eager stream: CUDA-event time of one step (with the gaps while the
+  host enqueues).
 * graph wall / graph stream: the same for ``StepGraph.replay`` (inputs refilled from device tensors:
   one concatenation and the scatter offsets' cumsum before the graph, the status snapshot after it);
   graph only: CUDA-event time of the bare graph replay, held (``tvm_canary.timing``: the host's
@@ -25,23 +25,23 @@ Columns:
   graphs of FLOOR_REPEATS launches) on the step's own tensors: verify a gather through the plan the
   step's plan kernel filled (token vector included), write a store through its write plan into a
   scratch copy of the canary, plan and scatter a dense copy of their bytes. Each floor runs on data
-  as warm as the step's (the same tensors, replayed), so that the sum bounds the step's operators
+  as warm as the step's (the same tensors, replayed), so the sum bounds the step's operators
   from below; other torch operations of the step (the SWA slot translation) count zero. (The H200
   run of 2026-12-01, fifth session, timed the bare replays before the graph's first refill, so over an
   empty batch, and found the step below its floors: ``below_floor``. They now follow a refill.) The ratio
-  graph only / floor sum is the issue's "within 2x" figure; a step faster than its floor sum by more
-  than the noise (``BELOW_FLOOR_RATIO``) is flagged ``below_floor``: its floors are then not lower
-  bounds and the ratio bounds nothing. ``floor_ops`` in the JSON lists each operator's floor (a
+  graph only / floor sum is the issue's "within 2x" figure; a step faster than its floor sum beyond the
+  noise (``BELOW_FLOOR_RATIO``) is flagged ``below_floor``: its floors are then no lower bounds and the
+  ratio bounds nothing. ``floor_ops`` in the JSON lists each operator's floor (a
   floor kernel's with ``device_us``, the device time of one launch of its fastest grid) and
-  ``graph_op_times`` each device operation of one graph replay with its device time (profiler), so
-  the two can be set side by side.
+  ``graph_op_times`` each device operation of one graph replay with its device time (profiler), side
+  by side.
 * model floor: the same sum modeled instead of measured, per operator one empty launch + bytes / HBM
   bandwidth (a measured device copy): bytes follow the byte model of benchmarks/bench_kernels.py
   (verify: 24 B plan + 8 B token + 32 B slot + 32 B predecessor + 32 B per PARTIAL source per entry;
   write: 24 B read + 32 B stamped + 32 B per source per token; plan: 32 B per verify entry + 4 B table;
   scatter: 12 B per token). It ignores latency: a verify's dependent loads (plan, slot, predecessor)
-  are three memory round trips that no byte count shows, so at small batches it sits well below the
-  measured floors. Runs before 2026-12-01 report only this model, under the name ``floor_sum``.
+  are three memory round trips no byte count shows, so at small batches it is well below the measured
+  floors. Runs before 2026-12-01 report only this model, under the name ``floor_sum``.
 Then the host overhead of one eager public launch (verify, nothing to check) and its parts;
 ``--host-only`` measures only that, on the GPU when there is one, else on the CPU.
 
@@ -285,8 +285,8 @@ def host_overhead(iters: int, device: torch.device) -> dict:
     on a TAIL context of a session like the workload's (SOURCES PARTIAL sources, token check on), and
     its parts. The public launch replays the memoised checked launch of its context and plan
     (``tvm_canary.eager``); the checks and the implementation are what a launch whose context or plan
-    is new or changed runs again. Each part: the best of 5 rounds of ``iters // 5`` back-to-back calls (the least
-    disturbed by other load on the host), after 100 warm-up calls."""
+    is new or changed runs again. Each part: the best (least disturbed by other host load) of 5 rounds of
+    ``iters // 5`` back-to-back calls, after 100 warm-up calls."""
     slots = CONTEXT + 9
     session = CanarySession(full=CanaryGroup(num_slots=slots, k_sources=sources(kv_pool(slots, device)),
                                              v_sources=sources(kv_pool(slots, device))),

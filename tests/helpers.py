@@ -18,7 +18,7 @@ POISON_I64 = -7777
 INVALID = int(consts.FailReason.INVALID_INDEX)
 
 
-# ----- canary buffer
+# -- canary buffer
 
 
 def make_canary(num_slots: int, *, stride: int = 32, fill: int = 0, device="cpu") -> torch.Tensor:
@@ -51,7 +51,7 @@ def link(h: int, token: int, position: int) -> int:
     return I64(_consts.splitmix64_mix3(h, token, position))
 
 
-# ----- real-KV sources
+# -- real-KV sources
 
 
 def four_sources(seed: int, device="cpu") -> tuple[RealKvSource, ...]:
@@ -123,7 +123,7 @@ def stamp_chain(
         h = link(h, tok, pos)
 
 
-# ----- context and plans
+# -- context and plans
 
 
 def make_context(

@@ -307,7 +307,7 @@ CW, CV, CP, CS = checks.check_write, checks.check_verify, checks.check_plan, che
 FIVE_SOURCES = sources(*(source() for _ in range(5)))
 
 LAUNCH_CASES = [
-    # --- real-KV sources (write and verify share check_real_kv_sources)
+    # -- real-KV sources (write and verify share check_real_kv_sources)
     ("w_source_count", W, CW, FIVE_SOURCES, ValueError,
      "kv-canary: at most 4 RealKvSource entries supported by the CUDA ABI, got 5"),
     ("v_source_count", V, CV, FIVE_SOURCES, ValueError,
@@ -350,14 +350,14 @@ LAUNCH_CASES = [
      ValueError, "kv-canary: swa_window_size must fit in int64, got 9223372036854775808"),
     ("p_token_offset_past_int64", P, CP, lambda a: dict(a, kv_token_id_vs_position_offset=-(2**63) - 1), ValueError,
      "kv-canary: kv_token_id_vs_position_offset must fit in int64, got -9223372036854775809"),
-    # --- write: presence rule
+    # -- write: presence rule
     ("w_expected_required", W, CW, lambda a: dict(a, enable_write_input_assert=True), ValueError,
      "kv-canary: expected input tensors are required when enable_write_input_assert=True"),
     ("w_expected_one_missing", WA, CW, lambda a: dict(a, expected_input_positions=None), ValueError,
      "kv-canary: expected input tensors are required when enable_write_input_assert=True"),
     ("w_expected_must_be_none", W, CW, lambda a: dict(a, expected_input_tokens=zeros(NUM_TOKENS)), ValueError,
      "kv-canary: expected input tensors must be None when enable_write_input_assert=False"),
-    # --- write: contiguity
+    # -- write: contiguity
     ("w_nc_canary_buf", W, CW, ctx_field("canary_buf", noncontig), ValueError,
      "kv-canary: canary_buf must be contiguous"),
     ("w_nc_write_offsets", W, CW, plan_field("plan", "write_offsets", noncontig), ValueError,
@@ -374,7 +374,7 @@ LAUNCH_CASES = [
      "kv-canary: expected_input_positions must be contiguous"),
     ("w_nc_ring", W, CW, ctx_field("violation_ring", noncontig), ValueError,
      "kv-canary: violation_ring must be contiguous"),
-    # --- write: context tensors
+    # -- write: context tensors
     ("w_canary_buf_dtype", W, CW, ctx(canary_buf=zeros(8, 4)), ValueError,
      "kv-canary: canary_buf must have dtype torch.uint8, got torch.int64"),
     ("w_canary_buf_rank", W, CW, ctx(canary_buf=zeros(256, dtype=U8)), ValueError,
@@ -405,7 +405,7 @@ LAUNCH_CASES = [
      "kv-canary: enable_chain_position_assert must have dtype torch.int32, got torch.int64"),
     ("w_chain_flag_len", W, CW, ctx(enable_chain_position_assert=zeros(0, dtype=I32)), ValueError,
      "kv-canary: enable_chain_position_assert length must be 1, got 0"),
-    # --- write: plan tensors
+    # -- write: plan tensors
     ("w_seeds_dtype", W, CW, plan_field("plan", "write_seed_slot_indices", retype(I32)), ValueError,
      "kv-canary: plan.write_seed_slot_indices must have dtype torch.int64, got torch.int32"),
     ("w_seeds_rank", W, CW, plan_field("plan", "write_seed_slot_indices", to_2d), ValueError,
@@ -416,7 +416,7 @@ LAUNCH_CASES = [
      "kv-canary: plan.write_offsets length must be 3, got 4"),
     ("w_num_valid_reqs_dtype", W, CW, plan_field("plan", "write_num_valid_reqs", retype(I64)), ValueError,
      "kv-canary: plan.write_num_valid_reqs must have dtype torch.int32, got torch.int64"),
-    # --- write: token tensors
+    # -- write: token tensors
     ("w_input_ids_dtype", W, CW, arg("input_ids", retype(I32)), ValueError,
      "kv-canary: input_ids must have dtype torch.int64, got torch.int32"),
     ("w_input_ids_rank", W, CW, arg("input_ids", to_2d), ValueError,
@@ -429,7 +429,7 @@ LAUNCH_CASES = [
      "kv-canary: expected_input_tokens must have dtype torch.int64, got torch.int32"),
     ("w_expected_positions_len", WA, CW, arg("expected_input_positions", resize(7)), ValueError,
      "kv-canary: expected_input_positions length must be 6, got 7"),
-    # --- write: devices
+    # -- write: devices
     ("w_device_input_ids", W, CW, arg("input_ids", meta), ValueError,
      "kv-canary: input_ids must be on canary_buf's device cpu, got meta"),
     ("w_device_offsets", W, CW, plan_field("plan", "write_offsets", meta), ValueError,
@@ -440,7 +440,7 @@ LAUNCH_CASES = [
      "kv-canary: enable_chain_position_assert must be on canary_buf's device cpu, got meta"),
     ("w_device_write_index", W, CW, ctx_field("violation_write_index", meta), ValueError,
      "kv-canary: violation_write_index must be on canary_buf's device cpu, got meta"),
-    # --- verify
+    # -- verify
     ("v_nc_canary_buf", V, CV, ctx_field("canary_buf", noncontig), ValueError,
      "kv-canary: canary_buf must be contiguous"),
     ("v_nc_slots", V, CV, plan_field("plan", "verify_slot_indices", noncontig), ValueError,
@@ -469,7 +469,7 @@ LAUNCH_CASES = [
      "kv-canary: plan.enable must be on canary_buf's device cpu, got meta"),
     ("v_device_ring", V, CV, ctx_field("violation_ring", meta), ValueError,
      "kv-canary: violation_ring must be on canary_buf's device cpu, got meta"),
-    # --- plan: steps 1 and 4
+    # -- plan: steps 1 and 4
     ("p_lut_required", P, CP, lambda a: dict(a, swa_window_size=4), ValueError,
      "kv-canary: launch_canary_plan_kernels requires full_to_swa_index_mapping when swa_window_size > 0"),
     ("p_swa_window_negative", P, CP, lambda a: dict(a, swa_window_size=-5), ValueError,
@@ -481,7 +481,7 @@ LAUNCH_CASES = [
      "verify_plan_out.verify_slot_indices.shape[0]=8"),
     ("p_slots_rank", P, CP, plan_field("verify_plan_out", "verify_slot_indices", const(zeros(()))), ValueError,
      "kv-canary: out_verify_slot_indices must be 1-D, got shape ()"),
-    # --- plan step 5: contiguity
+    # -- plan step 5: contiguity
     ("p_nc_req_pool_indices", P, CP, arg("req_pool_indices", noncontig), ValueError,
      "kv-canary: req_pool_indices must be contiguous"),
     ("p_nc_req_to_token", P, CP, arg("req_to_token", noncontig), ValueError,
@@ -492,7 +492,7 @@ LAUNCH_CASES = [
      "kv-canary: out_verify_expected_tokens must be contiguous"),
     ("p_nc_write_offsets", P, CP, plan_field("write_plan_out", "write_offsets", noncontig), ValueError,
      "kv-canary: out_write_offsets must be contiguous"),
-    # --- plan step 5: dtypes
+    # -- plan step 5: dtypes
     ("p_req_pool_indices_dtype", P, CP, arg("req_pool_indices", retype(I32)), ValueError,
      "kv-canary: req_pool_indices must have dtype torch.int64, got torch.int32"),
     ("p_prefix_lens_dtype", P, CP, arg("prefix_lens", retype(I32)), ValueError,
@@ -513,7 +513,7 @@ LAUNCH_CASES = [
      "kv-canary: out_verify_enable must have dtype torch.int32, got torch.int64"),
     ("p_num_valid_reqs_dtype", P, CP, plan_field("write_plan_out", "write_num_valid_reqs", retype(I64)), ValueError,
      "kv-canary: out_write_num_valid_reqs must have dtype torch.int32, got torch.int64"),
-    # --- plan step 5: ranks and derived scalars
+    # -- plan step 5: ranks and derived scalars
     ("p_req_to_token_rank", P, CP, arg("req_to_token", const(zeros(16, dtype=I32))), ValueError,
      "kv-canary: req_to_token must be 2-D, got shape (16,)"),
     ("p_req_pool_indices_rank", P, CP, arg("req_pool_indices", to_2d), ValueError,
@@ -526,7 +526,7 @@ LAUNCH_CASES = [
      ValueError, "kv-canary: req_to_token_stride0 must be positive, got 0"),
     ("p_lut_len_positive", PL, CP, arg("full_to_swa_index_mapping", resize(0)), ValueError,
      "kv-canary: lut_len must be positive when has_swa_lut is True"),
-    # --- plan step 5: lengths
+    # -- plan step 5: lengths
     ("p_prefix_lens_len", P, CP, arg("prefix_lens", resize(2)), ValueError,
      "kv-canary: prefix_lens length must be 3, got 2"),
     ("p_extend_seq_lens_len", P, CP, arg("extend_seq_lens", resize(4)), ValueError,
@@ -541,14 +541,14 @@ LAUNCH_CASES = [
      "kv-canary: write_offsets_len must equal write_req_capacity + 1, got 6 and 4"),
     ("p_bs_exceeds_cap", lambda: plan_args(bs=5), CP, lambda a: a, ValueError,
      "kv-canary: bs=5 exceeds write_req_capacity=4"),
-    # --- plan step 5: devices
+    # -- plan step 5: devices
     ("p_device_prefix_lens", P, CP, arg("prefix_lens", meta), ValueError,
      "kv-canary: prefix_lens must be on out_verify_slot_indices's device cpu, got meta"),
     ("p_device_lut", PL, CP, arg("full_to_swa_index_mapping", meta), ValueError,
      "kv-canary: lut_tensor must be on out_verify_slot_indices's device cpu, got meta"),
     ("p_device_num_valid_reqs", P, CP, plan_field("write_plan_out", "write_num_valid_reqs", meta), ValueError,
      "kv-canary: out_write_num_valid_reqs must be on out_verify_slot_indices's device cpu, got meta"),
-    # --- plan step 6: expected-token pool
+    # -- plan step 6: expected-token pool
     ("p_valid_lens_required", PP, CP, lambda a: dict(a, req_to_verify_expected_tokens_valid_lens=None), ValueError,
      "kv-canary: launch_plan_entries_kernel requires req_to_verify_expected_tokens_valid_lens when "
      "req_to_verify_expected_tokens is set"),
@@ -566,7 +566,7 @@ LAUNCH_CASES = [
      "kv-canary: req_to_verify_expected_tokens_valid_lens length must be 3, got 2"),
     ("p_device_pool", PP, CP, arg("req_to_verify_expected_tokens", meta), ValueError,
      "kv-canary: req_to_verify_expected_tokens must be on out_verify_slot_indices's device cpu, got meta"),
-    # --- scatter
+    # -- scatter
     ("s_flat_in_rank", S, CS, arg("flat_in", to_2d), ValueError,
      "kv-canary: scatter_req_token_ids flat_in must be 1-D, got shape (1, 10)"),
     ("s_offsets_rank", S, CS, arg("offsets", to_2d), ValueError,
@@ -591,7 +591,7 @@ LAUNCH_CASES = [
      "kv-canary: scatter_req_token_ids pool_out must be contiguous"),
     ("s_device_flat_in", S, CS, arg("flat_in", meta), ValueError,
      "kv-canary: scatter_req_token_ids flat_in must be on scatter_req_token_ids pool_out's device cpu, got meta"),
-    # --- precedence between rules
+    # -- precedence between rules
     ("order_count_before_presence", W, CW,
      lambda a: FIVE_SOURCES(dict(a, enable_write_input_assert=True, context=dataclasses.replace(
          a["context"], canary_buf=noncontig(a["context"].canary_buf)))), ValueError,
@@ -631,7 +631,7 @@ def plan_of(plan_key, cls, capacity):
 
 
 TYPE_CASES = [
-    # --- write
+    # -- write
     ("t_w_context_none", W, CW, arg("context", const(None)), TypeError,
      "kv-canary: context must be a VerifyOrWriteContext, got NoneType"),
     ("t_w_plan_is_verify_plan", W, CW, plan_of("plan", VerifyPlan, 2), TypeError,
@@ -656,7 +656,7 @@ TYPE_CASES = [
     ("t_w_order_contiguity_before_later_type", W, CW,
      lambda a: arg("input_ids", numpy)(plan_field("plan", "write_offsets", noncontig)(a)), ValueError,
      "kv-canary: plan.write_offsets must be contiguous"),
-    # --- verify
+    # -- verify
     ("t_v_chain_flag_sparse", V, CV, ctx_field("enable_chain_position_assert", lambda t: t.to_sparse()), TypeError,
      "kv-canary: context.enable_chain_position_assert must be a dense (strided) tensor, got a sparse_coo tensor"),
     ("t_v_context_dict", V, CV, arg("context", lambda c: {"canary_buf": c.canary_buf}), TypeError,
@@ -669,7 +669,7 @@ TYPE_CASES = [
      "kv-canary: plan.verify_slot_indices must be a torch.Tensor, got numpy.ndarray"),
     ("t_v_counter_none", V, CV, ctx(kernel_run_counter=None), TypeError,
      "kv-canary: kernel_run_counter must be a torch.Tensor, got NoneType"),
-    # --- plan
+    # -- plan
     ("t_p_verify_plan_out_is_write_plan", P, CP, plan_of("verify_plan_out", WritePlan, 8), TypeError,
      "kv-canary: verify_plan_out must be a VerifyPlan, got tvm_canary.WritePlan"),
     ("t_p_order_step1_before_plan_type", P, CP,
@@ -720,7 +720,7 @@ TYPE_CASES = [
      "kv-canary: prefix_lens must have dtype torch.int64, got torch.int32"),
     ("t_p_offset_str", P, CP, lambda a: dict(a, kv_token_id_vs_position_offset="1"), TypeError,
      "kv-canary: kv_token_id_vs_position_offset must be an int, got str"),
-    # --- scatter: ranks (ValueError), then dtypes (TypeError), as in the contract
+    # -- scatter: ranks (ValueError), then dtypes (TypeError), as in the contract
     ("t_s_flat_in_numpy", S, CS, arg("flat_in", numpy), TypeError,
      "kv-canary: scatter_req_token_ids flat_in must be a torch.Tensor, got numpy.ndarray"),
     ("t_s_offsets_list", S, CS, arg("offsets", as_list), TypeError,
@@ -807,7 +807,7 @@ TYPE_CONSTRUCTION_CASES = [
     ("t_source_page_size_array", lambda: RealKvSource(tensor=zeros(8, 32, dtype=U8), page_size=np.array([1, 1]),
                                                       num_bytes_per_token=32, read_bytes=16), TypeError,
      "kv-canary: RealKvSource.page_size must be an int, got numpy.ndarray"),
-    # --- plan capacities: the contract's "must be positive" first, then the type
+    # -- plan capacities: the contract's "must be positive" first, then the type
     ("t_verify_plan_str", lambda: VerifyPlan.allocate(verify_capacity="8", device="cpu"), TypeError,
      "kv-canary: VerifyPlan verify_capacity must be an int, got str"),
     ("t_verify_plan_none", lambda: VerifyPlan.allocate(verify_capacity=None, device="cpu"), TypeError,
@@ -822,7 +822,7 @@ TYPE_CONSTRUCTION_CASES = [
      "kv-canary: WritePlan write_req_capacity must be an int, got float 4.0"),
     ("t_write_plan_order_negative_float", lambda: WritePlan.allocate(write_req_capacity=-1.5, device="cpu"),
      ValueError, "kv-canary: WritePlan write_req_capacity must be positive, got -1.5"),
-    # --- RealKvSource
+    # -- RealKvSource
     ("t_source_page_size_str", lambda: source(page_size="1"), TypeError,
      "kv-canary: RealKvSource.page_size must be an int, got str"),
     ("t_source_order_page_size_range", lambda: source(page_size=0.5), ValueError,
@@ -833,7 +833,7 @@ TYPE_CONSTRUCTION_CASES = [
      "kv-canary: RealKvSource.read_bytes must be an int, got NoneType"),
     ("t_source_tensor_numpy", lambda: source(np.zeros((8, 32), dtype=np.uint8)), TypeError,
      "kv-canary: RealKvSource.tensor must be a torch.Tensor, got numpy.ndarray"),
-    # --- VerifyOrWriteContext: launch tag (any int64 is stamped as it is), hash mode and sources
+    # -- VerifyOrWriteContext: launch tag (any int64 is stamped as it is), hash mode and sources
     ("t_context_kind_float", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=2.5)), TypeError,
      "kv-canary: kernel_kind must be an int, got float 2.5"),
     ("t_context_kind_none", lambda: VerifyOrWriteContext(**_context_fields(kernel_kind=None)), TypeError,

@@ -57,7 +57,7 @@ def test_selftest_fails_a_verify_that_over_reports(monkeypatch, capsys, after, w
     assert capsys.readouterr().out.splitlines()[-1].startswith(f"selftest: FAILED, 4 rows {why}")
 
 
-# ----- CLI edges
+# -- CLI edges
 
 
 def test_demo_cuda_without_gpu_is_one_line(monkeypatch, capsys):

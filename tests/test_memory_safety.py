@@ -126,7 +126,7 @@ def test_a_wrapped_write_index_drops_the_rows_before_the_ring(kernel, device):
                 raise AssertionError(f"{kernel} on {device}, seed {seed}, write index {start}: {e}") from e
 
 
-# ----- overlapping arguments (SPEC D10)
+# -- overlapping arguments (SPEC D10)
 
 
 def with_tensor(obj, path: list, tensor: torch.Tensor):

@@ -146,7 +146,7 @@ class Pipeline:
         self.vplan: tc.VerifyPlan | None = None  # the session's plans, seen at its first plan launch
         self.wplan: tc.WritePlan | None = None
 
-    # ----- engine side
+    # -- engine side
 
     def _token(self) -> int:
         return int(torch.randint(0, 32000, (1,), generator=self.gen))
@@ -220,7 +220,7 @@ class Pipeline:
         for i in steps:
             self.step(**SCHEDULE[i], **(hooks or {}).get(i, {}))
 
-    # ----- test side
+    # -- test side
 
     def slot_of(self, rid: str, p: int) -> int:
         return self.reqs[rid].slots[p]

@@ -79,7 +79,7 @@ def poke(session: CanarySession, endpoint: str, half: str, s: int, field: int, d
     session.canary_buffer(endpoint, half, group).view(torch.int64)[s, field] += delta
 
 
-# ----- counters, groups, capacities
+# -- counters, groups, capacities
 
 
 @pytest.mark.parametrize("enable_v", [True, False])
@@ -355,7 +355,7 @@ def test_after_forward_refuses_a_tail_source_restrided_in_place_before_any_tail_
     assert session.step == 2
 
 
-# ----- detection through the session
+# -- detection through the session
 
 
 def test_session_input_errors():
@@ -555,7 +555,7 @@ def test_sweep_finds_a_stale_chain():
     }
 
 
-# ----- ring reading and reporting
+# -- ring reading and reporting
 
 
 def test_reads_only_new_rows_and_reports_overflow():
@@ -653,7 +653,7 @@ def test_a_failed_health_check_is_raised_once_at_the_end_of_a_whole_step():
     assert not session.flush()
 
 
-# ----- formatting (no kernels)
+# -- formatting (no kernels)
 
 
 def make_row(kind=Tag.HEAD_K_FULL, slot_idx=17, position=42, stored_token=111, expected_token=0, stored_chain_hash=0,

@@ -54,7 +54,7 @@ def tensors(obj) -> list[torch.Tensor]:
     return []
 
 
-# ---------------------------------------------------------------- seeded random cases
+# -- seeded random cases
 
 
 def random_source(
@@ -376,7 +376,7 @@ def reference_launch(kernel: str, kw: dict) -> None:
     REFERENCE[kernel](**{**kw, "req_to_token": kw["req_to_token"].clamp(max=lut.shape[0] - 1)})
 
 
-# ---------------------------------------------------------------- golden cases (SPEC 1.5 vectors)
+# -- golden cases (SPEC 1.5 vectors)
 
 # Written out from the SPEC 1.5 table, not computed: a kernel that hashes differently cannot match them.
 SPEC_ANCHOR_HASH = 0xDE7FAE23A9A1B716 - 2**64  # splitmix64(0xC0FFEE1234567890), signed
@@ -449,7 +449,7 @@ def golden_verify_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
 GOLDEN = {"verify": {"verify-anchor": golden_verify_anchor}, "write": {"write-anchor": golden_write_anchor}}
 
 
-# ---------------------------------------------------------------- guard bands (SPEC D4)
+# -- guard bands (SPEC D4)
 
 
 @dataclasses.dataclass

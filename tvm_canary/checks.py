@@ -1,8 +1,8 @@
 """Front-end argument checks shared by every backend (docs/SPEC.md section 4, D1, D9).
 
-Every public launch function calls the matching ``check_*`` function here before it dispatches to
-the LLVM, CUDA or torch-reference backend, so the same bad argument raises the same error with the
-same text everywhere. The one exception is a memoised eager launch (``tvm_canary.eager``), which
+Every public launch function calls its ``check_*`` function here before dispatching to the LLVM,
+CUDA or torch-reference backend, so a bad argument raises the same error and text everywhere. The one
+exception is a memoised eager launch (``tvm_canary.eager``), which
 repeats an earlier checked launch on the same context and plan tensors: verify's runs no check again,
 write's runs only ``check_write_inputs`` (its per-step tensors). The launch checks ``check_write``,
 ``check_verify``, ``check_plan`` and ``check_scatter`` are keyword-only (the helpers
@@ -15,8 +15,8 @@ for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' ten
 original offsets-kernel validator), ``scatter_req_token_ids <arg>`` for scatter.
 
 Arguments of the wrong type (a numpy array, a list or None for a tensor, another class for a plan or
-context, a float or string for an int) raise ``TypeError`` (SPEC D9) at the point where the contract's
-own check would have crashed on them, so every contract message keeps its text and precedence.
+context, a float or string for an int) raise ``TypeError`` (SPEC D9) where the contract's own check
+would have crashed on them, so every contract message keeps its text and precedence.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _SCATTER_DTYPE_MESSAGE = "kv-canary: {name} must be {expected_short}, got {actua
 _SCATTER = "scatter_req_token_ids"
 
 
-# ---------------------------------------------------------------- private helpers (one message format each)
+# -- private helpers (one message format each)
 
 
 def _require_contiguous(tensor: torch.Tensor, name: str) -> None:
@@ -149,7 +149,7 @@ def _require_vector(tensor: torch.Tensor, name: str, dtype: torch.dtype, length:
         _require_len(tensor, name, length)
 
 
-# ---------------------------------------------------------------- verify / write context and real-KV sources
+# -- verify / write context and real-KV sources
 
 
 def _check_real_kv_source_count(context: VerifyOrWriteContext) -> None:
@@ -307,8 +307,8 @@ def check_disjoint(kernel: str, launch_kwargs: dict) -> None:
     """No tensor a launch of ``kernel`` writes shares a byte with any other of its tensor arguments
     (``launch_kwargs``, its keyword arguments; SPEC D10).
 
-    The kernels assume it (``tirx.noalias``): they check an index once and use it again, so a
-    fingerprint stamped into ``out_cache_loc`` or a row appended over a plan would become an unchecked
+    The kernels assume it (``tirx.noalias``): they check an index once and reuse it, so a
+    fingerprint stamped into ``out_cache_loc`` or a row appended over a plan would be an unchecked
     address. Views are compared by their byte ranges (``byte_ranges``), so two interleaved views of
     one storage count as overlapping; the tensors are on one device (checked before). Run as
     ``check_word_aligned`` is, but by every operator; skipped while tracing."""
@@ -404,7 +404,7 @@ def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bo
         _require_vector(context.enable_chain_position_assert, "enable_chain_position_assert", torch.int32, 1)
 
 
-# ---------------------------------------------------------------- write and verify front ends
+# -- write and verify front ends
 
 
 def check_write(
@@ -530,7 +530,7 @@ def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verif
     check_disjoint("verify", dict(context=context, plan=plan))
 
 
-# ---------------------------------------------------------------- plan front end
+# -- plan front end
 
 
 def check_plan(
@@ -675,7 +675,7 @@ def _check_expected_token_pool(
     _require_same_device(slot_indices, "out_verify_slot_indices", pool_tensors)
 
 
-# ---------------------------------------------------------------- scatter front end
+# -- scatter front end
 
 
 def check_scatter(

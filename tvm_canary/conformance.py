@@ -12,8 +12,8 @@ Under ``torchrun`` each process runs its own device (``cuda:LOCAL_RANK``, else t
 every rank gathers and compares all results (one exit status); rank 0 prints the table and writes the JSON.
 
 ``--against EARLIER.json`` (an earlier ``--json``: another GPU, host, driver or version): rank 0 reads and
-checks it (``report_problem``), refuses a run of other case sets before it runs (``against_problem``) and
-afterwards compares every row's case digests with its reference's (``against``).
+checks it (``report_problem``), refuses a run of other case sets before running (``against_problem``),
+then compares every row's case digests with its reference's (``against``).
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in (head, *body))
 
 
-# ---------------------------------------------------------------- torch.distributed
+# -- torch.distributed
 
 
 def world() -> tuple[int, int, int]:
@@ -393,7 +393,7 @@ def _group_errors(what: str, timeout: float | None):
                          "stopped, never started, or took longer than --timeout)") from e
 
 
-# ---------------------------------------------------------------- command line
+# -- command line
 
 
 def device_name(text: str) -> str:

@@ -1,23 +1,23 @@
 """Eager launches of verify and write: checked and packed once per (context, plan), then replayed.
 
 An untraced launch (``launch.py``) of verify or write on the compiled backend looks here for what its
-last launch with the same context and plan objects and the same flag (``check_verify_expected_token``,
+last launch with the same context and plan objects and flag (``check_verify_expected_token``,
 ``enable_write_input_assert``) prepared: the compiled function and its packed arguments (the int64
 view of ``canary_buf``, the real-KV source views, the ring's chunk marks, the specialization). It
-replays them when nothing that the checks (SPEC 4) and the packing read of the context and plan has
-changed; otherwise it checks and packs again, raising what the checks raise, and keeps the result.
+replays them when nothing of the context and plan that the checks (SPEC 4) and the packing read has
+changed; else it checks and packs again, raising what the checks raise, and keeps the result.
 
-The contract of a replay (what it relies on, and how each is known unchanged):
+A replay's contract (what it relies on, and how each is known unchanged):
 
 * The context, the plan and their real-KV sources are frozen dataclasses: their fields are never
   reassigned (``object.__setattr__`` on them is not supported). Entries are keyed by the identity of
   the context and the plan and forgotten when either is collected (weak references), so an identity
   is never mistaken for another object's.
-* Their tensors may change in place (``resize_``, ``set_``, ``as_strided_``, ``.data =``, ...): every
+* Their tensors may change in place (``resize_``, ``set_``, ``as_strided_``, ``.data =``, ...): each
   tensor the checks or the packing read (the context's, the plan's, each source's) has its data
-  pointer, shape, strides and dtype compared with those it had when packed, a source's also its
-  conjugate and negative bits (SPEC 4 refuses such views; ``.data =`` can set them at one address).
-  Equal, every check passes again and every view addresses the same bytes with the same layout. The
+  pointer, shape, strides and dtype compared with those at packing, a source's also its conjugate and
+  negative bits (SPEC 4 refuses such views; ``.data =`` can set them at one address). If equal, every
+  check passes again and every view addresses the same bytes with the same layout. The
   device follows from a non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
 * Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; tensors
   that are not exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor
@@ -25,8 +25,8 @@ The contract of a replay (what it relies on, and how each is known unchanged):
   CUDA-graph capture is not kept (its chunk marks may be the capture's own: ``packing.flags_for``); one
   kept before the capture is replayed in it.
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
-  launch key for the life of the process); write's again when a launch's token count differs from
-  the last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
+  launch key for the process's life); write's again when a launch's token count differs from the
+  last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
 
 Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are
 not part of an entry: each launch checks them (``checks.check_write_inputs``, in ``check_write``'s
@@ -181,8 +181,8 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
 
 
 def _converted(args: tuple, *, keep_first: bool = False) -> tuple:
-    """``args`` with its torch tensors converted to tvm-ffi tensors once, so that a replay does not
-    convert them again (tvm-ffi converts torch tensors at every call). Each is converted from a detached
+    """``args`` with its torch tensors converted to tvm-ffi tensors once, so a replay does not convert
+    them again (tvm-ffi converts torch tensors at every call). Each is converted from a detached
     alias (its own shape and strides, which nothing changes) through torch's DLPack exchange API, which
     neither synchronises nor enqueues work; without that API the tensors stay torch tensors. With
     ``keep_first`` the first argument stays a torch tensor: tvm-ffi takes the stream of the launch

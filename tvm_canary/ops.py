@@ -64,7 +64,7 @@ def run(kernel: str, launch_kwargs: dict) -> None:
         get_kernel(call.kernel, call.spec, call.device, call.size, call.mode)(*call.args)
 
 
-# ----------------------------------------------------------------------------- flat <-> dataclasses
+# -- flat <-> dataclasses
 
 
 def _context_args(context: VerifyOrWriteContext) -> tuple:
@@ -133,7 +133,7 @@ def scatter_args(*, flat_in, offsets, req_pool_indices, pool_out) -> tuple:
 ARGS = {"write": write_args, "verify": verify_args, "plan": plan_args, "scatter": scatter_args}
 
 
-# ----------------------------------------------------------------------------- the four operators
+# -- the four operators
 # Parameter names are the schema's; ``_MUTATES`` names the tensors each kernel writes.
 
 Tensor = torch.Tensor

@@ -11,12 +11,12 @@ the group's real-KV sources). ``sweep(chains)`` verifies caller-given live chain
 endpoints (when ``sweep_due``, between steps); ``violations()`` reads the new ring rows and logs or raises them.
 ``capture_step(...)`` records a whole decode step in one CUDA graph (``StepGraph``).
 
-The per-step path waits for the device only when the host runs ``SNAPSHOT_SLOTS`` snapshots ahead of
-it. What the host needs from it (the ring's write index, each group's overflow flag, the kernel run
-counters of the health check) travels in a small status snapshot: one non-blocking copy into pinned
-memory at the end of each step (and at health-check points), decoded when it has arrived, normally by
-the next step. Overflow warnings, health-check errors and violation rows therefore surface one step
-late on CUDA (immediately on CPU); ``flush()`` waits for everything already launched and reports it (shutdown, tests).
+The per-step path waits for the device only when the host runs ``SNAPSHOT_SLOTS`` snapshots ahead.
+What the host needs from it (the ring's write index, each group's overflow flag, the health check's
+kernel run counters) travels in a small status snapshot: one non-blocking copy into pinned memory at
+the end of each step (and at health-check points), decoded on arrival, normally by the next step. So
+overflow warnings, health-check errors and violation rows surface one step late on CUDA (at once on
+CPU); ``flush()`` waits for everything already launched and reports it (shutdown, tests).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ class CanaryGroup:
         full_to_swa_index_mapping: int64 full-slot -> SWA-slot LUT on the session device, required iff
             ``swa_window_size > 0``; read at every launch, so the caller updates it in place.
 
-    The session checks them when it is built (``CanarySession._check_config``; the LUT is ``lut_tensor``
-    in the messages).
+    The session checks them when built (``CanarySession._check_config``; the LUT is ``lut_tensor`` in
+    the messages).
     """
 
     num_slots: int
@@ -281,7 +281,7 @@ class CanarySession:
         self._snapshots: collections.deque[_Snapshot] = collections.deque()
         self._dirty = False  # launches since the last snapshot
 
-    # ------------------------------------------------------------------ construction
+    # -- construction
 
     def _status_word(self, i: int) -> torch.Tensor:
         """int32 ``[1]`` view of the first 4 bytes of status word ``i``, taken from a view of the whole
@@ -345,7 +345,7 @@ class CanarySession:
                       token_ids=none if pool else None, token_lens=none if pool else None,
                       expected_input_tokens=expected, expected_input_positions=expected)
 
-    # ------------------------------------------------------------------ introspection
+    # -- introspection
 
     def canary_buffer(self, endpoint: str, half: str, group: str = "FULL") -> torch.Tensor:
         """The canary buffer an endpoint ("HEAD", "TAIL" or "SWEEP") reads and writes for a half ("K",
@@ -373,7 +373,7 @@ class CanarySession:
         """True on steps that are a multiple of ``sweep_interval`` (never when it is 0)."""
         return self.sweep_interval > 0 and self.step > 0 and self.step % self.sweep_interval == 0
 
-    # ------------------------------------------------------------------ per step
+    # -- per step
 
     def mark_init_finished(self) -> None:
         """Turn the write kernel's chain-position assert on (off during warm-up / graph capture)."""
@@ -404,8 +404,8 @@ class CanarySession:
         input assert is on this step: the session has ``enable_write_input_assert`` and ``write_input_assert`` is
         true (False for a step whose inputs have no oracle, SPEC 6 item 4: an EAGLE draft-decode step).
         Inputs already on the session device with the right dtype are used as they are (no copy, no host
-        synchronisation), so ``after_forward`` reads ``input_ids``, ``positions``, ``out_cache_loc`` and the expected
-        input tensors again: they must not change until it has run (the TAIL would stamp other tokens than the HEAD).
+        synchronisation), so ``after_forward`` rereads ``input_ids``, ``positions``, ``out_cache_loc`` and the expected
+        input tensors: they must not change before it runs (the TAIL would stamp other tokens than the HEAD).
         On a CUDA session, all-host inputs (lists, CPU tensors) are staged and reach the device with one
         non-blocking copy; mixed ones are converted one by one (host data then copies synchronously).
         Every input holds integers (int64; ``req_to_token`` int32): float or boolean tensors are refused, not
@@ -479,8 +479,8 @@ class CanarySession:
     def after_forward(self) -> None:
         """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward`` (its
         per-token tensors as they are now: see ``before_forward``).
-        A group whose plan overflowed ``verify_capacity`` this step is warned about when the step's status
-        snapshot arrives (on CPU: here). Then raises a failed health check, if one was decoded.
+        A group whose plan overflowed ``verify_capacity`` this step is warned of when the step's status
+        snapshot arrives (on CPU: here). Then raises a decoded failed health check.
         First the step's per-token inputs and the TAIL real-KV sources are checked again (the launches' checks;
         the token count against the HEAD's): one resized or re-strided in place since ``before_forward`` (changed
         values cannot be seen) is refused before any TAIL launch, and the step ends there (its TAIL never runs;
@@ -563,7 +563,7 @@ class CanarySession:
         return StepGraph(self, batch_size=batch_size, num_tokens=num_tokens or batch_size,
                          req_to_token=req_to_token, forward=forward, write_input_assert=write_input_assert)
 
-    # ------------------------------------------------------------------ the step's launches
+    # -- the step's launches
 
     def _begin_step(self) -> None:
         """Count the step and take the health check's counter snapshot when due (SPEC 6 item 9: at the start
@@ -687,7 +687,7 @@ class CanarySession:
                 expected_input_positions=batch.expected_input_positions,
             )
 
-    # ------------------------------------------------------------------ host side: snapshots, reports
+    # -- host side: snapshots, reports
 
     def _snapshot(self, *, overflow_step: int | None = None, health_done: int | None = None) -> None:
         """Copy the status buffer to a pinned slot without waiting (one copy); if all slots are in flight
@@ -725,8 +725,8 @@ class CanarySession:
     def _health_check(self, counts: list[int], done: int) -> None:
         """SPEC 6 item 9: each active tag's kernel_run_counter after ``done`` steps must exceed its value
         ``health_check_interval`` steps earlier. A failure is kept (decoding runs inside steps) and raised
-        once, by ``_report_decoded``; pass or fail, ``counts`` is the next check's baseline, so each check
-        judges only its own interval."""
+        once, by ``_report_decoded``; pass or fail, ``counts`` is the next check's baseline, so each judges
+        only its own interval."""
         if self._health_snapshot is not None:
             stalled = [t.name for t in self.active_tags if counts[t] <= self._health_snapshot[t]]
             if stalled:
@@ -761,7 +761,7 @@ class CanarySession:
             raise CanaryViolationError("\n".join(messages), report)
         return report
 
-    # ------------------------------------------------------------------ helpers
+    # -- helpers
 
     def _on_device(self, x: torch.Tensor) -> torch.Tensor:
         """An int64 tensor (``_integers``) on the session device, dense (itself when it already is)."""
@@ -823,20 +823,20 @@ class StepGraph:
     """One decode step's canary work in one CUDA graph, for a batch-size bucket of a CUDA session.
 
     The graph holds, in order: the expected-token scatter, every group's plan and HEAD verify + write,
-    ``forward()`` when given, then every group's TAIL verify + write - the work of ``before_forward``
-    and ``after_forward``, and nothing else (no torch operation besides the SWA slot translation;
-    tests/test_session_ops.py pins the list). Without ``forward`` the caller runs its model before
+    ``forward()`` when given, then every group's TAIL verify + write: the work of ``before_forward``
+    and ``after_forward`` only (no torch operation but the SWA slot translation; tests/test_session_ops.py
+    pins the list). Without ``forward`` the caller runs its model before
     ``replay``: HEAD reads no KV bytes, so the canary bytes are those of the eager order.
 
     Inputs live in static device buffers (``inputs``), all slices of one int64 buffer, which
     ``replay(**batch)`` refills with one operation (``_refill``): rows beyond the batch become padding rows
     (pool index 0, no tokens), tokens beyond it are skipped (slot -1). The scatter's offsets are an input
     too, computed by ``replay``. ``req_to_token`` and the session's state (canary buffers, plans, ring,
-    counters, LUTs, real-KV sources) are read in place, so they must keep their addresses. The host side of
-    a step (step count, health check, status snapshot) stays outside the graph and runs in ``replay``.
+    counters, LUTs, real-KV sources) are read in place, so must keep their addresses. A step's host side
+    (step count, health check, status snapshot) stays outside the graph, in ``replay``.
 
-    Capture loads every kernel first by running the work once on an all-padding batch (it plans
-    nothing; the run counters it bumps are restored), so no module is compiled or loaded during capture.
+    Capture first loads every kernel by running the work once on an all-padding batch (it plans
+    nothing; the run counters it bumps are restored), so no module is compiled or loaded in capture.
     """
 
     def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,

@@ -119,7 +119,7 @@ class Engine:
         return KvPool.paged(cfg.num_slots, gen=gen, device=device, page_size=cfg.page_size, layers=cfg.layers,
                             bytes_per_token=cfg.bytes_per_token)
 
-    # ------------------------------------------------------------------ slots
+    # -- slots
 
     @property
     def reserved(self) -> int:
@@ -158,7 +158,7 @@ class Engine:
         holder.held = []
         holder.live = False
 
-    # ------------------------------------------------------------------ requests
+    # -- requests
 
     def _shareable(self, entry: CacheEntry) -> list[int]:
         """Prefix lengths k a new request may share from ``entry``: with SWA, the k-th window must be live."""
@@ -210,7 +210,7 @@ class Engine:
         self.release(entry)
         return True
 
-    # ------------------------------------------------------------------ step
+    # -- step
 
     def schedule(self) -> Batch:
         """Admit requests, then give every running one its next prefill chunk or decode token."""

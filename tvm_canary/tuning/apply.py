@@ -2,11 +2,11 @@
 
 ``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
 directories (``keys.tune_logs_dirs``), reads their MetaSchedule JSON databases (per workload the first
-selecting a measured geometry, ``_records``), and returns the geometry that the kernel's bucket nearest
-to ``size`` among its buckets of ``mode`` chose (``chosen``, by ``chosen_row``'s rule; a bucket without a
-valid record of its default keeps the default, with one warning per database); ``None`` when the device
-has no database (a one-line notice, once per device) or no record for the kernel in that mode (once per
-kernel and mode); neither notice is given for a launch whose kernel has no knobs on its target
+selecting a measured geometry, ``_records``), and returns the geometry chosen (``chosen``, by
+``chosen_row``'s rule) by the kernel's bucket of ``mode`` nearest to ``size`` (a bucket without a valid
+record of its default keeps the default, with one warning per database); ``None`` when the device has no
+database (a one-line notice, once per device) or no record for the kernel in that mode (once per kernel
+and mode). Neither notice is given for a launch whose kernel has no knobs on its target
 (``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records whose workload carries
 another kernel hash than the current kernels' (``workloads.kernel_hash``: the kernel changed since it was
 tuned) are ignored, with one warning per database naming the kernels to re-tune. Notices go to the
@@ -138,11 +138,10 @@ def measured_records(db, stale: set | None = None) -> dict:
 
 
 def previous_pick(db, kernel: str, bucket: tuple, cuda: bool) -> Geometry | None:
-    """The geometry that ``db``'s stale records of a bucket (tuned for earlier kernel code, timed on a case
-    with as many launches as the current one) select by ``chosen_row``'s rule, when it is not the
-    bucket's default; else None. A re-tune after a kernel change measures it again (``driver``), so the
-    pick an earlier tune found, and an interleaved A/B may have confirmed, stays in contention whatever
-    the new search draws."""
+    """The geometry ``db``'s stale records of a bucket (tuned for earlier kernel code, timed on a case with
+    as many launches as the current one) select by ``chosen_row``'s rule, if not the bucket's default;
+    else None. A re-tune after a kernel change measures it again (``driver``), so the pick an earlier tune
+    found, and an interleaved A/B may have confirmed, stays in contention whatever the new search draws."""
     from .workloads import CASE_LAUNCHES, default_of
 
     launches = CASE_LAUNCHES.get(kernel, 1)
@@ -196,20 +195,19 @@ def database_buckets(db, kernels) -> list:
 def stale_buckets(db, jobs: list, cuda: bool) -> list:
     """The ``(kernel, bucket)`` of ``jobs``, in order, whose default geometry has no current valid record
     in ``db`` (``default_row`` of ``measured_records``): never tuned, or tuned for other kernel code,
-    another tuning case or another default, or the default's measurement failed. These are the buckets
-    that load cannot apply a tuned geometry to (``chosen``); ``tune --stale-only`` tunes only them."""
+    another tuning case or another default, or the default's measurement failed. Load cannot apply a tuned
+    geometry to them (``chosen``); ``tune --stale-only`` tunes only them."""
     rows = measured_records(db)
     return [(k, b) for k, b in jobs if default_row(k, b, rows.get((k, b), []), cuda) is None]
 
 
 def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
-    """The row (``(seconds, record)``) that a bucket's measured ``rows`` (``measured_records``, fastest
-    first) select: the fastest record that is at least ``TUNED_MARGIN`` faster than the default (of the
-    bucket's mode and size) in every launch of the tuning case (``launch_seconds``: verify's
-    random-order and chain-order launches, which one geometry serves), so also over the case; the
-    default's when there is none. None when the default has no valid record (its measurement failed,
-    which ``tune`` reports, or the defaults changed after the tuning): no record was measured against
-    the default, so the bucket keeps it (``chosen``)."""
+    """The row (``(seconds, record)``) a bucket's measured ``rows`` (``measured_records``, fastest first)
+    select: the fastest record at least ``TUNED_MARGIN`` faster than the default (of the bucket's mode and
+    size) in every launch of the tuning case (``launch_seconds``: verify's random-order and chain-order
+    launches, which one geometry serves), hence also over the case; else the default's. None when the
+    default has no valid record (its measurement failed, which ``tune`` reports, or the defaults changed
+    after the tuning): no record was measured against the default, so the bucket keeps it (``chosen``)."""
     default = default_row(kernel, bucket, rows, cuda)
     return None if default is None else row_chosen_over(kernel, bucket, rows, default, cuda)
 

@@ -6,23 +6,23 @@ tuning host and measures them on the servers through MetaSchedule's ``RPCRunner`
 per server.
 
 The reference check runs on the server, beside the device: ``tvm-canary rpc-server`` is TVM's RPC
-server (``tvm.rpc.Server``) that registers the global functions below in every session
-(``tvm_canary.fleet.*``). They run ``measure``'s own hooks, so a candidate measured on a fleet is
-allocated, checked byte for byte against the torch reference and timed exactly as on the local
-runner. TVM's stock ``python -m tvm.exec.rpc_server`` lacks these functions and is refused by name.
+server (``tvm.rpc.Server``) registering the global functions below (``tvm_canary.fleet.*``) in every
+session. They run ``measure``'s own hooks, so a fleet candidate is allocated, checked byte for byte
+against the torch reference and timed exactly as on the local runner. TVM's stock
+``python -m tvm.exec.rpc_server`` lacks these functions and is refused by name.
 
-Sessions: MetaSchedule opens a session per candidate by default, and a session is a forked process on
-the server, so the bucket's case (valid inputs and reference outputs: seconds to build, up to ~35 GB
-on a GPU) would be rebuilt for every candidate. Here each runner worker keeps its session for the
-whole tuning run (``_held``), the session keeps the current workload's case (``measure.case_for``),
-and the session ends when the tuning run shuts the runner down. Hence one worker per server at most
-(``--rpc-workers`` is checked against the servers the tracker knows).
+Sessions: MetaSchedule opens a session (a forked process on the server) per candidate by default, so
+the bucket's case (valid inputs and reference outputs: seconds to build, up to ~35 GB on a GPU) would
+be rebuilt for every candidate. Here each runner worker keeps its session for the whole tuning run
+(``_held``), the session keeps the current workload's case (``measure.case_for``), and the session ends
+when the tuning run shuts the runner down. Hence at most one worker per server (``--rpc-workers`` is
+checked against the servers the tracker knows).
 
 Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session
 crashed leaves the tracker (``rpc-server`` then starts a new one). So requests are made only when the
 tracker lists a free server, every candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is
-killed and the candidate fails), and the connection to the tracker is bounded too. Run a fleet under an
-outer timeout anyway (``scripts/fleet_tune.py`` does).
+killed and the candidate fails), and the tracker connection is bounded too. Run a fleet under an outer
+timeout anyway (``scripts/fleet_tune.py`` does).
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's r
 TRACKER_GONE_S = 90
 
 
-# -- the server side ------------------------------------------------------------------------------
+# -- the server side
 
 
 def register_server_functions() -> None:
     """Register the fleet's global functions (``tvm_canary.fleet.*``, below); ``tvm.rpc.Server`` calls this in
-    the server process before it forks sessions. The imports here are inherited by every session (torch and
-    tvm_canary load once per server, not once per session); nothing touches CUDA, since a forked session
+    the server process before forking sessions. Every session inherits the imports here (torch and
+    tvm_canary load once per server, not per session); nothing touches CUDA, since a forked session
     could not use a CUDA context created before the fork; nor is the protocol read after the fork (a
     session would hash files updated since, not the code it runs)."""
     from . import keys, measure  # noqa: F401 - imported before the fork, see above
@@ -166,7 +166,7 @@ def _serving(server) -> bool:
         return False
 
 
-# -- the tuning host --------------------------------------------------------------------------------
+# -- the tuning host
 
 
 def host_port(text: str) -> str:
@@ -202,10 +202,10 @@ class Fleet:
     _last_seen: list = dataclasses.field(default_factory=list, init=False, compare=False, repr=False)
 
     def require_servers(self) -> None:
-        """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as were
-        registered under the key last time, at most ``workers`` (a spare server that went away costs no
-        wait), since an ``rpc-server`` whose session process died re-registers within seconds; raises when
-        by then none is registered (the fleet is gone: every candidate would fail, each after
+        """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as the key had
+        last time, at most ``workers`` (a spare server that went away costs no wait), since an ``rpc-server``
+        whose session process died re-registers within seconds; raises if none is registered by then (the fleet
+        is gone: every candidate would fail, each after
         TRACKER_TIMEOUT_S). When fewer remain, says so once on stderr, with how many: each runner worker
         left without a server fails every candidate it takes, after TRACKER_TIMEOUT_S."""
         before = self._last_seen[-1] if self._last_seen else self.workers
@@ -265,9 +265,9 @@ def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -
     """Check the fleet before tuning: the tracker answers, servers are registered under ``rpc_key``,
     ``workers`` (default: one per server) is at most their number, and every server free now (at least one,
     awaited as by ``_request``) is a tvm_canary server with a ``device_type`` device of one device key
-    (``_server_info``; a session on each, held at once so that each request reaches another server; one
-    busy with another client is checked by the runner worker that reaches it, ``Fleet.runner``); that key
-    and target tag name the database and the build."""
+    (``_server_info``; a session on each, all held at once so each request reaches another server; one busy
+    with another client is checked by the runner worker reaching it, ``Fleet.runner``); that key and target
+    tag name the database and the build."""
     host, port = parse_address(tracker)
     servers, free = _registered(host, port, rpc_key)
     workers = servers if workers is None else workers
@@ -362,7 +362,7 @@ def _server_function(session, rpc_key: str, name: str):
                            "against the reference)") from e
 
 
-# -- MetaSchedule's runner hooks (run in the RPCRunner's worker processes) ----------------------------
+# -- MetaSchedule's runner hooks (run in the RPCRunner's worker processes)
 
 _held: dict = {}  # this worker's session and the device key it was checked for
 
@@ -406,7 +406,7 @@ def _cleanup_remote(session, remote_path) -> None:
         session.remove(remote_path + ".so")
 
 
-# -- a fleet on this host (tests, scripts/fleet_tune.py) ----------------------------------------------
+# -- a fleet on this host (tests, scripts/fleet_tune.py)
 
 
 @contextlib.contextmanager
@@ -474,7 +474,7 @@ def stop_process_group(proc: subprocess.Popen) -> None:
             continue
 
 
-# -- tvm-canary rpc-server ------------------------------------------------------------------------------
+# -- tvm-canary rpc-server
 
 
 def add_parser(subparsers) -> None:
@@ -495,12 +495,12 @@ def add_parser(subparsers) -> None:
 def _serve_command(args: argparse.Namespace) -> int:
     """Serve until the tracker has been unreachable for TRACKER_GONE_S (status 1, with a ``kv-canary:`` line on
     stderr) or this process gets SIGTERM or SIGINT (status 128 + the signal's number). Every 5 s while the
-    tracker answers, a server that stopped serving (``_serving``: a session process that exits non-zero, e.g.
-    killed by the OOM killer or a segfaulting candidate, ends TVM's listen thread and the server leaves the
-    tracker for good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr
-    and the start line on stdout. Either way the server process, which holds the port and the tracker
-    registration, is stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped
-    with ``kill PID`` leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
+    tracker answers, a server that stopped serving (``_serving``: a session process exiting non-zero, e.g.
+    OOM-killed or a segfaulting candidate, ends TVM's listen thread and the server leaves the tracker for
+    good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr and the
+    start line on stdout. Either way the server process (holding the port and the tracker registration) is
+    stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
+    leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
     terminates the same way."""
 
     if args.port_end <= args.port:

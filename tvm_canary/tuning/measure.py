@@ -1,16 +1,16 @@
 """Building and measuring candidates: MetaSchedule's builder and runner hooks, alive for a whole tuning run.
 
 * ``CandidateBuilder``: a MetaSchedule builder whose worker processes start once per tuning run (TVM's
-  ``LocalBuilder`` starts a new pool, and so imports TVM, torch and the kernels again, at every call,
-  and checks itself in another new process at construction: most of a workload's time on a GPU). The
-  geometry a candidate's trace annotated on the stand-in workload is read here; a worker builds the
-  real kernel with it and exports it under a file name of its own (``_build_exported``).
+  ``LocalBuilder`` starts a new pool, so reimports TVM, torch and the kernels, at every call, and checks
+  itself in another new process at construction: most of a workload's time on a GPU). The geometry a
+  candidate's trace annotated on the stand-in workload is read here; a worker builds the real kernel
+  with it and exports it under its own file name (``_build_exported``).
 * ``alloc_bucket`` / ``run_case``: runner hooks for one runner per tuning run. The bucket is read from
   the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
   the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
   plans, a clean canary; ``case_for``), checks the candidate's outputs against the torch reference
-  byte for byte (a mismatch is a failed measurement, so it can never win) and then times each of the
-  case's launches on its own (verify's: a random-order and a chain-order launch): on a GPU as the
+  byte for byte (a mismatch is a failed measurement, so never wins), then times each of the case's
+  launches on its own (verify's: a random-order and a chain-order launch): on a GPU as the
   benchmarks do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` copies of the
   launch, each value the median of up to ``number`` replays, as many as make it span ``VALUE_MIN_US``
   (``replays_per_value``, after one timed replay)), on a CPU with ``time_evaluator``; ``repeat``
@@ -164,7 +164,7 @@ class CandidateBuilder(ms.builder.PyBuilder):
         return ms.builder.BuilderResult(path, None)
 
 
-# -- runner hooks (run in the runner's worker processes, or in an RPC server's session) ----------------
+# -- runner hooks (run in the runner's worker processes, or in an RPC server's session)
 
 
 def alloc_bucket(_device, args_info, alloc_repeat: int):

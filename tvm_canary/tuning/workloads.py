@@ -6,11 +6,10 @@ A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` 
 tokens per request, mode)`` with the same two sources; plan ``(bs, prefix)``, scatter ``(bs,
 tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply; within a
 mode the nearest size of the launch's size class wins (``apply.tuned_geometry``; a launch whose mode has
-no bucket runs its default geometry). Verify and
-write are tuned without input checks, plan and scatter in their no-LUT / no-pool specialization,
-whose geometry serves all of theirs. Write's real-KV modes have buckets of their own because its
-fold blocks run beside the chains: a geometry tuned on NONE chains alone slowed ALL 64 x 512 by 15%
-on the H200 (docs/TUNING.md).
+no bucket runs its default geometry). Verify and write are tuned without input checks, plan and scatter
+in their no-LUT / no-pool specialization, whose geometry serves all of theirs. Write's real-KV modes have
+buckets of their own as its fold blocks run beside the chains: a geometry tuned on NONE chains alone
+slowed ALL 64 x 512 by 15% on the H200 (docs/TUNING.md).
 
 Every workload carries the *kernel hash* of the code it was tuned for (``kernel_hash``), so records
 of a kernel that changed since are recognised and ignored (``tuning.apply``).
@@ -132,11 +131,11 @@ def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
     case changed since records were first kept (``CASE_VERSIONS``), the case. The code's hash is the
     structural hash (16 hex digits) of the TensorIR of ``kernels.<kernel>.make(*tuned_spec(kernel,
     bucket), geometry)`` for the target kind (``cuda`` or ``llvm``) in fixed reference geometries, one
-    per code path the knobs choose (``_HASH_GEOMETRIES``), without the attributes that do not shape the
-    generated code (``tirx.is_scheduled``); where they give different TensorIR, the SHA-256 (16 hex
-    digits) of the distinct structural hashes in order. Renaming Python helpers, taking numbers from
-    named constants or reformatting the kernel source leaves it unchanged; a change of the TensorIR that
-    any path builds (and so possibly of the generated code) changes it. Computing it parses the kernel
+    per code path the knobs choose (``_HASH_GEOMETRIES``), minus attributes not shaping the generated
+    code (``tirx.is_scheduled``); where they give different TensorIR, the SHA-256 (16 hex digits) of the
+    distinct structural hashes in order. Renaming Python helpers, moving numbers into named constants or
+    reformatting the kernel source leaves it unchanged; a change of the TensorIR any path builds (so
+    possibly of the generated code) changes it. Computing it parses the kernel
     (about a second a path), so code hashes are remembered per ``compile.source_hash()`` in the kernel
     cache folder."""
     return _with_case(code_hash(kernel, bucket, target_kind), CASE_VERSIONS.get(kernel))
@@ -350,16 +349,15 @@ def make_case(kernel: str, bucket: tuple, device) -> Case:
 def _verify_kwargs(bucket, device, gen):
     """A clean canary of chains of 64 tokens (real-KV fields folded from random K/V pools in the
     bucket's mode), chain-checked by two launches of the bucket's size each: chains on random slots in
-    random order, then chains on consecutive slots in chain order (as a prefill's tokens land in fresh
-    pages): the two orders the benchmarks time, each in a launch of its own of the size the benchmark
-    row has and the bucket serves (``apply.nearest``), which one geometry serves. Tuned on random order
-    alone, the ALL bucket of 1M entries chose a geometry 1.07x slower than the default in chain order on
-    the H200 (docs/TUNING.md); tuned on one launch holding both halves (the ninth and tenth sessions),
-    the eleventh session's tune picked three geometries that its case ran 4-13% faster and the
-    benchmark's rows, one of the two orders, 4-9% slower; tuned on two launches of half the bucket's
-    size each (the eleventh to fifteenth sessions), the fifteenth session's tune picked a NONE 64K
-    geometry of 264 x 128 threads, one pass over its 32K-entry launches and two over the benchmark's 64K,
-    which ran the benchmark's rows 5-7% slower than the default."""
+    random order, then on consecutive slots in chain order (as a prefill's tokens land in fresh pages):
+    the two orders the benchmarks time, each in its own launch of the benchmark row's size that the bucket
+    serves (``apply.nearest``), which one geometry serves. Tuned on random order alone, the ALL 1M bucket
+    chose a geometry 1.07x slower than the default in chain order on the H200 (docs/TUNING.md); tuned on
+    one launch holding both halves (ninth and tenth sessions), the eleventh session's tune picked three
+    geometries its case ran 4-13% faster and the benchmark's rows, one of the two orders, 4-9% slower;
+    tuned on two launches of half the bucket's size each (eleventh to fifteenth sessions), the fifteenth
+    session's tune picked a NONE 64K geometry of 264 x 128 threads, one pass over its 32K-entry launches
+    and two over the benchmark's 64K, which ran the benchmark's rows 5-7% slower than the default."""
     n, mode = bucket[0], mode_of("verify", bucket)
     length = 64
     chains = -(-n // length)  # per order
