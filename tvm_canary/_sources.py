@@ -65,6 +65,13 @@ def require_sources_as_read() -> None:
                            "restart it to use the new code")
 
 
+def require_parents_sources(parent_hash: str, began: str) -> None:
+    """A spawned worker's check: refuse (one line) sources other than its parent's (it reads them afresh);
+    ``began``: what the parent is doing ("this build", "tuning")."""
+    if source_hash() != parent_hash:
+        raise RuntimeError(f"kv-canary: the kernel or build sources changed since {began} began; restart it")
+
+
 try:
     source_hash()
 except RuntimeError as e:  # said where a key is needed (a later read would key code never imported)

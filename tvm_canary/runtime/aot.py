@@ -93,7 +93,6 @@ def compile_missing(jobs: list, workers: int, progress) -> None:
 
 def _compile(job: tuple, source_hash: str) -> None:
     """Worker side of ``compile_missing``: one module into the disk cache, under the parent's key."""
-    if C.source_hash() != source_hash:
-        raise RuntimeError("kv-canary: the kernel or build sources changed since this build began; restart it")
+    C.require_parents_sources(source_hash, "this build")
     tag, kernel, spec, geom = job
     C.cached_module(kernel, spec, tag, geom)

@@ -30,7 +30,13 @@ import threading
 import torch
 import tvm
 
-from .._sources import files_hash, require_sources_as_read, source_files, source_hash  # noqa: F401 (re-exported)
+from .._sources import (  # noqa: F401 (re-exported)
+    files_hash,
+    require_parents_sources,
+    require_sources_as_read,
+    source_files,
+    source_hash,
+)
 from . import targets
 from .specializations import spec_id
 

@@ -74,8 +74,7 @@ def _build_exported(job: tuple) -> tuple[str, float]:
 
     start = time.monotonic()
     kernel, bucket, tag, geom, source_hash = job
-    if C.source_hash() != source_hash:  # a worker reads the sources afresh
-        raise RuntimeError("kv-canary: the kernel or build sources changed since tuning began; restart it")
+    C.require_parents_sources(source_hash, "tuning")
     path = os.path.join(tempfile.mkdtemp(), f"candidate-{uuid.uuid4().hex}.{tar.output_format}")
     C.build(kernel, workloads.tuned_spec(kernel, bucket), tag, geom).mod.export_library(path, fcompile=tar)
     return path, time.monotonic() - start
