@@ -215,6 +215,46 @@ def test_step_graph_replay_equals_the_eager_session(write_input_assert):
                               DecodeRun(graph=True, write_input_assert=write_input_assert))
 
 
+def test_host_inputs_are_copied_without_waiting_for_the_device():
+    """All-host inputs (CPU tensors) of prefill chunks of 128K tokens (5 MB staged, past what a driver
+    copies inline from pageable memory), eager and in a replay, are enqueued while a long kernel still runs."""
+    rows, tokens, chunks = 8, 16384, 3
+    width = chunks * tokens
+    table_host = torch.cat([torch.zeros(1, width, dtype=torch.int32),
+                            torch.arange(1, rows * width + 1, dtype=torch.int32).view(rows, width)])
+    table = table_host.cuda()
+    session = CanarySession(full=CanaryGroup(num_slots=rows * width + 1), device="cuda", write_req_capacity=rows,
+                            write_entry_capacity=rows * tokens, expected_token_pool_shape=(rows + 1, width),
+                            violation_mode="quiet")
+    session.mark_init_finished()
+
+    def chunk(c: int) -> dict:
+        """Chunk c of every row (positions [c * tokens, (c + 1) * tokens)), as host tensors."""
+        row = torch.arange(1, rows + 1)
+        pos = (c * tokens + torch.arange(tokens)).repeat(rows)
+        row_of_token = row.repeat_interleave(tokens)
+        return dict(req_pool_indices=row, prefix_lens=torch.full((rows,), c * tokens),
+                    extend_seq_lens=torch.full((rows,), tokens), input_ids=100_000 * row_of_token + pos,
+                    positions=pos, out_cache_loc=table_host[row_of_token, pos].long(), req_to_token=table,
+                    token_ids=(100_000 * row[:, None] + torch.arange((c + 1) * tokens)).flatten(),
+                    token_lens=torch.full((rows,), (c + 1) * tokens))
+
+    def eager(c: int) -> None:
+        session.before_forward(**chunk(c))
+        session.after_forward()
+
+    eager(0)  # loads the kernels
+    graph = session.capture_step(batch_size=rows, num_tokens=rows * tokens, req_to_token=table)
+    for step, run in (("eager", lambda: eager(1)), ("replay", lambda: graph.replay(**chunk(2)))):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1 << 30)  # about 0.5 s
+        slept = torch.cuda.Event()
+        slept.record()
+        run()
+        assert not slept.query(), f"the {step} step waited for the device"
+    assert not session.flush().records
+
+
 def test_demo_with_cuda_graph_detects_every_fault(capsys):
     from tvm_canary.cli import main
 

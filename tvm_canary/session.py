@@ -40,7 +40,7 @@ from .launch import (
 )
 from .plans import VerifyPlan, WritePlan
 from .reference.swa import to_group_slots
-from .runtime import use_reference
+from .runtime import packing, use_reference
 from .violations import ViolationLog, ViolationReport, arrived, host_buffer, record_event
 
 VIOLATION_MODES = ("log", "raise", "quiet")
@@ -454,11 +454,11 @@ class CanarySession:
         lens = values.get("token_lens")
         if lens is not None:
             values["token_offsets"] = _host_offsets(lens)
-        staged = torch.cat(list(values.values()))
-        if self._staging.shape[0] < staged.shape[0]:
-            self._staging = torch.empty(1 << (staged.shape[0] - 1).bit_length(), dtype=torch.int64, device=self.device)
-        on_device = self._staging[: staged.shape[0]]
-        on_device.copy_(staged, non_blocking=True)
+        total = sum(v.shape[0] for v in values.values())
+        if self._staging.shape[0] < total:
+            self._staging = torch.empty(1 << (total - 1).bit_length(), dtype=torch.int64, device=self.device)
+        on_device = self._staging[:total]
+        _copy_from_host(list(values.values()), on_device)
         views = dict(zip(values, on_device.split([v.shape[0] for v in values.values()])))
         return _Batch(req_to_token=self._table_on_device(req_to_token), input_assert=input_assert,
                       **{name: views.get(name) for name in (*given, "token_offsets")})
@@ -956,7 +956,7 @@ class StepGraph:
                 at = 2 * [name for name, _, _ in self._fields].index("token_lens")
                 padded = torch.cat(pieces[at : at + 2])
                 pieces = [_host_offsets(padded)] + pieces
-            self._static[:end].copy_(torch.cat(pieces + tail), non_blocking=True)
+            _copy_from_host(pieces + tail, self._static[:end])
             return
         torch.cat(pieces + [t.to(where, non_blocking=True) for t in tail], out=self._static[self._offsets_len : end])
         if lens is not None:
@@ -1034,3 +1034,13 @@ def _batch_rows(inputs: dict) -> int:
 def _host_offsets(lens: torch.Tensor) -> torch.Tensor:
     """The scatter's offsets of host ``lens``: ``[0, lens[0], lens[0] + lens[1], ...]``."""
     return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+
+
+def _copy_from_host(pieces: list[torch.Tensor], dst: torch.Tensor) -> None:
+    """``dst.copy_(torch.cat(pieces))`` for host ``pieces``, without waiting for the device: concatenated into
+    page-locked memory (from pageable memory the driver stages the bytes itself and may first wait for the
+    stream), which torch's caching host allocator keeps until the copy has read it. While the stream is
+    captured, pageable as before (a graph cannot hold host data)."""
+    pinned = dst.device.type == "cuda" and not packing.capturing(dst.device)
+    host = torch.empty(sum(p.shape[0] for p in pieces), dtype=dst.dtype, pin_memory=pinned)
+    dst.copy_(torch.cat(pieces, out=host), non_blocking=True)
