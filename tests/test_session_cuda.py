@@ -216,9 +216,10 @@ def test_step_graph_replay_equals_the_eager_session(write_input_assert):
 
 
 def test_host_inputs_are_copied_without_waiting_for_the_device():
-    """All-host inputs (CPU tensors) of prefill chunks of 128K tokens (5 MB staged, past what a driver
-    copies inline from pageable memory), eager and in a replay, are enqueued while a long kernel still runs."""
-    rows, tokens, chunks = 8, 16384, 3
+    """Prefill chunks of 128K tokens (6-8 MiB of host data, past what a driver copies from pageable memory
+    without waiting), all on the host or all but ``token_ids`` on the device, replayed and eager, are
+    enqueued while a long kernel still runs once each path has run, and arrive intact (no violation)."""
+    rows, tokens, chunks = 8, 16384, 7
     width = chunks * tokens
     table_host = torch.cat([torch.zeros(1, width, dtype=torch.int32),
                             torch.arange(1, rows * width + 1, dtype=torch.int32).view(rows, width)])
@@ -228,29 +229,37 @@ def test_host_inputs_are_copied_without_waiting_for_the_device():
                             violation_mode="quiet")
     session.mark_init_finished()
 
-    def chunk(c: int) -> dict:
-        """Chunk c of every row (positions [c * tokens, (c + 1) * tokens)), as host tensors."""
+    def chunk(c: int, on_host: bool = True) -> dict:
+        """Chunk c of every row (positions [c * tokens, (c + 1) * tokens)); ``token_ids`` on the host, the
+        rest too when ``on_host``, else on the device."""
         row = torch.arange(1, rows + 1)
         pos = (c * tokens + torch.arange(tokens)).repeat(rows)
         row_of_token = row.repeat_interleave(tokens)
-        return dict(req_pool_indices=row, prefix_lens=torch.full((rows,), c * tokens),
-                    extend_seq_lens=torch.full((rows,), tokens), input_ids=100_000 * row_of_token + pos,
-                    positions=pos, out_cache_loc=table_host[row_of_token, pos].long(), req_to_token=table,
-                    token_ids=(100_000 * row[:, None] + torch.arange((c + 1) * tokens)).flatten(),
-                    token_lens=torch.full((rows,), (c + 1) * tokens))
+        batch = dict(req_pool_indices=row, prefix_lens=torch.full((rows,), c * tokens),
+                     extend_seq_lens=torch.full((rows,), tokens), input_ids=100_000 * row_of_token + pos,
+                     positions=pos, out_cache_loc=table_host[row_of_token, pos].long(),
+                     token_lens=torch.full((rows,), (c + 1) * tokens))
+        batch = {name: v if on_host else v.cuda() for name, v in batch.items()}
+        known = 100_000 * row[:, None] + torch.arange((c + 1) * tokens)
+        return dict(batch, req_to_token=table, token_ids=known.flatten())
 
-    def eager(c: int) -> None:
-        session.before_forward(**chunk(c))
+    def eager(**batch) -> None:
+        session.before_forward(**batch)
         session.after_forward()
 
-    eager(0)  # loads the kernels
+    eager(**chunk(0))  # loads the kernels
     graph = session.capture_step(batch_size=rows, num_tokens=rows * tokens, req_to_token=table)
-    for step, run in (("eager", lambda: eager(1)), ("replay", lambda: graph.replay(**chunk(2)))):
+    graph.replay(**chunk(1, on_host=False))  # and the mixed paths' torch kernels
+    eager(**chunk(2, on_host=False))
+    steps = (("host replay", graph.replay, chunk(3)), ("host eager", eager, chunk(4)),  # 7 and 8 MiB staged
+             ("mixed replay", graph.replay, chunk(5, on_host=False)),  # token_ids: 6 and 7 MiB
+             ("mixed eager", eager, chunk(6, on_host=False)))
+    for step, run, batch in steps:
         torch.cuda.synchronize()
         torch.cuda._sleep(1 << 30)  # about 0.5 s
         slept = torch.cuda.Event()
         slept.record()
-        run()
+        run(**batch)
         assert not slept.query(), f"the {step} step waited for the device"
     assert not session.flush().records
 

@@ -407,7 +407,7 @@ class CanarySession:
         synchronisation), so ``after_forward`` rereads ``input_ids``, ``positions``, ``out_cache_loc`` and the expected
         input tensors: they must not change before it runs (the TAIL would stamp other tokens than the HEAD).
         On a CUDA session, all-host inputs (lists, CPU tensors) are staged in pinned memory and reach the device
-        with one non-blocking copy; mixed ones are converted one by one (host data then copies synchronously).
+        with one non-blocking copy; mixed ones are converted one by one (host data through pinned memory too).
         Every input holds integers (int64; ``req_to_token`` int32): float or boolean tensors are refused, not
         truncated. No input may share memory with a tensor the step writes (the session's buffers, plans and
         expected-token pool; SPEC D10).
@@ -765,11 +765,11 @@ class CanarySession:
 
     def _on_device(self, x: torch.Tensor) -> torch.Tensor:
         """An int64 tensor (``_integers``) on the session device, dense (itself when it already is)."""
-        return x.to(self.device).contiguous()
+        return _to_device(x, self.device).contiguous()
 
     def _table_on_device(self, req_to_token) -> torch.Tensor:
         """``req_to_token`` as the plan kernels take it: int32 on the session device, dense."""
-        return _integers(req_to_token, "req_to_token", torch.int32).to(self.device).contiguous()
+        return _to_device(_integers(req_to_token, "req_to_token", torch.int32), self.device).contiguous()
 
     def _sweep_plan(self, group: str, entries: int) -> VerifyPlan:
         """The group's sweep plan, reallocated (to the next power of two) only when ``entries`` outgrows
@@ -949,7 +949,7 @@ class StepGraph:
         where = torch.device("cpu") if on_host else self.session.device
         pieces = []
         for (_, cap, pad), v in zip(self._fields, values):
-            pieces += [v.to(where, non_blocking=True), self._pads[where][pad][: cap - v.shape[0]]]
+            pieces += [_to_device(v, where), self._pads[where][pad][: cap - v.shape[0]]]
         lens = self.inputs.token_lens
         if on_host:
             if lens is not None:  # field i is pieces 2i (its values) and 2i + 1 (its padding)
@@ -958,7 +958,7 @@ class StepGraph:
                 pieces = [_host_offsets(padded)] + pieces
             _copy_from_host(pieces + tail, self._static[:end])
             return
-        torch.cat(pieces + [t.to(where, non_blocking=True) for t in tail], out=self._static[self._offsets_len : end])
+        torch.cat(pieces + [_to_device(t, where) for t in tail], out=self._static[self._offsets_len : end])
         if lens is not None:
             torch.cumsum(lens, 0, out=self.inputs.token_offsets[1:])
 
@@ -1040,7 +1040,17 @@ def _copy_from_host(pieces: list[torch.Tensor], dst: torch.Tensor) -> None:
     """``dst.copy_(torch.cat(pieces))`` for host ``pieces``, without waiting for the device: concatenated into
     page-locked memory (from pageable memory the driver stages the bytes itself and may first wait for the
     stream), which torch's caching host allocator keeps until the copy has read it. While the stream is
-    captured, pageable as before (a graph cannot hold host data)."""
+    captured, pageable, so that torch refuses the copy instead of capturing a block freed after the call.
+    (The concatenation copies ``pieces``: the caller may change them once this returns.)"""
     pinned = dst.device.type == "cuda" and not packing.capturing(dst.device)
     host = torch.empty(sum(p.shape[0] for p in pieces), dtype=dst.dtype, pin_memory=pinned)
     dst.copy_(torch.cat(pieces, out=host), non_blocking=True)
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device`` (itself when it is there): host data to a CUDA device through ``_copy_from_host``."""
+    if x.device.type != "cpu" or device.type != "cuda":
+        return x.to(device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=device)
+    _copy_from_host([x.reshape(-1)], out.view(-1))
+    return out
