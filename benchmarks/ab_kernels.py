@@ -4,35 +4,30 @@
         [--package NAME=FOLDER]... [--kernels verify write] [--modes NONE PARTIAL ALL] [--write-shapes RxT[cC] ...]
         [--verify-sizes N ...] [--floor-grids G ...] [--kv-bytes B] [--quick] [--json OUT.json]
 
-Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV when that
-holds a ``tvm_canary`` package (a GPU host without the repository's history: ``git archive REV
-tvm_canary | tar x -C FOLDER`` where the history is); ``head``, the working tree's; and
-each ``--variant``, head's package with one launch mode's default geometry changed (e.g.
-``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL): at every size of the mode, or with SCOPE
-``below`` only below the mode's first size class (``schedules.CUDA_SIZE_DEFAULTS``), with ``class`` only from it on
-(its other rows then build head's geometry, an A/A of the variant's); and each ``--package``, the
-package in FOLDER (as ``--base`` takes one: a changed copy of the kernels, e.g. an ablation). Every arm
-uses default geometries (``runtime.targets.default_geometry``, of each row's mode and size: one build
-per size class of its package's ``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is
-of the kernel code and defaults.
-TVMScript reads a kernel's macros from its package's files, so two versions cannot be built in one
-process: each arm is built in a child process from a copy of its package and exported; this process
-loads the modules and times them interleaved (``timing.interleaved_us``: 6 rounds, verify 15 replays
-of 4 plans, write 7; medians) in CUDA graphs, on ``bench_kernels.py``'s inputs (a 2^25-slot pool, or
-2^22 with ``--quick``, chains stamped by head's write), verify beside two floors of one grid
-(2112 x 32, ``floors.gather``: ``fl-gather``, and ``fl-ordered``, which hashes as SPEC 1 requires,
-folding the sources one after another, and appends in order; the benchmark also times the order
-that folds them together), and the gather in each of ``--floor-grids`` (``BLOCKSxTHREADS[mMIN_BLOCKS]``,
-e.g. ``2112x512m2``, a grid of ``floors.BOUNDED_GATHER_GRIDS``: ``fl-LABEL``, one lane an entry, and with
-two sources ``fl-split-LABEL``, two lanes). The benchmark's floors are the fastest of several grids and
-orders, so a ratio to these is at most the benchmark's. Checked before a row is reported: no verify
-launch of any arm flagged a violation, and every write arm stamped the bytes base stamped (a row that
-fails says so).
-Write's rows are ``bench_kernels.WRITE_SHAPES`` (requests x tokens per request), or ``--write-shapes``
-(e.g. ``256x4 128x16 128x22 128x23``: the size classes' boundary and the shapes between the
-benchmark's, which it does not time); ``RxTcC`` puts the R requests in a plan of capacity C > R, the rest
-empty and not valid, as a CUDA graph captured at capacity C and replayed with R requests has it (the
-grid follows the capacity, the lane mapping the valid requests).
+Arms: ``base``, the package at git revision REV (``git archive``), or in the folder REV if it holds a ``tvm_canary``
+package (a GPU host without the repository's history: ``git archive REV tvm_canary | tar x -C FOLDER`` where the
+history is); ``head``, the working tree's; each ``--variant``, head's package with one launch mode's default
+geometry changed (e.g. ``m4:verify:ALL:min_blocks=4``; modes NONE, PARTIAL, ALL): at every size of the mode, or with
+SCOPE ``below`` only below the mode's first size class (``schedules.CUDA_SIZE_DEFAULTS``), with ``class`` only from
+it on (its other rows then build head's geometry, an A/A of the variant's); and each ``--package``, the package in
+FOLDER (as ``--base`` takes one: a changed copy of the kernels, e.g. an ablation). Every arm uses default geometries
+(``runtime.targets.default_geometry``, of each row's mode and size: one build per size class of its package's
+``schedules.CUDA_SIZE_DEFAULTS``; no tuning database), so the comparison is of the kernel code and defaults.
+TVMScript reads a kernel's macros from its package's files, so two versions cannot be built in one process: each arm
+is built in a child process from a copy of its package and exported; this process loads the modules and times them
+interleaved (``timing.interleaved_us``: 6 rounds, verify 15 replays of 4 plans, write 7; medians) in CUDA graphs, on
+``bench_kernels.py``'s inputs (a 2^25-slot pool, or 2^22 with ``--quick``, chains stamped by head's write), verify
+beside two floors of one grid (2112 x 32, ``floors.gather``: ``fl-gather``, and ``fl-ordered``, which hashes as SPEC
+1 requires, folding the sources one after another, and appends in order; the benchmark also times the order folding
+them together), and the gather in each of ``--floor-grids`` (``BLOCKSxTHREADS[mMIN_BLOCKS]``, e.g. ``2112x512m2``, a
+grid of ``floors.BOUNDED_GATHER_GRIDS``: ``fl-LABEL``, one lane an entry, and with two sources ``fl-split-LABEL``,
+two lanes). The benchmark's floors are the fastest of several grids and orders, so a ratio to these is at most the
+benchmark's. Checked before a row is reported (a failing row says so): no verify launch of any arm flagged a
+violation, every write arm stamped base's bytes.
+Write's rows are ``bench_kernels.WRITE_SHAPES`` (requests x tokens per request), or ``--write-shapes`` (e.g. ``256x4
+128x16 128x22 128x23``: the size classes' boundary and shapes between the benchmark's, which it does not time);
+``RxTcC`` puts the R requests in a plan of capacity C > R, the rest empty and invalid, as in a CUDA graph captured
+at capacity C and replayed with R requests (the grid follows the capacity, the lane mapping the valid requests).
 """
 
 from __future__ import annotations
@@ -58,12 +53,11 @@ KERNELS = ("verify", "write")
 
 
 def launch_builds(row_words: int) -> dict:
-    """What each kernel launch of the benchmark compiles, on token rows of ``row_words`` words per
-    source: {kernel: {mode: (kernel, specialization axis values by name, mode number)}} for NONE, PARTIAL,
-    ALL; ALL builds in the rows' word count where head's kernels have one for it
-    (``specializations.fold_words``), as the benchmark's launches do. By name: each arm's child builds
-    its own package's tuple (``specializations.AXES``), and an axis an older package lacks is left out
-    (packages before the ``partial`` or ``fold_words`` axis)."""
+    """What each kernel launch of the benchmark compiles, on token rows of ``row_words`` words per source: {kernel:
+    {mode: (kernel, specialization axis values by name, mode number)}} for NONE, PARTIAL, ALL; ALL builds in the rows'
+    word count where head's kernels have one for it (``specializations.fold_words``), as the benchmark's launches do. By
+    name: each arm's child builds its own package's tuple (``specializations.AXES``), leaving out an axis an older
+    package lacks (``partial``, ``fold_words``)."""
     from tvm_canary.runtime.specializations import fold_words
 
     return {kernel: {mode: (kernel, {"num_sources": 0 if mode == "NONE" else 2, "partial": mode == "PARTIAL",
@@ -75,12 +69,11 @@ def launch_builds(row_words: int) -> dict:
 FLOOR_GRID = (2112, 32)
 ROUNDS = 6
 
-# Run in a child process whose working directory holds the arm's package copy: builds the arm's
-# kernels (JSON: {stem: [kernel, axis values, mode, workload points, [geometry overrides, scope]]}): for each
+# Run in a child process whose working directory holds the arm's package copy: builds the arm's kernels
+# (JSON: {stem: [kernel, axis values, mode, workload points, [geometry overrides, scope]]}): for each
 # point the arm's default of that mode and size (packages before size classes: of the mode), overridden
-# where the point is in the overrides' scope (``parse_variant``); each
-# distinct geometry built once and exported as <stem>-<geometry key>.so. Its last line is the JSON
-# {stem: {point (JSON): geometry key}}.
+# where the point is in the overrides' scope (``parse_variant``); each distinct geometry built once and
+# exported as <stem>-<geometry key>.so. Its last line is the JSON {stem: {point (JSON): geometry key}}.
 CHILD = """
 import dataclasses, inspect, json, pathlib, sys
 import tvm_canary
@@ -108,7 +101,7 @@ print(json.dumps(chosen))
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A version of the kernels: its package folder and per (kernel, mode) geometry overrides (``{field:
-    value}``, and the scope of ``parse_variant``); an arm without overrides (base, head, a ``--package``)
+    value}``, and ``parse_variant``'s scope); an arm without overrides (base, head, a ``--package``)
     builds every timed kernel and mode, a variant only those it overrides."""
 
     name: str
@@ -205,9 +198,9 @@ def resolve_base(text: str) -> pathlib.Path | str:
 def build_arms(arms: list[Arm], kernels, modes, tag: str, work: pathlib.Path, points: dict,
                builds: dict) -> tuple[dict, dict]:
     """({(arm, kernel, mode, point key): the exported function}, {(arm, kernel, mode, point key): its
-    geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``) in the launch
+    geometry key}) for the workload points ``points[kernel]`` of the rows (``point_key``) in launch
     modes ``modes``, each arm's default geometry of a row's mode and size, of the specializations
-    ``builds`` (``launch_builds``); every arm built in its own child process at once."""
+    ``builds`` (``launch_builds``); each arm built in its own child process, all at once."""
     import tvm
 
     children = {}

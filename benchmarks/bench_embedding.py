@@ -1,49 +1,47 @@
 """Canary cost of one decode step through ``CanarySession``, eager vs one replayed CUDA graph (GPU).
 
-Workload: ``bs`` requests (1, 64, 256) with ``CONTEXT`` cached tokens each decode one token per step
-(the same step repeated after one prefill, so every step verifies ``bs * CONTEXT`` clean entries per
-endpoint). Groups: FULL, or FULL + SWA (window ``WINDOW``); K and V halves; ``SOURCES`` real-KV
-sources per half of ``KV_BYTES`` bytes per token, PARTIAL mode; the expected-token check on (every
-step scatters all known tokens, as ``before_forward`` does).
+Workload: ``bs`` requests (1, 64, 256) with ``CONTEXT`` cached tokens each decode one token per step (one step repeated
+after a prefill, each verifying ``bs * CONTEXT`` clean entries per endpoint). Groups: FULL, or FULL + SWA (window
+``WINDOW``); K and V halves; ``SOURCES`` real-KV sources per half of ``KV_BYTES`` bytes per token, PARTIAL mode; the
+expected-token check on (every step scatters all known tokens, as ``before_forward`` does).
 
 Columns:
-* eager wall: µs per step of back-to-back ``before_forward`` + ``after_forward`` (host-bound when the
-  host is slower than the kernels); eager stream: CUDA-event time of one step (with the gaps while the
-  host enqueues).
+* eager wall: µs per step of back-to-back ``before_forward`` + ``after_forward`` (host-bound if the
+  host is slower than the kernels); eager stream: CUDA-event time of one step (with the host's
+  enqueueing gaps).
 * graph wall / graph stream: the same for ``StepGraph.replay`` (inputs refilled from device tensors:
   one concatenation and the scatter offsets' cumsum before the graph, the status snapshot after it);
   graph only: CUDA-event time of the bare graph replay, held (``tvm_canary.timing``: the host's
-  submission of the graph is not timed, as it is not in the floors').
+  submission of the graph is untimed, as in the floors).
 * device ops: kernels, copies and memsets of one eager step (profiler); graph ops: those of the work
   the graph holds (its captured work run once under the profiler), and ``graph ops x empty``. A canary
   operator may be several launches (the plan kernel is two).
 * empty: one empty kernel in a CUDA graph of 100, replayed held (the launch floor).
-* floor sum: the sum of the floors of the step's canary operators (``operators``: one scatter, per
-  group one plan, per endpoint, half and group one verify and one write), each measured in this run
-  as ``benchmarks/bench_kernels.py`` measures a kernel's floor (``floors.py``: a kernel that moves the
-  same bytes with the same pattern and computes nothing, the fastest of the floor grids, timed in CUDA
-  graphs of FLOOR_REPEATS launches) on the step's own tensors: verify a gather through the plan the
-  step's plan kernel filled (token vector included), write a store through its write plan into a
-  scratch copy of the canary, plan and scatter a dense copy of their bytes. Each floor runs on data
-  as warm as the step's (the same tensors, replayed), so the sum bounds the step's operators
-  from below; other torch operations of the step (the SWA slot translation) count zero. (The H200
-  run of 2026-12-01, fifth session, timed the bare replays before the graph's first refill, so over an
-  empty batch, and found the step below its floors: ``below_floor``. They now follow a refill.) The ratio
-  graph only / floor sum is the issue's "within 2x" figure; a step faster than its floor sum beyond the
-  noise (``BELOW_FLOOR_RATIO``) is flagged ``below_floor``: its floors are then no lower bounds and the
-  ratio bounds nothing. ``floor_ops`` in the JSON lists each operator's floor (a
-  floor kernel's with ``device_us``, the device time of one launch of its fastest grid) and
-  ``graph_op_times`` each device operation of one graph replay with its device time (profiler), side
-  by side.
-* model floor: the same sum modeled instead of measured, per operator one empty launch + bytes / HBM
-  bandwidth (a measured device copy): bytes follow the byte model of benchmarks/bench_kernels.py
-  (verify: 24 B plan + 8 B token + 32 B slot + 32 B predecessor + 32 B per PARTIAL source per entry;
-  write: 24 B read + 32 B stamped + 32 B per source per token; plan: 32 B per verify entry + 4 B table;
-  scatter: 12 B per token). It ignores latency: a verify's dependent loads (plan, slot, predecessor)
-  are three memory round trips no byte count shows, so at small batches it is well below the measured
-  floors. Runs before 2026-12-01 report only this model, under the name ``floor_sum``.
+* floor sum: the summed floors of the step's canary operators (``operators``: one scatter, per group
+  one plan, per endpoint, half and group one verify and one write), each measured here as
+  ``benchmarks/bench_kernels.py`` measures a kernel's (``floors.py``: a kernel moving the same bytes
+  in the same pattern, computing nothing; the fastest floor grid, in CUDA graphs of FLOOR_REPEATS
+  launches) on the step's own tensors: verify a gather through the plan the step's plan kernel filled
+  (token vector included), write a store through its write plan into a scratch canary copy, plan and
+  scatter a dense copy of their bytes. Each floor runs on data as warm as the step's (same tensors,
+  replayed), so the sum bounds the step's operators from below; its other torch operations (the SWA
+  slot translation) count zero. (The H200 run of 2026-12-01, 5th session, timed the bare replays
+  before the graph's first refill, over an empty batch, and found the step below its floors:
+  ``below_floor``. They now follow a refill.) The ratio graph only / floor sum is the issue's "within
+  2x" figure; a step faster than its floor sum beyond noise (``BELOW_FLOOR_RATIO``) is flagged
+  ``below_floor``: its floors are no lower bounds, the ratio bounds nothing. The JSON's ``floor_ops``
+  lists each operator's floor (a floor kernel's with ``device_us``, one launch's device time in its
+  fastest grid) beside ``graph_op_times``, each device operation of one graph replay with its device
+  time (profiler).
+* model floor: the same sum modeled, not measured, per operator one empty launch + bytes / HBM
+  bandwidth (a measured device copy), bytes by benchmarks/bench_kernels.py's byte model (verify: 24 B
+  plan + 8 B token + 32 B slot + 32 B predecessor + 32 B per PARTIAL source per entry; write: 24 B read
+  + 32 B stamped + 32 B per source per token; plan: 32 B per verify entry + 4 B table; scatter: 12 B
+  per token). It ignores latency: a verify's dependent loads (plan, slot, predecessor) are three memory
+  round trips no byte count shows, so at small batches it is well below the measured floors. Runs
+  before 2026-12-01 report only this model, named ``floor_sum``.
 Then the host overhead of one eager public launch (verify, nothing to check) and its parts;
-``--host-only`` measures only that, on the GPU when there is one, else on the CPU.
+``--host-only`` measures only that, on the GPU if there is one, else on the CPU.
 
     python benchmarks/bench_embedding.py [--quick] [--host-only] [--json OUT.json]
 """
@@ -90,7 +88,7 @@ def wall_us(fn, iters: int) -> float:
 
 def device_ops(fn) -> list[dict]:
     """The kernels, copies and memsets one call of ``fn`` runs on the device, in order, with their device
-    time (profiler; a replayed CUDA graph's kernels are reported too where CUPTI traces graphs)."""
+    time (profiler; also a replayed CUDA graph's kernels where CUPTI traces graphs)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -114,7 +112,7 @@ def sources(kv: torch.Tensor) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class Operator:
     """One canary operator of the step: what it is, its byte model (module docstring) and its floor, a
-    ``bench_kernels.Bench`` floor kernel (``floor``: a ``Bench.floor_makers`` name, or "copy" for the dense
+    ``bench_kernels.Bench`` floor kernel (``floor``: a ``Bench.floor_makers`` name, or "copy": the dense
     copy of ``nbytes``) with ``args``, the step's own tensors (a scratch canary where the floor stores)."""
 
     what: str
@@ -171,10 +169,10 @@ class Workload:
         self.session.after_forward()
 
     def operators(self) -> list[Operator]:
-        """The step's canary operators in launch order (scatter; per group plan, HEAD verify + write per
-        half; then TAIL verify + write per group and half), with their floors' arguments taken from the
-        session after a step: the plans its plan kernel filled, the decode batch, the slots the step
-        wrote (translated for SWA) and the sources' bytes (what each floor reads: module docstring)."""
+        """The step's canary operators in launch order (scatter; per group plan, HEAD verify + write per half;
+        then TAIL verify + write per group and half), their floors' arguments taken from the session after a
+        step: the plans its plan kernel filled, the decode batch, the slots it wrote (translated for SWA), the
+        sources' bytes (what each floor reads: module docstring)."""
         bs, decode = self.bs, self.decode
         out = [Operator("scatter", 12 * bs * (CONTEXT + 1), "copy")]
         entries = {"FULL": bs * CONTEXT, "SWA": bs * min(WINDOW, CONTEXT)}
@@ -218,8 +216,8 @@ def floor_bench(arch: str):
 
 
 def floor_of(bench, op: Operator) -> dict:
-    """The fastest floor of ``op``: ``floor_us`` (µs per launch) and ``floor`` (which one), its floor kernel
-    over the floor grids, FLOOR_REPEATS launches per CUDA graph on the step's tensors (for a copy,
+    """The fastest floor of ``op``: ``floor_us`` (µs per launch) and ``floor`` (which), its floor kernel
+    over the floor grids, FLOOR_REPEATS launches per CUDA graph on the step's tensors (a copy:
     ``Bench.copy_floor_us``); for a floor kernel also ``device_us`` (profiler; module docstring)."""
     if op.floor == "copy":
         us, which = bench.copy_floor_us(op.nbytes)
@@ -254,8 +252,8 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
 
     ops_per_step = len(device_ops(w.eager_step))
     graph_ops = len(device_ops(graph._work))  # the captured work (a repeat of the decode step)
-    # The bare replays below reuse the inputs the last refill left in the graph's static buffers, so
-    # refill them with the decode batch first (captured, they hold zeros: an empty batch).
+    # The bare replays below reuse the inputs the last refill left in the graph's static buffers: refill
+    # them with the decode batch first (captured, they hold zeros: an empty batch).
     replay()
     graph_only = median_us(graph.graph.replay, iters, hold=True)  # the device's time, as the floors are timed
     verified = int(w.session._group("FULL").verify_plan.verify_num_valid[0])
@@ -281,11 +279,10 @@ def step_row(bs: int, swa: bool, iters: int, empty_us: float, bytes_per_us: floa
 
 
 def host_overhead(iters: int, device: torch.device) -> dict:
-    """Host µs of one eager verify launch with nothing to check (enable 0: the kernel returns at once)
-    on a TAIL context of a session like the workload's (SOURCES PARTIAL sources, token check on), and
-    its parts. The public launch replays the memoised checked launch of its context and plan
-    (``tvm_canary.eager``); the checks and the implementation are what a launch whose context or plan
-    is new or changed runs again. Each part: the best (least disturbed by other host load) of 5 rounds of
+    """Host µs of one eager verify launch with nothing to check (enable 0: the kernel returns at once) on a TAIL context
+    of a session like the workload's (SOURCES PARTIAL sources, token check on), and its parts. The public launch replays
+    the memoised checked launch of its context and plan (``tvm_canary.eager``); a new or changed one runs the checks
+    and the implementation again. Each part: the best (least disturbed by other host load) of 5 rounds of
     ``iters // 5`` back-to-back calls, after 100 warm-up calls."""
     slots = CONTEXT + 9
     session = CanarySession(full=CanaryGroup(num_slots=slots, k_sources=sources(kv_pool(slots, device)),

@@ -4,10 +4,9 @@ For example two runs of the same kernels, or of two versions.
 
     python benchmarks/compare.py FIRST.json SECOND.json
 
-Prints, per case, both times, second/first, and each run's ratio to its own floor; ends with the
-cases where the second run is slower by more than the tuning check's margin (``verdicts.TUNED_SLOWER``)
-and the rows of either run faster than one of their floors by more than the noise
-(``verdicts.below_floor``).
+Prints, per case, both times, second/first, and each run's ratio to its own floor; ends with the cases where the second
+run is slower by over the tuning check's margin (``verdicts.TUNED_SLOWER``) and the rows of either run faster than one
+of their floors by over the noise (``verdicts.below_floor``).
 """
 
 from __future__ import annotations

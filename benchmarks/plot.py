@@ -4,9 +4,9 @@
 
 PNGs (needs matplotlib, the ``bench`` extra):
 * ``perf-verify.png``: time vs active entries, one column per real-KV mode; the kernel (default and,
-  when measured, tuned geometry), its gather floor (and, for the rows timed against their bounds, the
-  ordered floor as x) and the baselines, random (solid) and chain (dashed) order; below, each time
-  divided by the floor (x: by the ordered floor), with the targets;
+  if measured, tuned geometry), its gather floor (for rows timed against their bounds also the ordered
+  floor as x) and the baselines, random (solid) and chain (dashed) order; below, each time over the
+  floor (x: the ordered floor), with the targets;
 * ``perf-write.png``: ns per written token for each shape and mode, beside the floor and baselines;
 * ``perf-plan-scatter.png``: plan and scatter times beside their copy floors and baselines.
 The markdown holds one table per kernel with the same numbers, the targets and PASS/FAIL, and the run's
@@ -28,7 +28,7 @@ BASELINES = ("original", "triton", "torch")
 STYLE = {"original": ("tab:red", "s"), "triton": ("tab:purple", "^"), "torch": ("tab:gray", "x")}
 DEFAULT_DPI = 60  # plot.py --dpi: the PNGs' resolution, the docs' (small files: the tree's budget)
 # Colours of the PNGs' palette: the plots draw a dozen line colours (anti-aliased); 32 keep them apart at
-# about 0.9x the size of 64 (the repository's tree must stay under 2 MiB, docs/ PNGs included).
+# about 0.9x the size of 64 (the tree must stay under 2 MiB, docs/ PNGs included).
 PALETTE_COLOURS = 32
 
 
@@ -44,8 +44,8 @@ def read_run(path) -> dict:
 
 
 def load(path: str, reader: str) -> dict | None:
-    """A bench_kernels.py run, or None after a one-line error naming ``reader`` when it cannot be read or
-    is a run of the earlier bench (no baselines, targets or environment)."""
+    """A bench_kernels.py run, or None after a one-line error naming ``reader`` if unreadable or a run of
+    the earlier bench (no baselines, targets or environment)."""
     try:
         run = read_run(path)
     except (OSError, ValueError) as e:
@@ -211,7 +211,7 @@ def grouped_cases(cases) -> str:
 
 def part_text(part) -> str:
     """One invocation of a run made in parts: what it timed, its wall time, empty launch and register-only
-    chain, the code that timed it (``bench_kernels.code_digest``) and which of its rows a later one replaced."""
+    chain, the code timing it (``bench_kernels.code_digest``) and which of its rows a later one replaced."""
     replaced = part_kernels(part.get("replaced", []), part.get("replaced_verify_sizes"), None,
                             part.get("replaced_verify_rows"))
     cut = f", cut short in its {part['cut']} sweep" if "cut" in part else ""
@@ -229,8 +229,8 @@ def _fmt(x, digits=1) -> str:
 
 
 def _ratio(r, floor_us: float) -> str:
-    """The row's time over ``floor_us`` to two decimals, more where that would put it on the other side of
-    the row's floor target (1.255 against 1.25 prints 1.255)."""
+    """The row's time over ``floor_us`` to two decimals, more where two would put it across the row's
+    floor target (1.255 against 1.25 prints 1.255)."""
     limit = next((t["limit"] for t in r.get("targets", []) if t["what"] == "floor"), None)
     return _fmt(r["us"] / floor_us, 2) if limit is None else verdicts.ratio_text(r["us"] / floor_us, limit)
 

@@ -2,17 +2,15 @@
 
     python benchmarks/report.py bench.json [--markdown out.md]
 
-A group is one target of issue 13 as ``bench_kernels.targets_for`` states it (kernel, what the time is
-compared with, limit; verify split by size range): how many rows meet it, and each row that does not,
-with its ratio; for the rows timed against their bounds (verify: ``bench_kernels.bounded_row``, up to 64K
-entries and ALL at every size; write: one-token requests) also the same limit against their ordered
-floor, and their hash floor against the target's limit (for reference: neither is the target; they say
-what the floor really is: a row whose hash floor alone is over the limit is past the hardware for a
-kernel that hashes as SPEC requires). Then the tuning check (no row tuned to a geometry of its
-own more than 3% slower than default, A/B interleaved; the rows tuned to their default, an A/A, shown
-as the method's noise) and the rows faster than a floor by more than 5% in either arm (a floor that is
-not a lower bound): both checks are ``verdicts``', computed from the rows' times.
-Reads the targets the run stored; needs no GPU.
+A group is one target of issue 13 as ``bench_kernels.targets_for`` states it (kernel, what the time is compared with,
+limit; verify split by size range): how many rows meet it, and each row that does not, with its ratio; for the rows
+timed against their bounds (verify: ``bench_kernels.bounded_row``, up to 64K entries and ALL at every size; write:
+one-token requests) also the same limit against their ordered floor, and their hash floor against the target's limit
+(for reference: neither is the target; they say what the floor really is: a row whose hash floor alone is over the limit
+is past the hardware for a kernel hashing as SPEC requires). Then the tuning check (no row tuned to a geometry of its
+own over 3% slower than default, A/B interleaved; rows tuned to their default, an A/A, shown as the method's noise) and
+the rows faster than a floor by over 5% in either arm (a floor that is no lower bound): both checks are ``verdicts``',
+computed from the rows' times. Reads the targets the run stored; needs no GPU.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ def summary(run) -> str:
             references.setdefault((r["kernel"], rows_of, target["limit"]), []).append(r)
     for (kernel, rows_of, limit), bounded in sorted(references.items(), key=lambda kv: (kv[0][0] != "verify", kv[0])):
         floor = verdicts.FLOOR_OF[kernel]
-        # the ratio compared as the targets compare it (ratio > limit), not a product, which differs at the limit
+        # the ratio compared as the targets do (ratio > limit), not a product, which differs at the limit
         over = [f"{r['case']} ({verdicts.ratio_text(ratio, limit)})" for r in bounded
                 if (ratio := r["us"] / r["ordered_floor_us"]) > limit]
         lines.append(f"| (for reference) {kernel}, {rows_of}: <= {limit:.2f} x ordered floor ({floor} + SPEC hashing + "

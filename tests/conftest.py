@@ -4,9 +4,9 @@ Markers (registered in pyproject.toml): ``gpu`` tests need a CUDA GPU, skipped w
 explicitly or when a parameter id names CUDA (``tvm-cuda``, ``cuda``); the GPU host runs ``-m gpu``.
 ``slow`` tests take tens of seconds (a module fixture's cost counts for every test using it).
 
-Order: under the README's ``-n 2 --dist loadscope`` each test class, else module, is one unit of work,
-handed out in collection order (pyproject.toml turns off xdist's reordering by test count). Units with
-the most ``slow`` tests come first: long ones start at once, short ones fill in, none starts last alone.
+Order: under the README's ``-n 2 --dist loadscope`` each test class, else module, is one unit of work, handed out in
+collection order (pyproject.toml turns off xdist's reordering by test count). Units with most ``slow`` tests come first:
+long ones start at once, short ones fill in, none starts last alone.
 """
 
 from __future__ import annotations

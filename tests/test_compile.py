@@ -1,9 +1,9 @@
 """torch.compile over a serving step calling the public API (scatter -> plan -> verify -> write).
 
-The step compiles with ``fullgraph=True`` (``torch._dynamo.explain``: one graph, no break); every tensor
-it touches is byte-equal to eager over two steps, inputs refilled in place, under Inductor and
-``aot_eager`` (CUDA: also ``mode="reduce-overhead"``, Inductor's CUDA graphs replayed). The graph holds
-only operators and views: Inductor compiles no C++ here.
+The step compiles with ``fullgraph=True`` (``torch._dynamo.explain``: one graph, no break); every tensor it touches is
+byte-equal to eager over two steps, inputs refilled in place, under Inductor and ``aot_eager`` (CUDA: also
+``mode="reduce-overhead"``, Inductor's CUDA graphs replayed). The graph holds only operators and views: Inductor
+compiles no C++.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_state_inside_a_buffer_of_another_dtype(backend):
     """A one-element view of another dtype at a nonzero offset of a larger buffer, taken in the compiled
     step, reaches an operator empty (torch.compile rebuilds ``buf[i : i + 1].view(torch.int32)[:1]``
     wrongly): refused with a kv-canary error (its writes were lost: the enable flag stayed 0, on every
-    backend). Viewed from the whole buffer, as the session's status words are, it compiles byte-equal to eager."""
+    backend). Viewed from the whole buffer, as the session's status words, it compiles byte-equal to eager."""
     def state():
         s = make_state("cpu")
         del s["v_enable"]

@@ -2,9 +2,8 @@
 the device (no host-side workspace or reads of device tensors), and its device code compiles with nvcc
 for sm_80 and sm_90: CUDA breakage caught in CPU CI.
 
-One class per kernel: under the README's ``pytest -n 2 --dist loadscope`` a class runs in one worker, so
-the nvcc test finds its lowerings in ``cuda_build``'s per-process cache: each (kernel, specialization,
-arch) lowered once per run.
+One class per kernel: under the README's ``pytest -n 2 --dist loadscope`` a class runs in one worker, so the nvcc test
+finds its lowerings in ``cuda_build``'s per-process cache: each (kernel, specialization, arch) lowered once a run.
 """
 
 from __future__ import annotations

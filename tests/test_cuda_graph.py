@@ -1,6 +1,5 @@
-"""CUDA graphs: plan -> verify -> write captured on a side stream, replayed on a refilled batch: the
-graph reads the live inputs, so after refilling them in place and replaying, every output equals the
-reference run on the new batch."""
+"""CUDA graphs: plan -> verify -> write captured on a side stream, replayed on a refilled batch: the graph reads the
+live inputs, so after refilling them in place and replaying, every output equals the reference run on the new batch."""
 
 from __future__ import annotations
 

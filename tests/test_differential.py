@@ -113,9 +113,8 @@ def test_differential_sources_folded_one_after_another(kernel, pairs_capped, mon
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_verify_a_lone_failing_entry(device, where):
-    """Every entry padding but one (first, middle or last) on a random canary: the reference's row alone,
-    on every backend. Random plans mark nearly every chunk, hiding a kernel skipping an entry; here
-    nothing else marks."""
+    """Every entry padding but one (first, middle or last) on a random canary: the reference's row alone, on every
+    backend. Random plans mark nearly every chunk, hiding a kernel skipping an entry; here nothing else marks."""
     require(device)
     for seed in range(8):
         want, got = (CASES["verify"](torch.Generator().manual_seed(seed), dev, capacity=1 + 37 * seed)
@@ -180,9 +179,8 @@ def fold_lane_widths(case: dict) -> tuple[int, int]:
 
 
 def test_write_fold_lanes_over_several_blocks(monkeypatch):
-    """Write's fold lanes map for the plan's capacity, and again for the active requests when they get
-    more lanes each (``fold_lanes``): a multi-block CPU grid runs both (the cases reach both), stamping
-    the reference's bytes."""
+    """Write's fold lanes map for the plan's capacity, and again for the active requests when they get more lanes each
+    (``fold_lanes``): a multi-block CPU grid runs both (the cases reach both), stamping the reference's bytes."""
     monkeypatch.setitem(targets.CPU_DEFAULTS, "write", {"blocks": FOLD_GRID_BLOCKS, "unroll": 2, "pairs": 1})
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")
     monkeypatch.setattr(compile_, "_by_launch", {})

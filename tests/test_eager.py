@@ -1,6 +1,6 @@
 """Eager replays (tvm_canary.eager): once a launch is memoised, changing its context's or plan's tensors in
 place (resize_, set_, as_strided_, .data =) makes the next launch check and pack again, raising what the
-checks raise and using the tensors as they now are. Correctness only, no timing."""
+checks raise, using the tensors as they now are. Correctness only, no timing."""
 
 from __future__ import annotations
 

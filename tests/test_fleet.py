@@ -1,7 +1,7 @@
 """Fleet tuning without a GPU: a loopback tracker and CPU ``tvm-canary rpc-server`` tune a tiny llvm
 workload end to end, the record applying at load; preflight refuses what would hang or measure by another
 protocol; a terminated ``rpc-server`` leaves no process; ``tune-merge`` keeps each workload's choice (and
-default) of a run that measured the default, refusing another device's database."""
+default) of a run measuring the default, refusing another device's database."""
 
 from __future__ import annotations
 
@@ -287,9 +287,8 @@ def test_tune_merge_keeps_the_chosen_record_of_a_run_that_measured_the_default(t
 
 
 def test_tune_merge_keeps_a_qualifying_choice_over_a_faster_record_without_its_default(tmp_path, monkeypatch):
-    """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2
-    (39, 50.5), slower than a's default in launch two. Kept: a's choice and default, not the default
-    weighing b against it gives."""
+    """Two-launch case (µs): host a chose g1 (45, 45) over its default (50, 50); host b measured only g2 (39, 50.5),
+    slower than a's default in launch two. Kept: a's choice and default, not the default weighing b against it gives."""
     monkeypatch.setitem(workloads.CASE_LAUNCHES, "write", 2)
     key = keys.device_key(torch.device("cpu"))
     default = targets.default_geometry("write", "llvm")

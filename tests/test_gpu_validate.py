@@ -50,7 +50,7 @@ def test_failed_stage_fails_the_run_and_is_named(tmp_path):
 
 def test_a_failing_suite_names_its_failed_tests(tmp_path):
     """The failed tests' names reach the stage's log and output however long pytest's output after them
-    (the twenty-fourth session's log kept only the summary); the whole output is kept beside it."""
+    (the 24th session's log kept only the summary); the whole output is kept beside it."""
     done = run(tmp_path, "tests", FAKE_PYTEST_RC="1")
     name = "FAILED tests/test_fake.py::test_one[cuda] - RuntimeError: boom"
     assert name in done.stdout
@@ -79,8 +79,7 @@ def test_unknown_stage_is_refused(tmp_path):
 
 @pytest.mark.parametrize("stage", ["conformance", "embedding", "bench"])
 def test_every_stage_is_accepted_and_runs(tmp_path, stage):
-    """The validation record's stages beyond the test suite run their commands (faked here), passing when
-    they do."""
+    """The validation record's stages beyond the test suite run their commands (faked here), passing when they do."""
     done = run(tmp_path, stage)
     assert done.returncode == 0, done.stdout + done.stderr
     last = done.stdout.strip().splitlines()[-1]

@@ -1,9 +1,9 @@
 """Memory safety of the compiled kernels on garbage plans (SPEC D4).
 
-Each launch tensor (but read-only RealKvSource ones) is re-homed between random-byte guard bands (same
-shape, dtype, contiguity) at a random multiple of its promised alignment, mostly not 16-byte aligned
-(``cases.rehome``). Garbage cases (``valid=False``: huge and negative indices, inconsistent offsets, bad
-counts) run via the public API, tvm backend: no crash or raise, guard bands and inputs byte-unchanged.
+Each launch tensor (but read-only RealKvSource ones) is re-homed between random-byte guard bands (same shape, dtype,
+contiguity) at a random multiple of its promised alignment, mostly not 16-byte aligned (``cases.rehome``). Garbage cases
+(``valid=False``: huge and negative indices, inconsistent offsets, bad counts) run via the public API, tvm backend: no
+crash or raise, guard bands and inputs unchanged.
 """
 
 from __future__ import annotations
@@ -268,8 +268,8 @@ KERNEL_REFUSALS = [
                          ids=[f"{k}-{m.split(' ')[0]}" for k, _, _, m in KERNEL_REFUSALS])
 def test_compiled_kernels_refuse_arguments_that_break_their_shape_relations(kernel, wanted, broken, message, device):
     """Kernels stay in bounds given the launch checks' shape relations (SPEC 4, D4); a call bypassing the
-    checks (Relax, the compiled function) that breaks one raises the kernel's ValueError on the host
-    before any block runs, changing no byte (each case once accessed past a tensor)."""
+    checks (Relax, the compiled function) breaking one raises the kernel's ValueError on the host before
+    any block runs, changing no byte (each case once accessed past a tensor)."""
     require(device)
     fn, args, names = _packed_call(kernel, device, wanted)
     args.update(broken(args))

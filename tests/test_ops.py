@@ -1,8 +1,8 @@
 """The torch operators (``torch.ops.tvm_canary.*``): schema, fake tensors, AOT dispatch, results.
 
-``torch.library.opcheck`` runs each operator on real cases (the differential fuzz's builders): the
-schema's mutable arguments are exactly those changed, the fake implementation matches, AOT-dispatch
-tracing gives the eager result; outputs also match the torch reference byte for byte.
+``torch.library.opcheck`` runs each operator on real cases (the differential fuzz's builders): the schema's mutable
+arguments are exactly those changed, the fake implementation matches, AOT-dispatch tracing gives the eager result;
+outputs match the torch reference byte for byte too.
 """
 
 from __future__ import annotations
@@ -116,9 +116,8 @@ def test_schema_declares_what_each_kernel_writes():
 
 @pytest.mark.parametrize("kernel", ["verify", "write", "plan", "scatter"])
 def test_public_launch_under_a_dispatch_mode_goes_through_the_operator(kernel, recwarn):
-    """Under FakeTensorMode the launch records the operator (its fake runs), not calling the kernel (which
-    cannot take fake tensors); its checks read no data pointer (a fake has none: torch warned reading one
-    is deprecated)."""
+    """Under FakeTensorMode the launch records the operator (its fake runs), not calling the kernel (which cannot take
+    fake tensors); its checks read no data pointer (a fake has none: torch warned reading one is deprecated)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def fake(obj, mode):

@@ -6,9 +6,8 @@ Steps run as the engine's (SPEC 6): expected-token scatter, plan, HEAD (verify +
 sources), "model forward" (random KV bytes for the step's slots), TAIL (verify + write, two real-KV
 sources, PARTIAL or ALL). Public API, tvm backend.
 
-Clean runs record nothing and leave canary buffers equal to a Python-int oracle; injected corruption is
-reported with the exact slots and fail-reason bits; the whole corrupted run is byte-identical on the
-tvm and reference backends.
+Clean runs record nothing and leave canary buffers equal to a Python-int oracle; injected corruption is reported with
+the exact slots and fail-reason bits; the whole corrupted run is byte-identical on tvm and reference backends.
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ class Request:
 class Pipeline:
     """A scripted engine (SCHEDULE) feeding a ``CanarySession`` (FULL group, K half, HEAD and TAIL), which
     runs the step (SPEC 6); this builds the batches, plays the model (``KvPool.write`` between
-    ``before_forward`` and ``after_forward``) and exposes the state."""
+    ``before_forward`` and ``after_forward``), exposes the state."""
 
     def __init__(self, device: str, mode: RealKvHashMode, seed: int, *, with_pool: bool = True, ring: int = 16):
         self.device = device
@@ -381,8 +380,8 @@ def test_overwritten_prev_hash(device, endpoint):
 @pytest.mark.parametrize("same_position", [True, False], ids=["same-position", "other-position"])
 def test_wrong_seed_slot(device, same_position):
     """Step 3 writes b's token 11 after a wrong seed. One at the right position (a's slot of position 10)
-    passes the write's chain-position assert: only the next verify sees the broken chain; one elsewhere (b's
-    position 7) also trips WRITE_POSITION at once."""
+    passes the write's chain-position assert: only the next verify sees the broken chain; one elsewhere
+    (b's position 7) also trips WRITE_POSITION at once."""
     pipe = Pipeline(device, PARTIAL, seed=6)
     run_clean(pipe, range(3))
     wrong_rid, wrong_pos = ("a", 10) if same_position else ("b", 7)

@@ -1,8 +1,7 @@
 """Hand cases for every behaviour of SPEC section 3 and docs/SEMANTICS.md.
 
-Cases build tensors on ``impl.device`` (tests/conftest.py), so they run on the reference and every
-compiled backend. Expected values come from Python ints (tests/helpers.py), never the reference; outputs
-are poisoned before each launch.
+Cases build tensors on ``impl.device`` (tests/conftest.py), so they run on the reference and every compiled backend.
+Expected values come from Python ints (tests/helpers.py), never the reference; outputs are poisoned before each launch.
 """
 
 from __future__ import annotations

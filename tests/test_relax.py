@@ -1,8 +1,7 @@
 """Relax: a toy serving step (plan -> verify -> KV append -> write) in one Relax function.
 
-Canary kernels from ``tvm_canary.relax``, called in place; the KV append is this test's TensorIR function.
-Built (llvm; cuda on a GPU host) and run twice in the Relax VM on torch tensors: every tensor byte-equal
-to the torch reference's.
+Canary kernels from ``tvm_canary.relax``, called in place; the KV append is this test's TensorIR function. Built (llvm;
+cuda on a GPU host) and run twice in the Relax VM on torch tensors: every tensor byte-equal to the torch reference's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""scripts/sanitize.sh (the sanitizer stage of scripts/gpu_validate.sh) passes only on a zero summary from
-each tool (memcheck's and synccheck's "ERROR SUMMARY: 0 errors", racecheck's "RACECHECK SUMMARY: 0 hazards
-displayed") and a passing campaign; fake ``compute-sanitizer`` and ``python3`` on PATH (the real run is on
-a GPU host)."""
+"""scripts/sanitize.sh (the sanitizer stage of scripts/gpu_validate.sh) passes only on a zero summary from each tool
+(memcheck's and synccheck's "ERROR SUMMARY: 0 errors", racecheck's "RACECHECK SUMMARY: 0 hazards displayed") and a
+passing campaign; fake ``compute-sanitizer`` and ``python3`` on PATH (the real run is on a GPU host)."""
 
 from __future__ import annotations
 

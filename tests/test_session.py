@@ -119,9 +119,8 @@ def test_swa_group_verifies_the_window_in_swa_slots():
 
 
 def test_a_sweep_translates_its_chains_for_the_swa_group():
-    """A sweep reaches the SWA group through its LUT: a clean sweep reports nothing there (untranslated
-    slots would read others); a stale SWA fingerprint is reported at its SWA slot on the SWA sweep
-    endpoint alone."""
+    """A sweep reaches the SWA group through its LUT: a clean sweep reports nothing there (untranslated slots would read
+    others); a stale SWA fingerprint is reported at its SWA slot on the SWA sweep endpoint alone."""
     lut = torch.zeros(NUM_SLOTS, dtype=torch.int64)
     lut[1:] = torch.arange(1, NUM_SLOTS) + NUM_SLOTS  # SWA slot = full slot + 64
     session, kv = make_session(swa_lut=lut, sweep_interval=1)

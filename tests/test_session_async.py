@@ -1,8 +1,7 @@
 """The session's asynchronous host side, on CPU with stand-in CUDA events that arrive when told.
 
-On CUDA status snapshots and ring rows reach the host by non-blocking copies; held back here, nothing is
-reported before they arrive, rows come in two stages (snapshot, rows), ``flush()`` waits for all, the
-overflow warning for its snapshot.
+On CUDA status snapshots and ring rows reach the host by non-blocking copies; held back here, nothing is reported before
+they arrive, rows come in two stages (snapshot, rows), ``flush()`` waits for all, the overflow warning for its snapshot.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The device operations of one session step, counted on CPU (no timing).
 
-On CUDA each operation is a launch or more (kernel, copy, memset) and the graph-replayed decode step
-is launch-bound at small batches, so a step issues only the canary kernels and the torch operations
-listed here. A ``TorchDispatchMode`` logs them; on CPU the session runs CUDA's Python path (under a
-dispatch mode the launch functions call the ``torch.ops.tvm_canary`` operators, one operation each).
-Views and allocations launch nothing, uncounted. A new operation fails here: remove it, or pin it
-below with the reason.
+On CUDA each operation is a launch or more (kernel, copy, memset) and the graph-replayed decode step is launch-bound at
+small batches, so a step issues only the canary kernels and the torch operations listed here. A ``TorchDispatchMode``
+logs them; on CPU the session runs CUDA's Python path (under a dispatch mode the launch functions call the
+``torch.ops.tvm_canary`` operators, one operation each). Views and allocations launch nothing, uncounted. A new
+operation fails here: remove it, or pin it below, with the reason.
 
 Workload: one step of tests/test_session_cuda.py's decode run, inputs already on the session device.
 """

@@ -1,6 +1,5 @@
-"""Tuning without a GPU: a tiny llvm MetaSchedule run writes a database kernel load reloads, its kernels pass
-the differential tests; stale records ignored; committed databases match the kernels; ``tune``'s errors, logs,
-summary."""
+"""Tuning without a GPU: a tiny llvm MetaSchedule run writes a database kernel load reloads, its kernels pass the
+differential tests; stale records ignored; committed databases match the kernels; ``tune``'s errors, logs, summary."""
 
 from __future__ import annotations
 

@@ -3,14 +3,10 @@
     tvm-canary build --target cuda --arch sm_90 [--arch sm_80 ...] -o DIR [--jobs N]
     tvm-canary build --target llvm -o DIR [--jobs N]
 
-Each specialization is built in its default geometries (each launch mode's, each size class's) and in
-every geometry the tuning databases of the target select (by default: for cuda, every database whose
-device key ends in the arch, such as
-``nvidia-h200-sm_90``; for llvm, this CPU's), so a host loading with those databases compiles nothing.
-A host with only torch, apache-tvm-ffi and the TVM runtime loads them when ``TVM_CANARY_MODULES=DIR``.
-CUDA device code is compiled for each arch at build time when TVM's CUDA runtime loads on the
-building host (it needs the CUDA driver); otherwise the artifacts carry CUDA source, compiled by
-NVRTC (cuda-bindings) when first loaded.
+Each specialization is built in its default geometries (each launch mode's, each size class's) and in every geometry the
+target's tuning databases select (by default: for cuda, every database whose device key ends in the arch, such as
+``nvidia-h200-sm_90``; for llvm, this CPU's), so a host loading with those databases compiles nothing. Loading
+(``TVM_CANARY_MODULES=DIR``, TVM runtime only) and CUDA device code: ``runtime.aot``.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ def add_parser(subparsers) -> None:
 
 def default_tuning_keys(tag: str) -> list[str]:
     """The device keys whose databases a build for ``tag`` covers by default: for ``cuda-sm_XX`` every
-    database key ending in ``-sm_XX``; for ``llvm`` this CPU's key (when it has a database)."""
+    database key ending in ``-sm_XX``; for ``llvm`` this CPU's key (if it has a database)."""
     if not C.tuning_enabled():
         return []
     found = dict(keys.databases())

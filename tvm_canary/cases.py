@@ -88,8 +88,8 @@ def _one(gen, lo, hi):
 
 
 # int64 values at and next to the ends of the range, and -1: garbage indices, offsets and lengths take
-# them, so that a kernel's index arithmetic is checked where it could wrap. (Not 0 or 1: as slots they
-# are valid, and garbage write plans whose requests share tokens would then alias, SPEC D7.)
+# them, so a kernel's index arithmetic is checked where it could wrap. (Not 0 or 1: valid slots, so
+# garbage write plans whose requests share tokens would alias, SPEC D7.)
 INT64_EDGES = (-(2**63), -(2**63) + 1, -1, 2**63 - 2, 2**63 - 1)
 
 
@@ -142,7 +142,7 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
 
 
 def verify_case(gen, device, valid=True, token_units=2, capacity=None):
-    """A verify launch of a random plan (``capacity`` entries, or 1-2999) over a random canary: nearly
+    """A verify launch of a random plan (``capacity`` entries, or 1-2999) over a random canary: almost
     every entry with a slot records a row."""
     S = _one(gen, 2, 600)
     ctx = context_for(gen, device, S, token_units=token_units)
@@ -205,9 +205,8 @@ def _store_own_seeds(gen, slots, seeds, offsets, share) -> None:
 
 
 def _write_launch(ctx, offsets, seeds, num_valid, ids, pos, slots, expected) -> dict:
-    """A write launch's keyword arguments on the context's device: a plan of ``offsets``, ``seeds`` and
-    ``num_valid`` requests, the token vectors, and the input assert on iff ``expected`` holds the
-    expected (tokens, positions)."""
+    """A write launch's keyword arguments on the context's device: a plan of ``offsets``, ``seeds`` and ``num_valid``
+    requests, the token vectors, and the input assert on iff ``expected`` holds (tokens, positions)."""
     device = ctx.canary_buf.device
     plan = WritePlan.allocate(write_req_capacity=seeds.shape[0], device=device)
     plan.write_offsets.copy_(offsets.to(device))
@@ -226,12 +225,11 @@ def _write_launch(ctx, offsets, seeds, num_valid, ids, pos, slots, expected) -> 
 
 
 def long_write_case(gen, device, token_units=2):
-    """1-4 requests of 33-100 tokens whose slots are all valid (distinct but for the repeats below), so
-    that on CUDA each request has a warp of its own and its full batches of 32 entries are stamped in
-    lockstep (``kernels.write``): positions run on from the seed slot's stored position (seeds: 30% anchors) with
-    gaps at a batch's first entry and inside batches; the input assert, when on, expects a token or
-    position other than the input's for 5% of the entries; in half the cases one slot is stored by two
-    entries of a request at most 31 apart (the later one's fields must stay); a third of the requests
+    """1-4 requests of 33-100 tokens, all slots valid (distinct but for the repeats below), so on CUDA each request has
+    its own warp and its full batches of 32 entries are stamped in lockstep (``kernels.write``): positions run on from
+    the seed slot's stored position (seeds: 30% anchors) with gaps at a batch's first entry and inside batches; the
+    input assert, when on, expects a token or position other than the input's for 5% of the entries; in half the cases
+    two entries of a request at most 31 apart store one slot (the later one's fields must stay); a third of the requests
     with a seed slot store it at one of their entries."""
     cap = _one(gen, 1, 5)
     lens = torch.randint(33, 101, (cap,), generator=gen)
@@ -268,12 +266,12 @@ def long_write_case(gen, device, token_units=2):
 
 
 def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
-    """``requests`` requests of ``tokens`` tokens each (a plan of that capacity, every request valid), so
-    that a test picks how CUDA's write maps requests to lanes (``kernels.write``: a warp per request, one
-    lane per request spread over the blocks, or consecutive lanes): distinct slots, 1 in 16 invalid (-1);
+    """``requests`` requests of ``tokens`` tokens each (a plan of that capacity, every request valid), so a
+    test picks how CUDA's write maps requests to lanes (``kernels.write``: a warp per request, one lane
+    per request spread over the blocks, or consecutive lanes): distinct slots, 1 in 16 invalid (-1);
     seeds: 30% anchors, the others slots whose stored position the chain continues; positions run on with
-    a gap in 1 of 8 requests, and the input assert, when on, expects another token for 5% of the entries,
-    so that violation rows come from requests spread over the grid."""
+    a gap in 1 of 8 requests, and the input assert, when on, expects another token for 5% of the entries:
+    violation rows come from requests spread over the grid."""
     n = requests * tokens
     S = n + requests + _one(gen, 1, 200)
     ctx = context_for(gen, device, S, token_units=token_units)
@@ -364,11 +362,10 @@ CASES = {"verify": verify_case, "write": write_case, "plan": plan_case, "scatter
 
 
 def reference_launch(kernel: str, kw: dict) -> None:
-    """``REFERENCE[kernel](**kw)``, giving the result SPEC D4 pins for the compiled kernels wherever the
-    reference is stricter: plan's LUT indices past the end are clamped to the last entry (the reference
-    raises on them). Plan translates every ``req_to_token`` value it reads through the LUT and writes no
-    table, so the reference reads a clamped copy and ``kw`` ends as the launch's would. (The LUTs of
-    ``plan_case`` are never empty.)"""
+    """``REFERENCE[kernel](**kw)``, giving the result SPEC D4 pins for the compiled kernels where the reference is
+    stricter: plan's LUT indices past the end are clamped to the last entry (the reference raises on them). Plan
+    translates every ``req_to_token`` value it reads through the LUT and writes no table, so the reference reads a
+    clamped copy and ``kw`` ends as the launch's would. (``plan_case``'s LUTs are never empty.)"""
     lut = kw.get("full_to_swa_index_mapping") if kernel == "plan" else None
     if lut is None:
         REFERENCE[kernel](**kw)
@@ -387,8 +384,8 @@ SPEC_INPUTS = (0x9E3779B97F4A7C15 - 2**64, 1, 0xDEADBEEFCAFEBABE - 2**64, -1, -(
 def clean_context(num_slots: int, device, *, kernel_kind: CanaryLaunchTag = CanaryLaunchTag.HEAD_K_FULL,
                   ring_rows: int = 4, ring_fill: int = -7777) -> VerifyOrWriteContext:
     """A context with a zeroed canary buffer of ``num_slots`` slots, no real-KV sources, zero counters, the
-    chain-position assert on, and a ring of ``ring_rows`` rows filled with ``ring_fill`` (so that a row the
-    kernel did not write stands out). Used by the golden cases and the tuning workloads."""
+    chain-position assert on, and a ring of ``ring_rows`` rows filled with ``ring_fill`` (so a row the
+    kernel did not write stands out). For the golden cases and the tuning workloads."""
     return VerifyOrWriteContext(
         canary_buf=torch.zeros((num_slots, 32), dtype=torch.uint8, device=device),
         kernel_kind=kernel_kind,
@@ -467,16 +464,15 @@ class Guarded:
 
 
 def promised_alignment(t: torch.Tensor) -> int:
-    """The least alignment a caller may give ``t``'s data: a uint8 canary buffer 8 bytes (the kernels'
-    int64 view of it; docs/SEMANTICS.md), any other tensor its element's size (a view one element into
-    a larger tensor)."""
+    """The least alignment a caller may give ``t``'s data: a uint8 canary buffer 8 bytes (the kernels' int64 view of it;
+    docs/SEMANTICS.md), any other tensor its element's size (a view one element into a larger tensor)."""
     return 8 if t.dtype == torch.uint8 else t.element_size()
 
 
 def _rehome(t: torch.Tensor, name: str, gen: torch.Generator, out: list[Guarded]) -> torch.Tensor:
     """``t``'s copy between guard bands, starting ``promised_alignment`` times a random count (0-63
     bytes) past GUARD_BYTES: most starts are not 16-byte aligned, as a view into a larger tensor's
-    storage may not be (the backing itself is allocated aligned)."""
+    storage may not be (the backing is allocated aligned)."""
     assert t.is_contiguous(), name
     nbytes = t.numel() * t.element_size()
     step = promised_alignment(t)
@@ -491,7 +487,7 @@ def _rehome(t: torch.Tensor, name: str, gen: torch.Generator, out: list[Guarded]
 
 def rehome(obj, name: str, gen: torch.Generator, out: list[Guarded]):
     """``obj`` with every tensor inside (dataclasses, dicts, tuples) re-homed between guard bands;
-    RealKvSource objects are returned as they are."""
+    RealKvSource objects returned as they are."""
     if isinstance(obj, torch.Tensor):
         return _rehome(obj, name, gen, out)
     if isinstance(obj, RealKvSource):
@@ -549,10 +545,9 @@ def guard_violations(guarded: list[Guarded], inputs: list[tuple[str, torch.Tenso
 
 
 def scratch_left_dirty(kw: dict) -> list[str]:
-    """Write and verify leave the scratch ``flags`` their ring owns (``runtime.packing.flags_for``: chunk
-    marks, seed saves, CUDA's last-block ticket) zero after every launch, since the next launch on the
-    ring reads them as clean; names each scratch tensor left non-zero ([] for kernels without a context).
-    On CUDA, call it after synchronizing."""
+    """Write and verify leave the scratch ``flags`` their ring owns (``runtime.packing.flags_for``) zero after every
+    launch, as the next launch on the ring reads them as clean; names each scratch tensor left non-zero ([] for
+    kernels without a context). On CUDA, call it after synchronizing."""
     if "context" not in kw:
         return []
     return [f"scratch flags [{i}] of the violation ring left non-zero: {int(f.count_nonzero())} words"
@@ -560,12 +555,11 @@ def scratch_left_dirty(kw: dict) -> list[str]:
 
 
 def settle_scatter_races(got: dict, want: dict) -> None:
-    """Garbage scatter cases may send two batch rows to one pool row. The reference applies them in
-    batch order (last writer wins); concurrent GPU blocks race, as the original Triton kernel does
-    (same-launch aliasing is outside the contract, cf. SPEC D7). Where several writers store
-    different values into one element, a kernel element holding one of them is set to the reference's
-    (in ``got``), so that every device's bytes equal the reference's; any other value is left in place
-    for the byte comparison to report."""
+    """Garbage scatter cases may send two batch rows to one pool row. The reference applies them in batch order (last
+    writer wins); concurrent GPU blocks race, as the original Triton kernel does (same-launch aliasing is outside the
+    contract, cf. SPEC D7). Where several writers store different values into one element, a kernel element holding one
+    of them is set to the reference's (in ``got``), so every device's bytes equal the reference's; any other value is
+    left for the byte comparison to report."""
     flat, off, rpi = (want[k].tolist() for k in ("flat_in", "offsets", "req_pool_indices"))
     rows, width = want["pool_out"].shape
     candidates: dict[tuple[int, int], set[int]] = {}

@@ -1,22 +1,18 @@
 """Front-end argument checks shared by every backend (docs/SPEC.md section 4, D1, D9).
 
-Every public launch function calls its ``check_*`` function here before dispatching to the LLVM,
-CUDA or torch-reference backend, so a bad argument raises the same error and text everywhere. The one
-exception is a memoised eager launch (``tvm_canary.eager``), which
-repeats an earlier checked launch on the same context and plan tensors: verify's runs no check again,
-write's runs only ``check_write_inputs`` (its per-step tensors). The launch checks ``check_write``,
-``check_verify``, ``check_plan`` and ``check_scatter`` are keyword-only (the helpers
-``check_real_kv_sources``, ``check_write_inputs``, ``check_word_aligned`` and ``check_disjoint`` take
-positional arguments); all return None and raise ``ValueError`` except where SPEC 4 says ``TypeError``
-(scatter dtypes).
+Every public launch function calls its ``check_*`` here before dispatching to the LLVM, CUDA or
+torch-reference backend, so a bad argument raises the same error and text everywhere (a memoised eager
+launch reruns only some: ``tvm_canary.eager``). The launch checks ``check_write``, ``check_verify``,
+``check_plan`` and ``check_scatter`` are keyword-only (the helpers ``check_real_kv_sources``,
+``check_write_inputs``, ``check_word_aligned`` and ``check_disjoint`` take positional arguments); all
+return None and raise ``ValueError`` except where SPEC 4 says ``TypeError`` (scatter dtypes).
 
 Tensor names in messages follow the original front ends: ``plan.write_offsets`` / ``plan.verify_*``
 for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors (the names of the
 original offsets-kernel validator), ``scatter_req_token_ids <arg>`` for scatter.
 
-Arguments of the wrong type (a numpy array, a list or None for a tensor, another class for a plan or
-context, a float or string for an int) raise ``TypeError`` (SPEC D9) where the contract's own check
-would have crashed on them, so every contract message keeps its text and precedence.
+Arguments of the wrong type (a numpy array, a list or None for a tensor, another class for a plan or context, a float or
+string for an int) raise ``TypeError`` as ``argtypes`` says (SPEC D9).
 """
 
 from __future__ import annotations
@@ -163,10 +159,10 @@ def _check_real_kv_source_count(context: VerifyOrWriteContext) -> None:
 def check_real_kv_sources(context: VerifyOrWriteContext) -> None:
     """Launch-time checks of ``context.real_kv_sources`` (SPEC 2.6, D5; docs/SEMANTICS.md).
 
-    At most 4 sources; each tensor has innermost stride 1 (rows may be ``stride(0)`` apart), is 2-D
-    when viewed as uint8, has rows at least ``page_size * num_bytes_per_token`` bytes wide and a whole
-    number of 16-byte units apart, an 8-byte-aligned data pointer and storage, and lives on
-    ``canary_buf``'s device. Checked on every backend, whatever the hash mode.
+    At most 4 sources; each tensor has innermost stride 1 (rows may be ``stride(0)`` apart), is 2-D viewed as uint8, has
+    rows at least ``page_size * num_bytes_per_token`` bytes wide and a whole number of 16-byte units apart, an
+    8-byte-aligned data pointer and storage, and lives on ``canary_buf``'s device. Checked on every backend, whatever
+    the hash mode.
     """
     _check_real_kv_source_count(context)
     canary_buf = context.canary_buf
@@ -198,9 +194,8 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def tracing() -> bool:
-    """Whether torch traces the caller: torch.compile or export, or any dispatch mode (FakeTensor,
-    functionalization, ...) is active; tensors have no data pointer then. ``is_compiling`` comes
-    first: a compiled caller sees a constant."""
+    """Whether torch traces the caller: torch.compile or export, or any dispatch mode (FakeTensor, functionalization,
+    ...) is active; tensors then have no data pointer. ``is_compiling`` first: a compiled caller sees a constant."""
     return _is_compiling() or _dispatch_modes() > 0
 
 
@@ -223,7 +218,7 @@ def check_word_aligned(tensor: torch.Tensor, name: str) -> None:
     storage's start (``packing.source_view``), so a storage starting off a word (``torch.from_numpy`` of
     an odd slice) would shift it off the tensor; for ``canary_buf`` torch's own int64 view would raise
     (``packing.canary_words``). Run by the front-end checks in eager code, and by the write/verify
-    operators on every call (a traced caller's checks cannot see pointers)."""
+    operators every call (a traced caller's checks cannot see pointers)."""
     ptr = tensor.data_ptr()
     if ptr % 8 != 0:
         raise ValueError(f"kv-canary: {name} data pointer must be 8-byte aligned, got {ptr:#x}")
@@ -244,8 +239,8 @@ WRITTEN = {
 
 
 def launch_tensors(kernel: str, launch_kwargs: dict) -> tuple[list[NamedTensor], list[NamedTensor]]:
-    """(written, read): the tensor arguments of a public launch of ``kernel`` (its keyword arguments) that
-    the kernel writes (SPEC 3.1-3.4), and all the others, each named by its path in the arguments
+    """(written, read): the tensor arguments of a public launch of ``kernel`` (its keyword arguments) the
+    kernel writes (SPEC 3.1-3.4), and all others, each named by its path in the arguments
     (``context.canary_buf``, ``plan.write_offsets``, ``context.real_kv_sources[0].tensor``,
     ``input_ids``); optional tensors passed as None are left out."""
     written_names = WRITTEN[kernel]
@@ -283,8 +278,8 @@ def _tensor_fields(cls: type) -> tuple[str, ...]:
 
 def byte_ranges(named: Iterable[NamedTensor]) -> list[tuple[int, int, str]]:
     """(first byte, past the last byte, name) of each non-empty tensor of ``named`` (a view's range runs
-    from its first to its last element; torch strides are never negative); one without strides (an ignored
-    argument) gets ``require_tensor``'s error."""
+    from its first to its last element; torch strides are never negative); one without strides (an
+    ignored argument) gets ``require_tensor``'s error."""
     ranges = []
     for tensor, name in named:
         if tensor.layout != torch.strided:  # cheaper than require_tensor
@@ -307,11 +302,10 @@ def check_disjoint(kernel: str, launch_kwargs: dict) -> None:
     """No tensor a launch of ``kernel`` writes shares a byte with any other of its tensor arguments
     (``launch_kwargs``, its keyword arguments; SPEC D10).
 
-    The kernels assume it (``tirx.noalias``): they check an index once and reuse it, so a
-    fingerprint stamped into ``out_cache_loc`` or a row appended over a plan would be an unchecked
-    address. Views are compared by their byte ranges (``byte_ranges``), so two interleaved views of
-    one storage count as overlapping; the tensors are on one device (checked before). Run as
-    ``check_word_aligned`` is, but by every operator; skipped while tracing."""
+    The kernels assume it (``tirx.noalias``): they check an index once and reuse it, so a fingerprint stamped into
+    ``out_cache_loc`` or a row appended over a plan would be an unchecked address. Views are compared by their byte
+    ranges (``byte_ranges``), so two interleaved views of one storage overlap; the tensors are on one device (checked
+    before). Run as ``check_word_aligned``, but by every operator; skipped while tracing."""
     if tracing():
         return
     written, read = launch_tensors(kernel, launch_kwargs)
@@ -330,8 +324,8 @@ def require_supported_device(device: torch.device) -> None:
 @dataclasses.dataclass(frozen=True)
 class WrittenRanges:
     """``byte_ranges`` of the tensors a caller's launches write (a memoised write's context, a session's
-    own tensors), kept to check many calls' tensors against (``require_apart``): ``starts`` in order, and
-    for each the largest end of the ranges up to it."""
+    own tensors), kept to check many calls' tensors against (``require_apart``): ``starts`` in order,
+    and for each the largest end of the ranges up to it."""
 
     ranges: list[tuple[int, int, str]]
     starts: list[int]
@@ -344,8 +338,7 @@ class WrittenRanges:
             (end for _, end, _ in ordered), max)))
 
     def overlap(self, start: int, end: int) -> bool:
-        """Whether ``[start, end)`` shares a byte with a range (those starting before ``end`` reach past
-        ``start``)."""
+        """Whether ``[start, end)`` shares a byte with a range (those starting before ``end`` reach past ``start``)."""
         before = bisect.bisect_left(self.starts, end)
         return before > 0 and self.reach[before - 1] > start
 
@@ -359,8 +352,8 @@ def require_apart(written: WrittenRanges, named: Iterable[NamedTensor]) -> None:
 
 
 def _require_apart(written: list[tuple[int, int, str]], others: list[tuple[int, int, str]]) -> None:
-    """No written range overlaps any of ``others`` (byte ranges); the first overlapping pair, written ranges
-    outer, is the one named."""
+    """No written range overlaps any of ``others`` (byte ranges); the first overlapping pair, written
+    ranges outer, is named."""
     for start, end, name in written:
         for other_start, other_end, other in others:
             if start < other_end and other_start < end:
@@ -388,7 +381,7 @@ def _check_context_tensors(context: VerifyOrWriteContext, *, with_chain_flag: bo
             f"kv-canary: canary_buf slot stride must hold at least {consts.CANARY_FIELDS_PER_SLOT} int64 fields, "
             f"got {fields}"
         )
-    if not tracing():  # no data pointer while tracing: the operator checks it
+    if not tracing():  # as for the sources
         check_word_aligned(buf, "canary_buf")
 
     ring = context.violation_ring
@@ -434,10 +427,10 @@ def check_write_inputs(
     written_ranges: WrittenRanges,
 ) -> None:
     """``check_write`` for a context and plan known to pass it (``tvm_canary.eager``: the same objects
-    passed before with the same tensor metadata): only the checks that read the per-step arguments, in
-    ``check_write``'s order, so that the first failing check and its message are the same.
-    ``written_ranges``: ``byte_ranges`` of the tensors the per-step ones must not overlap (those of the
-    context the launch writes, as a memoised launch keeps them)."""
+    passed before with the same tensor metadata): only the checks reading the per-step arguments, in
+    ``check_write``'s order, so the first failing check and its message are the same. ``written_ranges``:
+    ``byte_ranges`` of the tensors the per-step ones must not overlap (the context's the launch writes,
+    as a memoised launch keeps them)."""
     _check_write(context, None, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions, context_and_plan_checked=True, written_ranges=written_ranges)
 
@@ -445,9 +438,8 @@ def check_write_inputs(
 def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions, *, context_and_plan_checked: bool,
                  written_ranges: WrittenRanges | None = None) -> None:
-    """``check_write``'s sequence; with ``context_and_plan_checked`` the checks of the context and the
-    plan alone are skipped (each would pass), and the per-step tensors are checked for overlaps against
-    ``written_ranges`` only."""
+    """``check_write``'s sequence; with ``context_and_plan_checked`` the checks of the context and plan alone are
+    skipped (each would pass), and the per-step tensors are checked for overlaps against ``written_ranges`` only."""
     if not context_and_plan_checked:
         require_instance(context, VerifyOrWriteContext, "context")
         _check_real_kv_source_count(context)
@@ -498,8 +490,7 @@ def _check_write(context, plan, input_ids, positions, out_cache_loc, enable_writ
 def check_verify(*, context: VerifyOrWriteContext, plan: VerifyPlan, check_verify_expected_token: bool) -> None:
     """Arguments of ``launch_canary_verify_kernel`` (SPEC 3.2, 4 "Shared" and "Verify").
 
-    ``check_verify_expected_token`` is taken for signature parity; any value is accepted (the launch
-    reads it as a truth value).
+    ``check_verify_expected_token`` is taken for signature parity; any value is accepted (read as a truth value).
     """
     del check_verify_expected_token
     require_instance(context, VerifyOrWriteContext, "context")
@@ -550,9 +541,9 @@ def check_plan(
 ) -> None:
     """Arguments of ``launch_canary_plan_kernels`` (SPEC 3.3; SPEC 4 "Plan" steps 1, 4, 5, 6).
 
-    Step 3 (bs <= 4096) is dropped (SPEC D6); ``bs <= write_req_capacity`` is kept. There is no
-    scratch tensor in this front end. The reference device is the plan's
-    (``verify_plan_out.verify_slot_indices``, named ``out_verify_slot_indices``).
+    Step 3 (bs <= 4096) is dropped (SPEC D6); ``bs <= write_req_capacity`` is kept. This front end has no scratch
+    tensor. The reference device is the plan's (``verify_plan_out.verify_slot_indices``, named
+    ``out_verify_slot_indices``).
     """
     # Step 1.
     require_number(swa_window_size, "swa_window_size")
@@ -641,7 +632,7 @@ def check_plan(
             req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens, bs, slot_indices
         )
 
-    # Integer scalars (SPEC D9): after every contract check, which all pass for e.g. a float 8.0. The
+    # Integer scalars (SPEC D9): after every contract check, all passing for e.g. a float 8.0. The
     # kernels take the two offsets as int64 arguments, so every backend rejects a value outside int64.
     require_int64(swa_window_size, "swa_window_size")
     require_integer(verify_capacity, "verify_capacity")
@@ -687,9 +678,8 @@ def check_scatter(
 ) -> None:
     """Arguments of ``launch_scatter_req_token_ids_kernel`` (SPEC 3.4, 4 "Scatter").
 
-    SPEC order: ranks (ValueError), dtypes (TypeError), offsets length. tvm_canary additionally
-    requires the four tensors contiguous and on ``pool_out``'s device (the kernels index them as
-    dense buffers, SPEC D4).
+    SPEC order: ranks (ValueError), dtypes (TypeError), offsets length. tvm_canary also requires the four tensors
+    contiguous and on ``pool_out``'s device (the kernels index them as dense buffers, SPEC D4).
     """
     named: Sequence[tuple[torch.Tensor, str, int, torch.dtype]] = (
         (flat_in, f"{_SCATTER} flat_in", 1, torch.int64),

@@ -3,12 +3,11 @@
 A subcommand module provides ``add_parser(subparsers)``, which registers its parser and sets
 ``func`` to a callable taking the parsed namespace and returning the exit status.
 
-Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``, also
-for a ``cliargs.UsageError`` a subcommand raises after parsing) and
-the package's own ``kv-canary:`` errors raised while a subcommand runs (exit status 1; 2 for the
-``FINDINGS_EXIT_1`` commands, whose status 1 means that their check found a mismatch). Output to a
-reader that went away (``tvm-canary info | head -1``) ends the command quietly with status 1, as a
-Python program that writes to a closed pipe does. Anything else is a bug and keeps its traceback.
+Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cliargs.Parser``, also for a
+``cliargs.UsageError`` a subcommand raises after parsing) and the package's own ``kv-canary:`` errors raised while a
+subcommand runs (exit status 1; 2 for the ``FINDINGS_EXIT_1`` commands, whose status 1 means their check found a
+mismatch). Output to a reader that went away (``tvm-canary info | head -1``) ends the command quietly with status 1, as
+a Python program writing to a closed pipe does. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ from .tuning import fleet, merge
 
 SUBCOMMANDS = (demo, selftest, build, tune, merge, fleet, info, conformance, fuzz)
 DISTRIBUTION = "tvm_canary"
-# Commands whose exit status 1 reports what they check for (a case that fails on a device): their
-# ``kv-canary:`` errors (a refused run, a tool error) exit 2, as usage errors do, so that the two differ.
+# Commands whose exit status 1 reports what they check for (a case failing on a device): their
+# ``kv-canary:`` errors (a refused run, a tool error) exit 2, as usage errors do, so the two differ.
 FINDINGS_EXIT_1 = ("conformance", "fuzz")
 
 
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:
-        # Python's recipe: point stdout at /dev/null so that the flush at exit does not fail again.
+        # Python's recipe: point stdout at /dev/null so the flush at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except UsageError as e:

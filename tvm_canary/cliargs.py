@@ -1,12 +1,11 @@
 """argparse pieces shared by the ``tvm-canary`` subcommands.
 
-``Parser`` is the class of the top-level parser and, through ``add_subparsers``, of every subcommand's:
-usage errors are one line (no usage block), and option help shows each default that the help text
-does not already state. ``torch_device`` is the ``type=`` of ``--device`` options: ``cuda`` without a
-GPU visible to torch is a usage error, not a traceback from inside torch; ``int_at_least(low)`` that of
-counts (steps, trials, workers, ports), ``duration(zero=...)`` of durations, ``seed`` of seeds (torch takes
-int64), ``output_file``, ``output_folder`` and ``output_root`` of paths a command writes (checked before
-it runs, so a long run is not lost to a bad path at its end).
+``Parser`` is the class of the top-level parser and, through ``add_subparsers``, of every subcommand's: usage errors
+are one line (no usage block), and option help shows each default the help text does not state. ``torch_device`` is
+the ``type=`` of ``--device`` options: ``cuda`` without a GPU visible to torch is a usage error, not a traceback
+from inside torch; ``int_at_least(low)`` that of counts (steps, trials, workers, ports), ``duration(zero=...)`` of
+durations, ``seed`` of seeds, ``output_file``, ``output_folder`` and ``output_root`` of paths a command writes
+(checked before it runs, so a long run is not lost to a bad path at its end).
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class UsageError(Exception):
-    """A usage error found after parsing (options that go together, a value that fits no other
-    option's): ``cli.main`` reports it as the subcommand's parser reports its own (exit status 2)."""
+    """A usage error found after parsing (options that go together, a value fitting no other option's):
+    ``cli.main`` reports it as the subcommand's parser reports its own (exit status 2)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -109,8 +108,7 @@ def duration(*, zero: bool):
 
 
 def seed(text: str) -> int:
-    """An argparse ``type`` accepting a seed torch takes: an int64 (a seed a run adds case numbers to
-    stays one)."""
+    """An argparse ``type`` accepting a seed torch takes: an int64 (a seed a run adds case numbers to stays one)."""
     value = int_at_least(-(2**63))(text)
     if value >= 2**62:
         raise argparse.ArgumentTypeError(f"must be below 2**62, got {value}")
@@ -168,8 +166,8 @@ def output_file(text: str) -> pathlib.Path:
 
 @_path_type
 def output_root(text: str) -> pathlib.Path:
-    """An argparse ``type`` for a folder under which a command writes into subfolders (created when
-    missing): not a file. The subfolder is checked when the command knows it (``writable_folder``), so a
+    """An argparse ``type`` for a folder under which a command writes into subfolders (created if
+    missing): not a file. The subfolder is checked once the command knows it (``writable_folder``), so a
     read-only root with writable subfolders serves."""
     path = pathlib.Path(text)
     if path.exists() and not path.is_dir():
@@ -179,8 +177,8 @@ def output_root(text: str) -> pathlib.Path:
 
 @_path_type
 def output_folder(text: str) -> pathlib.Path:
-    """An argparse ``type`` for a folder a command writes into (created when missing): not a file, and
-    the folder, or where it would be created (its nearest existing parent), one this process can make a
+    """An argparse ``type`` for a folder a command writes into (created if missing): not a file, and the
+    folder, or where it would be created (its nearest existing parent), one this process can make a
     folder in (probed: one made and removed; ``os.access`` passes ``/proc`` for root)."""
     path = output_root(text)
     existing = next(p for p in (path, *path.parents) if p.exists())
@@ -202,9 +200,9 @@ def require_compiler(command: str) -> None:
 
 
 def writable_folder(folder: pathlib.Path, files: tuple[str, ...] = ()) -> None:
-    """Create ``folder`` (and its parents) when missing and check that this process can write into it and
-    to those of ``files`` (names in it) that exist; else ``UsageError``. A command that writes there at
-    its end (a tuning database) calls it before its work, so a bad path costs no run."""
+    """Create ``folder`` (and its parents) if missing and check that this process can write into it and
+    to those of ``files`` (names in it) that exist; else ``UsageError``. A command writing there at its
+    end (a tuning database) calls it before its work, so a bad path costs no run."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -1,19 +1,18 @@
 """``tvm-canary conformance``: the same seeded cases on every device, compared digest by digest.
 
-Each kernel runs its golden cases (pinned to SPEC 1.5's hash vectors), ``--cases`` differential cases
-(valid plans, seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds
-``GARBAGE_SEED_BASE+S..``) on each device and the torch reference (CPU). A case's digest is the SHA-256 of
-its tensors' SHA-256s after the launch (a real-KV source's: of its whole storage). A case fails on a device
-when its digest differs from the reference's (for plan's LUT indices past the end: on the clamped indices
-SPEC D4 pins, ``cases.reference_launch``), a guard band or input was written, write or verify left ring
-scratch flags non-zero, the launch raised, or a golden case's pinned value is wrong.
+Each kernel runs its golden cases (pinned to SPEC 1.5's hash vectors), ``--cases`` differential cases (valid plans,
+seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds ``GARBAGE_SEED_BASE+S..``) on each device
+and the torch reference (CPU). A case's digest is the SHA-256 of its tensors' SHA-256s after the launch (a real-KV
+source's: of its whole storage). A case fails on a device if its digest differs from the reference's (for plan's LUT
+indices past the end: on the clamped indices SPEC D4 pins, ``cases.reference_launch``), a guard band or input was
+written, write or verify left ring scratch flags non-zero, the launch raised, or a golden case's pinned value is wrong.
 
 Under ``torchrun`` each process runs its own device (``cuda:LOCAL_RANK``, else the CPU) and the reference;
-every rank gathers and compares all results (one exit status); rank 0 prints the table and writes the JSON.
+every rank gathers and compares all results (one exit status); rank 0 prints the table, writes the JSON.
 
-``--against EARLIER.json`` (an earlier ``--json``: another GPU, host, driver or version): rank 0 reads and
-checks it (``report_problem``), refuses a run of other case sets before running (``against_problem``),
-then compares every row's case digests with its reference's (``against``).
+``--against EARLIER.json`` (an earlier ``--json``: another GPU, host, driver or version): rank 0 reads and checks it
+(``report_problem``), refuses a run of other case sets before running (``against_problem``), then compares every row's
+case digests with its reference's (``against``).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ REFERENCE_DEVICE = "reference"
 
 @dataclasses.dataclass
 class CaseResult:
-    """A case on a device: ``digest`` (hex) of its tensors after the launch, each one's short digest by its
+    """A case on a device: ``digest`` (hex) of its tensors after the launch, each one's short digest by
     argument name, ``error`` if the launch raised (``digest`` None) or broke a guard/pinned value."""
 
     case: str
@@ -110,7 +109,7 @@ def reference_case(kernel: str, case: str) -> tuple[dict, object]:
 def case_set(kernel: str, ids: list[str]) -> str:
     """What identifies a kernel's cases (16 hex digits of a SHA-256 over each id and its tensors' digest
     before the launch): equal exactly where the cases are (whatever ``cases.py`` or torch did); combined
-    digests compare only at an equal value."""
+    digests compare only at equal values."""
     text = "".join(f"{case}={case_digest(kernel, reference_case(kernel, case)[0])[0]};" for case in ids)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -185,13 +184,13 @@ def replay(device: str, kernel: str, case: str) -> str:
 
 def replay_across_ranks(kernel: str, case: str) -> str:
     """The replay of a failure between two processes (a rank's reference vs rank 0's): started as the run
-    was, on every host (alone the row would match itself)."""
+    was, on every host (alone, the row matches itself)."""
     return (f"torchrun <this run's options, on every host> -m tvm_canary conformance <this run's --devices> "
             f"--kernels {kernel} --case {case}")
 
 
 def other_cases(ranks: list[dict]) -> str | None:
-    """The ``kv-canary:`` error when a rank is to run other kernels, case ids or cases (``case_set``) than
+    """The ``kv-canary:`` error if a rank is to run other kernels, case ids or cases (``case_set``) than
     rank 0 (``compare`` matches by position), else None. ``ranks``: each one's ``rank``, ``host``,
     ``cases`` (ids) and ``case_set``, per kernel."""
     def ran(ids: dict[str, list[str]]) -> str:
@@ -243,8 +242,8 @@ def compare(ranks: list[dict], kernels: list[str]) -> dict:
 
 
 def report_problem(report: object) -> str | None:
-    """Why ``report`` (a parsed earlier ``--json``) cannot be compared with, else None: not a report (a field
-    read missing or mistyped), or its combined digests and mismatch count are not its cases' (edited)."""
+    """Why ``report`` (a parsed earlier ``--json``) cannot be compared with, else None: no report (a field
+    read missing or mistyped), or its combined digests and mismatch count not its cases' (edited)."""
     try:
         kernels, ranks = list(report["kernels"]), report["ranks"]
         rows = [row for rank in ranks for row in rank["devices"]]
@@ -270,7 +269,7 @@ def _row_key(row: dict) -> tuple:
 
 def against_problem(earlier: dict, case_sets: dict[str, str]) -> str | None:
     """The ``kv-canary:`` refusal of a run whose kernels (``case_sets``: per kernel) cannot be compared with
-    ``earlier`` (``--against``): one it did not run, or another or no case set."""
+    ``earlier`` (``--against``): one it did not run, another or no case set."""
     for kernel, mine in case_sets.items():
         entry = earlier["kernels"].get(kernel)
         theirs = entry and entry.get("case_set")
@@ -284,7 +283,7 @@ def against_problem(earlier: dict, case_sets: dict[str, str]) -> str | None:
 
 def against(ranks: list[dict], kernels: list[str], earlier: dict) -> list[dict]:
     """Each case of this run's rows (``ranks``) whose digest differs from ``earlier``'s rank 0 reference
-    (equal case sets): rank, host, device, kernel, case, why. One that raised here is not listed (``compare``'s)."""
+    (equal case sets): rank, host, device, kernel, case, why. One raising here is not listed (``compare``'s)."""
     want = {k: earlier["ranks"][0]["devices"][0]["kernels"][k] for k in kernels}
     differences = []
     for rank in ranks:
@@ -343,7 +342,7 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 
 def init_distributed(timeout: float = DEFAULT_TIMEOUT_SECONDS):
     """Join torchrun's process group (NCCL between GPUs, gloo on CPU); a gloo group for gathering objects,
-    None outside torchrun. ``timeout`` (s) bounds every wait, joining too: a rank that never arrives stops
+    None outside torchrun. ``timeout`` (s) bounds every wait, joining too: a rank never arriving stops
     the others with torch's error then, not after 30 min."""
     import torch.distributed as dist
 
@@ -383,7 +382,7 @@ def finish(group) -> None:
 @contextlib.contextmanager
 def _group_errors(what: str, timeout: float | None):
     """A process-group failure (torch's ``RuntimeError``, ``DistError`` too) as one ``kv-canary:`` line
-    naming this rank: a run that could not run (status 2), not a failing case (1)."""
+    naming this rank: a run unable to run (status 2), not a failing case (1)."""
     try:
         yield
     except RuntimeError as e:
@@ -444,7 +443,7 @@ def device_list(text: str) -> list[str]:
 
 def rank0_output_file(text: str) -> pathlib.Path:
     """argparse ``type=`` of a file rank 0 writes (``--json``, fuzz's ``--out``): ``cliargs.output_file`` on
-    rank 0 (or outside torchrun); other ranks' hosts need not have its folder (a rank would stop there)."""
+    rank 0 (or outside torchrun); other ranks' hosts need not have its folder (a rank stops there)."""
     return output_file(text) if world()[0] == 0 else pathlib.Path(text)
 
 
@@ -523,7 +522,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     earlier = args.against
     plans = gather({**plan, "against": earlier and against_problem(earlier, plan["case_set"])}, group)
     refused = plans[0]["against"] or other_cases(plans)
-    if refused:  # before running; every rank gathered the same plans: all leave the group and raise it
+    if refused:  # before running; every rank gathered the same plans: all leave the group, raise it
         finish(group)
         raise ValueError(refused)
     ranks = gather({**plan, "local_rank": local_rank, **run_local(devices, kernels, ids, launches)}, group)

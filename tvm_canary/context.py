@@ -1,8 +1,7 @@
 """Launch tags, real-KV sources and the per-endpoint launch context (docs/SPEC.md sections 1.2, 2.3, 2.6).
 
-Construction checks: the contract's ``RealKvSource`` messages (SPEC 4), each preceded by a type check
-only where the contract's comparison would have crashed (SPEC D9); the context's hash mode and
-sources (SPEC D9).
+Construction checks: the contract's ``RealKvSource`` messages (SPEC 4), each preceded by a type check only where needed
+(SPEC D9, ``argtypes``); the context's hash mode and sources (SPEC D9).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ class RealKvSource:
 
     Fields:
         tensor: any dtype, at least 2-D when the source is built; a launch views it as
-            ``uint8[rows, row_bytes]`` and needs it exactly 2-D (view a ``[slots, heads, dim]`` cache as
+            ``uint8[rows, row_bytes]``, needing it exactly 2-D (view a ``[slots, heads, dim]`` cache as
             2-D). Rows may be ``stride(0)`` elements apart (docs/SPEC.md D5); the innermost stride must be 1.
         page_size: slots per row (slot ``s`` lives in row ``s // page_size``).
         num_bytes_per_token: bytes of one slot's strip, a positive multiple of 16.
@@ -88,7 +87,7 @@ class RealKvSource:
 
 def source_tuple(sources, name: str, entry: str = "{name}[{i}]") -> tuple:
     """``sources`` (a tuple or list of ``RealKvSource``, the argument ``name``) as a tuple; a TypeError
-    names ``name``, or the entry that is not a source as ``entry`` formats it."""
+    names ``name``, or the entry that is no source as ``entry`` formats it."""
     if not isinstance(sources, (tuple, list)):
         raise TypeError(f"kv-canary: {name} must be a tuple of RealKvSource, got {type_name(sources)}")
     for i, source in enumerate(sources):
@@ -97,12 +96,11 @@ def source_tuple(sources, name: str, entry: str = "{name}[{i}]") -> tuple:
 
 
 def check_source_tensor(tensor: torch.Tensor) -> None:
-    """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6), and its bytes are its
-    values: no conjugate or negative view, whose bits torch applies only when it reads the values (the
-    kernels hash the bytes in memory; the reference cannot view such a tensor as bytes). Checked when the
-    source is built and again at every launch (``checks.check_real_kv_sources``), since a tensor may be
-    re-strided in place (``as_strided_``) after. Dynamo cannot trace the view bits: the operators read them
-    then (``ops._view_bits_kernel``)."""
+    """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6), and its bytes are its values: no
+    conjugate or negative view, whose bits torch applies only when reading the values (the kernels hash the bytes in
+    memory; the reference cannot view such a tensor as bytes). Checked when the source is built and at every launch
+    (``checks.check_real_kv_sources``), as a tensor may be re-strided in place (``as_strided_``) after. Dynamo cannot
+    trace the view bits: the operators read them then (``ops._view_bits_kernel``)."""
     if not torch.compiler.is_compiling():
         refuse_view_bits(tensor)
     if tensor.is_quantized:  # its uint8 view keeps the quantizer, which the reference's indexing crashes on
@@ -123,8 +121,8 @@ def refuse_view_bits(tensor: torch.Tensor) -> None:
                          "not its values): pass tensor.resolve_conj().resolve_neg()")
 
 
-# The modes by value, looked up instead of calling ``RealKvHashMode(value)``: torch 2.11's Dynamo cannot
-# trace an enum's construction (a graph break in a compiled step that builds a context).
+# The modes by value, looked up, not ``RealKvHashMode(value)``: torch 2.11's Dynamo cannot trace an
+# enum's construction (a graph break in a compiled step building a context).
 _HASH_MODES = {mode.value: mode for mode in RealKvHashMode}
 
 
@@ -168,8 +166,8 @@ class VerifyOrWriteContext:
     enable_chain_position_assert: torch.Tensor
 
     def __post_init__(self) -> None:
-        """The launch tag is an int64, the hash mode is one of the three modes, and ALL mode has sources
-        to hash (SPEC D9)."""
+        """The launch tag is an int64, the hash mode one of the three modes, and ALL mode has sources to
+        hash (SPEC D9)."""
         if not isinstance(self.kernel_kind, CanaryLaunchTag):
             require_int64(self.kernel_kind, "kernel_kind")
         sources = source_tuple(self.real_kv_sources, "real_kv_sources")

@@ -1,36 +1,35 @@
 """Eager launches of verify and write: checked and packed once per (context, plan), then replayed.
 
-An untraced launch (``launch.py``) of verify or write on the compiled backend looks here for what its
-last launch with the same context and plan objects and flag (``check_verify_expected_token``,
-``enable_write_input_assert``) prepared: the compiled function and its packed arguments (the int64
-view of ``canary_buf``, the real-KV source views, the ring's chunk marks, the specialization). It
-replays them when nothing of the context and plan that the checks (SPEC 4) and the packing read has
-changed; else it checks and packs again, raising what the checks raise, and keeps the result.
+An untraced launch (``launch.py``) of verify or write on the compiled backend looks here for what its last launch with
+the same context and plan objects and flag (``check_verify_expected_token``, ``enable_write_input_assert``) prepared:
+the compiled function and its packed arguments (the int64 view of ``canary_buf``, the real-KV source views, the ring's
+chunk marks, the specialization). It replays them when nothing the checks (SPEC 4) and the packing read of the context
+and plan changed; else it checks and packs again, raising what the checks raise, and keeps the result.
 
 A replay's contract (what it relies on, and how each is known unchanged):
 
 * The context, the plan and their real-KV sources are frozen dataclasses: their fields are never
-  reassigned (``object.__setattr__`` on them is not supported). Entries are keyed by the identity of
+  reassigned (``object.__setattr__`` on them is unsupported). Entries are keyed by the identity of
   the context and the plan and forgotten when either is collected (weak references), so an identity
   is never mistaken for another object's.
 * Their tensors may change in place (``resize_``, ``set_``, ``as_strided_``, ``.data =``, ...): each
   tensor the checks or the packing read (the context's, the plan's, each source's) has its data
   pointer, shape, strides and dtype compared with those at packing, a source's also its conjugate and
   negative bits (SPEC 4 refuses such views; ``.data =`` can set them at one address). If equal, every
-  check passes again and every view addresses the same bytes with the same layout. The
-  device follows from a non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
-* Not memoised (checked and packed at every launch, as before): a flag that is not a ``bool``; tensors
-  that are not exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor
-  with a null data pointer (no elements: its device would not follow from it). A launch packed during a
-  CUDA-graph capture is not kept (its chunk marks may be the capture's own: ``packing.flags_for``); one
-  kept before the capture is replayed in it.
+  check passes again and every view addresses the same bytes with the same layout. The device
+  follows from a non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
+* Not memoised (checked and packed at every launch, as before): a flag not a ``bool``; tensors not
+  exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor with a null
+  data pointer (no elements: its device would not follow from it). A launch packed during a CUDA-graph
+  capture is not kept (its chunk marks may be the capture's own: ``packing.flags_for``); one kept
+  before the capture is replayed in it.
 * The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
   launch key for the process's life); write's again when a launch's token count differs from the
-  last one's, since its geometry follows it (``_WriteKernel``, ``packing.write_point``).
+  last one's, as its geometry follows it (``_WriteKernel``, ``packing.write_point``).
 
-Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are
-not part of an entry: each launch checks them (``checks.check_write_inputs``, in ``check_write``'s
-order) and passes them as they are. Verify's replay runs no check at all.
+Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are no part of an
+entry: each launch checks them (``checks.check_write_inputs``) and passes them as they are. Verify's replay runs no
+check.
 """
 
 from __future__ import annotations
@@ -55,11 +54,11 @@ class _Packed:
     """One (context, plan, flag)'s checked launch.
 
     tensors: every tensor the checks and the packing read, in a fixed order, the real-KV sources' last.
-    sources: how many of them are real-KV sources.
+    sources: how many are real-KV sources.
     metadata: ``_metadata(tensors, sources)`` when packed.
-    fn, head, tail: the compiled function (write: a ``_WriteKernel``, which gives it for the launch's
-        token count) and its arguments; write's per-step tensors go between ``head`` and
-        ``tail`` (verify: ``tail`` is empty).
+    fn, head, tail: the compiled function (write: a ``_WriteKernel``, giving it for the launch's token
+        count) and its arguments; write's per-step tensors go between ``head`` and ``tail`` (verify:
+        ``tail`` is empty).
     lifelines: weak references to the context and the plan, whose callbacks forget the entry.
     written_ranges: write's: ``checks.WrittenRanges`` of the context's tensors the kernel writes, which
         its per-step tensors must not overlap (``checks.check_write_inputs``); verify's: empty.
@@ -136,8 +135,8 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
 
 class _WriteKernel:
     """A memoised write's compiled function for a launch of ``tokens`` tokens (``kernel(tokens)``): its
-    geometry follows the launch's token count as well as the plan (``packing.write_point``), as an
-    unmemoised launch's does. The last count's function is kept, so a steady shape costs a comparison."""
+    geometry follows the launch's token count and the plan (``packing.write_point``), as an unmemoised
+    launch's does. The last count's function is kept, so a steady shape costs a comparison."""
 
     __slots__ = ("spec", "device", "request_capacity", "mode", "tokens", "fn")
 
@@ -181,12 +180,11 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
 
 
 def _converted(args: tuple, *, keep_first: bool = False) -> tuple:
-    """``args`` with its torch tensors converted to tvm-ffi tensors once, so a replay does not convert
-    them again (tvm-ffi converts torch tensors at every call). Each is converted from a detached
-    alias (its own shape and strides, which nothing changes) through torch's DLPack exchange API, which
-    neither synchronises nor enqueues work; without that API the tensors stay torch tensors. With
-    ``keep_first`` the first argument stays a torch tensor: tvm-ffi takes the stream of the launch
-    (torch's current stream) from a torch tensor argument."""
+    """``args`` with its torch tensors converted to tvm-ffi tensors once, so a replay does not convert them again
+    (tvm-ffi converts torch tensors at every call). Each is converted from a detached alias (its own shape and strides,
+    which nothing changes) through torch's DLPack exchange API, which neither synchronises nor enqueues work; without
+    that API they stay torch tensors. With ``keep_first`` the first argument stays a torch tensor: tvm-ffi takes the
+    launch's stream (torch's current stream) from a torch tensor argument."""
     if not hasattr(_Tensor, "__dlpack_c_exchange_api__"):
         return args
     return tuple(

@@ -1,12 +1,11 @@
 """``tvm-canary fuzz``: a long differential and memory-safety campaign on one device.
 
-Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE``
-under torchrun) and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid
-plans, bytes compared with the torch reference) and K garbage plans between guard bands (no byte outside
-the outputs may change; bytes compared with the reference); every other differential round gives write
-long all-valid requests instead (``cases.long_write_case``: on CUDA its lockstep batches). Cases are
-the ones of ``tvm-canary conformance`` (case ids ``diff:SEED`` / ``garbage:SEED`` / ``long:SEED``), so a
-failing case is replayed with one conformance command, written next to it in the failures JSON.
+Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE`` under torchrun)
+and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid plans, bytes compared with the torch
+reference) and K garbage plans between guard bands (no byte outside the outputs may change; bytes compared with the
+reference); every other differential round gives write long all-valid requests instead (``cases.long_write_case``: on
+CUDA its lockstep batches). Cases are ``tvm-canary conformance``'s (case ids ``diff:SEED`` / ``garbage:SEED`` /
+``long:SEED``), so a failing case is replayed with one conformance command, written next to it in the failures JSON.
 """
 
 from __future__ import annotations
@@ -45,8 +44,8 @@ def check(kernel: str, case: str, device: str, launches: dict | None = None) -> 
 
 def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | None = None,
              seconds: float | None = None, launches: dict | None = None, tag: str = "") -> dict:
-    """Run cases until ``cases`` ran or ``seconds`` passed; returns the counts and the failures (each
-    with its replay command). ``launches`` (tests only) replaces ``cases.LAUNCH`` to inject faults."""
+    """Run cases until ``cases`` ran or ``seconds`` passed; returns the counts and failures (each with
+    its replay command). ``launches`` (tests only) replaces ``cases.LAUNCH`` to inject faults."""
     start = last = time.monotonic()
     failures, index = [], 0
     while (cases is None or index < cases) and (seconds is None or time.monotonic() - start < seconds):

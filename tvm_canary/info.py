@@ -34,7 +34,7 @@ def _version(dist: str) -> str:
 def _records(folder: pathlib.Path) -> str:
     """``N records`` and, where the TVM compiler can read the database, how many are usable (measured
     for the current kernels, on the folder's device, in the design space) and which kernels' records are
-    stale; why none is when the database cannot be read or holds another device's records."""
+    stale; why none is if the database is unreadable or holds another device's records."""
     path = folder / "database_tuning_record.json"
     try:
         text = f"{sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0:5} records"

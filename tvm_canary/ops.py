@@ -1,9 +1,8 @@
 """The four kernels as torch operators: ``torch.ops.tvm_canary.{write, verify, plan, scatter}``.
 
-Importing ``tvm_canary`` registers them (``torch.library``), so a serving step that calls the public
-launch functions can be traced by ``torch.compile(fullgraph=True)`` and captured in CUDA graphs: the
-launch functions check their arguments (metadata only, so the checks run at trace time) and call
-these operators with flat arguments.
+Importing ``tvm_canary`` registers them (``torch.library``), so a serving step calling the public launch functions can
+be traced by ``torch.compile(fullgraph=True)`` and captured in CUDA graphs: the launch functions check their arguments
+(metadata only, so at trace time) and call these operators with flat arguments.
 
 Each operator
 * takes tensors, ints, bools, an int list and a tensor list (the real-KV sources) - never dataclasses;
@@ -18,14 +17,13 @@ Each operator
 Scratch the kernels also write is owned here, not exposed: verify/write's per-ring ``flags`` (kept
 by ``runtime.packing``, zero again after every launch) and plan's offsets scratch (allocated per
 launch). Neither is an output, so traced graphs need not see them; allocated during a CUDA-graph
-capture, they come from the graph's pool and serve only that graph's launch (``packing.flags_for``).
+capture, they come from the graph's pool and serve only its launch (``packing.flags_for``).
 
-Every call runs the public launch's checks (SPEC 4, D10: ``checks.CHECKS``) on the tensors it is given,
-then the kernel (a call whose tensors are all meta only infers shapes), so a direct call is as safe as a
-public launch (the kernels rely on the shape relations the checks establish: a too-short plan tensor
-would be read past its end). A traced caller's launch ran them on fake tensors, which have no data
-pointers (alignment, overlaps). Untraced eager launches skip the operator and call ``run`` after their
-own checks (``launch.py``). Under ``torch.compile`` the implementations are opaque calls: nothing in
+Every call runs the public launch's checks (SPEC 4, D10: ``checks.CHECKS``) on its tensors, then the kernel (a call
+whose tensors are all meta only infers shapes), so a direct call is as safe as a public launch (the kernels rely on the
+shape relations the checks establish: a too-short plan tensor would be read past its end). A traced caller's launch ran
+them on fake tensors, without data pointers (alignment, overlaps). Untraced eager launches skip the operator and call
+``run`` after their own checks (``launch.py``). Under ``torch.compile`` the implementations are opaque calls: nothing in
 them is traced (locks, module loading, the tvm-ffi call).
 """
 
@@ -99,8 +97,8 @@ def _context(canary_buf, violation_ring, violation_write_index, slot_run_counter
 
 
 def _launch_tag(kernel_kind: int) -> CanaryLaunchTag | int:
-    """The context's ``kernel_kind`` from the operator's int: its tag, or the int itself when it names
-    none (a context takes any int64 and stamps it as it is)."""
+    """The context's ``kernel_kind`` from the operator's int: its tag, or the int itself if it names
+    none (a context takes any int64 and stamps it as is)."""
     return CanaryLaunchTag(kernel_kind) if kernel_kind in CanaryLaunchTag._value2member_map_ else kernel_kind
 
 
@@ -223,8 +221,8 @@ def scatter(flat_in: Tensor, offsets: Tensor, req_pool_indices: Tensor, pool_out
 def _refuse_empty_state(**tensors: Tensor) -> None:
     """No one-element state of the operator (write index, counters, flags, counts) arrived empty: under
     ``torch.compile`` (aot_eager, Inductor) a one-element view of another dtype at a nonzero offset of a
-    larger buffer reaches an operator empty (torch rebuilds the view wrongly), and its writes would be
-    lost. Run before the launch checks, whose message (``length must be 1, got 0``) would not say why."""
+    larger buffer reaches an operator empty (torch rebuilds the view wrongly), losing its writes. Run
+    before the launch checks, whose message (``length must be 1, got 0``) would not say why."""
     for name, tensor in tensors.items():
         require_tensor(tensor, name)
         if tensor.numel() == 0:
@@ -241,9 +239,9 @@ _MUTATES = {fn: sorted(name.rsplit(".", 1)[-1] for name in checks.WRITTEN[fn.__n
 
 
 def _fake(fn):
-    """``fn``'s fake (Meta) implementation: None on fake or only meta tensors. Real tensors of which one
-    is on meta reach it too: it runs ``fn``, which refuses them as the launch does (or ignores the tensor,
-    as verify its chain flag), so no call is skipped."""
+    """``fn``'s fake (Meta) implementation: None on fake or only meta tensors. Real tensors, one on meta,
+    reach it too: it runs ``fn``, which refuses them as the launch does (or ignores the tensor, as verify
+    its chain flag), so no call is skipped."""
     def fake(*args) -> None:
         tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
         if not any(isinstance(t, FakeTensor) for t in tensors) and any(t.device.type != "meta" for t in tensors):
@@ -256,8 +254,8 @@ _VIEW_BITS = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate).add(torch._
 
 def _view_bits_kernel(fn):
     """``fn`` for a conjugate or negative view argument (those dispatch keys): it refuses such a real-KV
-    source, also while tracing (before torch's fallback copies it, whose values would be folded); any other
-    goes on as it is, as a launch passes it."""
+    source, also while tracing (before torch's fallback copies it, whose values would be folded); any
+    other goes on as is, as a launch passes it."""
     op = getattr(torch.ops.tvm_canary, fn.__name__).default
     names = list(inspect.signature(fn).parameters)
 

@@ -1,7 +1,7 @@
 """Verify and write plans: device tensors filled by the plan kernels, read by verify/write.
 
-docs/SPEC.md sections 2.4 and 2.5. A capacity that is not an int raises ``TypeError`` (SPEC D9) after
-the contract's own "must be positive" check, which keeps its text and its precedence.
+docs/SPEC.md sections 2.4 and 2.5. A capacity not an int raises ``TypeError`` (SPEC D9, ``argtypes``) after the
+contract's own "must be positive" check.
 """
 
 from __future__ import annotations

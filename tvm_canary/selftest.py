@@ -1,7 +1,7 @@
 """``tvm-canary selftest``: plan -> write -> verify on a synthetic batch with injected faults.
 
-Three requests prefill 8 tokens each and decode one (recording nothing); four faults are injected; one more
-decode step must report each at its expected launch, slot and fail reason, and nothing else (else exit 1).
+Three requests prefill 8 tokens each and decode one (recording nothing); four faults are injected; one more decode step
+must report each at its expected launch, slot and fail reason, nothing else (else exit 1).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Decoding the violation ring into typed records and the report text of SPEC 6 item 8.
 
-``ViolationLog`` owns the ring ``int64[capacity, 8]`` and its ``int32[1]`` write index (SPEC 2.2) and
-reads each row once, through non-blocking copies: ``read_new()`` returns the rows stored since the
-previous call whose copies have arrived, and how many more violations were counted since then
-without fitting in the fill-once ring.
+``ViolationLog`` owns the ring ``int64[capacity, 8]`` and its ``int32[1]`` write index (SPEC 2.2) and reads each row
+once, through non-blocking copies: ``read_new()`` returns the rows stored since the previous call whose copies have
+arrived, and how many violations counted since then did not fit in the fill-once ring.
 """
 
 from __future__ import annotations
@@ -36,10 +35,10 @@ def _hex(value: int) -> str:
 class Violation:
     """One ring row (SPEC 2.2), fields named.
 
-    ``kind`` is the raw kernel_kind column; ``tag`` is its ``CanaryLaunchTag`` (None if unknown).
-    For verify rows ``position`` is the stored position and ``expected_aux`` the expected chain hash;
-    for write rows (``is_write``) ``stored_token``/``position`` are the written values,
-    ``stored_chain_hash`` the running hash and ``expected_aux`` the expected position.
+    ``kind`` is the raw kernel_kind column; ``tag`` its ``CanaryLaunchTag`` (None if unknown). For verify rows
+    ``position`` is the stored position and ``expected_aux`` the expected chain hash; for write rows (``is_write``)
+    ``stored_token``/``position`` are the written values, ``stored_chain_hash`` the running hash and ``expected_aux``
+    the expected position.
     """
 
     kind: int
@@ -140,7 +139,7 @@ class ViolationReport:
         return bool(self.records) or self.dropped > 0
 
     def messages(self, step: int) -> list[str]:
-        """One message per record, then the overflow note when violations were dropped."""
+        """One message per record, then the overflow note if violations were dropped."""
         overflow = self.total > self.ring_capacity
         out = [v.message(total=self.total, ring_overflow=overflow, step=step) for v in self.records]
         if self.dropped:
@@ -166,24 +165,23 @@ def arrived(event) -> bool:
 
 
 def host_buffer(like: torch.Tensor) -> torch.Tensor:
-    """An empty host tensor shaped like ``like``: pinned when ``like`` is on CUDA, so that device-to-host
+    """An empty host tensor shaped like ``like``: pinned when ``like`` is on CUDA, so device-to-host
     copies into it are asynchronous."""
     return torch.empty(like.shape, dtype=like.dtype, pin_memory=like.device.type == "cuda")
 
 
 class ViolationLog:
-    """The violation ring and write index of one session, read incrementally on the host without
-    waiting for the device.
+    """The violation ring and write index of one session, read incrementally without waiting for the device.
 
-    The host learns the write index from the session's snapshots (``fetch(total)``); ``fetch`` starts
-    a non-blocking copy of the rows that index says exist into a pinned mirror of the ring, and
-    ``read_new`` decodes the rows whose copies have arrived (every fetched row with ``wait=True``).
-    Rows are final once the write index counts them (the ring is fill-once), so copying them later is safe.
+    The host learns the write index from the session's snapshots (``fetch(total)``); ``fetch`` starts a non-blocking
+    copy of the rows that index says exist into a pinned mirror of the ring, and ``read_new`` decodes the rows whose
+    copies arrived (every fetched row with ``wait=True``). Rows are final once the write index counts them (the ring is
+    fill-once), so copying them later is safe.
     """
 
     def __init__(self, *, ring_capacity: int, device: torch.device, write_index: torch.Tensor) -> None:
-        """``write_index``: a zeroed int32 ``[1]`` tensor on ``device`` to use as the write index (the
-        session keeps it inside its status buffer)."""
+        """``write_index``: a zeroed int32 ``[1]`` tensor on ``device``, the write index (the session
+        keeps it in its status buffer)."""
         ring_capacity = require_positive(ring_capacity, "ring_capacity")
         self.violation_ring = torch.zeros(ring_capacity, consts.VIOLATION_FIELDS, dtype=torch.int64, device=device)
         self.violation_write_index = write_index
@@ -221,8 +219,8 @@ class ViolationLog:
             self._arrived_rows, self._total = max(self._arrived_rows, rows), max(self._total, total)
 
     def read_new(self, *, wait: bool = False) -> ViolationReport:
-        """Rows stored since the previous read whose copies have arrived (all fetched ones when
-        ``wait``, which blocks on the copies), and the newly dropped count."""
+        """Rows stored since the previous read whose copies arrived (all fetched ones when ``wait``,
+        which blocks on the copies), and the newly dropped count."""
         self._collect(wait=wait)
         capacity = self.violation_ring.shape[0]
         stored, total = self._arrived_rows, self._total

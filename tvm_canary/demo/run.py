@@ -1,9 +1,9 @@
 """``tvm-canary demo``: serve a simulated workload with the canary on, inject faults, report.
 
-Exit status 0 only if every fault that took effect in time to be checked was detected and no other
-row was recorded, and (when faults were asked for) at least one took effect: a run that checked no
-fault has shown nothing. A fault that found no target, or whose slot was never handed out again (or
-only too late to be checked), is listed with the reason and not counted.
+Exit status 0 only if every fault that took effect in time to be checked was detected and no other row was recorded, and
+(if faults were asked for) at least one took effect: a run checking no fault has shown nothing. A fault that found no
+target, or whose slot was never handed out again (or only too late to be checked), is listed with the reason and not
+counted.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             way = "eager"
         if session.sweep_due:
             session.sweep(engine.live_chains())
-        report = session.flush()  # waits for the device: faults are attributed in the step that found them
+        report = session.flush()  # waits for the device: faults are attributed in the step finding them
         canary_seconds[way].append(t1 - t0 + time.perf_counter() - t2)
         for fault in tracker.attribute(report, engine, step):
             for victim in fault.victims:

@@ -6,12 +6,11 @@ geometry) plus ``manifest.json``. The geometries are the defaults (``targets.def
 the tuning databases of ``tuning_keys`` select for the specialization's launch modes, so a host whose
 launches take their geometry from one of those databases finds every module it asks for. A host of the same
 machine (``platform.machine()``, in the keys) with only torch, apache-tvm-ffi and the TVM runtime loads them
-through the normal public API when ``TVM_CANARY_MODULES`` names the directory (it uses the default
-geometries: reading a database needs the TVM compiler). CUDA device code is compiled for each arch at build
-time where TVM's CUDA runtime can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA
-source, compiled at load by NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled
-before are copied; the missing ones compile side by side in ``workers`` processes (the cache's lock compiles
-each once).
+through the public API when ``TVM_CANARY_MODULES`` names the directory (with the default geometries:
+reading a database needs the TVM compiler). CUDA device code is compiled for each arch at build time where
+TVM's CUDA runtime can load (a host with the CUDA driver); elsewhere the artifact keeps CUDA source,
+compiled at load by NVRTC (cuda-bindings). Builds go through the disk cache, so modules compiled before
+are copied; missing ones compile side by side in ``workers`` processes (the cache's lock compiles each once).
 """
 
 from __future__ import annotations
@@ -69,8 +68,8 @@ def build_all(tags: list[str], out_dir: str, kernels=KERNELS, tuning_keys=(), pr
 
 
 def compile_missing(jobs: list, workers: int, progress) -> None:
-    """Compile into the disk cache the modules of ``jobs`` ((tag, kernel, spec, geometry)) that it lacks:
-    here one by one when ``workers`` is 1 or at most one is missing, else in up to ``workers`` spawned processes
+    """Compile into the disk cache the modules of ``jobs`` ((tag, kernel, spec, geometry)) it lacks: here
+    one by one if ``workers`` is 1 or at most one is missing, else in up to ``workers`` spawned processes
     side by side (a CUDA module's build compiles device code for its arch: seconds each, minutes for a
     whole target one by one). ``progress(iterable, total)`` wraps the builds as they finish."""
     missing = [job for job in jobs if not C.cache_path(job[1], job[2], job[0], job[3]).exists()]

@@ -1,7 +1,7 @@
 """Backend choice: compiled TVM kernels (default) or the torch reference (explicit switch, SPEC D1).
 
-``TVM_CANARY_BACKEND=reference`` in the environment, or ``with use_backend("reference"):``, makes the
-public launch functions run ``tvm_canary.reference`` instead of the compiled kernels.
+``TVM_CANARY_BACKEND=reference`` in the environment, or ``with use_backend("reference"):``, makes the public launch
+functions run ``tvm_canary.reference`` instead of the compiled kernels.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import os
 
 BACKENDS = ("tvm", "reference")
 _current = contextvars.ContextVar("tvm_canary_backend", default=None)
-# os.environ.get raises and catches a KeyError when the variable is unset (about a microsecond, at
-# every launch); reading os.environ's own mapping is the same lookup without it.
+# os.environ.get raises and catches a KeyError if the variable is unset (about a microsecond, every
+# launch); reading os.environ's own mapping is the same lookup without it.
 _ENV_KEY = os.environ.encodekey("TVM_CANARY_BACKEND")
 
 
 def current_backend() -> str:
-    """The backend of this launch: ``use_backend``'s, else ``$TVM_CANARY_BACKEND`` (read at every call),
-    else "tvm"."""
+    """The backend of this launch: ``use_backend``'s, else ``$TVM_CANARY_BACKEND`` (read at every call), else "tvm"."""
     name = _current.get()
     if name is None:
         value = os.environ._data.get(_ENV_KEY)

@@ -1,22 +1,20 @@
 """Turning public-API tensors into the arguments of the compiled kernels (zero-copy views).
 
-``write_call``, ``verify_call``, ``plan_call`` and ``scatter_call`` take a launch's (already checked)
-keyword arguments, the same names as the public launch function, and return a ``KernelCall`` (or None
-when there is nothing to launch).
+``write_call``, ``verify_call``, ``plan_call`` and ``scatter_call`` take a launch's (already checked) keyword arguments,
+named as the public launch function's, and return a ``KernelCall`` (None: nothing to launch).
 
 * The uint8 canary buffer is passed as its int64 view ``[S, stride / 8]``.
 * A real-KV source is passed as an int64 view ``[rows, row_bytes // 8]`` whose row stride is
   ``stride(0) * element_size / 8`` words (SPEC D5), plus ``(page_size, token_words, fold_words)``.
   Unused source slots get a 1x1 placeholder on the device and ``UNUSED_SOURCE`` parameters; kernels
   never read them.
-* Scratch ``flags`` (int32, per ring, shared by write and verify): ``[0]`` = any chunk marked,
-  ``[1 + c]`` = chunk ``c`` (FLAG_CHUNK entries or requests) holds violation rows or (write) a seed
-  save, write's seed saves follow write's own chunk marks (``SEED_SAVE_WORDS`` per request,
-  kernels/write.py; they may share words with a longer verify's marks: each launch leaves them zero),
-  and the LAST element ``[NF - 1]`` is the last-block ticket counter of write's and verify's single
-  launch (always past every chunk mark, since ``need`` reserves it). Zero between launches, because
-  each launch clears what it marked and the last block resets the ticket. They only grow, and old ones
-  stay referenced so that CUDA graphs captured with them stay valid.
+* Scratch ``flags`` (int32, per ring, shared by write and verify; layout: ``flags_for``): ``[1 + c]``
+  marks chunk ``c`` (FLAG_CHUNK entries or requests) holding violation rows or (write) a seed save;
+  write's seed saves (kernels/write.py) may share words with a longer verify's marks (each launch
+  leaves them zero); the LAST element ``[NF - 1]``, the ticket, is always past every chunk mark
+  (``need`` reserves it). Zero between launches: each launch clears what it marked and the last block
+  resets the ticket. They only grow, and old ones stay referenced so CUDA graphs captured with them
+  stay valid.
 """
 
 from __future__ import annotations
@@ -38,14 +36,14 @@ class KernelCall:
 
     kernel: "write", "verify", "plan" or "scatter".
     spec: its specialization (``specializations.spec``).
-    size, mode: the workload point its geometry is chosen for (``tuning.apply.nearest``), from shapes:
-        verify's plan capacity, plan's request capacity, scatter's batch size (not its pool's rows, which
-        an engine sizes once), write's request capacity and tokens per request; and verify's or write's
-        real-KV hash mode when it folds sources (0 elsewhere; ``tuning.workloads.mode_of``).
+    size, mode: the workload point choosing its geometry (``tuning.apply.nearest``), from shapes: verify's
+        plan capacity, plan's request capacity, scatter's batch size (not its pool's rows, sized once by
+        an engine), write's request capacity and tokens per request; and verify's or write's real-KV hash
+        mode if it folds sources (0 elsewhere; ``tuning.workloads.mode_of``).
     args: the positional arguments of the compiled function.
-    scratch: positions in ``args`` of scratch tensors, whose contents after the launch are not part of
-        the result (the ring's chunk marks, plan's offsets); everything else is compared byte for byte
-        with the reference when a tuning candidate is checked.
+    scratch: positions in ``args`` of scratch tensors, whose contents after the launch are no part of
+        the result (the ring's chunk marks, plan's offsets); all else is compared byte for byte with the
+        reference when a tuning candidate is checked.
     """
 
     kernel: str
@@ -65,7 +63,7 @@ _flags: dict[tuple, list[torch.Tensor]] = {}
 def canary_words(canary_buf: torch.Tensor) -> torch.Tensor:
     """int64 view ``[S, row_bytes // 8]`` of the canary buffer, rows dense (the front end guarantees a
     contiguous uint8 buffer, an 8-byte aligned start and whole-word rows). Built with its row stride
-    set: torch ignores a one-slot buffer's row stride, which may then be any number of bytes."""
+    set: torch ignores a one-slot buffer's row stride, which may be any number of bytes."""
     rows, row_bytes = canary_buf.shape
     return canary_buf.as_strided((rows, row_bytes), (row_bytes, 1)).view(torch.int64)
 
@@ -73,8 +71,7 @@ def canary_words(canary_buf: torch.Tensor) -> torch.Tensor:
 def source_view(tensor: torch.Tensor) -> torch.Tensor:
     """int64 view ``[rows, row_bytes // 8]`` of a 2-D source whose rows are ``stride(0)`` elements apart.
 
-    The front end guarantees a 2-D tensor, inner stride 1, an 8-byte aligned start and a 16-byte row
-    stride.
+    The front end guarantees a 2-D tensor, inner stride 1, an 8-byte aligned start and a 16-byte row stride.
     """
     el = tensor.element_size()
     out = torch.empty(0, dtype=torch.int64, device=tensor.device)
@@ -134,15 +131,14 @@ def flags_of(ring: torch.Tensor) -> list[torch.Tensor]:
 
 
 def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Tensor:
-    """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = the any-mark (CPU) or the
-    marking blocks' ranks (CUDA), ``[1 + c]`` one mark per chunk, then ``SEED_SAVE_WORDS`` per seed save
-    (write: one per request, ``seed_saves`` = its plan's capacity), then at least one more element; the
-    last one is the arrivals counter of write's and verify's single launch on CUDA
-    (``kernels.common.LAST_BLOCK_TICKET``).
+    """Zeroed int32 scratch covering ``entries``, owned by ``ring``: ``[0]`` = the any-mark (CPU) or the marking
+    blocks' ranks (CUDA), ``[1 + c]`` one mark per chunk, then ``SEED_SAVE_WORDS`` per seed save (write: one per
+    request, ``seed_saves`` = its plan's capacity), then at least one more element; the last is the arrivals counter
+    (ticket) of write's and verify's single launch on CUDA (``kernels.common.LAST_BLOCK_TICKET``).
 
-    Scratch first needed during a CUDA-graph capture is the capturing launch's own and is never kept:
-    the graph zeroes it before that launch at each replay, and nothing zeroes it before the first, so
-    no other launch (eager, or another graph's) may use it (``capturing``)."""
+    Scratch first needed during a CUDA-graph capture is the capturing launch's own, never kept: the
+    graph zeroes it before that launch at each replay, and nothing before the first, so no other launch
+    (eager, or another graph's) may use it (``capturing``)."""
     # write places its saves after the chunk marks of its own capacity (seed_saves), whatever ``entries``
     need = flag_words(max(entries, seed_saves), seed_saves)
     owned = _flags.setdefault(_ring_key(ring), [])
@@ -170,7 +166,7 @@ def _sink_args(context: VerifyOrWriteContext) -> list:
 def write_inputs(input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens,
                  expected_input_positions) -> tuple:
     """Write's per-step tensors as they stand in its arguments, from position ``WRITE_INPUTS``: the
-    expected tensors are the inputs themselves when the assert is off (never read then)."""
+    expected tensors are the inputs themselves if the assert is off (then never read)."""
     if enable_write_input_assert:
         return input_ids, positions, out_cache_loc, expected_input_tokens, expected_input_positions
     return input_ids, positions, out_cache_loc, input_ids, positions
@@ -251,9 +247,8 @@ def scatter_call(*, flat_in, offsets, req_pool_indices, pool_out):
 
 
 def table(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous 2-D table as the kernels take it: one with no columns (``[R, 0]``, whose strides
-    torch reports as ``(1, 1)``) viewed with the compact strides ``(0, 1)`` that tvm-ffi checks for;
-    the kernels read and write no element of it."""
+    """A contiguous 2-D table as the kernels take it: one with no columns (``[R, 0]``, strides ``(1, 1)`` to torch)
+    viewed with the compact strides ``(0, 1)`` tvm-ffi checks for; the kernels read and write no element of it."""
     return tensor if tensor.shape[1] else tensor.as_strided(tensor.shape, (0, 1))
 
 

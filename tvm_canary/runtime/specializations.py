@@ -11,9 +11,8 @@ each element is one *axis* with a fixed set of values:
 * plan: ``has_lut`` (SWA translation table given), ``has_pool`` (expected-token pool given);
 * scatter: none.
 
-Packing (``spec``, ``launch_mode``), ahead-of-time builds and the codegen tests (``all_specs``,
-``launch_mode``) and tuning (``spec``, ``launch_mode``) all take specializations from here, so a new
-variant is added in one place.
+Packing (``spec``, ``launch_mode``), ahead-of-time builds and the codegen tests (``all_specs``, ``launch_mode``) and
+tuning (``spec``, ``launch_mode``) take specializations from here: a new variant is added in one place.
 """
 
 from __future__ import annotations
@@ -26,14 +25,13 @@ _SOURCES = tuple(range(MAX_REAL_KV_SOURCES + 1))
 _FLAG = (False, True)
 # ALL mode's fold word counts built in (``fold_words``): token rows of 128 B to 2 KiB (e.g. one to eight
 # heads of 128 bf16 values). Built in, the fold's batch loops and index clamps compile away: on the H200
-# (forty-first session's call 3, interleaved against the runtime count, rows of 16, 64, 128 and 256
+# (41st session's call 3, interleaved against the runtime count, rows of 16, 64, 128 and 256
 # words) verify ALL ran 1K-4K entries 0.86-0.97x, 64K-1M 0.90-1.00x, write ALL 4096 one-token requests
 # 0.85-1.02x (docs/PERFORMANCE-HISTORY.md, "What the forty-first session changed and measured", retired:
 # `git show a3a1d5d:docs/PERFORMANCE-HISTORY.md`).
 _FOLD_WORDS = (0, 16, 32, 64, 128, 256)
-# Sources whose fold word count is built in: exactly a pair (K and V), the layout of every MHA and GQA
-# cache; other counts fold each source's own count (keeps the ahead-of-time build to 10 more
-# specializations per kernel).
+# Sources whose fold word count is built in: exactly a pair (K and V), every MHA and GQA cache's layout; other counts
+# fold each source's own count (keeps the ahead-of-time build to 10 more specializations per kernel).
 FOLD_WORDS_SOURCES = 2
 
 # kernel -> ((axis name, allowed values), ...) in ``make``'s argument order
@@ -69,9 +67,8 @@ def axis_values(kernel: str, spec_: tuple) -> dict:
 
 
 def valid(kernel: str, spec_: tuple) -> bool:
-    """Whether the axis values go together: ``partial`` only where sources are folded (PARTIAL mode
-    without sources folds nothing, as NONE does: SPEC 1.4); a built-in ``fold_words`` only in ALL mode
-    with FOLD_WORDS_SOURCES sources."""
+    """Whether the axis values go together: ``partial`` only where sources are folded (PARTIAL mode without sources
+    folds nothing, as NONE: SPEC 1.4); a built-in ``fold_words`` only in ALL mode with FOLD_WORDS_SOURCES sources."""
     values = axis_values(kernel, spec_)
     if values.get("partial") and not values["num_sources"]:
         return False
@@ -79,9 +76,8 @@ def valid(kernel: str, spec_: tuple) -> bool:
 
 
 def fold_words(num_sources: int, partial: bool, source_words: list[int]) -> int:
-    """The ``fold_words`` axis value of a launch folding ``num_sources`` sources whose fold word counts
-    are ``source_words``: their common count where a kernel builds it in, else 0 (each source's own
-    count, passed at launch)."""
+    """The ``fold_words`` axis value of a launch folding ``num_sources`` sources of fold word counts ``source_words``:
+    their common count where a kernel builds it in, else 0 (each source's own count, passed at launch)."""
     common = set(source_words)
     if partial or num_sources != FOLD_WORDS_SOURCES or len(common) != 1:
         return 0
@@ -89,8 +85,7 @@ def fold_words(num_sources: int, partial: bool, source_words: list[int]) -> int:
 
 
 def all_specs(kernel: str) -> list[tuple]:
-    """Every specialization of ``kernel`` (the product of its axes, less the combinations ``valid``
-    rejects)."""
+    """Every specialization of ``kernel`` (the product of its axes, less the combinations ``valid`` rejects)."""
     return [s for s in itertools.product(*(allowed for _, allowed in AXES[kernel])) if valid(kernel, s)]
 
 
@@ -101,8 +96,7 @@ def spec_id(spec_: tuple) -> str:
 
 def launch_mode(kernel: str, spec_: tuple) -> int:
     """The tuning *mode* (``tuning.workloads.mode_of``) of every launch of this specialization: verify
-    or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, everything else in mode 0
-    (NONE)."""
+    or write folding sources runs in PARTIAL mode (``partial``) or ALL mode, all else in mode 0 (NONE)."""
     values = axis_values(kernel, spec_)
     if not values.get("num_sources"):
         return 0

@@ -1,10 +1,9 @@
 """Turning a kernel's knobs into a MetaSchedule design space, and a tuned trace back into a Geometry.
 
-A tuning workload is a small schedulable stand-in function (one block named ``canary``) whose shape
-is the tuned size bucket. The design space samples each knob with ``sample_categorical`` and records
-the draw as a block annotation ``canary.<knob>``; the builder reads the annotations back and builds
-the real kernel with that geometry. So MetaSchedule's own search, builder, runner and database do the
-tuning, and replaying a stored trace yields the geometry again.
+A tuning workload is a small schedulable stand-in function (one block named ``canary``) whose shape is the tuned size
+bucket. The design space samples each knob with ``sample_categorical`` and records the draw as a block annotation
+``canary.<knob>``; the builder reads the annotations back and builds the real kernel with that geometry. So
+MetaSchedule's own search, builder, runner and database tune, and replaying a stored trace yields the geometry again.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ def knob_values_of(knobs: dict[str, list[int]], geom) -> bool:
 
 
 def geometry_from(mod, default):
-    """The geometry (a copy of the ``Geometry`` ``default``) that a scheduled workload's annotations
-    select; knobs that were not sampled keep ``default``'s values."""
+    """The geometry (a copy of the ``Geometry`` ``default``) a scheduled workload's annotations select;
+    knobs not sampled keep ``default``'s values."""
     import tvm
 
     sch = tvm.s_tir.Schedule(mod)

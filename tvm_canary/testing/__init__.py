@@ -3,8 +3,8 @@
 * ``kv_pool.KvPool``: paged K/V bytes exposed as real-KV sources; ``write`` is the model's forward.
 * ``engine.Engine``: random requests with a prefix cache, chunked prefill, decode, slot reuse and an
   optional SWA group, producing each step's ``CanarySession.before_forward`` arguments.
-* ``faults``: injectors that break the engine's KV bookkeeping or the canary buffers, and the
-  attribution of violation rows to the faults that caused them.
+* ``faults``: injectors breaking the engine's KV bookkeeping or the canary buffers, and the
+  attribution of violation rows to the faults causing them.
 """
 
 from .engine import Engine, EngineConfig

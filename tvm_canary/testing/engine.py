@@ -1,12 +1,12 @@
 """The simulated serving engine: the KV bookkeeping of a real one, with random bytes for a model.
 
 It has a paged K/V pool per group (random bytes per token, exposed as RealKvSources), a
-request-to-token table, refcounted slots with a free list, a prefix cache of finished requests that
-new requests share prefixes from, chunked prefill, decode, completion with slot reuse, and an
-optional SWA group (its own pool, a full->SWA LUT, out-of-window slots released).
+request-to-token table, refcounted slots with a free list, a prefix cache of finished requests new
+requests share prefixes from, chunked prefill, decode, completion with slot reuse, and an optional
+SWA group (its own pool, a full->SWA LUT, out-of-window slots released).
 
-A correct engine never makes the canary fire: a slot returns to the free list only when no request
-or cache entry holds it, and its next owner writes (re-stamps) it before any verify covers it.
+A correct engine never makes the canary fire: a slot returns to the free list only when no request or cache entry holds
+it, and its next owner writes (re-stamps) it before any verify covers it.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class Engine:
             self.running.append(req)
 
     def _evict_one(self, keep: CacheEntry | None) -> bool:
-        """Drop the least recently used unpinned cache entry other than ``keep``; False when there is none."""
+        """Drop the least recently used unpinned cache entry other than ``keep``; False if none."""
         entries = [e for e in self.cache if not e.pinned and e is not keep]
         if not entries:
             return False

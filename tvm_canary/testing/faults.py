@@ -1,10 +1,10 @@
 """Faults injected into the simulated engine, and the attribution of violation rows to them.
 
 Each injector runs between two steps and returns a ``Fault`` naming its victims (the requests or
-cache entries whose chains it breaks), or raises ``NoTarget`` saying why no suitable target exists
-yet. Most faults are in place at once; ``double_alloc`` and ``stale_chain`` only once the engine
-hands their slot to a new owner (``Fault.active_from``, set by ``FaultTracker.after_schedule``). Which check
-catches each fault (SPEC 3.1 / 3.2):
+cache entries whose chains it breaks), or raises ``NoTarget`` saying why no target suits yet. Most
+faults are in place at once; ``double_alloc`` and ``stale_chain`` once the engine hands their slot to
+a new owner (``Fault.active_from``, set by ``FaultTracker.after_schedule``). Which check catches each
+fault (SPEC 3.1 / 3.2):
 
 * ``kv_flip``: a K/V byte of a written slot is flipped in the pool -> the next TAIL verify's real-KV
   fold differs from the stored real_kv_hash (``verify_real_kv_hash``).
@@ -12,16 +12,16 @@ catches each fault (SPEC 3.1 / 3.2):
   canary buffer -> the next verify of that endpoint (``verify_token`` / ``verify_position``, and
   ``verify_chain_hash`` at the successor).
 * ``double_alloc``: the allocator hands a slot a request still uses to the next allocation -> the new
-  owner's KV bytes make the victim's next TAIL verify fail (``verify_real_kv_hash``), then its HEAD
-  verify sees the new owner's stamp.
+  owner's KV bytes fail the victim's next TAIL verify (``verify_real_kv_hash``), then its HEAD verify
+  sees the new owner's stamp.
 * ``stale_chain``: a cache entry's slot is freed (and reused next step) while the entry stays in the
   cache -> the SWEEP of live chains finds the new owner's stamp (``verify_position`` /
   ``verify_chain_hash``).
 * ``wrong_seed``: one request's prefix length is reported one short, so its write chains from the slot
   before its last -> the chain-position assert of the HEAD and TAIL writes (``write_position``).
 
-A fault only touches slots its victim alone holds, at positions the victim's next verify covers; a
-slot handed out twice is never a seed of the next step's write, so no launch aliases (SPEC D7).
+A fault only touches slots its victim alone holds, at positions the victim's next verify covers; a slot handed out twice
+is never a seed of the next step's write, so no launch aliases (SPEC D7).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Fault:
 
     def explains(self, slot: int) -> tuple[bool, bool]:
         """How closely the fault explains a row at ``slot`` it covers, as a sort key: it corrupted that
-        slot and a live victim still holds it (the slot's owner was hit), and it corrupted that slot."""
+        slot and a live victim still holds it (the owner was hit), and it corrupted that slot."""
         hit = self.slot == slot
         return hit and any(v.live and slot in v.held for v in self.victims), hit
 
@@ -167,11 +167,10 @@ class FaultTracker:
                 f.active_from = engine.step
 
     def attribute(self, report: ViolationReport, engine: Engine, step: int) -> list[Fault]:
-        """Match each row to the undetected (or just detected) fault whose victim's chain holds the row's
-        slot, the one that explains it best (``Fault.explains``; the oldest among equals): a victim may be
-        handed another fault's slot, or a stale entry keep one a later fault hit, so the oldest covering
-        fault alone could take a row another fault caused. Returns the faults first detected now.
-        Unmatched and dropped rows are false positives."""
+        """Match each row to the undetected (or just detected) fault whose victim's chain holds the row's slot, the one
+        explaining it best (``Fault.explains``; the oldest among equals): a victim may be handed another fault's slot,
+        or a stale entry keep one a later fault hit, so the oldest covering fault could take a row another caused.
+        Returns the faults first detected now. Unmatched and dropped rows are false positives."""
         newly = []
         for v in report.records:
             group = "SWA" if v.tag_name.endswith("_SWA") else "FULL"

@@ -12,9 +12,9 @@ HALVES = ("K", "V")
 class KvPool:
     """Per half ("K", "V") a tuple of real-KV sources (one per layer) over one slot space.
 
-    ``write`` is the model's forward (fresh random bytes in every source's strip of each slot) and
-    ``flip`` corrupts one byte. Sources may be any layout a ``RealKvSource`` describes (paged, strided
-    row views, any dtype): both act on the uint8 view of the source tensor.
+    ``write`` is the model's forward (fresh random bytes in every source's strip of each slot) and ``flip`` corrupts one
+    byte. Sources may be any layout a ``RealKvSource`` describes (paged, strided row views, any dtype): both act on the
+    uint8 view of the source tensor.
     """
 
     def __init__(self, sources: dict[str, tuple[RealKvSource, ...]], gen: torch.Generator) -> None:
@@ -58,7 +58,7 @@ class KvPool:
             return
         # A slot named twice (padding tokens all write the reserved slot 0) keeps its last token's bytes:
         # an indexed store with repeated indices picks an arbitrary winner on CUDA, so only the last
-        # occurrence is stored, as the CPU's in-order store would leave it.
+        # occurrence is stored, as the CPU's in-order store leaves it.
         last = torch.tensor(sorted({slot: i for i, slot in enumerate(slots)}.values()), dtype=torch.int64)
         index = torch.tensor(slots, dtype=torch.int64)[last]
         for srcs in self._sources.values():

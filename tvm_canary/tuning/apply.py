@@ -1,16 +1,14 @@
 """Applying tuned schedules at load: the geometry that the nearest tuned bucket's records select (``chosen``).
 
-``tuned_geometry(kernel, device, size, mode)`` looks for ``<dir>/<device key>/`` in the tuning log
-directories (``keys.tune_logs_dirs``), reads their MetaSchedule JSON databases (per workload the first
-selecting a measured geometry, ``_records``), and returns the geometry chosen (``chosen``, by
-``chosen_row``'s rule) by the kernel's bucket of ``mode`` nearest to ``size`` (a bucket without a valid
-record of its default keeps the default, with one warning per database); ``None`` when the device has no
-database (a one-line notice, once per device) or no record for the kernel in that mode (once per kernel
-and mode). Neither notice is given for a launch whose kernel has no knobs on its target
-(``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records whose workload carries
-another kernel hash than the current kernels' (``workloads.kernel_hash``: the kernel changed since it was
-tuned) are ignored, with one warning per database naming the kernels to re-tune. Notices go to the
-``tvm_canary`` logger (the CLI prints them above its progress bars).
+``tuned_geometry(kernel, device, size, mode)`` reads the MetaSchedule JSON databases in ``<dir>/<device key>/`` of the
+tuning log directories (``keys.tune_logs_dirs``; per workload the first selecting a measured geometry, ``_records``) and
+returns the geometry (``chosen``, by ``chosen_row``'s rule) of the kernel's ``mode`` bucket nearest to ``size`` (a
+bucket without a valid record of its default keeps it, one warning per database); ``None`` if the device has no database
+(a one-line notice, once per device) or no record for the kernel in that mode (once per kernel and mode). No notice for
+a kernel without knobs on its target (``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records of
+a kernel hash other than the current kernels' (``workloads.kernel_hash``: the kernel changed since tuned) are ignored,
+one warning per database naming the kernels to re-tune. Notices go to the ``tvm_canary`` logger (the CLI prints them
+above its progress bars).
 """
 
 from __future__ import annotations
@@ -26,22 +24,21 @@ from . import keys
 
 log = logging.getLogger("tvm_canary")
 FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
-# A tuned geometry replaces the default only when the same tuning run measured it at least this much
-# faster in every launch of its case: a smaller gain is within run-to-run noise, and a geometry chosen
-# on noise can be slower at the sizes between buckets or in the other order. Held to the case's sum
-# alone (and to "no slower" per launch), the H200's verify NONE 16M bucket (0.964 / 0.973x the default
-# in the random / chain launch) ran chain order 16M 1.059 / 1.044x slower tuned, and PARTIAL's 1M
-# bucket (0.977 / 0.913x) random order 4M 1.036 / 1.039 / 1.036x, in three processes of the
-# nineteenth session (complete run and two probes, interleaved A/B).
+# A tuned geometry replaces the default only if the same tuning run measured it at least this much faster in every
+# launch of its case: a smaller gain is run-to-run noise, and a pick on noise can be slower between buckets or in the
+# other order. Held to the case's sum alone (and "no slower" per launch), the H200's verify NONE 16M bucket (0.964 /
+# 0.973x the default in the random / chain launch) ran chain order 16M 1.059 / 1.044x slower tuned, and PARTIAL's 1M
+# bucket (0.977 / 0.913x) random order 4M 1.036 / 1.039 / 1.036x, in three processes of the 19th session (complete run
+# and two probes, interleaved A/B).
 TUNED_MARGIN = 0.03
 
 
 @functools.lru_cache(maxsize=None)
 def _records(key: str, cuda: bool) -> dict:
     """{kernel: {bucket: Geometry}} of the databases of ``key`` (``keys.database_dirs``): per workload,
-    ``chosen`` in the first one whose records select a measured geometry for it, else in the first one
-    holding it (its default; as ``tune-merge`` ranks an input without a valid default record last). A
-    database that cannot be read or holds another device's records is skipped, with a warning."""
+    ``chosen`` in the first whose records select a measured geometry for it, else in the first holding
+    it (its default; as ``tune-merge`` ranks an input without a valid default record last). A database
+    unreadable or holding another device's records is skipped, with a warning."""
     picks: dict = {}  # (kernel, bucket) -> (seconds or nan, geometry)
     for work_dir in keys.database_dirs(key):
         try:
@@ -60,9 +57,9 @@ def _records(key: str, cuda: bool) -> dict:
 
 
 def open_database(folder, device_key: str):
-    """The MetaSchedule database in ``folder`` (a ``<device key>`` folder), after checking that it can be
-    read and that every record was measured for the target of ``device_key`` (``keys.expected_target``);
-    else ``ValueError`` with a ``kv-canary:`` message naming the folder."""
+    """The MetaSchedule database in ``folder`` (a ``<device key>`` folder), checked readable and every
+    record measured for the target of ``device_key`` (``keys.expected_target``); else ``ValueError``
+    with a ``kv-canary:`` message naming the folder."""
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime.compile import error_line
@@ -85,8 +82,8 @@ def open_database(folder, device_key: str):
 
 
 def _measured(db):
-    """((kernel, bucket), record, current) of each record of ``db`` that was measured and did not fail;
-    ``current``: tuned for the current kernel (hashed for the record's target kind) and tuning case."""
+    """((kernel, bucket), record, current) of each measured, not failed record of ``db``; ``current``:
+    tuned for the current kernel (hashed for the record's target kind) and tuning case."""
     from .workloads import CASE_LAUNCHES, bucket_of, kernel_hash, workload_kernel_hash
 
     for record in db.get_all_tuning_records():
@@ -125,9 +122,8 @@ def _fastest_first(pairs) -> dict:
 
 def measured_records(db, stale: set | None = None) -> dict:
     """{(kernel, bucket): [(seconds of the case, record), ...] fastest first} of a database's valid records
-    for the current kernels (hashed for each record's target kind) and their tuning case (a time per
-    launch of it, ``launch_seconds``); the kernels of records tuned for other kernel code or another
-    case are added to ``stale``."""
+    for the current kernels (hashed for each record's target kind) and tuning case (a time per launch of
+    it, ``launch_seconds``); kernels of records tuned for other kernel code or case are added to ``stale``."""
     current = []
     for key, record, is_current in _measured(db):
         if is_current:
@@ -138,10 +134,10 @@ def measured_records(db, stale: set | None = None) -> dict:
 
 
 def previous_pick(db, kernel: str, bucket: tuple, cuda: bool) -> Geometry | None:
-    """The geometry ``db``'s stale records of a bucket (tuned for earlier kernel code, timed on a case with
-    as many launches as the current one) select by ``chosen_row``'s rule, if not the bucket's default;
-    else None. A re-tune after a kernel change measures it again (``driver``), so the pick an earlier tune
-    found, and an interleaved A/B may have confirmed, stays in contention whatever the new search draws."""
+    """The geometry ``db``'s stale records of a bucket (earlier kernel code, a case with as many launches
+    as the current one) select by ``chosen_row``'s rule, if not the bucket's default; else None. A
+    re-tune after a kernel change measures it again (``driver``), so an earlier tune's pick, perhaps
+    confirmed by an interleaved A/B, stays in contention whatever the new search draws."""
     from .workloads import CASE_LAUNCHES, default_of
 
     launches = CASE_LAUNCHES.get(kernel, 1)
@@ -163,8 +159,8 @@ def launch_seconds(kernel: str, run_secs) -> list[float]:
 
 
 def record_geometry(record, cuda: bool) -> Geometry:
-    """Replay a record's trace on its workload and read the geometry it selects (knobs the trace
-    does not decide keep the default of the record's bucket: its mode and size)."""
+    """Replay a record's trace on its workload and read the geometry it selects (knobs the trace does
+    not decide keep the record's bucket's default: its mode and size)."""
     import tvm
 
     from ..schedules.space import geometry_from
@@ -179,7 +175,7 @@ def record_geometry(record, cuda: bool) -> Geometry:
 
 def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     """The fastest of a bucket's measured ``rows`` (``measured_records``, fastest first) whose record is
-    the default geometry of the bucket's mode and size, or None when the default was not measured."""
+    the default geometry of the bucket's mode and size, or None if the default was not measured."""
     from .workloads import default_of
 
     default = default_of(kernel, bucket, "cuda" if cuda else "llvm")
@@ -187,39 +183,38 @@ def default_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
 
 
 def database_buckets(db, kernels) -> list:
-    """The ``(kernel, bucket)`` of every workload of ``db`` with a measured record, for the kernels named in
-    ``kernels``, sorted (those a database tuned with another size preset holds too)."""
+    """The ``(kernel, bucket)`` of every workload of ``db`` with a measured record, for ``kernels``,
+    sorted (also those a database tuned with another size preset holds)."""
     return sorted({key for key, _, _ in _measured(db) if key[0] in kernels})
 
 
 def stale_buckets(db, jobs: list, cuda: bool) -> list:
     """The ``(kernel, bucket)`` of ``jobs``, in order, whose default geometry has no current valid record
-    in ``db`` (``default_row`` of ``measured_records``): never tuned, or tuned for other kernel code,
-    another tuning case or another default, or the default's measurement failed. Load cannot apply a tuned
-    geometry to them (``chosen``); ``tune --stale-only`` tunes only them."""
+    in ``db`` (``default_row`` of ``measured_records``): never tuned, tuned for other kernel code, tuning
+    case or default, or the default's measurement failed. Load cannot apply a tuned geometry to them
+    (``chosen``); ``tune --stale-only`` tunes only them."""
     rows = measured_records(db)
     return [(k, b) for k, b in jobs if default_row(k, b, rows.get((k, b), []), cuda) is None]
 
 
 def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     """The row (``(seconds, record)``) a bucket's measured ``rows`` (``measured_records``, fastest first)
-    select: the fastest record at least ``TUNED_MARGIN`` faster than the default (of the bucket's mode and
-    size) in every launch of the tuning case (``launch_seconds``: verify's random-order and chain-order
-    launches, which one geometry serves), hence also over the case; else the default's. None when the
-    default has no valid record (its measurement failed, which ``tune`` reports, or the defaults changed
-    after the tuning): no record was measured against the default, so the bucket keeps it (``chosen``)."""
+    select: ``row_chosen_over`` the default's (of the bucket's mode and size; the tuning case's launches,
+    ``launch_seconds``, are e.g. verify's random- and chain-order ones, which one geometry serves). None if
+    the default has no valid record (its measurement failed, which ``tune`` reports, or the defaults
+    changed since): nothing was measured against it, so the bucket keeps it (``chosen``)."""
     default = default_row(kernel, bucket, rows, cuda)
     return None if default is None else row_chosen_over(kernel, bucket, rows, default, cuda)
 
 
 def row_chosen_over(kernel: str, bucket: tuple, rows: list, default: tuple, cuda: bool) -> tuple:
     """``chosen_row`` for a bucket whose ``default_row`` is ``default`` (not None): the fastest of ``rows``
-    at least ``TUNED_MARGIN`` faster than it in every launch of the case whose geometry lies in the
-    bucket's design space (``in_design_space``), else ``default``."""
+    at least ``TUNED_MARGIN`` faster than it in every launch of the case (so over the case too) whose
+    geometry lies in the bucket's design space (``in_design_space``), else ``default``."""
     default_launches = launch_seconds(kernel, default[1].run_secs)
     for cost, record in rows:
         if cost > (1 - TUNED_MARGIN) * default[0]:
-            break  # no record slower over the case is faster enough in every launch
+            break  # no record slower over the case is fast enough in every launch
         if (all(t <= (1 - TUNED_MARGIN) * d for t, d in zip(launch_seconds(kernel, record.run_secs), default_launches))
                 and in_design_space(kernel, bucket, record_geometry(record, cuda), cuda)):
             return cost, record
@@ -229,9 +224,8 @@ def row_chosen_over(kernel: str, bucket: tuple, rows: list, default: tuple, cuda
 def in_design_space(kernel: str, bucket: tuple, geom: Geometry, cuda: bool) -> bool:
     """Whether the bucket's design space can select ``geom``: each of the kernel's knobs in its mode
     (``schedules.knobs``) at one of its choices, every other field at the bucket's default. A record
-    selecting anything else (edited by hand, or tuned with another design space) is never applied: the
-    kernels assume their geometry's limits (a zero unroll divides by zero, too many threads cannot
-    launch)."""
+    selecting anything else (hand-edited, or another design space's) is never applied: the kernels
+    assume their geometry's limits (a zero unroll divides by zero, too many threads cannot launch)."""
     import dataclasses
 
     from ..schedules import knobs
@@ -245,7 +239,7 @@ def in_design_space(kernel: str, bucket: tuple, geom: Geometry, cuda: bool) -> b
 
 
 def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, Geometry]:
-    """(seconds, geometry) of ``chosen_row``; (nan, the bucket's default geometry) when it selects none."""
+    """(seconds, geometry) of ``chosen_row``; (nan, the bucket's default geometry) if it selects none."""
     from .workloads import default_of
 
     row = chosen_row(kernel, bucket, rows, cuda)
@@ -255,8 +249,8 @@ def chosen(kernel: str, bucket: tuple, rows: list, cuda: bool) -> tuple[float, G
 
 
 def _chosen_geometries(db, work_dir: str, cuda: bool) -> dict:
-    """{(kernel, bucket): ``chosen``} of ``db``'s current records, with a warning naming the buckets
-    without a valid record of their default and one naming stale kernels."""
+    """{(kernel, bucket): ``chosen``} of ``db``'s current records; a warning names the buckets without a
+    valid record of their default, one the stale kernels."""
     stale: set = set()
     out: dict = {}
     unmeasured: list = []
@@ -298,11 +292,10 @@ _noticed: set = set()
 
 
 def nearest(buckets: list[tuple], point: int | tuple) -> tuple:
-    """The bucket nearest to a launch's workload ``point`` in log scale (``packing.KernelCall.size``):
-    the leading size (entries, requests or bs), or a tuple of leading sizes (write: requests and tokens
-    per request) compared with as many leading sizes of each bucket, their log distances summed. So a
-    decode step's write (one token per request) takes the one-token bucket whatever its batch, not the
-    bucket of a long chain that has as many requests. Of equally near buckets the first wins."""
+    """The bucket nearest in log scale to a launch's workload ``point`` (``packing.KernelCall.size``): the leading size
+    (entries, requests or bs), or a tuple of leading sizes (write: requests and tokens per request) against as many of
+    each bucket's, log distances summed. So a decode step's write (one token per request) takes the one-token bucket
+    whatever its batch, not a long chain's with as many requests. Of equally near buckets the first wins."""
     sizes = point if isinstance(point, tuple) else (point,)
 
     def distance(bucket: tuple) -> float:
@@ -312,11 +305,10 @@ def nearest(buckets: list[tuple], point: int | tuple) -> tuple:
 
 
 def tuned_geometry(kernel: str, device: torch.device, size: int | tuple, mode: int = 0) -> Geometry | None:
-    """The geometry ``chosen`` selects in the bucket ``nearest`` to ``size`` among the kernel's buckets of
-    ``mode`` (``workloads.mode_of``: verify's or write's RealKvHashMode; it may be the default's) and of the
-    launch's size class (``targets.size_class``: a launch takes a bucket measured in its own class, as its
-    default is), or None: the default applies (no record; or no bucket of the launch's class, since
-    another class's pick was measured against another default)."""
+    """The geometry ``chosen`` selects in the bucket ``nearest`` to ``size`` among the kernel's buckets of ``mode``
+    (``workloads.mode_of``: verify's or write's RealKvHashMode; maybe the default's) and of the launch's size class
+    (``targets.size_class``: a bucket measured in its own class, as its default is), or None: the default applies (no
+    record; or no bucket of the launch's class, as another class's pick was measured against another default)."""
     from ..runtime import targets
     from ..schedules import knobs
     from .workloads import mode_of, point_of

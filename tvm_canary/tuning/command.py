@@ -3,20 +3,18 @@
     tvm-canary tune --target cuda|llvm [--kernels ...] [--trials N] [--workloads PRESET] [--out DIR]
                     [--time-limit SECONDS] [--stale-only] [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
 
-Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``,
-or the user's folder for an installed package); workloads already in it with N measured candidates
-are skipped (resume). With ``--rpc-tracker``, candidates are built here and measured on the RPC servers
-of ``--rpc-key`` (docs/FLEET-TUNING.md), and the database is that of their device. Ends with a table
-(kernel, workload, candidates, those new, default and tuned time, speedup, wall seconds, the part waiting
-on builds) and the run's totals. A workload that measured nothing (every candidate and the default
-failed) shows its error there and makes the command exit 1 (that workload runs the default).
-``--time-limit``: no workload starts once the run's time (from the defaults' builds on) plus its longest
-workload so far would pass the limit; the workloads left are listed, keep their earlier records and
-make the command exit 3 (a later run resumes them); none is cut, so database and table stay whole. A
-fleet that goes away or refuses a server (``fleet.ServerRefused``) ends the run likewise, with exit 1;
-Ctrl-C too (the workload it cuts is left), with exit 130. ``--stale-only``: tune only the workloads
-(the preset's and the database's other buckets) without a current record of their default
-(``apply.stale_buckets``); with none, the command says so and exits 0.
+Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``, or the user's
+folder for an installed package); workloads in it with N measured candidates are skipped (resume). With
+``--rpc-tracker``, candidates are built here and measured on the RPC servers of ``--rpc-key`` (docs/FLEET-TUNING.md),
+and the database is their device's. Ends with a table (kernel, workload, candidates, those new, default and tuned time,
+speedup, wall seconds, the part waiting on builds) and the run's totals. A workload that measured nothing (every
+candidate and the default failed) shows its error there and makes the command exit 1 (that workload runs the default).
+``--time-limit``: no workload starts once the run's time (from the defaults' builds on) plus its longest workload so far
+would pass the limit; the workloads left are listed, keep their earlier records and make the command exit 3 (a later run
+resumes them); none is cut, so database and table stay whole. A fleet going away or refusing a server
+(``fleet.ServerRefused``) ends the run likewise, exit 1; Ctrl-C too (the workload it cuts is left), exit 130.
+``--stale-only``: tune only the workloads (the preset's and the database's other buckets) without a current record of
+their default (``apply.stale_buckets``); with none, the command says so and exits 0.
 """
 
 from __future__ import annotations
@@ -92,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
         raise UsageError("--rpc-tracker and --rpc-key go together (and --rpc-workers needs them)")
-    if args.log_dir is None:  # checked as an explicit --log-dir is, before anything is connected or built
+    if args.log_dir is None:  # checked as an explicit --log-dir, before anything is connected or built
         try:
             output_folder(str(C.cache_dir().parent / "tune-runs"))
         except argparse.ArgumentTypeError as e:
@@ -127,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = stale
     builder, runner = CandidateBuilder(), make_runner()
     defaults, results, left, defaults_seconds = {}, [], [], 0.0
-    fleet_error = None  # the error of a fleet that went away or refused a server mid-run: raised after the table
+    fleet_error = None  # a fleet's that went away or refused a server mid-run: raised after the table
     interrupted = []  # Ctrl-C: TVM re-raises a KeyboardInterrupt raised in its callbacks as a bare RuntimeError
 
     def on_interrupt(*_):
@@ -156,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 results.append(tune_workload(kernel, bucket, tag, db, args.trials, log_dir, builder, runner,
                                              args.verbose, defaults.pop((kernel, bucket), None)))
-            except fleet.ServerRefused as e:  # a worker met a server it must not measure on: the run ends
+            except fleet.ServerRefused as e:  # a worker met a server not to measure on: the run ends
                 fleet_error = e
                 left.append((kernel, bucket))
     except (KeyboardInterrupt, RuntimeError):

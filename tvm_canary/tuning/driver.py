@@ -1,12 +1,11 @@
 """The tuning driver: one workload (kernel, size bucket) tuned with MetaSchedule into a database.
 
-``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``)
-with the builder and runner hooks of ``measure`` and commits the measurements to a JSON database;
-then the default geometry competes as one more record (built beforehand by ``build_defaults`` when the
-caller uses it). One builder and one runner serve a whole tuning run (starting their worker processes,
-which import TVM and torch, is most of a workload's time otherwise). Where candidates run is the runner
-(``local_runner``: this machine's device; ``fleet.Fleet.runner``: RPC servers), and the default is
-measured through the same one, so nothing else depends on where it runs.
+``tune_workload`` runs MetaSchedule's search over the kernel's design space (``tvm_canary.schedules``) with
+``measure``'s builder and runner hooks and commits the measurements to a JSON database; then the default geometry
+competes as one more record (built beforehand by ``build_defaults`` if the caller uses it). One builder and one runner
+serve a whole tuning run (else starting their worker processes, which import TVM and torch, is most of a workload's
+time). The runner decides where candidates run (``local_runner``: this machine's device; ``fleet.Fleet.runner``: RPC
+servers) and measures the default too, so nothing else depends on where it runs.
 """
 
 from __future__ import annotations
@@ -42,11 +41,11 @@ SEARCH_ROUNDS = 4
 
 @dataclasses.dataclass
 class Result:
-    """One workload's outcome. ``candidates``: the distinct geometries the database holds measured for
-    it; ``measured``: those this run added (0 when the database already held enough); times in
-    microseconds (NaN when every candidate failed); ``seconds``: the workload's wall time in this run,
-    ``build_seconds`` the part of it spent waiting on the builder; ``default_error``: why the default's
-    measurement in this run failed, if it did; ``no_knobs``: the design space is one point (nothing to tune)."""
+    """One workload's outcome. ``candidates``: the distinct geometries the database holds measured for it;
+    ``measured``: those this run added (0 if the database held enough); times in µs (NaN if every candidate
+    failed); ``seconds``: the workload's wall time in this run, ``build_seconds`` the part spent waiting on
+    the builder; ``default_error``: why the default's measurement in this run failed, if it did;
+    ``no_knobs``: the design space is one point (nothing to tune)."""
 
     kernel: str
     bucket: tuple
@@ -68,7 +67,7 @@ def local_runner():
 
     return ms.runner.LocalRunner(
         evaluator_config=measure.evaluator_config(),
-        timeout_sec=120,  # the first candidate of a workload builds its case (16M entries: seconds)
+        timeout_sec=120,  # as fleet.CANDIDATE_TIMEOUT_S
         f_alloc_argument=measure.alloc_bucket,
         f_run_evaluator=measure.run_case,
     )
@@ -102,12 +101,11 @@ class Space:
 
 
 def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
-    """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each
-    workload of ``jobs`` whose default ``db`` has not measured, for target tag ``tag``, in ONE round of
-    ``builder``; ``tune_workload`` takes its workload's as ``default_build`` (built one at a time, each was
-    a round of one build with the other workers idle). Left out: workloads whose search at ``trials``
-    measures their whole design space, the default among it (CUDA: plan and scatter at 32 trials). A
-    default that the search draws by chance is built for nothing (a worker's few seconds)."""
+    """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each workload of
+    ``jobs`` whose default ``db`` lacks, for target tag ``tag``, in ONE round of ``builder``; ``tune_workload`` takes
+    its workload's as ``default_build`` (one at a time, each was a round of one build, the other workers idle). Left
+    out: workloads whose search at ``trials`` measures their whole design space, default included (CUDA: plan and
+    scatter at 32 trials). A default the search draws by chance is built for nothing (a worker's few seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")
@@ -138,13 +136,12 @@ def discard_build(built) -> None:
 
 def tune_workload(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathlib.Path, builder, runner,
                   verbose: bool = False, default_build=None) -> Result:
-    """Tune one workload for the device of target tag ``tag`` (``targets.tag_for``) into the JSON
-    database ``db`` until it holds ``trials`` measured candidates (at most the size of the design space);
-    MetaSchedule's logs go to ``log_dir/logs`` (and its INFO lines to stdout too when ``verbose``).
-    ``builder`` (``measure.CandidateBuilder``) and ``runner`` (``local_runner()``, or ``fleet.Fleet.runner()``
-    for RPC servers on that device) serve the whole run; the caller shuts them down. They also build and
-    measure the default (checked against the reference like every candidate); ``default_build``: its build from
-    ``build_defaults`` (None: built here when needed), which is run or removed here."""
+    """Tune one workload for the device of target tag ``tag`` (``targets.tag_for``) into the JSON database ``db`` until
+    it holds ``trials`` measured candidates (at most the design space's size); MetaSchedule's logs go to
+    ``log_dir/logs`` (its INFO lines to stdout too when ``verbose``). ``builder`` (``measure.CandidateBuilder``) and
+    ``runner`` (``local_runner()``, or ``fleet.Fleet.runner()`` for RPC servers on that device) serve the whole run; the
+    caller shuts them down. They also build and measure the default (checked against the reference like any candidate);
+    ``default_build``: its build from ``build_defaults`` (None: built here if needed), run or removed here."""
     start, built_before = time.monotonic(), builder.build_seconds
     try:
         result = _tune(kernel, bucket, tag, db, trials, log_dir, builder, runner, verbose, default_build)
@@ -175,20 +172,20 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         sys.modules.setdefault("tvm.s_tir.tensor_intrin", types.ModuleType("tvm.s_tir.tensor_intrin"))
         ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
         # MetaSchedule's logging setup lists its logger's handlers by name and fails on an unnamed one
-        # ("'NoneType' object has no attribute 'format'"), such as the capture handlers pytest attaches to
-        # non-propagating loggers: keep those aside while it runs.
+        # ("'NoneType' object has no attribute 'format'"), as pytest's capture handlers on non-propagating
+        # loggers: keep those aside while it runs.
         unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
         for handler in unnamed:
             ms_logger.removeHandler(handler)
         try:
             # A resumed workload measures only the candidates it lacks. The search deduplicates within a
-            # round but may draw a geometry the database holds already (the default, measured apart, or
-            # one a shorter run measured): another round, with its own seed, while fewer than ``trials``
-            # geometries were tried (failed ones count), at most SEARCH_ROUNDS in all.
+            # round but may draw a geometry the database holds (the default, measured apart, or one a
+            # shorter run measured): another round, own seed, while fewer than ``trials`` geometries were
+            # tried (failed ones count), at most SEARCH_ROUNDS in all.
             missing = trials - before
             for seed in range(SEARCH_ROUNDS):
                 # MetaSchedule's console handler takes this level (its log files get everything); set each
-                # round: a round's logging setup leaves the logger at DEBUG, so the next one printed INFO
+                # round: a round's logging setup leaves the logger at DEBUG, so the next printed INFO
                 ms_logger.setLevel(logging.INFO if verbose else logging.WARNING)
                 ms.tune_tir(
                     mod, target, str(log_dir), max_trials_global=missing, num_trials_per_iter=missing,
@@ -244,8 +241,8 @@ def _geometries(rows: list, cuda: bool) -> int:
 
 def commit_measurement(db, mod, knobs: dict, geom, run_secs: list, target) -> None:
     """Commit a measurement of ``geom`` on the workload ``mod`` (``run_secs``: seconds per launch of the
-    case, a repeat at a time, as ``measure.run_case`` gives them) as a tuning record (its trace
-    decides every knob to ``geom``'s value); ``tune`` does it for the default geometry."""
+    case, a repeat at a time, as from ``measure.run_case``) as a tuning record (trace: ``scheduled``'s);
+    ``tune`` does it for the default geometry."""
     from tvm.s_tir import meta_schedule as ms
 
     sch = scheduled(mod, knobs, geom)
@@ -265,12 +262,11 @@ def scheduled(mod, knobs: dict, geom):
 
 
 def measure_candidate(builder, runner, mod, target, built=None, geometry=None) -> tuple[list, str]:
-    """(run_secs, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without
-    knob annotations, which the builder builds with the defaults; ``built``: that build, made earlier
-    by ``build_defaults``) or, with ``geometry`` (``(knobs, Geometry)``), in that geometry (the stand-in
-    annotated as its candidate would be), measured and checked against the reference by ``runner`` like
-    a candidate (seconds per launch of the case, a repeat at a time); ([], the error's
-    ``error_summary``) when that failed. The build's artifact is removed."""
+    """(run_secs, "") of the workload ``mod`` in the kernel's default geometry (the stand-in without knob
+    annotations, built with the defaults; ``built``: that build, made earlier by ``build_defaults``) or, with
+    ``geometry`` (``(knobs, Geometry)``), in that geometry (the stand-in annotated as its candidate would be),
+    measured and checked against the reference by ``runner`` like a candidate (as ``commit_measurement`` takes
+    them); ([], the error's ``error_summary``) if that failed. The build's artifact is removed."""
     from tvm.s_tir import meta_schedule as ms
 
     if geometry is not None:
@@ -293,9 +289,9 @@ def measure_candidate(builder, runner, mod, target, built=None, geometry=None) -
 
 
 def error_summary(message: str, width: int = 240) -> str:
-    """The line of a build or run error (a worker's traceback) that says what failed: its last line that
-    starts with an exception's name (``torch.OutOfMemoryError: CUDA out of memory. ...``), else its
-    last non-empty line, cut to ``width`` characters."""
+    """The line of a build or run error (a worker's traceback) saying what failed: its last line starting
+    with an exception's name (``torch.OutOfMemoryError: CUDA out of memory. ...``), else its last
+    non-empty line, cut to ``width`` characters."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     named = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
     line = (named or lines or ["(no message)"])[-1]

@@ -1,28 +1,24 @@
 """Fleet tuning: candidates measured on RPC servers registered with a TVM RPC tracker.
 
-A fleet is one tracker and any number of servers under one *RPC key* (one key per device model, one
-server per GPU). ``tvm-canary tune --rpc-tracker HOST:PORT --rpc-key KEY`` builds candidates on the
-tuning host and measures them on the servers through MetaSchedule's ``RPCRunner``, one runner worker
-per server.
+A fleet is one tracker and any number of servers under one *RPC key* (one key per device model, one server per GPU).
+``tvm-canary tune --rpc-tracker HOST:PORT --rpc-key KEY`` builds candidates on the tuning host and measures them on the
+servers through MetaSchedule's ``RPCRunner``, one runner worker per server.
 
-The reference check runs on the server, beside the device: ``tvm-canary rpc-server`` is TVM's RPC
-server (``tvm.rpc.Server``) registering the global functions below (``tvm_canary.fleet.*``) in every
-session. They run ``measure``'s own hooks, so a fleet candidate is allocated, checked byte for byte
-against the torch reference and timed exactly as on the local runner. TVM's stock
-``python -m tvm.exec.rpc_server`` lacks these functions and is refused by name.
+The reference check runs on the server, beside the device: ``tvm-canary rpc-server`` is TVM's RPC server
+(``tvm.rpc.Server``) registering the global functions below (``tvm_canary.fleet.*``) in every session. They run
+``measure``'s own hooks, so a fleet candidate is allocated, checked byte for byte against the torch reference and timed
+exactly as locally. TVM's stock ``python -m tvm.exec.rpc_server`` lacks them and is refused by name.
 
-Sessions: MetaSchedule opens a session (a forked process on the server) per candidate by default, so
-the bucket's case (valid inputs and reference outputs: seconds to build, up to ~35 GB on a GPU) would
-be rebuilt for every candidate. Here each runner worker keeps its session for the whole tuning run
-(``_held``), the session keeps the current workload's case (``measure.case_for``), and the session ends
-when the tuning run shuts the runner down. Hence at most one worker per server (``--rpc-workers`` is
-checked against the servers the tracker knows).
+Sessions: by default MetaSchedule opens a session (a forked process on the server) per candidate, so the bucket's case
+(valid inputs and reference outputs: seconds to build, up to ~35 GB on a GPU) would be rebuilt per candidate. Here each
+runner worker keeps its session for the whole tuning run (``_held``), which keeps the current workload's case
+(``measure.case_for``) and ends when the tuning run shuts the runner down. Hence at most one worker per server
+(``--rpc-workers`` is checked against the servers the tracker knows).
 
-Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session
-crashed leaves the tracker (``rpc-server`` then starts a new one). So requests are made only when the
-tracker lists a free server, every candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is
-killed and the candidate fails), and the tracker connection is bounded too. Run a fleet under an outer
-timeout anyway (``scripts/fleet_tune.py`` does).
+Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session crashed leaves the
+tracker (``rpc-server`` then starts a new one). So requests are made only when the tracker lists a free server, every
+candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed, the candidate fails), and the tracker
+connection is bounded too. Still run a fleet under an outer timeout (``scripts/fleet_tune.py`` does).
 """
 
 from __future__ import annotations
@@ -50,7 +46,7 @@ CANDIDATE_TIMEOUT_S = 120  # the first candidate of a workload builds its case (
 SESSION_TIMEOUT_S = 3600  # the server ends a session after this; a held session is then reopened
 TRACKER_TIMEOUT_S = 30  # connecting to the tracker, and a preflight session's request
 # An rpc-server whose tracker has refused connections this long gives up: TVM's server retries the tracker
-# for 60 s, then its registration thread dies and the server, alive, can never be reached again.
+# for 60 s, then its registration thread dies and the live server can never be reached again.
 TRACKER_GONE_S = 90
 
 
@@ -58,11 +54,10 @@ TRACKER_GONE_S = 90
 
 
 def register_server_functions() -> None:
-    """Register the fleet's global functions (``tvm_canary.fleet.*``, below); ``tvm.rpc.Server`` calls this in
-    the server process before forking sessions. Every session inherits the imports here (torch and
-    tvm_canary load once per server, not per session); nothing touches CUDA, since a forked session
-    could not use a CUDA context created before the fork; nor is the protocol read after the fork (a
-    session would hash files updated since, not the code it runs)."""
+    """Register the fleet's global functions (``tvm_canary.fleet.*``, below); ``tvm.rpc.Server`` calls this in the
+    server process before forking sessions, which inherit its imports (torch and tvm_canary load once per server);
+    nothing touches CUDA, as a forked session could not use a CUDA context made before the fork; nor is the protocol
+    read after the fork (a session would hash files updated since, not the code it runs)."""
     from . import keys, measure  # noqa: F401 - imported before the fork, see above
 
     measure.protocol()
@@ -86,7 +81,7 @@ def _device_info(device_type: str) -> str:
 
 class ServerRefused(RuntimeError):
     """A server that must not measure for this run (``_server_info``). Raised in a runner worker, it ends the
-    tuning run (``Fleet.runner``) rather than failing candidates, whose records would count as tried."""
+    tuning run (``Fleet.runner``) rather than fail candidates, whose records would count as tried."""
 
 
 tvm_ffi.register_error("tvm_canary.ServerRefused", ServerRefused)  # so it crosses MetaSchedule's C++ loop as itself
@@ -95,7 +90,7 @@ tvm_ffi.register_error("tvm_canary.ServerRefused", ServerRefused)  # so it cross
 def _server_info(session, rpc_key: str, device_type: str, device_key: str | None = None) -> dict:
     """The ``_device_info`` of the server behind ``session``; ``ServerRefused`` when it is no tvm_canary
     server, measures with another protocol than this host (``measure.protocol``: other kernels, timing or
-    cases; its times would be ranked with this host's) or has another device key than ``device_key``."""
+    cases; its times would be ranked with ours) or has a device key other than ``device_key``."""
     from ..runtime.compile import error_line
     from . import measure
 
@@ -124,8 +119,8 @@ def _tvm_device(device_type: str):
 
 def _run_case(rt_mod, bucket: str, device_type: str, number: int, repeat: int, min_repeat_ms: int) -> str:
     """Run a candidate module on its workload's case (``bucket``: JSON list; built once per session and
-    workload), check it against the reference and time it, with ``measure.run_case`` (a mismatch
-    raises, which fails the candidate); the times as a JSON list."""
+    workload), checked against the reference and timed by ``measure.run_case`` (a mismatch raises,
+    failing the candidate); the times as a JSON list."""
     from . import measure
 
     config = argparse.Namespace(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
@@ -139,19 +134,19 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
     the ``tvm.rpc.Server`` (its ``proc`` serves in a child process)."""
     from tvm import rpc
 
-    # Sessions are processes forked from the server; torch refuses CUDA in a child forked after the parent
-    # asked the CUDA runtime for its devices (torch.cuda.is_available(), which tvm-ffi calls when it loads
-    # its torch bridge). With the NVML-based check the server never touches the CUDA runtime before forking.
+    # Sessions are forked from the server; torch refuses CUDA in a child forked after the parent asked the
+    # CUDA runtime for its devices (torch.cuda.is_available(), which tvm-ffi calls loading its torch bridge).
+    # With the NVML-based check the server never touches the CUDA runtime before forking.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     return rpc.Server(host, port, port_end, key=key, tracker_addr=parse_address(tracker), custom_addr=custom_addr,
                       server_init_callback=register_server_functions)
 
 
 def _listening() -> bool:
-    """Run in a ``tvm.rpc.Server``'s process (``serve``): whether its listen thread, which registers the server
-    with the tracker and serves its sessions, still runs. It ends, leaving the process alive but unreachable,
-    when a session process exits non-zero, e.g. killed by a signal (``tvm.rpc.server._serving`` raises), or
-    the tracker refused connections for 60 s."""
+    """Run in a ``tvm.rpc.Server``'s process (``serve``): whether its listen thread, registering the server
+    with the tracker and serving its sessions, still runs. It ends, leaving the process alive but unreachable
+    (off the tracker for good), when a session process exits non-zero, e.g. killed by a signal
+    (``tvm.rpc.server._serving`` raises), or the tracker refused connections for 60 s."""
     from tvm.rpc.server import PopenRPCServerState
 
     return PopenRPCServerState.current.thread.is_alive()
@@ -203,11 +198,11 @@ class Fleet:
 
     def require_servers(self) -> None:
         """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as the key had
-        last time, at most ``workers`` (a spare server that went away costs no wait), since an ``rpc-server``
-        whose session process died re-registers within seconds; raises if none is registered by then (the fleet
-        is gone: every candidate would fail, each after
-        TRACKER_TIMEOUT_S). When fewer remain, says so once on stderr, with how many: each runner worker
-        left without a server fails every candidate it takes, after TRACKER_TIMEOUT_S."""
+        last time, at most ``workers`` (a spare server gone costs no wait), as an ``rpc-server`` whose session
+        process died re-registers within seconds; raises if none is registered by then (the fleet is gone:
+        every candidate would fail, each after TRACKER_TIMEOUT_S). When fewer remain, says so once on stderr,
+        with how many: each runner worker without a server fails every candidate it takes, after
+        TRACKER_TIMEOUT_S."""
         before = self._last_seen[-1] if self._last_seen else self.workers
         wanted = min(before, self.workers)
         servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= wanted)[0]
@@ -234,8 +229,8 @@ class Fleet:
             max_workers=self.workers,
         )
         # RPCRunner's pool waits without a limit; give it the per-candidate limit (module docstring) that
-        # PopenPoolExecutor takes at construction. Set after the fact to keep the worker RPCRunner already
-        # started for its sanity check (one import of TVM).
+        # PopenPoolExecutor takes at construction, set afterwards to keep the worker RPCRunner started for
+        # its sanity check (one import of TVM).
         assert isinstance(runner.pool, PopenPoolExecutor) and hasattr(runner.pool, "_timeout")
         runner.pool._timeout = CANDIDATE_TIMEOUT_S
         run = runner._inst.run  # MetaSchedule calls the instance's method by name: wrapped here
@@ -244,8 +239,8 @@ class Fleet:
 
 
 def _refusing(future):
-    """``future`` (an ``RPCRunnerFuture``) whose ``result`` raises its worker's ``ServerRefused`` (one line)
-    rather than return a failed candidate."""
+    """``future`` (an ``RPCRunnerFuture``) whose ``result`` raises its worker's ``ServerRefused`` (one line),
+    not a failed candidate."""
     from ..runtime.compile import error_line
 
     inner, result = future._inst.future, future._inst.result
@@ -262,12 +257,11 @@ def _refusing(future):
 
 
 def connect(tracker: str, rpc_key: str, device_type: str, workers: int | None) -> Fleet:
-    """Check the fleet before tuning: the tracker answers, servers are registered under ``rpc_key``,
-    ``workers`` (default: one per server) is at most their number, and every server free now (at least one,
-    awaited as by ``_request``) is a tvm_canary server with a ``device_type`` device of one device key
-    (``_server_info``; a session on each, all held at once so each request reaches another server; one busy
-    with another client is checked by the runner worker reaching it, ``Fleet.runner``); that key and target
-    tag name the database and the build."""
+    """Check the fleet before tuning: the tracker answers, servers are registered under ``rpc_key``, ``workers``
+    (default: one per server) is at most their number, and every server free now (at least one, awaited as by
+    ``_request``) is a tvm_canary server with a ``device_type`` device of one device key (``_server_info``; a session on
+    each, all held at once so each request reaches another server; one busy with another client is checked by the runner
+    worker reaching it, ``Fleet.runner``); that key and target tag name the database and build."""
     host, port = parse_address(tracker)
     servers, free = _registered(host, port, rpc_key)
     workers = servers if workers is None else workers
@@ -319,7 +313,7 @@ def _servers(host: str, port: int, rpc_key: str) -> tuple[int, int]:
 
 
 def _registered(host: str, port: int, rpc_key: str, counts: tuple[int, int] | None = None) -> tuple[int, int]:
-    """``counts`` (default: ``_servers``' now); RuntimeError when no server is registered under ``rpc_key``."""
+    """``counts`` (default: ``_servers``' now); RuntimeError if no server is registered under ``rpc_key``."""
     servers, free = _servers(host, port, rpc_key) if counts is None else counts
     if servers == 0:
         raise RuntimeError(f"kv-canary: the RPC tracker at {host}:{port} has no server under key {rpc_key!r} "
@@ -329,7 +323,7 @@ def _registered(host: str, port: int, rpc_key: str, counts: tuple[int, int] | No
 
 def _await_servers(host: str, port: int, rpc_key: str, ready) -> tuple[int, int]:
     """``_servers``, asked every 0.5 s until ``ready(servers, free)`` or for TRACKER_TIMEOUT_S; the last answer,
-    refused as by ``_registered`` when it has no server under ``rpc_key``."""
+    refused as by ``_registered`` if it has no server under ``rpc_key``."""
     deadline = time.monotonic() + TRACKER_TIMEOUT_S
     counts = _servers(host, port, rpc_key)
     while not ready(*counts) and time.monotonic() < deadline:
@@ -339,10 +333,10 @@ def _await_servers(host: str, port: int, rpc_key: str, ready) -> tuple[int, int]
 
 
 def _request(host: str, port: int, rpc_key: str, session_timeout: int = 0):
-    """A session on a free server of ``rpc_key``, requested only once the tracker lists one free (module
+    """A session on a free server of ``rpc_key``, requested once the tracker lists one free (module
     docstring, "Hangs"; a server re-registers a moment after a session ends, an ``rpc-server`` whose session
-    crashed comes back within seconds); refused after TRACKER_TIMEOUT_S without one, with ``_registered``'s error when
-    by then no server is registered under the key at all."""
+    crashed returns within seconds); refused after TRACKER_TIMEOUT_S without one, with ``_registered``'s
+    error if by then no server is registered under the key."""
     from tvm import rpc
 
     if _await_servers(host, port, rpc_key, lambda _registered, free: free > 0)[1] == 0:
@@ -368,8 +362,8 @@ _held: dict = {}  # this worker's session and the device key it was checked for
 
 
 def _held_session(device_key: str, device_type: str, rpc_config):
-    """The worker's session, opened on first use and reopened when it died or expired; a server that
-    ``_server_info`` refuses (e.g. registered under the wrong RPC key) ends the run."""
+    """The worker's session, opened on first use and reopened if it died or expired; a server
+    ``_server_info`` refuses (e.g. under the wrong RPC key) ends the run."""
     session = _held.get("session")
     if session is not None:
         try:
@@ -413,7 +407,7 @@ def _cleanup_remote(session, remote_path) -> None:
 def local_fleet(rpc_key: str, server_envs: list[dict], log_dir: pathlib.Path | None = None,
                 start_timeout_s: float = 120):
     """Start an RPC tracker on 127.0.0.1 and one ``tvm-canary rpc-server`` per entry of ``server_envs``
-    (extra environment of that server, e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``), wait until every server
+    (that server's extra environment, e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``), wait until every server
     is registered, yield the tracker's ``HOST:PORT``, and stop them all (process groups: TERM, then KILL)
     on exit. The tracker needs ``tornado``. Output goes to ``log_dir`` (tracker.log, server-<i>.log)."""
     package_root = str(pathlib.Path(__file__).resolve().parents[2])  # the servers import this tvm_canary
@@ -493,15 +487,13 @@ def add_parser(subparsers) -> None:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    """Serve until the tracker has been unreachable for TRACKER_GONE_S (status 1, with a ``kv-canary:`` line on
-    stderr) or this process gets SIGTERM or SIGINT (status 128 + the signal's number). Every 5 s while the
-    tracker answers, a server that stopped serving (``_serving``: a session process exiting non-zero, e.g.
-    OOM-killed or a segfaulting candidate, ends TVM's listen thread and the server leaves the tracker for
-    good) is replaced by a new one, which registers again, with a ``kv-canary:`` line on stderr and the
-    start line on stdout. Either way the server process (holding the port and the tracker registration) is
-    stopped with its sessions (``tvm.rpc.Server.terminate``): a background server stopped with ``kill PID``
-    leaves nothing behind. A signal during a start is left to ``tvm.rpc.Server``'s finalizer, which
-    terminates the same way."""
+    """Serve until the tracker has been unreachable for TRACKER_GONE_S (status 1, a ``kv-canary:`` line on stderr) or
+    this process gets SIGTERM or SIGINT (status 128 + the signal's number). Every 5 s while the tracker answers, a
+    server that stopped serving (``_serving``; e.g. after an OOM-killed or segfaulting candidate's session) is replaced
+    by a new one, which registers again, with a ``kv-canary:`` line on stderr and the start line on stdout. Either way
+    the server process (holding the port and the tracker registration) is stopped with its sessions
+    (``tvm.rpc.Server.terminate``): one stopped with ``kill PID`` leaves nothing behind. A signal during a start is left
+    to ``tvm.rpc.Server``'s finalizer, which terminates alike."""
 
     if args.port_end <= args.port:
         raise UsageError(f"kv-canary: --port-end {args.port_end} must be above --port {args.port} "

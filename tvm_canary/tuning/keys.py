@@ -54,7 +54,7 @@ def tune_logs_dirs() -> list[pathlib.Path]:
 def committed_tune_logs() -> pathlib.Path:
     """The databases committed with the code: in a source checkout (also an editable install) the
     repository's top-level ``tune_logs/``, where they are edited; in an installed wheel the package
-    resource ``tvm_canary/tune_logs`` that the build maps that folder to (setup.py)."""
+    resource ``tvm_canary/tune_logs`` the build maps that folder to (setup.py)."""
     checkout = source_checkout()
     if checkout is not None:
         return checkout / "tune_logs"
@@ -62,7 +62,7 @@ def committed_tune_logs() -> pathlib.Path:
 
 
 def source_checkout() -> pathlib.Path | None:
-    """The repository root when the package runs from a source checkout (it holds pyproject.toml and
+    """The repository root if the package runs from a source checkout (holding pyproject.toml and
     tune_logs/ beside the package), else None (an installed copy)."""
     root = pathlib.Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() and (root / "tune_logs").is_dir() else None
@@ -89,8 +89,8 @@ def database_dirs(key: str) -> list[pathlib.Path]:
 
 def databases() -> list[tuple[str, pathlib.Path]]:
     """(device key, folder) of every database found, in lookup order (a key may appear more than once).
-    A folder whose records file is empty (a tune that measured nothing) is none; one without a records
-    file is listed, to be refused as unreadable."""
+    A folder whose records file is empty (a tune measuring nothing) is none; one without a records file
+    is listed, to be refused as unreadable."""
     found = []
     for root in tune_logs_dirs():
         if root.is_dir():

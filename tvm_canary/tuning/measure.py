@@ -1,21 +1,19 @@
 """Building and measuring candidates: MetaSchedule's builder and runner hooks, alive for a whole tuning run.
 
 * ``CandidateBuilder``: a MetaSchedule builder whose worker processes start once per tuning run (TVM's
-  ``LocalBuilder`` starts a new pool, so reimports TVM, torch and the kernels, at every call, and checks
+  ``LocalBuilder`` starts a new pool, reimporting TVM, torch and the kernels, at every call, and checks
   itself in another new process at construction: most of a workload's time on a GPU). The geometry a
   candidate's trace annotated on the stand-in workload is read here; a worker builds the real kernel
   with it and exports it under its own file name (``_build_exported``).
-* ``alloc_bucket`` / ``run_case``: runner hooks for one runner per tuning run. The bucket is read from
-  the stand-in's argument shapes and the kernel from the candidate module, so neither is bound into
-  the runner. ``run_case`` builds the workload's valid case once per worker process (random valid
-  plans, a clean canary; ``case_for``), checks the candidate's outputs against the torch reference
-  byte for byte (a mismatch is a failed measurement, so never wins), then times each of the case's
-  launches on its own (verify's: a random-order and a chain-order launch): on a GPU as the
-  benchmarks do (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` copies of the
-  launch, each value the median of up to ``number`` replays, as many as make it span ``VALUE_MIN_US``
-  (``replays_per_value``, after one timed replay)), on a CPU with ``time_evaluator``; ``repeat``
-  values per launch, listed a repeat at a time (``apply.launch_seconds`` reads them back), so a
-  tuned geometry can be held to every launch of its case, not only to their sum (``apply.chosen``).
+* ``alloc_bucket`` / ``run_case``: runner hooks for one runner per tuning run (no bucket or kernel bound in: the
+  stand-in's shapes and the candidate module give them). ``run_case`` builds the workload's valid case once per
+  worker process (random valid plans, a clean canary; ``case_for``), checks the candidate's outputs against the
+  torch reference byte for byte (a mismatch is a failed measurement, never winning), then times each of the case's
+  launches alone (verify's: a random-order and a chain-order launch): on a GPU as the benchmarks do
+  (``tvm_canary.timing``: replays of a CUDA graph of ``GRAPH_LAUNCHES`` copies of the launch, each value the median
+  of ``replays_per_value`` replays, after one timed replay), on a CPU with ``time_evaluator``; ``repeat`` values per
+  launch, listed a repeat at a time (``apply.launch_seconds`` reads them back), so a tuned geometry can be held to
+  every launch of its case, not only their sum (``apply.chosen``).
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ from . import workloads
 # Per wave of builds (a round of n candidates on w workers is ceil(n / w) waves): a build that hangs fails
 # its round instead of the run. A build takes seconds; the first wave also starts the workers.
 BUILD_TIMEOUT_S = 120
-# copies of a case's launch per CUDA graph when a candidate is timed on a GPU (the benchmarks' graphs hold
-# 2-4 launches)
+# copies of a case's launch per CUDA graph timing a candidate on a GPU (the benchmarks' graphs hold 2-4)
 GRAPH_LAUNCHES = 4
 # A value spans at least this much GPU time (``replays_per_value``): a long graph needs fewer replays
 # than the evaluator's ``number`` to be as steady.
@@ -56,8 +53,8 @@ VALUE_MIN_US = 20_000.0
 
 def _job(mod, target) -> tuple:
     """What building a candidate needs, as plain values: (kernel, bucket, target tag, geometry, the
-    parent's ``source_hash``), the geometry being the one the stand-in workload ``mod``'s annotations
-    select (the fields of the bucket's default, ``workloads.default_of``, where it has none)."""
+    parent's ``source_hash``), the geometry that the stand-in workload ``mod``'s annotations select (the
+    bucket's default's fields, ``workloads.default_of``, where it has none)."""
     kernel = str(mod["main"].attrs["canary.kernel"])
     bucket = workloads.bucket_of(mod["main"])
     tag = f"cuda-{target.attrs['arch']}" if target.kind.name == "cuda" else "llvm"
@@ -65,11 +62,10 @@ def _job(mod, target) -> tuple:
 
 
 def _build_exported(job: tuple) -> tuple[str, float]:
-    """Worker side of ``CandidateBuilder``: build one candidate and export it as a tar archive with a
-    file name of its own; returns the artifact's path and the seconds the worker spent on it. The name
-    matters on an RPC server: a session that measures many candidates loads each from the artifact's
-    file name, and a library loaded again under a name still open would be the earlier candidate's code
-    (``dlopen`` returns the open one)."""
+    """Worker side of ``CandidateBuilder``: build one candidate and export it as a tar archive with a file name of its
+    own; returns the artifact's path and the worker's seconds on it. The name matters on an RPC server: a session
+    measuring many candidates loads each from the artifact's file name, and a library loaded again under a name still
+    open would be the earlier candidate's code (``dlopen`` returns the open one)."""
     from tvm.support.tar import tar
 
     start = time.monotonic()
@@ -97,12 +93,11 @@ def exit_with_parent() -> None:
 
 @derived_object
 class CandidateBuilder(ms.builder.PyBuilder):
-    """A MetaSchedule builder for a whole tuning run: candidates are built in ``max_workers`` (default: one
-    per CPU this process may use, ``compile.usable_cpus``) spawned processes that live until ``shutdown()``.
-    ``build_seconds``: the wall time its
-    callers have spent waiting in ``build`` (rounds of builds, pool start-ups included); ``built`` and
-    ``worker_seconds``: the candidates built and the seconds the workers spent building them, which
-    tell a slow build from a pool that builds fewer at once than it has workers."""
+    """Builds candidates in ``max_workers`` (default: one per CPU this process may use, ``compile.usable_cpus``)
+    spawned processes that live until ``shutdown()``. ``build_seconds``: the wall time callers spent waiting in
+    ``build`` (rounds of builds, pool start-ups included); ``built`` and ``worker_seconds``: the candidates built
+    and the workers' seconds building them, which tell a slow build from a pool building fewer at once than it
+    has workers."""
 
     def __init__(self, max_workers: int | None = None) -> None:
         super().__init__()
@@ -114,8 +109,7 @@ class CandidateBuilder(ms.builder.PyBuilder):
 
     def build(self, build_inputs):
         """One round: every candidate built (or failed: timed out, raised, or lost with a dead worker).
-        A round that leaves a build hanging or the pool broken kills the pool, so the next round starts
-        a fresh one."""
+        A round leaving a build hanging or the pool broken kills the pool; the next round starts a fresh one."""
         start = time.monotonic()
         if self._pool is None:
             # spawn: the tuning process may hold a CUDA context, which a forked worker could not use
@@ -167,8 +161,8 @@ class CandidateBuilder(ms.builder.PyBuilder):
 
 
 def alloc_bucket(_device, args_info, alloc_repeat: int):
-    """The stand-in's argument shapes give the bucket (one buffer per dimension, ``workloads.descriptor``);
-    the case itself is built by ``run_case``, which knows the kernel."""
+    """The bucket, from the stand-in's argument shapes (one buffer per dimension, ``workloads.descriptor``);
+    ``run_case``, which knows the kernel, builds the case."""
     bucket = tuple(int(info[2][0]) for info in args_info)
     return [[bucket]] * alloc_repeat
 
@@ -185,8 +179,7 @@ _held_case: dict = {}  # (kernel, bucket, device type) -> Case: one workload at 
 
 
 def case_for(kernel: str, bucket: tuple, device_type: str):
-    """The valid case of a workload on this process's device, built once; the previous workload's case
-    is released first."""
+    """The valid case of a workload on this process's device, built once; the previous workload's released first."""
     key = (kernel, bucket, device_type)
     if key not in _held_case:
         _held_case.clear()
@@ -214,10 +207,9 @@ def evaluator_config() -> ms.runner.EvaluatorConfig:
 
 
 def replays_per_value(replay_us: float, most: int) -> int:
-    """Graph replays per timed value for a graph whose one replay took ``replay_us``: enough that the
-    value spans ``VALUE_MIN_US``, at most ``most`` (the evaluator's ``number``), at least 1. On the H200
-    a verify ALL 16M launch (28 ms a replay) then takes 1 replay a value, a write 1 x 32768 bucket (15 ms)
-    2, launches of a few µs all 10."""
+    """Graph replays per timed value for a graph whose one replay took ``replay_us``: enough for the value to span
+    ``VALUE_MIN_US``, at most ``most`` (the evaluator's ``number``), at least 1. On the H200 a verify ALL 16M launch
+    (28 ms a replay) takes 1 replay a value, a write 1 x 32768 bucket (15 ms) 2, launches of a few µs all 10."""
     return max(1, min(most, math.ceil(VALUE_MIN_US / max(replay_us, 1e-3))))
 
 
@@ -237,9 +229,9 @@ def run_case(rt_mod, device, config, repeated_args):
     if not case.matches():
         raise RuntimeError(f"candidate output of {name} differs from the torch reference")
     if cuda:
-        # As the benchmarks time (module docstring), replays held; a value is the time of one launch. Timed
-        # eagerly one launch at a time instead, a kernel of a few µs measures the host's launch cost as much
-        # as itself, and a geometry that won there lost in the benchmark (docs/TUNING.md).
+        # As the benchmarks time (module docstring), replays held; a value is one launch's time. Timed
+        # eagerly a launch at a time, a kernel of a few µs measures the host's launch cost as much as
+        # itself, and a geometry that won there lost in the benchmark (docs/TUNING.md).
         graphs = [timing.capture([lambda args=args: function(*args)] * GRAPH_LAUNCHES) for args in case.launches]
         replays = [replays_per_value(timing.median_us(graph.replay, 1), config.number) for graph in graphs]
         return [1e-6 * timing.replay_us(graph, GRAPH_LAUNCHES, n) for _ in range(config.repeat)

@@ -2,18 +2,18 @@
 
     tvm-canary tune-merge DIR... --out tune_logs/<device key>
 
-Load applies a database only to the device key its folder is named by (``keys.database_dirs``), so every
+Load applies a database only to the device key naming its folder (``keys.database_dirs``), so every
 input folder must carry the output's device key and hold records for that key's target (``...-sm_XY``:
-CUDA ``sm_XY``; a CPU key: llvm); anything else is refused before anything is written. The output (its earlier
-records included) gets, per workload, the fastest of the inputs' chosen records (``apply.chosen_row``
-of each input's valid records, ``apply.measured_records``: measured, not failed, tuned for the current
-kernel code and case) and the default geometry's record from the same input, which ``apply.chosen``
-weighs it against: a tuned record replaces the default only when one tuning run measured it clearly
-faster (a default measured in another run, on another host or at another time, can differ by more
-than the margin). So only the inputs that measured the default compete when any did; else the fastest
-record is kept, so that the workload stays in the output (``apply`` keeps its default). Stale records
-are dropped; the buckets they leave without a current record are named to re-tune. The output's
-workload table is compact (``compact_workload_table``).
+CUDA ``sm_XY``; a CPU key: llvm); anything else is refused before anything is written. The output (its
+earlier records included) gets, per workload, the fastest of the inputs' chosen records
+(``apply.chosen_row`` of each input's valid records, ``apply.measured_records``: measured, not failed,
+tuned for the current kernel code and case) and the default geometry's record from the same input,
+which ``apply.chosen`` weighs it against: a tuned record replaces the default only when one tuning run
+measured it clearly faster (a default measured in another run, host or time can differ by more than
+the margin). So only inputs that measured the default compete when any did; else the fastest record
+is kept, so the workload stays in the output (``apply`` keeps its default). Stale records are dropped;
+the buckets they leave without a current record are named to re-tune. The output's workload table is
+compact (``compact_workload_table``).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def _check_database(folder: pathlib.Path, device_key: str):
 
 
 def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
-    """Merge the databases ``sources`` (and ``out``'s own, when it exists) into ``out``, keeping per
-    workload the records the module docstring names. Every input is checked before ``out`` is touched;
-    ``out``'s two files are replaced so that they never disagree (``_install``)."""
+    """Merge the databases ``sources`` (and ``out``'s own, if any) into ``out``, keeping per workload the
+    records the module docstring names. Every input is checked before ``out`` is touched; ``out``'s two
+    files are replaced so they never disagree (``_install``)."""
     from tvm.s_tir import meta_schedule as ms
 
     device_key = out.resolve().name
@@ -103,11 +103,10 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
 
 
 def _install(staged: pathlib.Path, out: pathlib.Path) -> None:
-    """Replace ``out``'s database with ``staged``'s (same filesystem). Records refer to workloads by
-    position, so the two files must never be one old and one new: an empty records file is renamed in
-    first (over the old one, if any), then the table and the records. Stopped anywhere (disk full, a
-    kill), ``out`` holds the old database (or none), or a table with empty records (which selects nothing,
-    and which the next merge or tune reads as empty), or the new one."""
+    """Replace ``out``'s database with ``staged``'s (same filesystem). Records refer to workloads by position, so the
+    two files must never be one old and one new: an empty records file is renamed in first (over the old one, if any),
+    then the table and the records. Stopped anywhere (disk full, a kill), ``out`` holds the old database (or none), a
+    table with empty records (selecting nothing, read as empty by the next merge or tune), or the new one."""
     (staged / "empty.json").write_text("")
     os.replace(staged / "empty.json", out / DATABASE_FILES[1])
     for name in DATABASE_FILES:
@@ -117,9 +116,9 @@ def _install(staged: pathlib.Path, out: pathlib.Path) -> None:
 
 def compact_entry(shash: str, encoded: str) -> str:
     """One workload table line with its module JSON free of whitespace. MetaSchedule writes an entry as
-    ``[structural hash, base64(uint64 length + the module's JSON, indented)]``, about half of it
-    indentation; the compact entry loads as the same module (``tvm.ir.load_json`` ignores whitespace)
-    and keeps the hash, which halves the committed databases (the tracked tree's budget)."""
+    ``[structural hash, base64(uint64 length + the module's JSON, indented)]``, about half indentation;
+    the compact entry loads as the same module (``tvm.ir.load_json`` ignores whitespace) and keeps the
+    hash, halving the committed databases (the tracked tree's budget)."""
     raw = base64.b64decode(encoded)
     (length,) = struct.unpack("<Q", raw[:8])
     module_json = json.dumps(json.loads(raw[8 : 8 + length]), separators=(",", ":")).encode()

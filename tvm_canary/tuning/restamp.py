@@ -6,14 +6,14 @@ Only for a kernel change that provably keeps the generated code identical (e.g. 
 every specialization compared byte for byte before and after) but changes the kernel hash
 (``workloads.kernel_hash``); any other change needs a re-tune, which ignoring the old records forces.
 The hash also carries the kernel's tuning case version (``workloads.CASE_VERSIONS``): records timed on
-an earlier case are stale for a reason the code cannot show, so never re-stamp across a change of the
-case: re-tune. A folder holding a workload stamped with the current code on an earlier case
+an earlier case are stale for a reason the code cannot show, so never re-stamp across a case change:
+re-tune. A folder holding a workload stamped with the current code on an earlier case
 (``workloads.earlier_case_hashes``) is refused; one stamped with older code on an earlier case cannot be
-told from older code on the current case (the hash mixes both), so that mistake is not caught.
-Each workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (so it
-carries the current hash), in the same order, so ``database_tuning_record.json``, whose records refer
-to workloads by position, stays byte-identical; the table is written compact
-(``merge.compact_entry``). The target kind comes from the records.
+told from older code on the current case (the hash mixes both), so that mistake is not caught. Each
+workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (carrying the
+current hash) in the same order, so ``database_tuning_record.json``, whose records refer to workloads
+by position, stays byte-identical; the table is written compact (``merge.compact_entry``). The target
+kind comes from the records.
 """
 
 from __future__ import annotations
@@ -55,10 +55,9 @@ def restamp(work_dir: pathlib.Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Re-stamp each database folder named in ``argv`` (default: the process arguments); ``--help`` prints
-    this module's docstring. A name that is not a folder is a usage error (exit status 2), and a folder
-    whose database cannot be read or is not of its device key's target an error (status 1): either way
-    nothing is re-stamped."""
+    """Re-stamp each database folder named in ``argv`` (default: the process arguments); ``--help`` prints this module's
+    docstring. A name not a folder is a usage error (exit status 2), a folder whose database is unreadable or not of its
+    device key's target an error (status 1): either way nothing is re-stamped."""
     parser = argparse.ArgumentParser(prog="python -m tvm_canary.tuning.restamp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=pathlib.Path, metavar="FOLDER",

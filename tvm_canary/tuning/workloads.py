@@ -1,18 +1,16 @@
 """Tuning workloads: size buckets, their stand-in functions, and valid inputs with expected outputs.
 
-A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` in NONE mode and
-``(entries, mode)`` with two real-KV sources of 256 bytes per token folded in ``RealKvHashMode``
-``mode`` (PARTIAL or ALL); write ``(requests, tokens per request)`` in NONE mode and ``(requests,
-tokens per request, mode)`` with the same two sources; plan ``(bs, prefix)``, scatter ``(bs,
-tokens)``. A bucket's *mode* (``mode_of``) must match a launch's for its geometry to apply; within a
-mode the nearest size of the launch's size class wins (``apply.tuned_geometry``; a launch whose mode has
-no bucket runs its default geometry). Verify and write are tuned without input checks, plan and scatter
-in their no-LUT / no-pool specialization, whose geometry serves all of theirs. Write's real-KV modes have
-buckets of their own as its fold blocks run beside the chains: a geometry tuned on NONE chains alone
-slowed ALL 64 x 512 by 15% on the H200 (docs/TUNING.md).
+A workload is (kernel, bucket). Buckets are static sizes: verify ``(entries,)`` in NONE mode and ``(entries, mode)``
+with two real-KV sources of 256 bytes per token folded in ``RealKvHashMode`` ``mode`` (PARTIAL or ALL); write
+``(requests, tokens per request)`` in NONE mode and ``(requests, tokens per request, mode)`` with the same two
+sources; plan ``(bs, prefix)``, scatter ``(bs, tokens)``. A launch takes the nearest bucket of its *mode*
+(``mode_of``) and size class, else its default (``apply.tuned_geometry``). Verify and write are tuned without input
+checks, plan and scatter in their no-LUT / no-pool specialization, whose geometry serves all of theirs. Write's
+real-KV modes have own buckets as its fold blocks run beside the chains: a geometry tuned on NONE chains alone slowed
+ALL 64 x 512 by 15% on the H200 (docs/TUNING.md).
 
-Every workload carries the *kernel hash* of the code it was tuned for (``kernel_hash``), so records
-of a kernel that changed since are recognised and ignored (``tuning.apply``).
+Every workload carries the *kernel hash* of the code it was tuned for (``kernel_hash``), so records of a kernel changed
+since are recognised and ignored (``tuning.apply``).
 """
 
 from __future__ import annotations
@@ -43,10 +41,10 @@ PRESETS = {
     "ci": {"verify": [(1024,), (1024, 2)], "write": [(8, 16)], "plan": [(8, 16)], "scatter": [(8, 16)]},
     "cpu": {"verify": [(4096,), (262144,)], "write": [(256, 1), (1, 8192)] + [(256, 1, m) for m in (1, 2)],
             "plan": [(64, 512)], "scatter": [(64, 512)]},
-    # One bucket per size class the benchmarks time (verify 1K-16M entries: 1K/4K, 64K, 1M/4M, 16M;
-    # write 4096 x 1, 64 x 512, 1 x 32768; scatter bs 256 and 4096): a geometry tuned at 4K entries alone
-    # ran 64K 1.14x slower than the default on the H200 (docs/PERFORMANCE.md as of `50ab4ae`, the eighth session), and
-    # scatter's bs-4096 choice (3% faster there) ran bs 256 1.034x slower (the eighteenth session's run).
+    # One bucket per size class the benchmarks time (verify 1K-16M entries: 1K/4K, 64K, 1M/4M, 16M; write
+    # 4096 x 1, 64 x 512, 1 x 32768; scatter bs 256 and 4096): a geometry tuned at 4K entries alone ran 64K
+    # 1.14x slower than the default on the H200 (docs/PERFORMANCE.md as of `50ab4ae`, 8th session), and
+    # scatter's bs-4096 pick (3% faster there) ran bs 256 1.034x slower (the 18th session's run).
     "gpu": {
         "verify": [(n, *m) for m in ((), (1,), (2,)) for n in (4096, 1 << 16, 1 << 20, 1 << 24)],
         "write": [(r, n, *m) for m in ((), (1,), (2,)) for r, n in ((4096, 1), (64, 512), (1, 32768))],
@@ -55,9 +53,9 @@ PRESETS = {
     },
 }
 KV_SOURCES, KV_BYTES = 2, 256  # real-KV sources of the folded (real-KV mode) verify and write buckets
-# On a GPU a case's slots are scattered over a pool of this many slots, as in a serving engine's pool
-# and in the benchmarks' (1 GB of canary): slots packed into a small pool would sit in L2, and a
-# geometry would be tuned for a memory the launches do not see (less on a small GPU: ``pool_universe``).
+# On a GPU a case's slots are scattered over a pool of this many slots, as in a serving engine's and the
+# benchmarks' (1 GB of canary): slots packed into a small pool would sit in L2, tuning a geometry for a memory
+# the launches do not see (less on a small GPU: ``pool_universe``).
 GPU_POOL_SLOTS = 1 << 25
 CASE_COPIES = 3  # a case's tensors are held three times: the inputs, their snapshot, the reference's copy
 # Where a bucket holds its RealKvHashMode (after its sizes); kernels not named here have none.
@@ -71,9 +69,9 @@ def mode_of(kernel: str, bucket: tuple) -> int:
 
 
 def point_of(kernel: str, bucket: tuple):
-    """The workload point (``packing.KernelCall.size``) of a launch of the bucket's size, as the benchmark
-    launches it and the tuner's case does: write's request capacity and tokens per request
-    (``packing.write_point``), every other kernel's leading size."""
+    """The workload point (``packing.KernelCall.size``) of a launch of the bucket's size, as the benchmark and
+    the tuner's case launch it: write's request capacity and tokens per request (``packing.write_point``), every
+    other kernel's leading size."""
     return tuple(bucket[:2]) if kernel == "write" else bucket[0]
 
 
@@ -84,9 +82,9 @@ def default_of(kernel: str, bucket: tuple, target: str) -> Geometry:
 
 
 def tuned_spec(kernel: str, bucket: tuple) -> tuple:
-    """The specialization a workload is compiled in: no input checks, sources folded per its mode, each
-    source's fold word count passed at launch (``fold_words`` 0: the kernel whose hash keys the records;
-    an ALL launch that builds its count in runs the same bucket's geometry)."""
+    """The specialization a workload is compiled in: no input checks, sources folded per its mode, each source's
+    fold word count passed at launch (``fold_words`` 0: the kernel whose hash keys the records; an ALL launch
+    building its count in runs the same bucket's geometry)."""
     mode = mode_of(kernel, bucket)
     sources = KV_SOURCES if mode else 0
     partial = mode == int(RealKvHashMode.PARTIAL)
@@ -98,27 +96,26 @@ def tuned_spec(kernel: str, bucket: tuple) -> tuple:
     }[kernel]()
 
 
-# The geometries the kernel hash is taken in: a fixed reference geometry (not the defaults, whose values
-# are tuned by hand), so that only a change of the kernel's TensorIR changes the hash, with every value of
-# the knobs that choose between code paths rather than size them: ``thin`` (CUDA's small-launch grid,
-# ``kernels.common.work_grid``) and, where sources are folded, ``pairs`` (``specializations.launch_mode``).
-# Each is a tuning knob, so records are measured on each path.
+# The geometries the kernel hash is taken in: a fixed reference geometry (not the hand-tuned defaults), so only a change
+# of the kernel's TensorIR changes the hash, with every value of the knobs choosing between code paths rather than
+# sizing them: ``thin`` (CUDA's small-launch grid, ``kernels.common.work_grid``) and, where sources are folded,
+# ``pairs`` (``specializations.launch_mode``). Each is a tuning knob, so records are measured on each path.
 _HASH_GEOMETRIES = {
     "cuda": tuple(Geometry(gpu=True, blocks=264, threads=128, tile=256, unroll=4, min_blocks=1, thin=t, pairs=p)
                   for t in (0, 1) for p in (0, 1, 2)),
     "llvm": tuple(Geometry(gpu=False, unroll=4, pairs=p) for p in (0, 1)),
 }
-# Names the way hashes are computed in the remembered tables' file names (``kernel_hash``): a table
-# of an earlier way is not read. 2: both fold forms (thirteenth session); 3: thin and pairs 2 too.
+# Names how hashes are computed in the remembered tables' file names (``kernel_hash``): a table of an earlier
+# way is not read. 2: both fold forms (13th session); 3: thin and pairs 2 too.
 _HASH_METHOD = 3
-# The version of a kernel's tuning case (``make_case``) where it changed since its records were first
-# kept: records timed on another case are stale (``apply.measured_records``), so a tune on top of a
-# database never ranks records of two cases together. Verify 2: two launches of the bucket's size each
-# (before, of half of it each); 3: each launch timed on its own, a record's times per launch
-# (``measure.run_case``; before, one time per pass over both), and held (below). Write, plan, scatter 2:
-# GPU replays timed held (``timing.HOLD_CYCLES``; before, a replay's time also held the host's
-# submission of its graph, about 1 µs per launch of a few µs: not comparable). The CPU's timing did
-# not change, but its records carry the same versions (a version is the kernel's, not the target's).
+# The version of a kernel's tuning case (``make_case``) where it changed since its records were first kept:
+# records timed on another case are stale (``apply.measured_records``), so a tune on top of a database never
+# ranks records of two cases together. Verify 2: two launches of the bucket's size each (before, of half of it
+# each); 3: each launch timed alone, a record's times per launch (``measure.run_case``; before, one time per
+# pass over both), and held (below). Write, plan, scatter 2: GPU replays timed held (``timing.HOLD_CYCLES``;
+# before, a replay's time also held the host's submission of its graph, about 1 µs per launch of a few µs: not
+# comparable). The CPU's timing did not change, but its records carry the same versions (a version is the
+# kernel's, not the target's).
 CASE_VERSIONS = {"verify": 3, "write": 2, "plan": 2, "scatter": 2}
 # Launches of a kernel's tuning case (``make_case``; 1 where not named): a record's ``run_secs`` hold
 # one time per launch per repeat (``apply.launch_seconds``).
@@ -127,23 +124,21 @@ _IGNORED_ATTRS = ("tirx.is_scheduled",)  # says how the function may be schedule
 
 
 def kernel_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
-    """Hash of what a workload's records were measured on: the code it tunes and, where the kernel's
-    case changed since records were first kept (``CASE_VERSIONS``), the case. The code's hash is the
-    structural hash (16 hex digits) of the TensorIR of ``kernels.<kernel>.make(*tuned_spec(kernel,
-    bucket), geometry)`` for the target kind (``cuda`` or ``llvm``) in fixed reference geometries, one
-    per code path the knobs choose (``_HASH_GEOMETRIES``), minus attributes not shaping the generated
-    code (``tirx.is_scheduled``); where they give different TensorIR, the SHA-256 (16 hex digits) of the
-    distinct structural hashes in order. Renaming Python helpers, moving numbers into named constants or
-    reformatting the kernel source leaves it unchanged; a change of the TensorIR any path builds (so
-    possibly of the generated code) changes it. Computing it parses the kernel
-    (about a second a path), so code hashes are remembered per ``compile.source_hash()`` in the kernel
-    cache folder."""
+    """Hash of what a workload's records were measured on: the code it tunes and, where the kernel's case
+    changed since records were first kept (``CASE_VERSIONS``), the case. The code's hash: the structural hash
+    (16 hex digits) of the TensorIR of ``kernels.<kernel>.make(*tuned_spec(kernel, bucket), geometry)`` for the
+    target kind (``cuda`` or ``llvm``) in fixed reference geometries, one per code path the knobs choose
+    (``_HASH_GEOMETRIES``), less attributes not shaping the generated code (``tirx.is_scheduled``); if they give
+    different TensorIR, the SHA-256 (16 hex digits) of the distinct structural hashes in order. Renaming Python
+    helpers, naming constants or reformatting the kernel source leaves it unchanged; changing the TensorIR any
+    path builds (so maybe the generated code) changes it. Computing it parses the kernel (about a second a
+    path), so code hashes are remembered per ``compile.source_hash()`` in the kernel cache folder."""
     return _with_case(code_hash(kernel, bucket, target_kind), CASE_VERSIONS.get(kernel))
 
 
 def earlier_case_hashes(kernel: str, bucket: tuple, target_kind: str) -> set[str]:
-    """The hashes that ``kernel_hash`` gave the current code on the kernel's earlier tuning cases (every
-    version before ``CASE_VERSIONS``'s; the first case's is the code's hash alone)."""
+    """The hashes ``kernel_hash`` gave the current code on the kernel's earlier tuning cases (every version
+    before ``CASE_VERSIONS``'s; the first case's is the code's hash alone)."""
     code = code_hash(kernel, bucket, target_kind)
     return {_with_case(code, v) for v in range(1, CASE_VERSIONS.get(kernel, 1))}
 
@@ -177,8 +172,8 @@ def code_hash(kernel: str, bucket: tuple, target_kind: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _hash_table(path: pathlib.Path) -> dict:
-    """The kernel hashes remembered in ``path`` (``{kernel/spec/target kind: hash}``); none when it is
-    missing or unreadable (they are computed again)."""
+    """The kernel hashes remembered in ``path`` (``{kernel/spec/target kind: hash}``); none if it is missing or
+    unreadable (computed again)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -196,8 +191,8 @@ def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
         func = kernel_ir(kernel, kernel_spec, geom)
         for attr in _IGNORED_ATTRS:
             func = func.without_attr(attr)
-        # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between
-        # Python versions (3.11 prints TypeVar lines that 3.12 does not), the IR's structure does not.
+        # The structural hash, not a hash of func.script(): the TVMScript printer's text differs between Python
+        # versions (3.11 prints TypeVar lines 3.12 does not), the IR's structure does not.
         hashes.append(f"{tvm_ffi.structural_hash(func):016x}")
     distinct = list(dict.fromkeys(hashes))
     if len(distinct) == 1:  # the knobs choose no other TensorIR (plan, scatter)
@@ -206,10 +201,10 @@ def _script_hash(kernel: str, kernel_spec: tuple, target_kind: str) -> str:
 
 
 def descriptor(kernel: str, bucket: tuple, target_kind: str):
-    """The schedulable stand-in of a workload for a target kind (``cuda`` or ``llvm``): one block
-    ``canary``; one buffer per bucket dimension (its length: ``x``, ``y``, ``z``), so each (kernel,
-    bucket) is its own MetaSchedule workload whose argument shapes give the bucket
-    (``measure.alloc_bucket``); attributes name the kernel, the bucket and the kernel hash."""
+    """The schedulable stand-in of a workload for a target kind (``cuda`` or ``llvm``): one block ``canary``;
+    one buffer per bucket dimension (its length: ``x``, ``y``, ``z``), so each (kernel, bucket) is its own
+    MetaSchedule workload whose argument shapes give the bucket (``measure.alloc_bucket``); attributes name the
+    kernel, the bucket and the kernel hash."""
     from tvm.script.ir_builder import IRBuilder  # TVMScript's builder: compiler hosts only
     from tvm.script.ir_builder import tirx as Tb
 
@@ -246,15 +241,15 @@ def workload_kernel_hash(func) -> str | None:
 
 
 class Case:
-    """Valid inputs of the launches a candidate is timed on (one, or verify's two, which share their
-    context and run in order), a snapshot to reset them, and the reference's outputs after them all."""
+    """Valid inputs of the launches a candidate is timed on (one, or verify's two, sharing their context and run
+    in order), a snapshot to reset them, and the reference's outputs after them all."""
 
     def __init__(self, kernel: str, launch_kwargs: list[dict]):
         self.kernel = kernel
         calls = [packing.CALLS[kernel](**kwargs) for kwargs in launch_kwargs]
         self.launches = [call.args for call in calls]
-        # Each region of memory once: the launches' views of their shared context are new tensor objects
-        # over the same bytes (at 16M ALL entries, 16 GB of K/V sources), snapshot and compared once.
+        # Each region of memory once: the launches' views of their shared context are new tensor objects over
+        # the same bytes (at 16M ALL entries, 16 GB of K/V sources), snapshot and compared once.
         regions = {}
         for n, call in enumerate(calls):
             for i, a in enumerate(call.args):
@@ -277,11 +272,9 @@ class Case:
         return all(torch.equal(t, self.expected[n][i].to(t.device)) for n, i, t in self.tensors)
 
 
-
-
 def _copy(obj, memo: dict):
-    """A copy of ``obj`` with every tensor cloned; an object reached twice is copied once (``memo``, by
-    ``id``), so launches that share a context share its copy."""
+    """A copy of ``obj`` with every tensor cloned; an object reached twice is copied once (``memo``, by ``id``),
+    so launches sharing a context share its copy."""
     if id(obj) in memo:
         return memo[id(obj)]
     if isinstance(obj, torch.Tensor):
@@ -315,10 +308,9 @@ def _with_sources(ctx: tc.VerifyOrWriteContext, mode: int, device) -> tc.VerifyO
 
 
 def pool_universe(scattered: int, device, mode: int) -> int:
-    """How many slots the pool of a case with ``scattered`` random slots holds (``_pool_slots``; a
-    verify case's consecutive run lies in it too): twice as many, and on a GPU at least
-    ``GPU_POOL_SLOTS``, or as many as fit in half its free memory (a slot's canary row, and in a
-    real-KV mode its K/V rows, ``CASE_COPIES`` times)."""
+    """How many slots the pool of a case with ``scattered`` random slots holds (``_pool_slots``; a verify case's
+    consecutive run lies in it too): twice as many, and on a GPU at least ``GPU_POOL_SLOTS``, or as many as fit
+    in half its free memory (a slot's canary row, and in a real-KV mode its K/V rows, ``CASE_COPIES`` times)."""
     if device.type != "cuda":
         return 2 * scattered
     slot_bytes = CASE_COPIES * (32 + (KV_SOURCES * KV_BYTES if mode else 0))
@@ -327,12 +319,11 @@ def pool_universe(scattered: int, device, mode: int) -> int:
 
 
 def _pool_slots(scattered: int, device, gen, mode: int, consecutive: int = 0) -> tuple[torch.Tensor, int]:
-    """(slots, the pool size S = U + 1, U = ``pool_universe(scattered)``): ``scattered`` distinct random
-    slots among slots ``consecutive + 1 .. U``, then ``consecutive`` (at most ``scattered``) slots in a
-    row, ``1 .. consecutive`` (slot 0 stays unused). The run lies inside the pool, so a case holds U + 1
-    slots whatever its run; where U is exactly twice the random slots (on a CPU, and an H200's 16M
-    buckets), the random slots are all of ``consecutive + 1 .. U`` in random order: a 16M launch
-    reads 512 MB of canary and more of K/V, far beyond L2, dense or not."""
+    """(slots, the pool size S = U + 1, U = ``pool_universe(scattered)``): ``scattered`` distinct random slots among
+    slots ``consecutive + 1 .. U``, then ``consecutive`` (at most ``scattered``) slots in a row, ``1 .. consecutive``
+    (slot 0 stays unused). The run lies inside the pool, so a case holds U + 1 slots whatever its run; where U is
+    exactly twice the random slots (on a CPU, and an H200's 16M buckets), the random slots are all of ``consecutive + 1
+    .. U`` in random order: a 16M launch reads 512 MB of canary and more of K/V, far beyond L2, dense or not."""
     universe = pool_universe(scattered, device, mode)
     assert consecutive <= scattered <= universe - consecutive, (scattered, consecutive, universe)
     shuffled = torch.randperm(universe - consecutive, generator=gen)[:scattered] + consecutive + 1
@@ -347,17 +338,16 @@ def make_case(kernel: str, bucket: tuple, device) -> Case:
 
 
 def _verify_kwargs(bucket, device, gen):
-    """A clean canary of chains of 64 tokens (real-KV fields folded from random K/V pools in the
-    bucket's mode), chain-checked by two launches of the bucket's size each: chains on random slots in
-    random order, then on consecutive slots in chain order (as a prefill's tokens land in fresh pages):
-    the two orders the benchmarks time, each in its own launch of the benchmark row's size that the bucket
-    serves (``apply.nearest``), which one geometry serves. Tuned on random order alone, the ALL 1M bucket
-    chose a geometry 1.07x slower than the default in chain order on the H200 (docs/TUNING.md); tuned on
-    one launch holding both halves (ninth and tenth sessions), the eleventh session's tune picked three
-    geometries its case ran 4-13% faster and the benchmark's rows, one of the two orders, 4-9% slower;
-    tuned on two launches of half the bucket's size each (eleventh to fifteenth sessions), the fifteenth
-    session's tune picked a NONE 64K geometry of 264 x 128 threads, one pass over its 32K-entry launches
-    and two over the benchmark's 64K, which ran the benchmark's rows 5-7% slower than the default."""
+    """A clean canary of 64-token chains (real-KV fields folded from random K/V pools in the bucket's mode),
+    chain-checked by two launches of the bucket's size: chains on random slots in random order, then on consecutive
+    slots in chain order (as a prefill's tokens land in fresh pages): the benchmarks' two orders, each in its own launch
+    of the size of the benchmark row the bucket serves (``apply.nearest``), both served by one geometry. Tuned on random
+    order alone, the ALL 1M bucket chose a geometry 1.07x slower than the default in chain order on the H200
+    (docs/TUNING.md); on one launch holding both halves (9th and 10th sessions), the 11th session's tune picked three
+    geometries its case ran 4-13% faster and the benchmark's rows, one of the two orders, 4-9% slower; on two launches
+    of half the bucket's size each (11th to 15th sessions), the 15th session's tune picked a NONE 64K geometry of 264 x
+    128 threads, one pass over its 32K-entry launches and two over the benchmark's 64K, running the benchmark's rows
+    5-7% slower than the default."""
     n, mode = bucket[0], mode_of("verify", bucket)
     length = 64
     chains = -(-n // length)  # per order
@@ -395,8 +385,8 @@ def _verify_launch(ctx, slots, toks, pick):
 
 
 def _write_kwargs(bucket, device, gen):
-    """Requests of ``length`` tokens stamped on random slots, each from the anchor; in a real-KV mode
-    the slots' folds come from two random K/V pools."""
+    """Requests of ``length`` tokens stamped on random slots, each from the anchor; in a real-KV mode the slots'
+    folds come from two random K/V pools."""
     reqs, length = bucket[:2]
     n, mode = reqs * length, mode_of("write", bucket)
     out_cache_loc, num_slots = _pool_slots(n, device, gen, mode)
