@@ -407,7 +407,8 @@ class CanarySession:
         synchronisation), so ``after_forward`` rereads ``input_ids``, ``positions``, ``out_cache_loc`` and the expected
         input tensors: they must not change before it runs (the TAIL would stamp other tokens than the HEAD).
         On a CUDA session, all-host inputs (lists, CPU tensors) are staged in pinned memory and reach the device
-        with one non-blocking copy; mixed ones are converted one by one (host data through pinned memory too).
+        with one non-blocking copy (a host ``req_to_token`` with another); mixed ones are converted one by one
+        (host data through pinned memory too).
         Every input holds integers (int64; ``req_to_token`` int32): float or boolean tensors are refused, not
         truncated. No input may share memory with a tensor the step writes (the session's buffers, plans and
         expected-token pool; SPEC D10).
