@@ -413,7 +413,7 @@ def test_a_database_takes_the_place_of_later_ones_only_for_its_workloads(tmp_pat
     for root in roots:
         root.mkdir()
     (roots[0] / keys.device_key(cpu)).mkdir()
-    ms.database.JSONDatabase(work_dir=str(roots[0] / keys.device_key(cpu)))  # as tune --time-limit 0 leaves it
+    ms.database.JSONDatabase(work_dir=str(roots[0] / keys.device_key(cpu)))  # as older tune runs left one
     _write_database(roots[1], {(8, 16): _unrolled(1), (8, 32): _unrolled(1)}, with_default=False)
     _write_database(roots[2], {(8, 16): _unrolled(2), (1, 512): _unrolled(8)})
     monkeypatch.setattr(keys, "tune_logs_dirs", lambda: roots)
@@ -1374,12 +1374,22 @@ def test_tune_merge_into_an_unwritable_folder_is_one_line(tuned_logs, tmp_path, 
 
 
 def test_a_time_limit_of_zero_builds_nothing(tmp_path, monkeypatch, capsys):
-    """No workload started, no default built; all listed as left, status 3."""
+    """No workload started, no default built; all listed as left, status 3; no empty database left behind,
+    an existing one kept."""
+    from tvm.s_tir import meta_schedule as ms
+
     from tvm_canary.tuning import driver
 
     monkeypatch.setattr(driver, "build_defaults", lambda *a, **k: pytest.fail("built defaults for no workload"))
-    assert main([*TUNE_CI, "--time-limit", "0", "--out", str(tmp_path / "out"), "--log-dir", str(tmp_path / "ms")]) == 3
-    assert "3 workloads not tuned in this run" in capsys.readouterr().err
+    folder = tmp_path / "out" / keys.device_key(torch.device("cpu"))
+    for existing in (False, True):
+        if existing:
+            folder.mkdir()
+            ms.database.JSONDatabase(work_dir=str(folder))
+        assert main([*TUNE_CI, "--time-limit", "0", "--out", str(tmp_path / "out"), "--log-dir",
+                     str(tmp_path / "ms")]) == 3
+        assert "3 workloads not tuned in this run" in capsys.readouterr().err
+        assert folder.exists() == existing and all((folder / n).exists() == existing for n in merge.DATABASE_FILES)
 
 
 def test_a_fleet_gone_mid_run_keeps_the_table_and_a_compact_database(tmp_path, monkeypatch, capsys):

@@ -110,10 +110,9 @@ def run(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     writable_folder(work_dir, DATABASE_FILES)
-    if any((work_dir / name).exists() for name in DATABASE_FILES):  # refused unless readable, of this target
-        db = apply.open_database(work_dir, key)
-    else:
-        db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    created = not any((work_dir / name).exists() for name in DATABASE_FILES)
+    # an existing database is refused unless readable, of this target
+    db = ms.database.JSONDatabase(work_dir=str(work_dir)) if created else apply.open_database(work_dir, key)
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
     if args.stale_only:  # the preset's buckets, and any other the database holds (tuned with another preset)
         jobs = list(dict.fromkeys(jobs + apply.database_buckets(db, args.kernels)))
@@ -169,7 +168,13 @@ def run(args: argparse.Namespace) -> int:
         builder.shutdown()
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     del db
-    compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
+    if created and not (work_dir / DATABASE_FILES[1]).stat().st_size:  # no record: leave no empty database
+        for name in DATABASE_FILES:
+            (work_dir / name).unlink()
+        if not any(work_dir.iterdir()):
+            work_dir.rmdir()
+    else:
+        compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} "
           f"{'speedup':>8} {'seconds':>8} {'builds s':>8}  tuned geometry")
     for r in results:
