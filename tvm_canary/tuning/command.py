@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         builder.shutdown()
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     del db
-    if created and not (work_dir / DATABASE_FILES[1]).stat().st_size:  # no record: leave no empty database
+    if created and not any((work_dir / name).stat().st_size for name in DATABASE_FILES):  # leave no empty database
         for name in DATABASE_FILES:
             (work_dir / name).unlink()
         if not any(work_dir.iterdir()):
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if fleet_error is not None:
         raise fleet_error
     if failed:
-        # The database is written and usable (those workloads run the default), but the run is not whole.
+        # What was recorded is written and usable (those workloads run the default), but the run is not whole.
         print(f"tvm-canary tune: error: nothing measured for {counted(len(failed), 'workload')}: "
               f"{', '.join(failed)} (reasons in the table above)", file=sys.stderr)
         return 1
