@@ -190,6 +190,27 @@ def test_state_inside_a_buffer_of_another_dtype(backend):
         run_steps(torch.compile(sliced, fullgraph=True, backend=backend), state())
 
 
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_written_views_of_one_buffer_in_two_dtypes_are_refused_compiled(backend):
+    """A write index viewed as int32 beside int64 counters of one buffer: eager records both; compiled, the
+    index stayed 0 under aot_eager (Inductor loses rows in other graphs), silently. Now refused."""
+    def state():
+        return {**make_state("cpu"), "status": torch.zeros(13, dtype=torch.int64)}
+
+    def step(s):
+        serving_step({**s, "write_index": s["status"].view(torch.int32)[0:1], "counters": s["status"][1:]})
+
+    eager = state()
+    run_steps(step, eager)
+    assert int(eager["status"].view(torch.int32)[0]) == 2  # the rows of the corrupted token (step 1)
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as raised:
+        run_steps(torch.compile(step, fullgraph=True, backend=backend), state())
+    message = ("kv-canary: kernel_run_counter (torch.int64) and violation_write_index (torch.int32) are views of "
+               "one buffer in two dtypes, and torch.compile would lose the writes of one: give "
+               "violation_write_index a buffer of its own")
+    assert message in error_chain(raised.value)
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_a_meta_chain_flag_is_ignored_by_a_compiled_verify(backend):
     """Verify ignores the chain flag, but a meta one sent its operator call to the fake, which did nothing."""

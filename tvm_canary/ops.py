@@ -34,6 +34,7 @@ from typing import Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import checks, reference
 from .argtypes import require_tensor
@@ -241,12 +242,32 @@ _MUTATES = {fn: sorted(name.rsplit(".", 1)[-1] for name in checks.WRITTEN[fn.__n
 def _fake(fn):
     """``fn``'s fake (Meta) implementation: None on fake or only meta tensors. Real tensors, one on meta,
     reach it too: it runs ``fn``, which refuses them as the launch does (or ignores the tensor, as verify
-    its chain flag), so no call is skipped."""
+    its chain flag), so no call is skipped. Traced (fake tensors), it refuses written views of one buffer
+    in two dtypes (``_refuse_two_dtype_views``)."""
+    names, written = list(inspect.signature(fn).parameters), _MUTATES[fn]
+
     def fake(*args) -> None:
         tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
-        if not any(isinstance(t, FakeTensor) for t in tensors) and any(t.device.type != "meta" for t in tensors):
+        if any(isinstance(t, FakeTensor) for t in tensors):
+            _refuse_two_dtype_views(written, dict(zip(names, args)))
+        elif any(t.device.type != "meta" for t in tensors):
             fn(*args)
     return fake
+
+
+def _refuse_two_dtype_views(written: list[str], args: dict) -> None:
+    """No two tensors the operator writes (``written``, by name in ``args``) are views of one buffer in two
+    dtypes: functionalizing such a call (``torch.compile``: ``aot_eager`` always, Inductor in some graphs)
+    loses one view's writes (docs/EMBEDDING.md). Eager calls and CUDA graphs write them correctly, so only
+    a traced call (fake tensors) is refused."""
+    first_view: dict = {}  # buffer -> (name, dtype) of its first written view
+    for name in written:
+        tensor = args[name]
+        seen, dtype = first_view.setdefault(StorageWeakRef(tensor.untyped_storage()), (name, tensor.dtype))
+        if dtype != tensor.dtype:
+            raise ValueError(
+                f"kv-canary: {seen} ({dtype}) and {name} ({tensor.dtype}) are views of one buffer in two dtypes, "
+                f"and torch.compile would lose the writes of one: give {name} a buffer of its own")
 
 
 _VIEW_BITS = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate).add(torch._C.DispatchKey.Negative)
