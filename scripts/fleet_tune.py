@@ -7,11 +7,11 @@
 Starts an RPC tracker on 127.0.0.1 and G ``tvm-canary rpc-server`` processes (cuda: one per visible GPU,
 server i on torch's GPU i, ``server_envs``; llvm: G CPU servers, for a dry run), then for each N in
 ``--counts`` (default: 1, 2, 4, ... up to G, and G) runs ``tune --rpc-workers N`` from scratch into
-``DIR/runs/n<N>`` with the same trials, each under an outer timeout (DIR: ``--out``, default ``fleet-tune/``
-in the repository). Writes ``DIR/fleet.json`` (host, GPUs, versions, per N: wall seconds, exit status,
-best microseconds per workload), merges the runs' databases into ``DIR/merged/<device key>`` with
-``tvm-canary tune-merge``, and stops every process it started. Exits non-zero when a run failed or timed
-out. docs/FLEET-TUNING.md explains it.
+``DIR/runs/n<N>`` with the same trials, each under an outer timeout (DIR: ``--out``). Writes
+``DIR/fleet.json`` (host, GPUs, versions, per N: wall seconds, exit status, best microseconds per
+workload), merges the runs' databases into ``DIR/merged/<device key>`` with ``tvm-canary tune-merge``,
+and stops every process it started. Exits non-zero when a run failed or timed out. docs/FLEET-TUNING.md
+explains it.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def impl(request):
 
 @pytest.fixture
 def committed_cpu_key(monkeypatch) -> str:
-    """Returns a processor with a committed CPU database, posed as this CPU (tests run on any) so that its
+    """A processor with a committed CPU database, posed as this CPU (tests run on any): its
     ``keys.device_key`` names a folder of ``keys.committed_tune_logs()``."""
     from tvm_canary.tuning import keys
 

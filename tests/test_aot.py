@@ -54,7 +54,7 @@ def test_runtime_only_host_runs_prebuilt_modules(tmp_path):
                TVM_CANARY_CACHE=str(tmp_path / "cache"))
     res = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout + res.stderr
-    # the command line starts too (it imported the TVMScript builder of the tuner)
+    # the command line starts too
     res = subprocess.run([sys.executable, "-m", "tvm_canary", "info"], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and "runtime only" in res.stdout, res.stdout + res.stderr
@@ -95,8 +95,8 @@ def test_build_covers_the_geometries_of_the_tuning_database(tmp_path, monkeypatc
 
 
 def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkeypatch):
-    """With --jobs N the modules the cache lacks compile in N processes (one by one, a whole CUDA target
-    outlasted a ten-minute GPU call), none in the building process; the folder equals a one-by-one build's."""
+    """With --jobs N the modules the cache lacks compile in N processes, none in the building
+    process; the folder equals a one-by-one build's."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache-1"))
     assert main(["build", "--target", "llvm", "--kernels", "scatter", "plan", "--tuning", "none", "--jobs", "1",
                  "-o", str(tmp_path / "one-by-one")]) == 0
@@ -116,8 +116,7 @@ def test_build_compiles_the_missing_modules_in_worker_processes(tmp_path, monkey
 
 @pytest.mark.parametrize("kept", [0, 100, 5000, 0.5, -1], ids=["empty", "100B", "5000B", "half", "last-byte"])
 def test_a_truncated_prebuilt_module_is_named_in_one_line(tmp_path, monkeypatch, kept):
-    """A module cut short anywhere is refused before it is loaded (loading maps it past its end: the
-    process died of SIGBUS with nothing printed when 2-15 KB of a 26 KB module were kept)."""
+    """A module cut short anywhere is refused before it is loaded (loading maps it past its end: a silent SIGBUS)."""
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     whole = C.cached_module("scatter", (), "llvm", geom).read_bytes()
     kept = int(len(whole) * kept) if isinstance(kept, float) else kept % len(whole)  # -1: all but the last byte
@@ -206,8 +205,8 @@ def test_a_build_without_a_c_compiler_says_so_and_leaves_nothing(tmp_path, monke
 
 def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):
     """A build runs under TVM's default pass configuration whatever the caller holds: the disk cache and
-    ``tvm-canary build`` share its module with every later process (built in a caller's
-    ``tirx.disable_assert``, it lost the kernels' ``kv-canary:`` checks for all of them)."""
+    ``tvm-canary build`` share its module with every later process (a caller's
+    ``tirx.disable_assert`` would drop the kernels' ``kv-canary:`` checks for all of them)."""
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
         C.export(C.build("scatter", (), "llvm", geom), tmp_path / "scatter.so")
@@ -215,16 +214,14 @@ def test_a_callers_pass_context_does_not_shape_a_built_module(tmp_path):
 
 
 def test_the_module_key_covers_the_build_code():
-    """A module's key hashes the build code too (parsing, targets, ``build``): an edit there changes the
-    output; a cache keyed on the kernels alone kept loading modules built before it."""
+    """A module's key hashes the build code too (parsing, targets, ``build``): an edit there changes the output."""
     names = {f"{p.parent.name}/{p.name}" for p in C.source_files()}
     assert {"runtime/compile.py", "runtime/parse.py", "runtime/targets.py", "kernels/scatter.py"} <= names
 
 
 def test_cached_modules_are_readable_by_others_and_an_unwritable_cache_says_so(tmp_path, monkeypatch):
-    """A cached module gets the umask's mode for a new file (``tempfile``'s 0600 made a cache warmed by
-    one user unreadable to another: a raw PermissionError); a cache lacking a module that cannot store it
-    is named in one ``kv-canary:`` line."""
+    """A cached module gets the umask's mode for a new file (not ``tempfile``'s 0600); a cache
+    lacking a module that cannot store it is named in one ``kv-canary:`` line."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache"))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     umask = os.umask(0o022)
@@ -277,7 +274,7 @@ def test_a_module_missing_from_the_prebuilt_folders_is_compiled_with_a_warning(t
 
 
 def test_a_repeated_arch_is_built_once(tmp_path, capsys):
-    """A repeated ``--arch`` or kernel builds once, one tag in the manifest (was: each module twice)."""
+    """A repeated ``--arch`` or kernel builds once, one tag in the manifest."""
     assert main(["build", "--target", "cuda", *["--arch", "sm_90"] * 2, "--kernels", "scatter", "scatter",
                  "--tuning", "none", "-o", str(tmp_path)]) == 0
     assert "wrote 1 module " in capsys.readouterr().out

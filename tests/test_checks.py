@@ -754,11 +754,10 @@ _KERNEL_OF_CHECK = {checks.check_write: "write", checks.check_verify: "verify", 
 @pytest.mark.parametrize(
     "base, check, mutate, error, message", [c[1:] for c in LAUNCH_CASES], ids=[c[0] for c in LAUNCH_CASES])
 def test_operators_run_the_launch_checks(base, check, mutate, error, message):
-    """Called directly, each operator raises what the public launch raises on the same arguments, before anything runs
-    (they had trusted all but pointers: a canary row under 32 bytes, a short plan tensor or an empty offsets vector was
-    accessed past its end, or crashed the process). Two refusals come earlier, still before anything runs: an empty
-    one-element state gets the operator's message (``ops._refuse_empty_state``: why, under torch.compile), an int past
-    int64 the schema's. Meta cases skipped (the fake runs nothing)."""
+    """Called directly, each operator raises what the public launch raises on the same arguments, before anything runs.
+    Two refusals come earlier, still before anything runs: an empty one-element state gets the operator's message
+    (``ops._refuse_empty_state``: why, under torch.compile), an int past int64 the schema's. Meta cases skipped (the
+    fake runs nothing)."""
     from tvm_canary import ops
     from tvm_canary.cases import tensors
 

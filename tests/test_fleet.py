@@ -203,8 +203,8 @@ def test_a_terminated_rpc_server_stops_its_server_process():
 
 @pytest.mark.slow  # a loopback tracker and server
 def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
-    """A session killed by a signal (OOM, segfaulting candidate) ended TVM's listen thread: ``rpc-server`` left the
-    tracker for good; now a new server registers and serves."""
+    """Once a session killed by a signal (OOM, segfaulting candidate) ends TVM's listen thread, a new server
+    registers and serves."""
     import psutil
 
     with fleet.local_fleet(RPC_KEY, [{}], log_dir=tmp_path) as address:
@@ -358,9 +358,8 @@ def test_tune_merge_writes_the_workload_table_compact(tmp_path):
 
 
 def test_tune_merge_never_leaves_a_table_beside_records_it_does_not_match(tmp_path, monkeypatch, capsys):
-    """Records name workloads by position: a half-written ``--out`` silently mismatched them. Stopped at
-    any step, ``--out`` (new too) holds the old database, a table with empty records, or the new one;
-    files get the umask's mode, not 0600."""
+    """Records name workloads by position. Stopped at any step, ``--out`` (new too) holds the old
+    database, a table with empty records, or the new one; files get the umask's mode, not 0600."""
     key = keys.device_key(torch.device("cpu"))
     geom = default_geometry("write", "llvm")
     old = {("write", (8, 16), geom): 1e-6}
@@ -482,8 +481,7 @@ def test_tune_merge_weighs_the_best_against_its_own_runs_default(tmp_path):
 
 
 def test_tune_warns_once_when_fewer_servers_than_workers_remain(monkeypatch, capsys):
-    """A server lost, another left, silently cost each workload a candidate and 30 s; ``require_servers``
-    warns once per drop."""
+    """``require_servers`` warns once per drop: a lost server costs each workload a candidate and 30 s."""
     counts = iter([(2, 2), (1, 1), (1, 1), (1, 1), (1, 1)])
     monkeypatch.setattr(fleet, "_servers", lambda host, port, key: next(counts))
     monkeypatch.setattr(fleet, "TRACKER_TIMEOUT_S", 0)

@@ -49,8 +49,8 @@ def test_failed_stage_fails_the_run_and_is_named(tmp_path):
 
 
 def test_a_failing_suite_names_its_failed_tests(tmp_path):
-    """The failed tests' names reach the stage's log and output however long pytest's output after them
-    (the 24th session's log kept only the summary); the whole output is kept beside it."""
+    """The failed tests' names reach the stage's log and output however long pytest's output after them;
+    the whole output is kept beside it."""
     done = run(tmp_path, "tests", FAKE_PYTEST_RC="1")
     name = "FAILED tests/test_fake.py::test_one[cuda] - RuntimeError: boom"
     assert name in done.stdout
@@ -88,7 +88,7 @@ def test_every_stage_is_accepted_and_runs(tmp_path, stage):
 
 def test_bench_times_default_and_tuned_interleaved_and_continues_its_run(tmp_path):
     """``bench`` is the run of record's command (``--ab``); rerun on an OUT holding its JSON, it continues
-    that run (``--resume``), as a run made a part at a time needs."""
+    that run (``--resume``)."""
     first = run(tmp_path, "bench", BENCH_ARGS="--kernels write plan scatter")
     call = next(line for line in first.stdout.splitlines() if line.startswith("bench_kernels.py args:"))
     assert " --ab --kernels write plan scatter --json " in call and "--resume" not in call

@@ -161,8 +161,7 @@ def overlapping(kernel: str, kw: dict, written: str, other: str) -> dict:
 @pytest.mark.parametrize("kernel", list(CASES))
 def test_a_written_tensor_overlapping_another_argument_is_refused(kernel):
     """A written tensor sharing storage with another: the launch raises SPEC D10's error naming both, on
-    each backend and via the operator, before any write (write once stamped into an out_cache_loc carved
-    from canary_buf, then used the stamps as slots)."""
+    each backend and via the operator, before any write."""
     base = CASES[kernel](torch.Generator().manual_seed(11), "cpu")
     written, read = checks.launch_tensors(kernel, base)
     pairs = [(w, o) for i, (wt, w) in enumerate(written) for ot, o in written[i + 1:] + read
@@ -269,7 +268,7 @@ KERNEL_REFUSALS = [
 def test_compiled_kernels_refuse_arguments_that_break_their_shape_relations(kernel, wanted, broken, message, device):
     """Kernels stay in bounds given the launch checks' shape relations (SPEC 4, D4); a call bypassing the
     checks (Relax, the compiled function) breaking one raises the kernel's ValueError on the host before
-    any block runs, changing no byte (each case once accessed past a tensor)."""
+    any block runs, changing no byte."""
     require(device)
     fn, args, names = _packed_call(kernel, device, wanted)
     args.update(broken(args))

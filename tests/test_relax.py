@@ -204,9 +204,8 @@ def test_relax_serving_step_equals_the_reference(device):
 
 
 def test_relax_ir_cache_survives_damage_and_a_read_only_cache(tmp_path, monkeypatch, caplog):
-    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is re-parsed and rewritten (was a
-    JSONDecodeError at every later ``add_kernel``), one that cannot be stored costs a parse, a stored file is
-    readable by others (``tempfile``'s 0600 was not)."""
+    """The kept TensorIR (``<key>.tir.json``) is a cache: a damaged file is re-parsed and rewritten, one
+    that cannot be stored costs a parse, a stored file is readable by others (not ``tempfile``'s 0600)."""
     monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path))
     geom = targets.default_geometry("scatter", "llvm", 0, None)
     umask = os.umask(0o022)
@@ -278,9 +277,9 @@ def test_relax_call_needs_the_sources_its_specialization_folds():
 
 
 def test_relax_one_specialization_in_two_geometries_is_two_functions():
-    """Two sizes whose default CUDA geometries differ give two functions, each its own symbol (both took the
-    name: the module failed to build); the same geometry again (the spec's mode, ALL, by default) is the
-    existing function; another mode is refused. No GPU needed."""
+    """Two sizes whose default CUDA geometries differ give two functions, each its own symbol; the same
+    geometry again (the spec's mode, ALL, by default) is the existing function; another mode is refused.
+    No GPU needed."""
     bb = relax.BlockBuilder()
     spec = (1, False, False, 0)
     small = canary_relax.add_kernel(bb, "verify", spec, "cuda-sm_90", size=1024)

@@ -204,7 +204,7 @@ def test_eager_steps_with_staged_host_inputs_equal_converted_ones(monkeypatch):
 
 def test_a_replay_checks_the_expected_inputs_as_before_forward_does(monkeypatch):
     """Expected inputs given a session without the write input assert: replay raises before_forward's
-    error before copying or counting (it ignored them and counted the step)."""
+    error before copying or counting."""
     import test_session_cuda as decode
 
     stand_in_cuda_graphs(monkeypatch)

@@ -99,8 +99,7 @@ class _RecordingBuilder:
 
 
 def test_defaults_are_built_in_one_round_for_the_workloads_whose_default_is_unmeasured(tmp_path):
-    """``build_defaults``: one round (a round each idled workers) of the defaults the database lacks, unless a
-    whole-space search measures them."""
+    """``build_defaults``: one round of the defaults the database lacks, unless a whole-space search measures them."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -484,7 +483,7 @@ def test_write_launches_carry_their_real_kv_mode(mode):
 
 def test_write_takes_the_bucket_of_its_requests_and_tokens_per_request():
     """Write's point is (request capacity, tokens per request): a decode step takes the one-token bucket at
-    any batch, not a long-chain one (6.5-14 µs vs the default's 3.5-6.2 µs). A bare size compares leading sizes."""
+    any batch, not a long-chain one. A bare size compares leading sizes."""
     gpu_buckets = sorted([(4096, 1), (64, 512), (1, 32768), (4096, 1, 2), (64, 512, 2), (1, 32768, 2)])
     none, folded = [b for b in gpu_buckets if len(b) == 2], [b for b in gpu_buckets if len(b) == 3]
     wants = {(1, 1): (4096, 1), (64, 1): (4096, 1), (256, 1): (4096, 1), (4096, 1): (4096, 1),
@@ -1034,7 +1033,7 @@ def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, 
 
 
 def test_every_search_round_keeps_metaschedule_quiet_without_verbose(tmp_path, monkeypatch):
-    """A round's logging setup left MetaSchedule's logger at DEBUG: the next round printed its INFO lines."""
+    """Each round resets MetaSchedule's logger, which a round's logging setup leaves at DEBUG."""
     import logging
 
     from tvm.s_tir import meta_schedule as ms

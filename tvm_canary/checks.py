@@ -3,13 +3,12 @@
 Every public launch function calls its ``check_*`` here before dispatching to the LLVM, CUDA or
 torch-reference backend, so a bad argument raises the same error and text everywhere (a memoised eager
 launch reruns only some: ``tvm_canary.eager``). The launch checks ``check_write``, ``check_verify``,
-``check_plan`` and ``check_scatter`` are keyword-only (the helpers ``check_real_kv_sources``,
-``check_write_inputs``, ``check_word_aligned`` and ``check_disjoint`` take positional arguments); all
+``check_plan`` and ``check_scatter`` are keyword-only (the other ``check_*`` helpers positional); all
 return None and raise ``ValueError`` except where SPEC 4 says ``TypeError`` (scatter dtypes).
 
 Tensor names in messages follow the original front ends: ``plan.write_offsets`` / ``plan.verify_*``
-for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors (the names of the
-original offsets-kernel validator), ``scatter_req_token_ids <arg>`` for scatter.
+for write and verify plans, ``out_*`` / ``lut_tensor`` for the plan kernels' tensors,
+``scatter_req_token_ids <arg>`` for scatter.
 
 Arguments of the wrong type (a numpy array, a list or None for a tensor, another class for a plan or context, a float or
 string for an int) raise ``TypeError`` as ``argtypes`` says (SPEC D9).

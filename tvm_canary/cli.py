@@ -26,8 +26,7 @@ from .tuning import fleet, merge
 
 SUBCOMMANDS = (demo, selftest, build, tune, merge, fleet, info, conformance, fuzz)
 DISTRIBUTION = "tvm_canary"
-# Commands whose exit status 1 reports what they check for (a case failing on a device): their
-# ``kv-canary:`` errors (a refused run, a tool error) exit 2, as usage errors do, so the two differ.
+# Commands whose exit status 1 is a finding (a case failing on a device); their errors exit 2 (module docstring).
 FINDINGS_EXIT_1 = ("conformance", "fuzz")
 
 

@@ -2,13 +2,12 @@
 
 ``tuned_geometry(kernel, device, size, mode)`` reads the MetaSchedule JSON databases in ``<dir>/<device key>/`` of the
 tuning log directories (``keys.tune_logs_dirs``; per workload the first selecting a measured geometry, ``_records``) and
-returns the geometry (``chosen``, by ``chosen_row``'s rule) of the kernel's ``mode`` bucket nearest to ``size`` (a
-bucket without a valid record of its default keeps it, one warning per database); ``None`` if the device has no database
-(a one-line notice, once per device) or no record for the kernel in that mode (once per kernel and mode). No notice for
-a kernel without knobs on its target (``schedules.knobs``: e.g. verify on the CPU), which nothing could tune. Records of
-a kernel hash other than the current kernels' (``workloads.kernel_hash``: the kernel changed since tuned) are ignored,
-one warning per database naming the kernels to re-tune. Notices go to the ``tvm_canary`` logger (the CLI prints them
-above its progress bars).
+returns the geometry (``chosen``) of the kernel's ``mode`` bucket nearest to ``size`` (a bucket without a valid record
+of its default keeps it, one warning per database); ``None`` if the device has no database (a one-line notice, once per
+device) or no record for the kernel in that mode (once per kernel and mode). No notice for a kernel without knobs on its
+target (``schedules.knobs``: e.g. verify on the CPU). Records of a kernel hash other than the current kernels'
+(``workloads.kernel_hash``) are ignored, one warning per database naming the kernels to re-tune. Notices go to the
+``tvm_canary`` logger (the CLI prints them above its progress bars).
 """
 
 from __future__ import annotations
@@ -26,10 +25,7 @@ log = logging.getLogger("tvm_canary")
 FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
 # A tuned geometry replaces the default only if the same tuning run measured it at least this much faster in every
 # launch of its case: a smaller gain is run-to-run noise, and a pick on noise can be slower between buckets or in the
-# other order. Held to the case's sum alone (and "no slower" per launch), the H200's verify NONE 16M bucket (0.964 /
-# 0.973x the default in the random / chain launch) ran chain order 16M 1.059 / 1.044x slower tuned, and PARTIAL's 1M
-# bucket (0.977 / 0.913x) random order 4M 1.036 / 1.039 / 1.036x, in three processes of the 19th session (complete run
-# and two probes, interleaved A/B).
+# other order (docs/TUNING.md, "Applying at load").
 TUNED_MARGIN = 0.03
 
 
@@ -136,8 +132,8 @@ def measured_records(db, stale: set | None = None) -> dict:
 def previous_pick(db, kernel: str, bucket: tuple, cuda: bool) -> Geometry | None:
     """The geometry ``db``'s stale records of a bucket (earlier kernel code, a case with as many launches
     as the current one) select by ``chosen_row``'s rule, if not the bucket's default; else None. A
-    re-tune after a kernel change measures it again (``driver``), so an earlier tune's pick, perhaps
-    confirmed by an interleaved A/B, stays in contention whatever the new search draws."""
+    re-tune after a kernel change measures it again (``driver``), so the earlier pick stays in
+    contention whatever the new search draws."""
     from .workloads import CASE_LAUNCHES, default_of
 
     launches = CASE_LAUNCHES.get(kernel, 1)
@@ -199,10 +195,9 @@ def stale_buckets(db, jobs: list, cuda: bool) -> list:
 
 def chosen_row(kernel: str, bucket: tuple, rows: list, cuda: bool):
     """The row (``(seconds, record)``) a bucket's measured ``rows`` (``measured_records``, fastest first)
-    select: ``row_chosen_over`` the default's (of the bucket's mode and size; the tuning case's launches,
-    ``launch_seconds``, are e.g. verify's random- and chain-order ones, which one geometry serves). None if
-    the default has no valid record (its measurement failed, which ``tune`` reports, or the defaults
-    changed since): nothing was measured against it, so the bucket keeps it (``chosen``)."""
+    select: ``row_chosen_over`` the default's (``default_row``). None if the default has no valid record
+    (its measurement failed, which ``tune`` reports, or the defaults changed since): nothing was measured
+    against it, so the bucket keeps it (``chosen``)."""
     default = default_row(kernel, bucket, rows, cuda)
     return None if default is None else row_chosen_over(kernel, bucket, rows, default, cuda)
 

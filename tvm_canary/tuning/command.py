@@ -1,14 +1,11 @@
 """``tvm-canary tune``: tune the kernels' geometries on this machine's device with MetaSchedule.
 
-    tvm-canary tune --target cuda|llvm [--kernels ...] [--trials N] [--workloads PRESET] [--out DIR]
-                    [--time-limit SECONDS] [--stale-only] [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-workers N]]
-
-Writes a MetaSchedule JSON database to ``DIR/<device key>/`` (default: the checkout's ``tune_logs/``, or the user's
-folder for an installed package); workloads in it with N measured candidates are skipped (resume). With
+Writes a MetaSchedule JSON database to ``<--out>/<device key>/`` (default: the checkout's ``tune_logs/``, or the user's
+folder for an installed package); workloads in it with ``--trials`` measured candidates are skipped (resume). With
 ``--rpc-tracker``, candidates are built here and measured on the RPC servers of ``--rpc-key`` (docs/FLEET-TUNING.md),
-and the database is their device's. Ends with a table (kernel, workload, candidates, those new, default and tuned time,
-speedup, wall seconds, the part waiting on builds) and the run's totals. A workload that measured nothing (every
-candidate and the default failed) shows its error there and makes the command exit 1 (that workload runs the default).
+and the database is their device's. Ends with a table per workload (candidates, times, speedup, seconds) and the
+run's totals. A workload that measured nothing (every candidate and the default failed) shows its error there and
+makes the command exit 1 (that workload runs the default).
 ``--time-limit``: no workload starts once the run's time (from the defaults' builds on) plus its longest workload so far
 would pass the limit; the workloads left are listed, keep their earlier records and make the command exit 3 (a later run
 resumes them); none is cut, so database and table stay whole. A fleet going away or refusing a server

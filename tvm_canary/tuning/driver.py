@@ -103,9 +103,9 @@ class Space:
 def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each workload of
     ``jobs`` whose default ``db`` lacks, for target tag ``tag``, in ONE round of ``builder``; ``tune_workload`` takes
-    its workload's as ``default_build`` (one at a time, each was a round of one build, the other workers idle). Left
-    out: workloads whose search at ``trials`` measures their whole design space, default included (CUDA: plan and
-    scatter at 32 trials). A default the search draws by chance is built for nothing (a worker's few seconds)."""
+    its workload's as ``default_build``. Left out: workloads whose search at ``trials`` measures their whole
+    design space, default included (CUDA: plan and scatter at 32 trials). A default the search draws by chance
+    is built for nothing (a worker's few seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")

@@ -144,9 +144,9 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
 
 def _listening() -> bool:
     """Run in a ``tvm.rpc.Server``'s process (``serve``): whether its listen thread, registering the server
-    with the tracker and serving its sessions, still runs. It ends, leaving the process alive but unreachable
-    (off the tracker for good), when a session process exits non-zero, e.g. killed by a signal
-    (``tvm.rpc.server._serving`` raises), or the tracker refused connections for 60 s."""
+    with the tracker and serving its sessions, still runs. It ends, leaving the process alive but unreachable,
+    when a session process exits non-zero, e.g. killed by a signal (``tvm.rpc.server._serving`` raises), or
+    the tracker refused connections for 60 s."""
     from tvm.rpc.server import PopenRPCServerState
 
     return PopenRPCServerState.current.thread.is_alive()
@@ -199,10 +199,9 @@ class Fleet:
     def require_servers(self) -> None:
         """``tune`` asks before each workload. Waits up to TRACKER_TIMEOUT_S for as many servers as the key had
         last time, at most ``workers`` (a spare server gone costs no wait), as an ``rpc-server`` whose session
-        process died re-registers within seconds; raises if none is registered by then (the fleet is gone:
-        every candidate would fail, each after TRACKER_TIMEOUT_S). When fewer remain, says so once on stderr,
-        with how many: each runner worker without a server fails every candidate it takes, after
-        TRACKER_TIMEOUT_S."""
+        process died re-registers within seconds; raises if none is registered by then (the fleet is gone).
+        When fewer remain, says so once on stderr, with how many: each runner worker without a server fails
+        every candidate it takes, after TRACKER_TIMEOUT_S."""
         before = self._last_seen[-1] if self._last_seen else self.workers
         wanted = min(before, self.workers)
         servers = _await_servers(self.host, self.port, self.rpc_key, lambda servers, _free: servers >= wanted)[0]

@@ -6,14 +6,13 @@ Load applies a database only to the device key naming its folder (``keys.databas
 input folder must carry the output's device key and hold records for that key's target (``...-sm_XY``:
 CUDA ``sm_XY``; a CPU key: llvm); anything else is refused before anything is written. The output (its
 earlier records included) gets, per workload, the fastest of the inputs' chosen records
-(``apply.chosen_row`` of each input's valid records, ``apply.measured_records``: measured, not failed,
-tuned for the current kernel code and case) and the default geometry's record from the same input,
-which ``apply.chosen`` weighs it against: a tuned record replaces the default only when one tuning run
-measured it clearly faster (a default measured in another run, host or time can differ by more than
-the margin). So only inputs that measured the default compete when any did; else the fastest record
-is kept, so the workload stays in the output (``apply`` keeps its default). Stale records are dropped;
-the buckets they leave without a current record are named to re-tune. The output's workload table is
-compact (``compact_workload_table``).
+(``apply.chosen_row`` of each input's ``apply.measured_records``) and the default geometry's record
+from the same input, which ``apply.chosen`` weighs it against: a tuned record replaces the default only
+when one tuning run measured it clearly faster (a default measured in another run, host or time can
+differ by more than the margin). So only inputs that measured the default compete when any did; else
+the fastest record is kept, so the workload stays in the output (``apply`` keeps its default). Stale
+records are dropped; the buckets they leave without a current record are named to re-tune. The
+output's workload table is compact (``compact_workload_table``).
 """
 
 from __future__ import annotations

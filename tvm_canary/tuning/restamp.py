@@ -2,18 +2,17 @@
 
     python -m tvm_canary.tuning.restamp tune_logs/<device key> [...]
 
-Only for a kernel change that provably keeps the generated code identical (e.g. the generated CUDA of
-every specialization compared byte for byte before and after) but changes the kernel hash
-(``workloads.kernel_hash``); any other change needs a re-tune, which ignoring the old records forces.
-The hash also carries the kernel's tuning case version (``workloads.CASE_VERSIONS``): records timed on
-an earlier case are stale for a reason the code cannot show, so never re-stamp across a case change:
-re-tune. A folder holding a workload stamped with the current code on an earlier case
-(``workloads.earlier_case_hashes``) is refused; one stamped with older code on an earlier case cannot be
-told from older code on the current case (the hash mixes both), so that mistake is not caught. Each
-workload entry of ``database_workload.json`` is regenerated from ``workloads.descriptor`` (carrying the
-current hash) in the same order, so ``database_tuning_record.json``, whose records refer to workloads
-by position, stays byte-identical; the table is written compact (``merge.compact_entry``). The target
-kind comes from the records.
+Only for a kernel change that provably keeps the generated code identical (e.g. ``scripts/cuda_digest.py``
+before and after) but changes the kernel hash (``workloads.kernel_hash``); any other change needs a
+re-tune, which ignoring the old records forces. The hash also carries the kernel's tuning case version
+(``workloads.CASE_VERSIONS``): records timed on an earlier case are stale for a reason the code cannot
+show, so never re-stamp across a case change: re-tune. A folder holding a workload stamped with the
+current code on an earlier case (``workloads.earlier_case_hashes``) is refused; one stamped with older
+code on an earlier case cannot be told from older code on the current case (the hash mixes both), so
+that mistake is not caught. Each workload entry of ``database_workload.json`` is regenerated from
+``workloads.descriptor`` (carrying the current hash) in the same order, so
+``database_tuning_record.json``, whose records refer to workloads by position, stays byte-identical;
+the table is written compact (``merge.compact_entry``). The target kind comes from the records.
 """
 
 from __future__ import annotations
