@@ -194,7 +194,8 @@ def test_state_inside_a_buffer_of_another_dtype(backend):
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
 def test_written_views_of_one_buffer_in_two_dtypes_are_refused_compiled(backend):
     """A write index viewed as int32 beside int64 counters of one buffer: eager records both; compiled, the
-    index stayed 0 under aot_eager (Inductor loses rows in other graphs), silently. Now refused."""
+    index stayed 0 under aot_eager (Inductor lost rows in a step of two verify launches), silently. Refused
+    under both (the fake implementation cannot tell which trace loses them)."""
     def state():
         return {**make_state("cpu"), "status": torch.zeros(13, dtype=torch.int64)}
 
@@ -207,7 +208,7 @@ def test_written_views_of_one_buffer_in_two_dtypes_are_refused_compiled(backend)
     with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as raised:
         run_steps(torch.compile(step, fullgraph=True, backend=backend), state())
     message = ("kv-canary: kernel_run_counter (torch.int64) and violation_write_index (torch.int32) are views of "
-               "one buffer in two dtypes, and torch.compile would lose the writes of one: give "
+               "one buffer in two dtypes, and torch.compile's functionalization would lose the writes of one: give "
                "violation_write_index a buffer of its own")
     assert message in error_chain(raised.value)
 

@@ -257,17 +257,20 @@ def _fake(fn):
 
 def _refuse_two_dtype_views(written: list[str], args: dict) -> None:
     """No two tensors the operator writes (``written``, by name in ``args``) are views of one buffer in two
-    dtypes: functionalizing such a call (``torch.compile``: ``aot_eager`` always, Inductor in some graphs)
-    loses one view's writes (docs/EMBEDDING.md). Eager calls and CUDA graphs write them correctly, so only
-    a traced call (fake tensors) is refused."""
+    dtypes: functionalizing such a call (``torch.compile``'s ``aot_eager`` always, Inductor in some graphs)
+    loses one view's writes (docs/EMBEDDING.md). The fake implementation cannot tell a functionalizing trace
+    from another, so every traced call (fake tensors) is refused, also ``backend="eager"``'s, which would
+    write both; eager calls and CUDA graphs are not."""
     first_view: dict = {}  # buffer -> (name, dtype) of its first written view
     for name in written:
         tensor = args[name]
-        seen, dtype = first_view.setdefault(StorageWeakRef(tensor.untyped_storage()), (name, tensor.dtype))
-        if dtype != tensor.dtype:
+        first_name, first_dtype = first_view.setdefault(StorageWeakRef(tensor.untyped_storage()),
+                                                        (name, tensor.dtype))
+        if first_dtype != tensor.dtype:
             raise ValueError(
-                f"kv-canary: {seen} ({dtype}) and {name} ({tensor.dtype}) are views of one buffer in two dtypes, "
-                f"and torch.compile would lose the writes of one: give {name} a buffer of its own")
+                f"kv-canary: {first_name} ({first_dtype}) and {name} ({tensor.dtype}) are views of one buffer in "
+                f"two dtypes, and torch.compile's functionalization would lose the writes of one: give {name} a "
+                "buffer of its own")
 
 
 _VIEW_BITS = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate).add(torch._C.DispatchKey.Negative)
