@@ -1,7 +1,6 @@
 """Dump the generated source of every kernel specialization and compare two dumps by sha256.
 
-A refactor of the TensorIR that must not change the generated code is checked by dumping before and
-after it and comparing::
+Check that a TensorIR refactor leaves the generated code unchanged by dumping before and after it::
 
     python scripts/cuda_digest.py /tmp/before            # CUDA source per specialization (sm_90)
     ... change the kernels ...
@@ -12,13 +11,12 @@ target (``runtime.targets.distinct_defaults`` of its launch mode; a size class's
 ``<kernel>-<spec>-mode<m>-from<size>``), as ``tvm-canary build`` builds it; no GPU is needed.
 ``--llvm`` dumps the LLVM IR of the CPU builds instead; its digest leaves out the metadata lines
 (``!N = ...``), which hold source line numbers and per-process pointer names, and reads every
-metadata reference (``!dbg !450``, ``!tbaa !451``) as ``!N``: a statement that moves to another source
-line (into a macro of another file) adds or drops a debug location node and renumbers every node
-after it. So it covers the instructions only.
+metadata reference (``!dbg !450``, ``!tbaa !451``) as ``!N`` (a statement moving to another source
+line adds or drops a debug location node, renumbering every node after it): instructions only.
 
 The folder gets one source file per specialization and ``digests.json`` (name -> sha256); with
 ``--against`` the exit status is 1 when any digest differs or a specialization is missing from either
-side (``--kernel`` limits both to some kernels).
+side (``--kernel`` limits both).
 """
 
 from __future__ import annotations

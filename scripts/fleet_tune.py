@@ -7,7 +7,7 @@
 Starts an RPC tracker on 127.0.0.1 and G ``tvm-canary rpc-server`` processes (cuda: one per visible GPU,
 server i on torch's GPU i, ``server_envs``; llvm: G CPU servers, for a dry run), then for each N in
 ``--counts`` (default: 1, 2, 4, ... up to G, and G) runs ``tune --rpc-workers N`` from scratch into
-``DIR/runs/n<N>`` with the same trials, each under an outer timeout (DIR: ``--out``). Writes
+``DIR/runs/n<N>`` with the same trials, each under an outer timeout. Writes
 ``DIR/fleet.json`` (host, GPUs, versions, per N: wall seconds, exit status, best microseconds per
 workload), merges the runs' databases into ``DIR/merged/<device key>`` with ``tvm-canary tune-merge``,
 and stops every process it started. Exits non-zero when a run failed or timed out. docs/FLEET-TUNING.md
@@ -40,8 +40,8 @@ def default_counts(servers: int) -> list[int]:
 
 
 def server_envs(target: str, servers: int) -> list[dict]:
-    """The extra environment of each server: cuda: server i gets the GPU that torch numbers i here, i.e. the
-    i-th entry of this process's CUDA_VISIBLE_DEVICES when set (``2,3``: GPUs 2 and 3), else GPU i; llvm: none."""
+    """The extra environment of each server: cuda: server i gets torch's GPU i here, i.e. the i-th entry of
+    this process's CUDA_VISIBLE_DEVICES when set, else GPU i; llvm: none."""
     if target != "cuda":
         return [{} for _ in range(servers)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -913,7 +913,7 @@ def test_kernel_ab_variants(capsys):
 
     from tvm_canary.geometry import Geometry
 
-    def refused(argv, message):  # status 2 and the message (a GPU-less host exits 2 too, lacking a GPU)
+    def refused(argv, message):  # status 2 and the message (a GPU-less host exits 2 too)
         assert ab_kernels.main(argv) == 2
         assert message in capsys.readouterr().err
 

@@ -72,9 +72,9 @@ def test_differential_wide_tokens(kernel, device):
 
 @pytest.mark.gpu
 def test_verify_split_folds_on_cuda(monkeypatch):
-    """Verify ALL's default below 16K entries folds split (two lanes an entry, ``split_fold``). On CUDA the
-    seeded and wide-token cases, on canaries holding the true folds (a wrong fold is an extra violation),
-    give the reference's bytes; the emit phase folds paired."""
+    """Verify ALL's default below 16K entries folds split (two lanes an entry, ``split_fold``; emit
+    paired): on CUDA the seeded and wide-token cases, on canaries holding the true folds (a wrong fold
+    is an extra violation), give the reference's bytes."""
     require("cuda")
     assert targets.default_geometry("verify", "cuda", 2).pairs == 2
     monkeypatch.setenv("TVM_CANARY_TUNED", "0")

@@ -19,10 +19,10 @@ from tree import devices, require
 
 def built_in_fold_layout(seed: int, words: int, shift: int = 0):
     """``prepare`` for ``run_differential``: the case's context := ALL mode over a pair of sources each folding
-    ``words`` words per token (random page sizes, row padding, bytes past the folded ones, drawn from ``seed`` alike on
-    every device), a layout whose fold word count an ALL kernel builds in (``specializations.fold_words``); verify's
-    canaries hold the true folds. ``shift``: each source starts that many bytes into its rows (8: 8-byte but not 16-byte
-    aligned, allowed by docs/SPEC.md section 2's launch-time rules)."""
+    ``words`` words per token (``specializations.fold_words``'s built-in layout; random page sizes, row padding,
+    bytes past the folded ones, drawn from ``seed`` alike on every device); verify's canaries hold the true folds.
+    ``shift``: each source starts that many bytes into its rows (8: 8-byte but not 16-byte aligned, allowed by
+    docs/SPEC.md section 2's launch-time rules)."""
 
     def prepare(case: dict, launch: int) -> None:
         ctx = case["context"]

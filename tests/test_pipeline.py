@@ -2,9 +2,8 @@
 
 Requests share a ReqToTokenPool-style ``req_to_token`` table and a randomly allocated KV slot pool:
 prefills (one chunked), decodes, a finished request's row and slots reused, CUDA-graph padding rows.
-Steps run as the engine's (SPEC 6): expected-token scatter, plan, HEAD (verify + write, no real-KV
-sources), "model forward" (random KV bytes for the step's slots), TAIL (verify + write, two real-KV
-sources, PARTIAL or ALL). Public API, tvm backend.
+Steps run as the engine's (SPEC 6): scatter, plan, HEAD (no real-KV sources), "model forward" (random KV bytes for the
+step's slots), TAIL (two real-KV sources, PARTIAL or ALL). Public API, tvm backend.
 
 Clean runs record nothing and leave canary buffers equal to a Python-int oracle; injected corruption is reported with
 the exact slots and fail-reason bits; the whole corrupted run is byte-identical on tvm and reference backends.
@@ -104,9 +103,9 @@ class Request:
 
 
 class Pipeline:
-    """A scripted engine (SCHEDULE) feeding a ``CanarySession`` (FULL group, K half, HEAD and TAIL), which
-    runs the step (SPEC 6); this builds the batches, plays the model (``KvPool.write`` between
-    ``before_forward`` and ``after_forward``), exposes the state."""
+    """A scripted engine (SCHEDULE) feeding a ``CanarySession`` (FULL group, K half, HEAD and TAIL):
+    builds the batches, plays the model (``KvPool.write`` between ``before_forward`` and
+    ``after_forward``), exposes the state."""
 
     def __init__(self, device: str, mode: RealKvHashMode, seed: int, *, with_pool: bool = True, ring: int = 16):
         self.device = device

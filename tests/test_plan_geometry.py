@@ -2,9 +2,9 @@
 
 Public CPU launches use one block of one lane, missing the CUDA grid's paths: the offsets launch's lane scan, the
 entries launch's per-block ranges, steps of ``threads`` entries, row changes inside a step, the galloping row search.
-CPU loops run a CUDA geometry's blocks and lanes in order (``kernels/common.py``), so a ``gpu=False`` CPU build of
-several blocks/lanes runs them here; a GPU host runs the same cases on CUDA in the default geometry and a small grid
-walking many steps per block.
+A ``gpu=False`` CPU build of several blocks/lanes runs them here (its loops run the blocks and lanes in order,
+``kernels/common.py``); a GPU host runs the same cases on CUDA in the default geometry and a small grid walking many
+steps per block.
 """
 
 from __future__ import annotations

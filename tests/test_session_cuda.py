@@ -2,9 +2,9 @@
 
 A small decode workload (a token a row per step after a prefill, FULL + SWA groups, K and V, real-KV
 sources, expected-token check, sweeps, health check) runs on device-built inputs, faults injected between
-steps (canary fields of HEAD/TAIL/SWA buffers, a real-KV source byte). The eager session and one replaying
-its ``StepGraph`` on device inputs run under ``torch.cuda.set_sync_debug_mode("error")``; the replay
-matches eager byte for byte after every step. Both report every fault, rows only of faulted requests.
+steps (canary fields of HEAD/TAIL/SWA buffers, a real-KV source byte). An eager session and one replaying
+its ``StepGraph`` run under ``torch.cuda.set_sync_debug_mode("error")``, equal byte for byte after every
+step; both report every fault, rows only of faulted requests.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 class DecodeRun:
     """One session over its own KV tensors; ``step(k)`` runs step k (0 = prefill of PROMPT tokens).
     ``swa=False`` leaves the SWA group out (the faults and ``state()`` need it). ``write_input_assert``:
-    None, a session without the assert; True, with it, every step given the expected inputs (a token and
-    a position wrong: ``WRONG_TOKEN_STEP``, ``WRONG_POSITION_STEP``); False, with it, every step (and
-    captured graph) turning it off as an EAGLE draft-decode step does."""
+    None, no assert; True, every step given the expected inputs (a token and a position wrong:
+    ``WRONG_TOKEN_STEP``, ``WRONG_POSITION_STEP``); False, the session's assert turned off by every step
+    (and captured graph), as an EAGLE draft-decode step does."""
 
     def __init__(self, graph: bool, device: str = "cuda", swa: bool = True,
                  write_input_assert: bool | None = None) -> None:

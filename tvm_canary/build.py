@@ -4,9 +4,8 @@
     tvm-canary build --target llvm -o DIR [--jobs N]
 
 Each specialization is built in its default geometries (each launch mode's, each size class's) and in every geometry the
-target's tuning databases select (by default: for cuda, every database whose device key ends in the arch, such as
-``nvidia-h200-sm_90``; for llvm, this CPU's), so a host loading with those databases compiles nothing. Loading
-(``TVM_CANARY_MODULES=DIR``, TVM runtime only) and CUDA device code: ``runtime.aot``.
+target's tuning databases select (by default ``default_tuning_keys``'s), so a host loading with those databases compiles
+nothing. Loading (``TVM_CANARY_MODULES=DIR``, TVM runtime only) and CUDA device code: ``runtime.aot``.
 """
 
 from __future__ import annotations

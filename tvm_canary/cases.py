@@ -1,9 +1,9 @@
 """Seeded launch cases shared by the tests, ``tvm-canary conformance`` and ``tvm-canary fuzz``.
 
 * ``CASES[kernel](gen, device, valid=True)`` returns the keyword arguments of one launch (tensors on
-  ``device``). With ``valid=True`` the plans respect the contract (no same-launch aliasing, SPEC D7;
-  LUT indices in range); with ``valid=False`` indices, offsets and counts are garbage. Outputs start
-  poisoned, so every byte a launch leaves is compared.
+  ``device``): valid plans respect the contract (no same-launch aliasing, SPEC D7; LUT indices in
+  range), garbage ones (``valid=False``) do not. Outputs start poisoned, so every byte a launch leaves
+  is compared.
 * ``GOLDEN[kernel]``: hand-built cases whose result is pinned to the SPEC 1.5 hash vectors.
 * ``rehome`` moves a case's tensors (not a real-KV source's) between guard bands of random bytes (SPEC D4);
   ``guard_violations`` names what a launch wrote outside its outputs.
@@ -87,8 +87,8 @@ def _one(gen, lo, hi):
     return int(torch.randint(lo, hi, (1,), generator=gen))
 
 
-# int64 values at and next to the ends of the range, and -1: garbage indices, offsets and lengths take
-# them, so a kernel's index arithmetic is checked where it could wrap. (Not 0 or 1: valid slots, so
+# int64 values at and next to the range's ends, and -1: garbage indices, offsets and lengths take them,
+# checking a kernel's index arithmetic where it could wrap. (Not 0 or 1: valid slots, so
 # garbage write plans whose requests share tokens would alias, SPEC D7.)
 INT64_EDGES = (-(2**63), -(2**63) + 1, -1, 2**63 - 2, 2**63 - 1)
 
@@ -103,8 +103,8 @@ def _garbage(gen, n, device, lo=-(2**40), hi=2**40):
 
 
 def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sources_max=4, token_units=2):
-    """A random launch context; each source has 32 * k bytes per token, k in 1..token_units (the
-    default 2 keeps folds within the head and one prefetch batch; wider ones reach the fold's loop)."""
+    """A random launch context; each source has 32 * k bytes per token, k in 1..token_units (2 keeps
+    folds within the head and one prefetch batch; wider ones reach the fold's loop)."""
     mode = RealKvHashMode(_one(gen, 0, 3))
     n_src = _one(gen, 0, sources_max + 1)
     sources = []
@@ -162,9 +162,8 @@ def verify_case(gen, device, valid=True, token_units=2, capacity=None):
 
 
 def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_seeds=0.25, shape=None):
-    """A write launch; ``long_chains`` (valid plans only): ``long_write_case``; ``shape`` (requests,
-    tokens per request; valid plans only): ``uniform_write_case``; ``own_seeds``: the share of valid
-    requests (with a seed slot and entries) one of whose entries stores their seed slot."""
+    """A write launch; valid plans only: ``long_chains``: ``long_write_case``; ``shape`` (requests,
+    tokens per request): ``uniform_write_case``. ``own_seeds``: ``_store_own_seeds``'s share."""
     if long_chains:
         return long_write_case(gen, device, token_units)
     if shape is not None:
@@ -225,12 +224,12 @@ def _write_launch(ctx, offsets, seeds, num_valid, ids, pos, slots, expected) -> 
 
 
 def long_write_case(gen, device, token_units=2):
-    """1-4 requests of 33-100 tokens, all slots valid (distinct but for the repeats below), so on CUDA each request has
-    its own warp and its full batches of 32 entries are stamped in lockstep (``kernels.write``): positions run on from
-    the seed slot's stored position (seeds: 30% anchors) with gaps at a batch's first entry and inside batches; the
-    input assert, when on, expects a token or position other than the input's for 5% of the entries; in half the cases
-    two entries of a request at most 31 apart store one slot (the later one's fields must stay); a third of the requests
-    with a seed slot store it at one of their entries."""
+    """1-4 requests of 33-100 tokens, all slots valid (distinct but for the repeats below), so on CUDA each request's
+    warp stamps its full batches of 32 entries in lockstep (``kernels.write``): positions run on from the seed slot's
+    stored position (seeds: 30% anchors) with gaps at a batch's first entry and inside batches; the input assert, when
+    on, expects a wrong token or position for 5% of the entries; in half the cases two entries of a request at most 31
+    apart store one slot (the later one's fields must stay); a third of the requests with a seed slot store it at one
+    of their entries."""
     cap = _one(gen, 1, 5)
     lens = torch.randint(33, 101, (cap,), generator=gen)
     n = int(lens.sum())
@@ -266,8 +265,8 @@ def long_write_case(gen, device, token_units=2):
 
 
 def uniform_write_case(gen, device, requests: int, tokens: int, token_units=2):
-    """``requests`` requests of ``tokens`` tokens each (a plan of that capacity, every request valid), so a
-    test picks how CUDA's write maps requests to lanes (``kernels.write``: a warp per request, one lane
+    """``requests`` requests of ``tokens`` tokens each (a plan of that capacity, all valid): a test picks
+    how CUDA's write maps requests to lanes (``kernels.write``: a warp per request, one lane
     per request spread over the blocks, or consecutive lanes): distinct slots, 1 in 16 invalid (-1);
     seeds: 30% anchors, the others slots whose stored position the chain continues; positions run on with
     a gap in 1 of 8 requests, and the input assert, when on, expects another token for 5% of the entries:
@@ -362,8 +361,8 @@ CASES = {"verify": verify_case, "write": write_case, "plan": plan_case, "scatter
 
 
 def reference_launch(kernel: str, kw: dict) -> None:
-    """``REFERENCE[kernel](**kw)``, giving the result SPEC D4 pins for the compiled kernels where the reference is
-    stricter: plan's LUT indices past the end are clamped to the last entry (the reference raises on them). Plan
+    """``REFERENCE[kernel](**kw)`` with the result SPEC D4 pins for the compiled kernels where the reference is
+    stricter: plan's LUT indices past the end clamp to the last entry (the reference raises). Plan
     translates every ``req_to_token`` value it reads through the LUT and writes no table, so the reference reads a
     clamped copy and ``kw`` ends as the launch's would. (``plan_case``'s LUTs are never empty.)"""
     lut = kw.get("full_to_swa_index_mapping") if kernel == "plan" else None
@@ -384,8 +383,8 @@ SPEC_INPUTS = (0x9E3779B97F4A7C15 - 2**64, 1, 0xDEADBEEFCAFEBABE - 2**64, -1, -(
 def clean_context(num_slots: int, device, *, kernel_kind: CanaryLaunchTag = CanaryLaunchTag.HEAD_K_FULL,
                   ring_rows: int = 4, ring_fill: int = -7777) -> VerifyOrWriteContext:
     """A context with a zeroed canary buffer of ``num_slots`` slots, no real-KV sources, zero counters, the
-    chain-position assert on, and a ring of ``ring_rows`` rows filled with ``ring_fill`` (so a row the
-    kernel did not write stands out). For the golden cases and the tuning workloads."""
+    chain-position assert on, and a ring of ``ring_rows`` rows of ``ring_fill`` (so an unwritten row stands
+    out). For the golden cases and the tuning workloads."""
     return VerifyOrWriteContext(
         canary_buf=torch.zeros((num_slots, 32), dtype=torch.uint8, device=device),
         kernel_kind=kernel_kind,
@@ -470,9 +469,9 @@ def promised_alignment(t: torch.Tensor) -> int:
 
 
 def _rehome(t: torch.Tensor, name: str, gen: torch.Generator, out: list[Guarded]) -> torch.Tensor:
-    """``t``'s copy between guard bands, starting ``promised_alignment`` times a random count (0-63
-    bytes) past GUARD_BYTES: most starts are not 16-byte aligned, as a view into a larger tensor's
-    storage may not be (the backing is allocated aligned)."""
+    """``t``'s copy between guard bands, starting ``promised_alignment`` times a random count (0-63)
+    past GUARD_BYTES (the backing is aligned): most starts are not 16-byte aligned, as a view into a
+    larger tensor may not be."""
     assert t.is_contiguous(), name
     nbytes = t.numel() * t.element_size()
     step = promised_alignment(t)
@@ -514,8 +513,8 @@ def outputs(kernel: str, kw: dict) -> list[torch.Tensor]:
 
 def guarded_case(kernel: str, device, seed: int) -> tuple[dict, list[Guarded], list]:
     """The garbage case of ``seed`` re-homed between guard bands (band bytes from ``seed + 1``), its
-    bands, and (name, tensor, bytes before the launch) of every input the launch must leave alone (of a
-    real-KV source, its whole storage: sources are not re-homed)."""
+    bands, and (name, tensor, bytes before the launch) of every input the launch must leave alone (a
+    real-KV source's whole storage: sources are not re-homed)."""
     case = CASES[kernel](torch.Generator().manual_seed(seed), device, valid=False)
     guarded: list[Guarded] = []
     kw = rehome(case, "", torch.Generator().manual_seed(seed + 1), guarded)
@@ -545,9 +544,9 @@ def guard_violations(guarded: list[Guarded], inputs: list[tuple[str, torch.Tenso
 
 
 def scratch_left_dirty(kw: dict) -> list[str]:
-    """Write and verify leave the scratch ``flags`` their ring owns (``runtime.packing.flags_for``) zero after every
-    launch, as the next launch on the ring reads them as clean; names each scratch tensor left non-zero ([] for
-    kernels without a context). On CUDA, call it after synchronizing."""
+    """Write and verify leave their ring's scratch ``flags`` (``runtime.packing.flags_for``) zero after every
+    launch, as the next launch on the ring reads them as clean; names each left non-zero ([] for kernels
+    without a context). On CUDA, call it after synchronizing."""
     if "context" not in kw:
         return []
     return [f"scratch flags [{i}] of the violation ring left non-zero: {int(f.count_nonzero())} words"
@@ -556,10 +555,9 @@ def scratch_left_dirty(kw: dict) -> list[str]:
 
 def settle_scatter_races(got: dict, want: dict) -> None:
     """Garbage scatter cases may send two batch rows to one pool row. The reference applies them in batch order (last
-    writer wins); concurrent GPU blocks race, as the original Triton kernel does (same-launch aliasing is outside the
-    contract, cf. SPEC D7). Where several writers store different values into one element, a kernel element holding one
-    of them is set to the reference's (in ``got``), so every device's bytes equal the reference's; any other value is
-    left for the byte comparison to report."""
+    writer wins); GPU blocks race, as the original Triton kernel's do (same-launch aliasing is outside the contract,
+    cf. SPEC D7). Where writers store different values into one element, a kernel element holding one of them is set
+    to the reference's (in ``got``); any other value is left for the byte comparison to report."""
     flat, off, rpi = (want[k].tolist() for k in ("flat_in", "offsets", "req_pool_indices"))
     rows, width = want["pool_out"].shape
     candidates: dict[tuple[int, int], set[int]] = {}

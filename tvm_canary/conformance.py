@@ -3,9 +3,9 @@
 Each kernel runs its golden cases (pinned to SPEC 1.5's hash vectors), ``--cases`` differential cases (valid plans,
 seeds ``S..S+N-1``) and ``--cases`` garbage plans between guard bands (seeds ``GARBAGE_SEED_BASE+S..``) on each device
 and the torch reference (CPU). A case's digest is the SHA-256 of its tensors' SHA-256s after the launch (a real-KV
-source's: of its whole storage). A case fails on a device if its digest differs from the reference's (for plan's LUT
-indices past the end: on the clamped indices SPEC D4 pins, ``cases.reference_launch``), a guard band or input was
-written, write or verify left ring scratch flags non-zero, the launch raised, or a golden case's pinned value is wrong.
+source's: of its whole storage). A case fails on a device if its digest differs from the reference's (plan's LUT indices
+past the end clamped as SPEC D4 pins, ``cases.reference_launch``), a guard band or input was written, write or verify
+left ring scratch flags non-zero, the launch raised, or a golden case's pinned value is wrong.
 
 Under ``torchrun`` each process runs its own device (``cuda:LOCAL_RANK``, else the CPU) and the reference;
 every rank gathers and compares all results (one exit status); rank 0 prints the table, writes the JSON.
@@ -46,7 +46,7 @@ REFERENCE_DEVICE = "reference"
 @dataclasses.dataclass
 class CaseResult:
     """A case on a device: ``digest`` (hex) of its tensors after the launch, each one's short digest by
-    argument name, ``error`` if the launch raised (``digest`` None) or broke a guard/pinned value."""
+    name, ``error`` if the launch raised (``digest`` None) or broke a guard/pinned value."""
 
     case: str
     digest: str | None
@@ -342,8 +342,7 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 
 def init_distributed(timeout: float = DEFAULT_TIMEOUT_SECONDS):
     """Join torchrun's process group (NCCL between GPUs, gloo on CPU); a gloo group for gathering objects,
-    None outside torchrun. ``timeout`` (s) bounds every wait, joining too: a rank never arriving stops
-    the others with torch's error then, not after 30 min."""
+    None outside torchrun. ``timeout`` (s) bounds every wait, joining too (torch's default: 30 min)."""
     import torch.distributed as dist
 
     if world()[1] == 1:

@@ -86,8 +86,8 @@ class RealKvSource:
 
 
 def source_tuple(sources, name: str, entry: str = "{name}[{i}]") -> tuple:
-    """``sources`` (a tuple or list of ``RealKvSource``, the argument ``name``) as a tuple; a TypeError
-    names ``name``, or the entry that is no source as ``entry`` formats it."""
+    """``sources`` (a tuple or list of ``RealKvSource``, argument ``name``) as a tuple; a TypeError names
+    ``name``, or the entry that is no source as ``entry`` formats it."""
     if not isinstance(sources, (tuple, list)):
         raise TypeError(f"kv-canary: {name} must be a tuple of RealKvSource, got {type_name(sources)}")
     for i, source in enumerate(sources):
@@ -99,7 +99,7 @@ def check_source_tensor(tensor: torch.Tensor) -> None:
     """A source tensor's rows are a whole number of 16-byte units apart (SPEC 2.6), and its bytes are its values: no
     conjugate or negative view, whose bits torch applies only when reading the values (the kernels hash the bytes in
     memory; the reference cannot view such a tensor as bytes). Checked when the source is built and at every launch
-    (``checks.check_real_kv_sources``), as a tensor may be re-strided in place (``as_strided_``) after. Dynamo cannot
+    (``checks.check_real_kv_sources``): a tensor may be re-strided in place (``as_strided_``). Dynamo cannot
     trace the view bits: the operators read them then (``ops._view_bits_kernel``)."""
     if not torch.compiler.is_compiling():
         refuse_view_bits(tensor)
@@ -145,8 +145,8 @@ class VerifyOrWriteContext:
 
     Fields:
         canary_buf: uint8 ``[num_slots, slot_stride_bytes]`` contiguous; read by verify, written by write.
-        kernel_kind: the tag stamped into violation rows: a ``CanaryLaunchTag``, or any int64 (stamped as
-            it is; ``Violation.tag_name`` reads an unknown one as ``unknown(<kind>)``).
+        kernel_kind: the tag stamped into violation rows: a ``CanaryLaunchTag``, or any int64
+            (``Violation.tag_name`` reads an unknown one as ``unknown(<kind>)``).
         violation_ring: int64 ``[ring_capacity, 8]``; rows appended in reference order (SPEC D3).
         violation_write_index: int32 ``[1]``; count of violations ever recorded.
         slot_run_counter, kernel_run_counter: int64 ``[1]`` health counters.

@@ -1,31 +1,31 @@
 """Eager launches of verify and write: checked and packed once per (context, plan), then replayed.
 
-An untraced launch (``launch.py``) of verify or write on the compiled backend looks here for what its last launch with
-the same context and plan objects and flag (``check_verify_expected_token``, ``enable_write_input_assert``) prepared:
-the compiled function and its packed arguments (the int64 view of ``canary_buf``, the real-KV source views, the ring's
+An untraced compiled launch (``launch.py``) of verify or write looks here for what the last launch with the same
+context and plan objects and flag (``check_verify_expected_token``, ``enable_write_input_assert``) prepared: the
+compiled function and its packed arguments (the int64 view of ``canary_buf``, the real-KV source views, the ring's
 chunk marks, the specialization). It replays them when nothing the checks (SPEC 4) and the packing read of the context
 and plan changed; else it checks and packs again, raising what the checks raise, and keeps the result.
 
-A replay's contract (what it relies on, and how each is known unchanged):
+A replay's contract (what it relies on, how each is known unchanged):
 
 * The context, the plan and their real-KV sources are frozen dataclasses: their fields are never
-  reassigned (``object.__setattr__`` on them is unsupported). Entries are keyed by the identity of
-  the context and the plan and forgotten when either is collected (weak references), so an identity
-  is never mistaken for another object's.
+  reassigned (``object.__setattr__`` on them is unsupported). Entries are keyed by the context's and
+  plan's identities and forgotten when either is collected (weak references), so an identity is never
+  mistaken for another object's.
 * Their tensors may change in place (``resize_``, ``set_``, ``as_strided_``, ``.data =``, ...): each
   tensor the checks or the packing read (the context's, the plan's, each source's) has its data
   pointer, shape, strides and dtype compared with those at packing, a source's also its conjugate and
   negative bits (SPEC 4 refuses such views; ``.data =`` can set them at one address). If equal, every
   check passes again and every view addresses the same bytes with the same layout. The device
   follows from a non-null data pointer (CUDA's unified addressing gives host and devices disjoint addresses).
-* Not memoised (checked and packed at every launch, as before): a flag not a ``bool``; tensors not
+* Not memoised (checked and packed at every launch): a flag not a ``bool``; tensors not
   exactly ``torch.Tensor`` (subclasses can redefine what the comparison reads); a tensor with a null
   data pointer (no elements: its device would not follow from it). A launch packed during a CUDA-graph
   capture is not kept (its chunk marks may be the capture's own: ``packing.flags_for``); one kept
   before the capture is replayed in it.
-* The compiled function is looked up once per entry (``runtime.get_kernel``, which keeps it per
-  launch key for the process's life); write's again when a launch's token count differs from the
-  last one's, as its geometry follows it (``_WriteKernel``, ``packing.write_point``).
+* The compiled function is looked up once per entry (``runtime.get_kernel`` keeps it per launch key
+  for the process's life); write's again when the launch's token count, which its geometry follows,
+  changes (``_WriteKernel``, ``packing.write_point``).
 
 Write's per-step tensors (``input_ids``, ``positions``, ``out_cache_loc``, the expected tensors) are no part of an
 entry: each launch checks them (``checks.check_write_inputs``) and passes them as they are. Verify's replay runs no
@@ -56,10 +56,9 @@ class _Packed:
     tensors: every tensor the checks and the packing read, in a fixed order, the real-KV sources' last.
     sources: how many are real-KV sources.
     metadata: ``_metadata(tensors, sources)`` when packed.
-    fn, head, tail: the compiled function (write: a ``_WriteKernel``, giving it for the launch's token
-        count) and its arguments; write's per-step tensors go between ``head`` and ``tail`` (verify:
-        ``tail`` is empty).
-    lifelines: weak references to the context and the plan, whose callbacks forget the entry.
+    fn, head, tail: the compiled function (write: a ``_WriteKernel``, giving it per token count) and its
+        arguments; write's per-step tensors go between ``head`` and ``tail`` (verify: ``tail`` empty).
+    lifelines: weak references to the context and plan, whose callbacks forget the entry.
     written_ranges: write's: ``checks.WrittenRanges`` of the context's tensors the kernel writes, which
         its per-step tensors must not overlap (``checks.check_write_inputs``); verify's: empty.
     """
@@ -134,9 +133,9 @@ def write(context, plan, input_ids, positions, out_cache_loc, enable_write_input
 
 
 class _WriteKernel:
-    """A memoised write's compiled function for a launch of ``tokens`` tokens (``kernel(tokens)``): its
-    geometry follows the launch's token count and the plan (``packing.write_point``), as an unmemoised
-    launch's does. The last count's function is kept, so a steady shape costs a comparison."""
+    """A memoised write's compiled function for a launch of ``tokens`` tokens (``kernel(tokens)``), its
+    geometry following the token count and the plan as an unmemoised launch's (``packing.write_point``).
+    The last count's function is kept, so a steady shape costs a comparison."""
 
     __slots__ = ("spec", "device", "request_capacity", "mode", "tokens", "fn")
 
@@ -153,7 +152,7 @@ class _WriteKernel:
 
 def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tuple, tail: tuple) -> None:
     """Keep a checked launch under ``key`` unless the contract (module docstring) cannot vouch for it.
-    ``own_tensors``: the plan's tensors and any other the kernel's checks read besides the context's."""
+    ``own_tensors``: the plan's and any other tensors the checks read besides the context's."""
     if key is None or packing.capturing(context.canary_buf.device):
         return
     sources = context.real_kv_sources  # a tuple: the context keeps a list given to it as one
@@ -180,11 +179,10 @@ def _remember(key: tuple | None, context, plan, own_tensors: tuple, fn, head: tu
 
 
 def _converted(args: tuple, *, keep_first: bool = False) -> tuple:
-    """``args`` with its torch tensors converted to tvm-ffi tensors once, so a replay does not convert them again
-    (tvm-ffi converts torch tensors at every call). Each is converted from a detached alias (its own shape and strides,
-    which nothing changes) through torch's DLPack exchange API, which neither synchronises nor enqueues work; without
-    that API they stay torch tensors. With ``keep_first`` the first argument stays a torch tensor: tvm-ffi takes the
-    launch's stream (torch's current stream) from a torch tensor argument."""
+    """``args`` with its torch tensors converted to tvm-ffi tensors once, not at every replay's call. Each is converted
+    from a detached alias (its own shape and strides, which nothing changes) through torch's DLPack exchange API, which
+    neither synchronises nor enqueues work; without that API they stay torch tensors. With ``keep_first`` the first
+    stays a torch tensor: tvm-ffi takes the launch's stream (torch's current one) from a torch tensor argument."""
     if not hasattr(_Tensor, "__dlpack_c_exchange_api__"):
         return args
     return tuple(

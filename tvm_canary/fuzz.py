@@ -1,11 +1,11 @@
 """``tvm-canary fuzz``: a long differential and memory-safety campaign on one device.
 
 Case ``i`` of a campaign has seed ``B + i`` (``B`` = ``--seed-base``, plus ``rank * RANK_SEED_STRIDE`` under torchrun)
-and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid plans, bytes compared with the torch
-reference) and K garbage plans between guard bands (no byte outside the outputs may change; bytes compared with the
-reference); every other differential round gives write long all-valid requests instead (``cases.long_write_case``: on
-CUDA its lockstep batches). Cases are ``tvm-canary conformance``'s (case ids ``diff:SEED`` / ``garbage:SEED`` /
-``long:SEED``), so a failing case is replayed with one conformance command, written next to it in the failures JSON.
+and runs kernel ``kernels[i % K]``, alternating between K differential cases (valid plans) and K garbage plans between
+guard bands (no byte outside the outputs may change), bytes compared with the torch reference; every other differential
+round gives write long all-valid requests instead (``cases.long_write_case``: on CUDA its lockstep batches). Cases are
+``tvm-canary conformance``'s (case ids ``diff:SEED`` / ``garbage:SEED`` / ``long:SEED``), so a failing case replays with
+one conformance command, written beside it in the failures JSON.
 """
 
 from __future__ import annotations

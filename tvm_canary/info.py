@@ -1,8 +1,8 @@
 """``tvm-canary info``: versions, devices, tuning databases and module folders this installation uses.
 
 Shows the package, TVM, tvm-ffi and torch versions, the devices seen with their device keys and whether
-each has a tuning database, every database found (device key, records, folder) in lookup order, the
-kernel cache folder and the ahead-of-time module folders (``$TVM_CANARY_MODULES``)."""
+each has a tuning database, every database (device key, records, folder) in lookup order, the kernel
+cache folder and the ahead-of-time module folders (``$TVM_CANARY_MODULES``)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Every function is keyword-only, mutates its outputs in place on the device of its inputs, and returns None. The checks
 read only metadata (dtypes, shapes, strides, devices), so they also run while ``torch.compile`` traces a caller, which
-then records the operator (``tvm_canary.ops``); untraced calls run the operator's implementation directly, and untraced
-verify and write launches on the compiled backend replay the checked, packed launch of their context and plan while its
-tensors' metadata is unchanged (``tvm_canary.eager``). Either runs the compiled kernel, or the torch reference under
+then records the operator (``tvm_canary.ops``); untraced calls run the operator's implementation directly (compiled
+verify and write replay the checked, packed launch of their context and plan while its tensors' metadata is unchanged:
+``tvm_canary.eager``). Either runs the compiled kernel, or the torch reference under
 ``use_backend("reference")``. CUDA launches go on torch's current stream with no host synchronisation; tensors reach the
 kernels zero-copy through DLPack (tvm-ffi).
 """
@@ -97,7 +97,7 @@ def launch_scatter_req_token_ids_kernel(
 
 def dispatch(kernel: str, kwargs: dict) -> None:
     """Run a launch whose arguments passed its ``checks.check_*``: through its torch operator while torch traces the
-    caller, else straight to the operator's implementation (the same work minus the dispatcher's host time)."""
+    caller, else straight to the operator's implementation (minus the dispatcher's host time)."""
     if _tracing():
         getattr(_ops, kernel)(*ops.ARGS[kernel](**kwargs))
     else:

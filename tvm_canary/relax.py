@@ -1,15 +1,14 @@
 """Calling the canary kernels from a TVM Relax function (docs/EMBEDDING.md, "Recipe 3: TVM Relax", states the recipe and
 its limits: no launch checks, D10 is the caller's, use every result, stay outside dataflow blocks).
 
-``add_kernel(bb, kernel, spec, tag)`` adds one specialization of a kernel's TensorIR to a
-``relax.BlockBuilder``'s module; ``call_kernel(bb, gvar, **args)`` emits an in-place call of it
-(``R.call_tir_inplace``) whose results are the arguments the kernel writes. Torch tensors pass straight
-in (DLPack; a 2-D table with no columns as ``runtime.packing.table(t)``).
+``add_kernel(bb, kernel, spec, tag)`` adds a kernel specialization's TensorIR to a ``relax.BlockBuilder``'s
+module; ``call_kernel(bb, gvar, **args)`` emits an in-place call of it (``R.call_tir_inplace``). Torch tensors
+pass straight in (DLPack; a 2-D table with no columns as ``runtime.packing.table(t)``).
 
-Arguments are the kernel's TensorIR parameters, by name (see ``parameters(bb, gvar)``): tensors are int64 but the int32
+Arguments are the kernel's TensorIR parameters, by name (``parameters(bb, gvar)``): tensors are int64 but the int32
 counts, ``flags`` and token tables (``r2t``, ``pool``), the canary buffer is its int64 view ``[S, stride / 8]``, a
 real-KV source its int64 view ``[rows, row_bytes / 8]`` with ``ps``/``tw``/``fw`` = page size, token words, fold words
-(``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL mode), scalars are Python ints. Unused source slots may be left
+(``fw`` = 2 in PARTIAL mode, ``read_bytes / 8`` in ALL), scalars are Python ints. Unused source slots may be left
 out (all four of a slot's parameters); the slots the specialization folds (its ``num_sources``) and a given ``src<i>``
 need all four. ``flags`` (verify, write) is an int32 scratch zeroed once per violation ring
 (``runtime.packing.flags_for``); the plan kernel's ``scratch`` is int64 ``[bs + 1]``. The compiled kernels refuse
@@ -51,8 +50,8 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
     spec's launch mode (``mode``, if given, must be it) and workload point ``size`` (``KernelCall.size``, e.g.
     verify's plan capacity; None: below any size class). Named ``canary_<kernel>[_<spec>]``, plus
     ``_<geometry>`` if the module holds that specialization in another geometry; returns its GlobalVar
-    (the existing one for the same function). An unknown ``kernel`` or ``tag``, a ``spec`` not among its
-    specializations (``all_specs``) or another ``mode`` raises ValueError."""
+    (the existing one for the same function). ValueError for an unknown ``kernel`` or ``tag``, a ``spec``
+    not in ``all_specs`` or another ``mode``."""
     if kernel not in specializations.AXES:
         raise ValueError(f"kv-canary: no kernel {kernel!r} (kernels: {', '.join(specializations.KERNELS)})")
     spec = tuple(spec) if isinstance(spec, tuple | list) else spec
@@ -81,8 +80,8 @@ def add_kernel(bb: relax.BlockBuilder, kernel: str, spec: tuple = (), tag: str =
 def _default_ir(kernel: str, spec: tuple, tag: str, geom) -> tvm.tirx.PrimFunc:
     """The kernel's TensorIR in geometry ``geom`` (a default of the tag). Parsing the TVMScript takes
     seconds, so the IR is kept as JSON beside the compiled modules in the disk cache (same key: a
-    changed kernel source is never reused). A kept file that does not load (damaged) is parsed and
-    written again; a cache that cannot store it (read-only, full) only costs the parse next time."""
+    changed kernel source is never reused). A damaged file is parsed and written again; a cache that
+    cannot store it (read-only, full) only costs the parse next time."""
     path = compile_cache.cache_dir() / f"{compile_cache.module_key(kernel, spec, tag, geom)}.tir.json"
     if path.exists():
         try:

@@ -1,22 +1,22 @@
 """``CanarySession``: the engine host side of SPEC section 6, framework neutral.
 
-A session owns, on one device: per buffer group (FULL, and SWA when configured) and per half (K, and
-V unless disabled) a zeroed head and tail canary buffer ``uint8[num_slots, 32]``; one plan pair per
-group; the violation ring; the per-tag counters ``int64[12]`` (each launch gets 1-element views); and
-the chain-position-assert flag (0 until ``mark_init_finished()``).
+A session owns, on one device: per buffer group (FULL, and SWA when configured) and half (K, and V
+unless disabled) a zeroed head and tail canary buffer ``uint8[num_slots, 32]``; a plan pair per group;
+the violation ring; the per-tag counters ``int64[12]`` (1-element views per launch); and the
+chain-position-assert flag (0 until ``mark_init_finished()``).
 
 Per engine step the caller runs ``before_forward(...)`` before the model writes KV (plan kernels, then
-HEAD verify + write with no real-KV sources) and ``after_forward()`` after it (TAIL verify + write with
-the group's real-KV sources). ``sweep(chains)`` verifies caller-given live chains on the SWEEP
+HEAD verify + write, no real-KV sources) and ``after_forward()`` after it (TAIL verify + write, the
+group's real-KV sources). ``sweep(chains)`` verifies caller-given live chains on the SWEEP
 endpoints (when ``sweep_due``, between steps); ``violations()`` reads the new ring rows and logs or raises them.
 ``capture_step(...)`` records a whole decode step in one CUDA graph (``StepGraph``).
 
 The per-step path waits for the device only when the host runs ``SNAPSHOT_SLOTS`` snapshots ahead.
-What the host needs from it (the ring's write index, each group's overflow flag, the health check's
-kernel run counters) travels in a small status snapshot: one non-blocking copy into pinned memory at
-the end of each step (and at health-check points), decoded on arrival, normally by the next step. So
-overflow warnings, health-check errors and violation rows surface one step late on CUDA (at once on
-CPU); ``flush()`` waits for everything already launched and reports it (shutdown, tests).
+What the host needs (the ring's write index, each group's overflow flag, the health check's kernel
+run counters) travels in a status snapshot: one non-blocking copy into pinned memory at the end of
+each step (and at health-check points), decoded on arrival, normally by the next step. So overflow
+warnings, health-check errors and violation rows surface a step late on CUDA (at once on CPU);
+``flush()`` waits for everything launched and reports it (shutdown, tests).
 """
 
 from __future__ import annotations
@@ -66,14 +66,13 @@ class CanaryGroup:
     """One KV buffer group.
 
     Fields:
-        num_slots: canary slots = the group's KV pool slots, slot 0 being the reserved dummy.
+        num_slots: canary slots = the group's KV pool slots, slot 0 the reserved dummy.
         k_sources, v_sources: real-KV sources of each half, folded at the TAIL and SWEEP endpoints.
         swa_window_size: 0 for the FULL group; the window length for the SWA group.
         full_to_swa_index_mapping: int64 full-slot -> SWA-slot LUT on the session device, required iff
             ``swa_window_size > 0``; read at every launch, so the caller updates it in place.
 
-    The session checks them when built (``CanarySession._check_config``; the LUT is ``lut_tensor`` in
-    the messages).
+    The session checks them (``CanarySession._check_config``; the LUT is ``lut_tensor`` in messages).
     """
 
     num_slots: int
@@ -121,8 +120,7 @@ class _Batch:
     expected_input_tokens: torch.Tensor | None
     expected_input_positions: torch.Tensor | None
     token_offsets: torch.Tensor | None = None  # the scatter's offsets when given (StepGraph), else computed
-    # The write input assert is on this step (``_step_input_assert``).
-    input_assert: bool = False
+    input_assert: bool = False  # the write input assert is on this step (``_step_input_assert``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,23 +139,23 @@ class CanarySession:
 
     Args:
         full, swa: the buffer groups (``swa`` optional, with a window and a LUT).
-        device: where every buffer lives; inputs are moved there.
+        device: where every buffer lives and inputs are moved.
         write_req_capacity, write_entry_capacity: most requests / tokens per step (RuntimeError above).
         verify_capacity: plan entries per group and step (default 3 x FULL slots); a step needing more
-            skips its per-forward verify and warns (the plan's ``enable`` overflow signal).
+            skips its per-forward verify and warns (the plan's ``enable`` flag).
         ring_capacity: violation rows kept (fill-once; later ones are counted and reported dropped).
         real_kv_hash_mode: PARTIAL or ALL folds the sources at TAIL/SWEEP; NONE disables real-KV checks.
         enable_v: also run the V-half endpoints.
         expected_token_pool_shape: ``(rows, max_context_len)`` allocates the expected-token pool and turns
             on the per-forward verify-token check; ``before_forward`` then needs ``token_ids``/``token_lens``
             and a ``req_to_token`` no larger than the pool in either dimension (``_check_pool_covers``).
-        enable_write_input_assert: ``before_forward`` then needs ``expected_input_tokens/positions``, but in
-            a step that passes ``write_input_assert=False`` (no oracle: an EAGLE draft-decode step).
+        enable_write_input_assert: ``before_forward`` then needs ``expected_input_tokens/positions``, but
+            in a step passing ``write_input_assert=False`` (no oracle: an EAGLE draft-decode step).
         kv_token_id_vs_position_offset: 0 for target pools, 1 for EAGLE draft pools.
         sweep_interval: ``sweep_due`` every this many steps (0: sweeping off).
         health_warmup_steps, health_check_interval: after the warm-up, every interval steps each active
-            tag's kernel_run_counter must have grown (0 interval: check off; see ``_health_check``). The
-            three step counts are ints >= 0 (TypeError, ValueError).
+            tag's kernel_run_counter must have grown (interval 0: off; ``_health_check``). The three step
+            counts are ints >= 0 (TypeError, ValueError).
         violation_mode: ``log`` (a CanaryViolationWarning a row; a filter making it an error raises the
             first row's, the rest are read and dropped), ``raise`` (one CanaryViolationError, every row) or ``quiet``.
     """
@@ -234,9 +232,8 @@ class CanarySession:
         self.health_check_interval = health_check_interval
         self.violation_mode = violation_mode
 
-        # The status the host reads after each step, in one int64 buffer so that one copy takes it:
-        # [ring write index, enable of each group's plan, kernel run counter of each tag]; the int32
-        # write index and enable flags are the first 4 bytes of their words.
+        # The status the host reads after each step, one int64 buffer for one copy: [ring write index,
+        # each group's plan enable, each tag's kernel run counter]; the int32 ones in their words' first 4 bytes.
         num_groups, num_tags = 1 + (swa is not None), len(CanaryLaunchTag)
         self._status = torch.zeros(1 + num_groups + num_tags, dtype=torch.int64, device=self.device)
         self.violation_log = ViolationLog(ring_capacity=ring_capacity, device=self.device,
@@ -284,8 +281,8 @@ class CanarySession:
     # -- construction
 
     def _status_word(self, i: int) -> torch.Tensor:
-        """int32 ``[1]`` view of the first 4 bytes of status word ``i``, taken from a view of the whole
-        buffer (torch.compile rebuilds ``status[i : i + 1].view(torch.int32)[:1]`` empty: ``ops``)."""
+        """int32 ``[1]`` view of status word ``i``'s first 4 bytes, from a view of the whole buffer
+        (torch.compile rebuilds ``status[i : i + 1].view(torch.int32)[:1]`` empty: ``ops``)."""
         return self._status.view(torch.int32)[2 * i : 2 * i + 1]
 
     def _make_group(self, name: str, config: CanaryGroup, index: int) -> _Group:
@@ -321,10 +318,9 @@ class CanarySession:
 
     def _check_config(self) -> None:
         """The launch checks (SPEC 4) that read the configuration (each group's plan checks: LUT, window,
-        plans, pool, offset; each endpoint's real-KV sources), run on the empty step built with the session
-        (``_empty_step``: a sweep allocates nothing) when the session is built (so what a launch would reject
-        raises here, with its message, not at the first step) and before each sweep (whose SWA translation
-        reads the LUT before any launch checks it)."""
+        plans, pool, offset; each endpoint's real-KV sources), on the prebuilt empty step (``_empty_step``:
+        a sweep allocates nothing): at construction (so a launch's refusal raises here, with its message)
+        and before each sweep (whose SWA translation reads the LUT before any launch checks it)."""
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, self._config_step))
             self._check_sources(g)
@@ -337,7 +333,7 @@ class CanarySession:
                 checks.check_real_kv_sources(context)
 
     def _empty_step(self) -> _Batch:
-        """A step of no requests and no tokens with the session's inputs (its pool's, its input assert's)."""
+        """A step of no requests or tokens with the session's inputs (its pool's, its input assert's)."""
         none, pool = torch.empty(0, dtype=torch.int64, device=self.device), self.expected_token_pool is not None
         expected = none if self.enable_write_input_assert else None
         return _Batch(req_pool_indices=none, prefix_lens=none, extend_seq_lens=none, input_ids=none, positions=none,
@@ -348,8 +344,8 @@ class CanarySession:
     # -- introspection
 
     def canary_buffer(self, endpoint: str, half: str, group: str = "FULL") -> torch.Tensor:
-        """The canary buffer an endpoint ("HEAD", "TAIL" or "SWEEP") reads and writes for a half ("K",
-        or "V" when ``enable_v``)."""
+        """The canary buffer of an endpoint ("HEAD", "TAIL" or "SWEEP") and half ("K", or "V" when
+        ``enable_v``)."""
         contexts = self._group(group).contexts
         if (endpoint, half) not in contexts:
             raise KeyError(f"kv-canary: no {endpoint} {half} canary buffer in this session (endpoints HEAD, TAIL, "
@@ -399,24 +395,23 @@ class CanarySession:
 
         ``req_pool_indices``/``prefix_lens``/``extend_seq_lens`` have one entry per batch row (row 0 of ``req_to_token``
         = padding); ``input_ids``/``positions``/``out_cache_loc`` one per token, full-pool slots (negative = skip).
-        ``token_ids`` is every row's known tokens (prompt + output) concatenated, ``token_lens`` their lengths; both
-        are needed iff the expected-token pool exists. ``expected_input_tokens/positions`` are needed iff the write
-        input assert is on this step: the session has ``enable_write_input_assert`` and ``write_input_assert`` is
-        true (False for a step whose inputs have no oracle, SPEC 6 item 4: an EAGLE draft-decode step).
-        Inputs already on the session device with the right dtype are used as they are (no copy, no host
+        ``token_ids`` is every row's known tokens (prompt + output) concatenated, ``token_lens`` their lengths, both
+        needed iff the session has an expected-token pool. ``expected_input_tokens/positions`` are needed iff the
+        write input assert is on this step: the session has ``enable_write_input_assert`` and ``write_input_assert``
+        is true (False: no oracle, SPEC 6 item 4).
+        Inputs already on the session device with the right dtype are used in place (no copy, no host
         synchronisation), so ``after_forward`` rereads ``input_ids``, ``positions``, ``out_cache_loc`` and the expected
         input tensors: they must not change before it runs (the TAIL would stamp other tokens than the HEAD).
         On a CUDA session, all-host inputs (lists, CPU tensors) are staged in pinned memory and reach the device
         with one non-blocking copy (a host ``req_to_token`` with another); mixed ones are converted one by one
         (host data through pinned memory too).
-        Every input holds integers (int64; ``req_to_token`` int32): float or boolean tensors are refused, not
-        truncated. No input may share memory with a tensor the step writes (the session's buffers, plans and
-        expected-token pool; SPEC D10).
-        Raises, before anything is counted or launched (a rejected call changes nothing; a pending step stays
-        pending): RuntimeError while a step awaits after_forward() or when the batch exceeds the write capacities;
-        ValueError when ``req_to_token`` is larger than the expected-token pool or a host input holds values outside
-        its dtype (uint64 values of 2**63 and more included); TypeError for non-integer inputs (Python ints outside
-        int64 included) or a non-bool ``write_input_assert``; and the launches' errors (SPEC 4).
+        Every input holds integers (int64; ``req_to_token`` int32). No input may share memory with a tensor the
+        step writes (the session's buffers, plans and expected-token pool; SPEC D10).
+        Raises before anything is counted or launched (a pending step stays pending): RuntimeError while a step
+        awaits after_forward() or when the batch exceeds the write capacities; ValueError when ``req_to_token`` is
+        larger than the expected-token pool or a host input holds values outside its dtype (uint64 values of 2**63
+        and more included); TypeError for non-integer inputs (floats and booleans are refused, not truncated; Python
+        ints outside int64 too) or a non-bool ``write_input_assert``; and the launches' errors (SPEC 4).
         """
         self._refuse_while_pending("before_forward()")
         input_assert = _step_input_assert(self.enable_write_input_assert, write_input_assert,
@@ -446,9 +441,8 @@ class CanarySession:
 
     def _staged_batch(self, given: dict, req_to_token, input_assert: bool) -> _Batch | None:
         """``before_forward``'s host inputs on the device with one non-blocking copy: converted and
-        concatenated on the host, the scatter offsets included, then copied into a staging buffer (grown
-        to the next power of two when too small). None when an input is not 1-D (then converted one by
-        one, and checked as such)."""
+        concatenated on the host with the scatter offsets, then copied into a staging buffer (grown to a
+        power of two). None when an input is not 1-D (then converted and checked one by one)."""
         values = {name: v for name, v in given.items() if v is not None}
         if any(v.dim() != 1 for v in values.values()):
             return None
@@ -465,27 +459,26 @@ class CanarySession:
                       **{name: views.get(name) for name in (*given, "token_offsets")})
 
     def _converted_batch(self, given: dict, req_to_token, input_assert: bool) -> _Batch:
-        """``before_forward``'s inputs, each on the session device (used as they are when already there with
-        the right dtype)."""
+        """``before_forward``'s inputs, each on the session device (``_on_device``)."""
         return _Batch(req_to_token=self._table_on_device(req_to_token), input_assert=input_assert,
                       **{name: None if v is None else self._on_device(v) for name, v in given.items()})
 
     def _refuse_while_pending(self, call: str) -> None:
-        """Raise for ``call`` while a step begun by before_forward() awaits its after_forward(), whose TAIL
-        reads that step's inputs (staged in place on CUDA), plans and SWA slots, which ``call`` would
-        overwrite; the pending step stays pending."""
+        """Raise for ``call`` while a before_forward() step awaits after_forward(), whose TAIL reads the
+        step's inputs (staged in place on CUDA), plans and SWA slots, which ``call`` would overwrite; the
+        step stays pending."""
         if self._batch is not None:
             raise RuntimeError(f"kv-canary: {call} called while a step awaits after_forward()")
 
     def after_forward(self) -> None:
-        """Verify + write on the TAIL endpoints (real-KV sources) with the batch of ``before_forward`` (its
-        per-token tensors as they are now: see ``before_forward``).
+        """Verify + write on the TAIL endpoints (real-KV sources) with ``before_forward``'s batch (its
+        per-token tensors as they are now).
         A group whose plan overflowed ``verify_capacity`` this step is warned of when the step's status
         snapshot arrives (on CPU: here). Then raises a decoded failed health check.
-        First the step's per-token inputs and the TAIL real-KV sources are checked again (the launches' checks;
-        the token count against the HEAD's): one resized or re-strided in place since ``before_forward`` (changed
-        values cannot be seen) is refused before any TAIL launch, and the step ends there (its TAIL never runs;
-        the next ``before_forward`` may begin; its status snapshot is still taken, so a HEAD overflow is warned)."""
+        First the per-token inputs and TAIL sources are checked again (the launches' checks; the token count
+        against the HEAD's): one resized or re-strided in place since (changed values cannot be seen) is
+        refused before any TAIL launch, ending the step (the next ``before_forward`` may begin; its status
+        snapshot is still taken, so a HEAD overflow is warned)."""
         if self._batch is None:
             raise RuntimeError("kv-canary: after_forward() called without a matching before_forward()")
         batch, self._batch = self._batch, None
@@ -507,8 +500,8 @@ class CanarySession:
 
         ``chains`` is int64 ``[n, 3]`` of full-pool ``(slot, position, prev_slot)``; ``prev_slot`` -1 marks
         a chain head. SWA groups translate slots and predecessors through their LUT. A sweep runs between
-        steps (SPEC 6 item 7): raises RuntimeError while a step awaits after_forward(), whose slots the
-        live chains already hold but whose TAIL stamps are not written yet (each would be reported).
+        steps (SPEC 6 item 7): RuntimeError while a step awaits after_forward() (its slots, already in the
+        live chains, lack their TAIL stamps: each would be reported).
         The configuration's launch checks (``_check_config``: an SWA LUT resized or replaced in place
         included) run before the first launch, so a refused sweep launches nothing.
         """
@@ -538,7 +531,7 @@ class CanarySession:
 
     def violations(self) -> ViolationReport:
         """Rows recorded since the last call whose copies have reached the host (waits only as ``_snapshot``
-        does; on CUDA normally the rows of all but the last step), decoded; logged (``log``), raised once as
+        does; on CUDA normally all but the last step's), decoded; logged (``log``), raised once as
         CanaryViolationError (``raise``) or only returned (``quiet``)."""
         if self._dirty:
             self._snapshot()
@@ -547,8 +540,8 @@ class CanarySession:
         return self._report(self.violation_log.read_new())
 
     def flush(self) -> ViolationReport:
-        """Wait for every launch so far and report all of it: overflow warnings, health-check errors,
-        then the rows not yet returned, as ``violations()`` does. For shutdown and tests."""
+        """Wait for every launch and report it all: overflow warnings, health-check errors, then the rows
+        not yet returned, as ``violations()`` does. For shutdown and tests."""
         if self._dirty:
             self._snapshot()
         self._poll(wait=True)
@@ -557,8 +550,8 @@ class CanarySession:
 
     def capture_step(self, *, batch_size: int, num_tokens: int | None = None, req_to_token: torch.Tensor,
                      forward: Callable[[], None] | None = None, write_input_assert: bool = True) -> "StepGraph":
-        """Capture a ``StepGraph`` for batches of up to ``batch_size`` rows and ``num_tokens`` tokens (default
-        ``batch_size``, one token per row); ``write_input_assert`` as ``before_forward``'s, for every replay."""
+        """A ``StepGraph`` for batches of up to ``batch_size`` rows and ``num_tokens`` tokens (default
+        ``batch_size``); ``write_input_assert`` as ``before_forward``'s, for every replay."""
         if self.device.type != "cuda":
             raise ValueError(f"kv-canary: capture_step needs a CUDA session, this one is on {self.device}")
         return StepGraph(self, batch_size=batch_size, num_tokens=num_tokens or batch_size,
@@ -569,7 +562,7 @@ class CanarySession:
     def _begin_step(self) -> None:
         """Count the step and take the health check's counter snapshot when due (SPEC 6 item 9: at the start
         of a step, every ``health_check_interval`` steps after the warm-up). Raises and warns nothing (what it
-        decodes is reported at the step's end), so a step once counted is launched whole."""
+        decodes is reported at the step's end), so a counted step is launched whole."""
         self.step += 1
         done = self.step - 1
         interval, warmup = self.health_check_interval, self.health_warmup_steps
@@ -578,8 +571,8 @@ class CanarySession:
         self._poll()
 
     def _end_step(self) -> None:
-        """Take the step's status snapshot, decode what has arrived, warn the decoded overflows and raise a
-        failed health check (``_report_decoded``), at the frame of the user's call (two levels up)."""
+        """Snapshot the step's status, decode what has arrived and report it (``_report_decoded``) at the
+        user's call's frame (two levels up)."""
         self._snapshot(overflow_step=self.step)
         self._poll()
         self._report_decoded(stacklevel=3)
@@ -594,9 +587,9 @@ class CanarySession:
         self._tail(batch)
 
     def _check_step(self, batch: _Batch) -> None:
-        """The launch checks (SPEC 4) that read the step's inputs, run before anything is launched so that a
-        rejected step changes nothing: every group's plan kernels' and the scatter's in full (``_head``
-        dispatches them unchecked), write's per-step ones (``_check_write_inputs``)."""
+        """The launch checks (SPEC 4) that read the step's inputs, before anything is launched (a rejected
+        step changes nothing): the plan kernels' and scatter's in full (``_head`` dispatches them
+        unchecked), write's per-step ones (``_check_write_inputs``)."""
         for g in self._groups:
             checks.check_plan(**self._plan_args(g, batch))
             if use_reference() and g.config.full_to_swa_index_mapping is not None:
@@ -616,7 +609,7 @@ class CanarySession:
         self._check_write_inputs(batch)
 
     def _check_write_inputs(self, batch: _Batch) -> None:
-        """Write's per-step checks of the batch's per-token inputs (each write launch checks them again)."""
+        """Write's per-step checks of the batch's per-token inputs (each write launch repeats them)."""
         checks.check_write_inputs(self._groups[0].contexts["HEAD", "K"], batch.input_ids, batch.positions,
                                   batch.out_cache_loc, batch.input_assert, batch.expected_input_tokens,
                                   batch.expected_input_positions, self._written_ranges)
@@ -632,8 +625,8 @@ class CanarySession:
                     kv_token_id_vs_position_offset=self.kv_token_id_vs_position_offset)
 
     def _scatter_args(self, batch: _Batch) -> dict:
-        """The scatter's arguments for ``batch``: its offsets are the batch's, else those of the session's
-        buffer that ``_scatter_expected_tokens`` fills."""
+        """The scatter's arguments for ``batch`` (offsets: the batch's, else the session's buffer that
+        ``_scatter_expected_tokens`` fills)."""
         offsets = batch.token_offsets
         if offsets is None:
             offsets = self._scatter_offsets[: batch.token_lens.shape[0] + 1]
@@ -641,8 +634,7 @@ class CanarySession:
                     pool_out=self.expected_token_pool)
 
     def _head(self, batch: _Batch) -> None:
-        """Scatter the expected tokens, plan every group, verify + write its HEAD endpoints (the batch
-        passed ``_check_step``)."""
+        """Scatter, plan every group, verify + write its HEAD endpoints (``batch`` passed ``_check_step``)."""
         self._scatter_expected_tokens(batch)
         for g in self._groups:
             dispatch("plan", self._plan_args(g, batch))
@@ -655,8 +647,8 @@ class CanarySession:
         self._dirty = True
 
     def _scatter_expected_tokens(self, batch: _Batch) -> None:
-        """Fill the expected-token pool rows of this batch (nothing without a pool). The offsets are the
-        batch's, else the prefix sums of ``token_lens`` (one cumsum)."""
+        """Fill the batch's expected-token pool rows (nothing without a pool). The offsets are the batch's,
+        else the prefix sums of ``token_lens`` (one cumsum)."""
         if self.expected_token_pool is None:
             return
         args = self._scatter_args(batch)
@@ -665,9 +657,9 @@ class CanarySession:
         dispatch("scatter", args)
 
     def _verify_and_write(self, g: _Group, endpoint: str, batch: _Batch) -> None:
-        """The endpoint's verify + write of each half. The step's slots are translated for an SWA group
-        once, at HEAD (into ``g.out_cache_loc``), and TAIL reuses them: the LUT entries of the step's
-        own slots are set before the step begins."""
+        """The endpoint's verify + write of each half. An SWA group translates the step's slots once, at
+        HEAD (into ``g.out_cache_loc``), for TAIL too: the LUT entries of the step's own slots are set
+        before the step begins."""
         out_cache_loc, lut = batch.out_cache_loc, g.config.full_to_swa_index_mapping
         if lut is not None:
             group_slots = g.out_cache_loc[: out_cache_loc.shape[0]]
@@ -691,8 +683,8 @@ class CanarySession:
     # -- host side: snapshots, reports
 
     def _snapshot(self, *, overflow_step: int | None = None, health_done: int | None = None) -> None:
-        """Copy the status buffer to a pinned slot without waiting (one copy); if all slots are in flight
-        (the host is SNAPSHOT_SLOTS snapshots ahead), wait for the oldest first."""
+        """Copy the status buffer to a pinned slot without waiting; if all SNAPSHOT_SLOTS are in flight,
+        wait for the oldest first."""
         if not self._free_snapshots:
             self._poll(wait_for_one=True)
         host = self._free_snapshots.pop()
@@ -702,8 +694,8 @@ class CanarySession:
         self._dirty = False
 
     def _poll(self, *, wait: bool = False, wait_for_one: bool = False) -> None:
-        """Decode the snapshots that have arrived, in order (all of them when ``wait``; at least the
-        oldest when ``wait_for_one``)."""
+        """Decode the arrived snapshots in order (all when ``wait``; at least the oldest when
+        ``wait_for_one``)."""
         while self._snapshots and (wait or wait_for_one or arrived(self._snapshots[0].event)):
             snap = self._snapshots.popleft()
             if snap.event is not None and (wait or wait_for_one):
@@ -725,9 +717,8 @@ class CanarySession:
 
     def _health_check(self, counts: list[int], done: int) -> None:
         """SPEC 6 item 9: each active tag's kernel_run_counter after ``done`` steps must exceed its value
-        ``health_check_interval`` steps earlier. A failure is kept (decoding runs inside steps) and raised
-        once, by ``_report_decoded``; pass or fail, ``counts`` is the next check's baseline, so each judges
-        only its own interval."""
+        ``health_check_interval`` steps earlier. A failure is kept (decoding runs inside steps) for
+        ``_report_decoded`` to raise once; ``counts`` is the next check's baseline either way."""
         if self._health_snapshot is not None:
             stalled = [t.name for t in self.active_tags if counts[t] <= self._health_snapshot[t]]
             if stalled:
@@ -738,8 +729,8 @@ class CanarySession:
         self._health_snapshot = counts
 
     def _report_decoded(self, stacklevel: int) -> None:
-        """Warn the decoded overflows not yet warned, then raise the decoded health-check failures not yet
-        raised (one RuntimeError, a line each). Called where a step is whole (the end of ``after_forward`` or
+        """Warn the pending decoded overflows, then raise the pending decoded health-check failures (one
+        RuntimeError, a line each). Called where a step is whole (the end of ``after_forward`` or
         a replay, ``violations``, ``flush``), never inside one: a warning filter that raises cannot stop a step
         half done. ``stacklevel``: the caller's frame, as ``warnings.warn``'s."""
         pending, self._overflow_warnings = self._overflow_warnings, []  # a raising filter cannot warn one twice
@@ -773,8 +764,8 @@ class CanarySession:
         return _to_device(_integers(req_to_token, "req_to_token", torch.int32), self.device).contiguous()
 
     def _sweep_plan(self, group: str, entries: int) -> VerifyPlan:
-        """The group's sweep plan, reallocated (to the next power of two) only when ``entries`` outgrows
-        it, so that growing sweeps meet few capacities (each may select another compiled geometry)."""
+        """The group's sweep plan, reallocated (to a power of two) only when ``entries`` outgrows it:
+        growing sweeps meet few capacities (each may select another geometry)."""
         plan = self._sweep_plans.get(group)
         if plan is None or plan.verify_slot_indices.shape[0] < entries:
             capacity = 1 << max(0, entries - 1).bit_length()
@@ -782,8 +773,8 @@ class CanarySession:
         return plan
 
     def _check_expected_tokens(self, token_ids, token_lens, batch_size: int) -> None:
-        """``token_ids`` and ``token_lens`` given exactly when the session has an expected-token pool, and
-        then one length per batch row (read from shapes: no host synchronisation)."""
+        """``token_ids`` and ``token_lens`` given exactly when the session has an expected-token pool, with
+        one length per batch row (from shapes: no host synchronisation)."""
         if (token_ids is None) != (token_lens is None) or (token_ids is None) != (self.expected_token_pool is None):
             raise ValueError(
                 "kv-canary: token_ids and token_lens are required exactly when the session has an "
@@ -798,8 +789,8 @@ class CanarySession:
 
     def _check_pool_covers(self, req_to_token: torch.Tensor) -> None:
         """The expected-token pool has at least ``req_to_token``'s rows and columns (SPEC 6: it is
-        ``[req_to_token rows, max_context_len]``): the plan gives no expected token for a request row or
-        position past the pool (docs/SEMANTICS.md), so the token check would silently skip them."""
+        ``[req_to_token rows, max_context_len]``): the plan gives no expected token past the pool
+        (docs/SEMANTICS.md), so the token check would silently skip those rows and positions."""
         pool = self.expected_token_pool
         if pool is not None and (req_to_token.shape[0] > pool.shape[0] or req_to_token.shape[1] > pool.shape[1]):
             raise ValueError(
@@ -824,20 +815,20 @@ class StepGraph:
     """One decode step's canary work in one CUDA graph, for a batch-size bucket of a CUDA session.
 
     The graph holds, in order: the expected-token scatter, every group's plan and HEAD verify + write,
-    ``forward()`` when given, then every group's TAIL verify + write: the work of ``before_forward``
-    and ``after_forward`` only (no torch operation but the SWA slot translation; tests/test_session_ops.py
-    pins the list). Without ``forward`` the caller runs its model before
-    ``replay``: HEAD reads no KV bytes, so the canary bytes are those of the eager order.
+    ``forward()`` when given, then every group's TAIL verify + write: only ``before_forward``'s and
+    ``after_forward``'s work (no torch operation but the SWA slot translation; tests/test_session_ops.py
+    pins the list). Without ``forward`` the caller runs its model before ``replay``: HEAD reads no KV
+    bytes, so the canary bytes are those of the eager order.
 
-    Inputs live in static device buffers (``inputs``), all slices of one int64 buffer, which
+    Inputs live in static device buffers (``inputs``), slices of one int64 buffer that
     ``replay(**batch)`` refills with one operation (``_refill``): rows beyond the batch become padding rows
     (pool index 0, no tokens), tokens beyond it are skipped (slot -1). The scatter's offsets are an input
     too, computed by ``replay``. ``req_to_token`` and the session's state (canary buffers, plans, ring,
     counters, LUTs, real-KV sources) are read in place, so must keep their addresses. A step's host side
-    (step count, health check, status snapshot) stays outside the graph, in ``replay``.
+    (step count, health check, status snapshot) is ``replay``'s, outside the graph.
 
-    Capture first loads every kernel by running the work once on an all-padding batch (it plans
-    nothing; the run counters it bumps are restored), so no module is compiled or loaded in capture.
+    Capture first runs the work once on an all-padding batch (planning nothing; the run counters it
+    bumps restored), so no module is compiled or loaded in capture.
     """
 
     def __init__(self, session: CanarySession, *, batch_size: int, num_tokens: int, req_to_token: torch.Tensor,
@@ -897,9 +888,9 @@ class StepGraph:
     def replay(self, *, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions, out_cache_loc,
                req_to_token: torch.Tensor, token_ids=None, token_lens=None, expected_input_tokens=None,
                expected_input_positions=None) -> None:
-        """One step: the arguments of ``before_forward`` (``req_to_token`` must be the captured table),
-        copied into the static buffers without waiting, then the graph. Inputs of inconsistent lengths (the
-        refill would pad them) raise ``before_forward``'s errors before anything is copied or counted."""
+        """One step: ``before_forward``'s arguments (``req_to_token`` must be the captured table), copied
+        into the static buffers without waiting, then the graph. Inputs of inconsistent lengths (the refill
+        would pad them) raise ``before_forward``'s errors before anything is copied or counted."""
         session = self.session
         session._refuse_while_pending("StepGraph.replay()")
         inputs = _integer_inputs(dict(
@@ -938,9 +929,9 @@ class StepGraph:
 
     def _refill(self, values: list[torch.Tensor], token_ids: torch.Tensor | None) -> None:
         """Write ``values`` (one per field, each followed by its padding) and ``token_ids`` into the static
-        buffer with one operation, and the scatter offsets (prefix sums of ``token_lens``): when every input is
-        host data, staged and summed on the host and copied once (one host-to-device copy), without waiting;
-        else concatenated on the device (host data copied beside them), then one device cumsum."""
+        buffer with one operation, and the scatter offsets (prefix sums of ``token_lens``): all-host inputs
+        are staged and summed on the host and copied once, without waiting; else concatenated on the device
+        (host data copied beside them), then one device cumsum."""
         if token_ids is not None and token_ids.shape[0] > self._static.shape[0] - self._fields_end:
             raise RuntimeError(f"kv-canary: {token_ids.shape[0]} values do not fit the captured buffer of "
                                f"{self._static.shape[0] - self._fields_end}")
@@ -966,8 +957,8 @@ class StepGraph:
 
 def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """``value`` (a tensor, an array, a list or a number of integers) as a ``dtype`` tensor where it is
-    (host data on the host; itself when it already is one). Non-integers (floats, booleans, complex
-    numbers), non-numbers and Python ints outside int64 are refused, not converted, as are host values
+    (itself when it already is one). Non-integers (floats, booleans, complex),
+    non-numbers and Python ints outside int64 are refused, not converted, as are host values
     outside a narrower ``dtype`` (``req_to_token``'s int32; reading a device tensor's values would
     synchronise the host, so its conversion wraps as torch's does); an empty list is an empty tensor."""
     wanted = f"kv-canary: {name} must hold {str(dtype).removeprefix('torch.')} values"
@@ -1000,8 +991,8 @@ _INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, 
 
 
 def _check_source_rows(name: str, group: CanaryGroup, halves: tuple) -> None:
-    """Each real-KV source of the group's ``halves`` (2-D, as the launch checks found) has a row for each of
-    its slots: a slot past a source's rows would be reported invalid at every launch."""
+    """Each real-KV source of the group's ``halves`` (2-D, per the launch checks) has a row per slot: a
+    slot past a source's rows would be reported invalid at every launch."""
     for half in halves:
         for i, source in enumerate(group.sources(half)):
             if (held := source.tensor.shape[0] * source.page_size) < group.num_slots:
@@ -1039,10 +1030,10 @@ def _host_offsets(lens: torch.Tensor) -> torch.Tensor:
 
 def _copy_from_host(pieces: list[torch.Tensor], dst: torch.Tensor) -> None:
     """``dst.copy_(torch.cat(pieces))`` for host ``pieces``, without waiting for the device: concatenated into
-    page-locked memory (from pageable memory the driver stages the bytes itself and may first wait for the
-    stream), which torch's caching host allocator keeps until the copy has read it. While the stream is
-    captured, pageable, so that torch refuses the copy instead of capturing a block freed after the call.
-    (The concatenation copies ``pieces``: the caller may change them once this returns.)"""
+    page-locked memory (from pageable memory the driver may first wait for the stream), which torch's caching
+    host allocator keeps until the copy has read it. While the stream is
+    captured, pageable, so torch refuses the copy instead of capturing a block freed after the call. The
+    caller may change ``pieces`` once this returns (the concatenation copied them)."""
     pinned = dst.device.type == "cuda" and not packing.capturing(dst.device)
     host = torch.empty(sum(p.shape[0] for p in pieces), dtype=dst.dtype, pin_memory=pinned)
     dst.copy_(torch.cat(pieces, out=host), non_blocking=True)

@@ -1,8 +1,7 @@
 """Decoding the violation ring into typed records and the report text of SPEC 6 item 8.
 
 ``ViolationLog`` owns the ring ``int64[capacity, 8]`` and its ``int32[1]`` write index (SPEC 2.2) and reads each row
-once, through non-blocking copies: ``read_new()`` returns the rows stored since the previous call whose copies have
-arrived, and how many violations counted since then did not fit in the fill-once ring.
+once, through non-blocking copies (``read_new()``).
 """
 
 from __future__ import annotations
@@ -174,7 +173,7 @@ class ViolationLog:
     """The violation ring and write index of one session, read incrementally without waiting for the device.
 
     The host learns the write index from the session's snapshots (``fetch(total)``); ``fetch`` starts a non-blocking
-    copy of the rows that index says exist into a pinned mirror of the ring, and ``read_new`` decodes the rows whose
+    copy of the new rows into a pinned mirror of the ring, and ``read_new`` decodes the rows whose
     copies arrived (every fetched row with ``wait=True``). Rows are final once the write index counts them (the ring is
     fill-once), so copying them later is safe.
     """
@@ -197,9 +196,8 @@ class ViolationLog:
     def fetch(self, write_index: int) -> None:
         """The write index was ``write_index`` at the current point of the stream: copy the new rows.
 
-        The int32 index wraps negative after 2^31 - 1 violations and keeps counting (SPEC D4), so the
-        count is the index unwrapped: the previous fetch's count plus the index's advance modulo 2^32
-        (fewer than 2^32 violations between two fetches)."""
+        The int32 index wraps negative after 2^31 - 1 violations and keeps counting (SPEC D4): the count
+        is the previous fetch's plus the index's advance modulo 2^32 (fewer than 2^32 between fetches)."""
         self._collect(wait=False)
         total = self._fetched + (write_index - self._fetched) % 2**32
         self._fetched = total

@@ -1,7 +1,7 @@
 """``tvm-canary demo``: serve a simulated workload with the canary on, inject faults, report.
 
-Exit status 0 only if every fault that took effect in time to be checked was detected and no other row was recorded, and
-(if faults were asked for) at least one took effect: a run checking no fault has shown nothing. A fault that found no
+Exit status 0 only if every fault that took effect in time to be checked was detected, no other row was recorded, and
+(if faults were asked for) at least one took effect: a run checking no fault shows nothing. A fault that found no
 target, or whose slot was never handed out again (or only too late to be checked), is listed with the reason and not
 counted.
 """
