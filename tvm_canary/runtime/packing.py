@@ -142,7 +142,7 @@ def _owned(ring: torch.Tensor) -> list[torch.Tensor]:
     if entry is None or entry[0].expired():
         for other, (storage, _) in list(_flags.items()):
             if storage.expired():
-                _flags.pop(other, None)
+                del _flags[other]
         entry = _flags[key] = (StorageWeakRef(ring.untyped_storage()), [])
     return entry[1]
 
