@@ -15,7 +15,6 @@ import torch
 
 import tvm_canary as tc
 from tvm_canary.consts import RealKvHashMode
-from tvm_canary.runtime import packing
 
 from tree import assert_same_bytes, devices, require
 
@@ -211,18 +210,6 @@ def test_written_views_of_one_buffer_in_two_dtypes_are_refused_compiled(backend)
                "one buffer in two dtypes, and torch.compile's functionalization would lose the writes of one: give "
                "violation_write_index a buffer of its own")
     assert message in error_chain(raised.value)
-
-
-def test_aot_eager_steps_keep_no_scratch_of_freed_ring_copies():
-    """``aot_eager`` hands each call a new copy of the ring; the per-ring scratch of freed copies is dropped
-    (``packing.flags_for``), not kept for good (it was: 103 entries after 100 steps)."""
-    step = torch.compile(serving_step, fullgraph=True, backend="aot_eager")
-    s = make_state("cpu")
-    run_steps(step, s)
-    held = len(packing._flags)
-    for _ in range(10):
-        run_steps(step, s)
-    assert len(packing._flags) <= held + 1
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -86,7 +86,7 @@ def flags_left_dirty(kernel: str):
     try:
         yield {**C.LAUNCH, kernel: launch}
     finally:
-        for _, owned in packing._flags.values():
+        for owned in packing._flags.values():
             for flags in owned:
                 flags.zero_()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .._consts import PARTIAL_READ_BYTES
 from ..consts import MAX_REAL_KV_SOURCES, RealKvHashMode
@@ -58,9 +57,7 @@ class KernelCall:
     def device(self) -> torch.device:
         return self.args[0].device
 
-# ring address -> (a weak reference to the ring's storage, the scratch ``flags_for`` made for it); a freed ring's
-# entry is dropped when a new ring's is made (``_owned``)
-_flags: dict[tuple, tuple[StorageWeakRef, list[torch.Tensor]]] = {}
+_flags: dict[tuple, list[torch.Tensor]] = {}
 
 
 def canary_words(canary_buf: torch.Tensor) -> torch.Tensor:
@@ -130,21 +127,7 @@ def _ring_key(ring: torch.Tensor) -> tuple:
 
 def flags_of(ring: torch.Tensor) -> list[torch.Tensor]:
     """The scratch tensors ``flags_for`` made for ``ring`` so far (each is zero between launches)."""
-    return list(_owned(ring))
-
-
-def _owned(ring: torch.Tensor) -> list[torch.Tensor]:
-    """The (mutable) list of ``ring``'s scratch tensors. A ring whose address has no entry, or the entry of a
-    freed ring, gets a new one, and the entries of every freed ring are dropped then: under ``aot_eager``
-    each call's ring is a new copy (docs/EMBEDDING.md), whose scratch would otherwise be kept for good."""
-    key = _ring_key(ring)
-    entry = _flags.get(key)
-    if entry is None or entry[0].expired():
-        for other, (storage, _) in list(_flags.items()):
-            if storage.expired():
-                del _flags[other]
-        entry = _flags[key] = (StorageWeakRef(ring.untyped_storage()), [])
-    return entry[1]
+    return list(_flags.get(_ring_key(ring), []))
 
 
 def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Tensor:
@@ -158,7 +141,7 @@ def flags_for(ring: torch.Tensor, entries: int, seed_saves: int = 0) -> torch.Te
     (eager, or another graph's) may use it (``capturing``)."""
     # write places its saves after the chunk marks of its own capacity (seed_saves), whatever ``entries``
     need = flag_words(max(entries, seed_saves), seed_saves)
-    owned = _owned(ring)
+    owned = _flags.setdefault(_ring_key(ring), [])
     if owned and owned[-1].numel() >= need:
         return owned[-1]
     if capturing(ring.device):
