@@ -217,9 +217,10 @@ def test_step_graph_replay_equals_the_eager_session(write_input_assert):
 
 def test_host_inputs_are_copied_without_waiting_for_the_device():
     """Prefill chunks of 128K tokens (6-8 MiB of host data, past what a driver copies from pageable memory
-    without waiting), all on the host or all but ``token_ids`` on the device, replayed and eager, are
-    enqueued while a long kernel still runs once each path has run, and arrive intact (no violation)."""
-    rows, tokens, chunks = 8, 16384, 7
+    without waiting), all on the host or all but ``token_ids`` on the device, replayed and eager, a host
+    ``req_to_token`` (5 MiB) and host sweep chains (7 MiB) are enqueued while a long kernel still runs once
+    each path has run, and arrive intact (no violation)."""
+    rows, tokens, chunks = 8, 16384, 9
     width = chunks * tokens
     table_host = torch.cat([torch.zeros(1, width, dtype=torch.int32),
                             torch.arange(1, rows * width + 1, dtype=torch.int32).view(rows, width)])
@@ -247,20 +248,32 @@ def test_host_inputs_are_copied_without_waiting_for_the_device():
         session.before_forward(**batch)
         session.after_forward()
 
-    eager(**chunk(0))  # loads the kernels
-    graph = session.capture_step(batch_size=rows, num_tokens=rows * tokens, req_to_token=table)
-    graph.replay(**chunk(1, on_host=False))  # and the mixed paths' torch kernels
-    eager(**chunk(2, on_host=False))
-    steps = (("host replay", graph.replay, chunk(3)), ("host eager", eager, chunk(4)),  # 7 and 8 MiB staged
-             ("mixed replay", graph.replay, chunk(5, on_host=False)),  # token_ids: 6 and 7 MiB
-             ("mixed eager", eager, chunk(6, on_host=False)))
-    for step, run, batch in steps:
+    def chains(first_row: int) -> torch.Tensor:
+        """Rows ``first_row`` and the next, whole: (slot, position, prev_slot), -1 before each head."""
+        slots = table_host[first_row : first_row + 2].long()
+        prev = torch.cat([torch.full((2, 1), -1), slots[:, :-1]], dim=1)
+        return torch.stack([slots, torch.arange(width).expand(2, width), prev], dim=2).reshape(-1, 3)
+
+    def enqueued_without_waiting(step: str, run, *args, **kwargs) -> None:
         torch.cuda.synchronize()
         torch.cuda._sleep(1 << 30)  # about 0.5 s
         slept = torch.cuda.Event()
         slept.record()
-        run(**batch)
+        run(*args, **kwargs)
         assert not slept.query(), f"the {step} step waited for the device"
+
+    eager(**chunk(0))  # loads the kernels
+    graph = session.capture_step(batch_size=rows, num_tokens=rows * tokens, req_to_token=table)
+    graph.replay(**chunk(1, on_host=False))  # and the mixed paths' torch kernels
+    eager(**chunk(2, on_host=False))
+    eager(**dict(chunk(3), req_to_token=table_host))
+    for step, run, batch in (("host replay", graph.replay, chunk(4)), ("host eager", eager, chunk(5)),
+                             ("mixed replay", graph.replay, chunk(6, on_host=False)),  # token_ids: 6 and 7 MiB
+                             ("mixed eager", eager, chunk(7, on_host=False)),
+                             ("host table", eager, dict(chunk(8), req_to_token=table_host))):
+        enqueued_without_waiting(step, run, **batch)
+    session.sweep(chains(1))  # grows the sweep plans
+    enqueued_without_waiting("host sweep", session.sweep, chains(3))
     assert not session.flush().records
 
 
