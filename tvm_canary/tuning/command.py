@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from . import apply, fleet
     from .driver import build_defaults, discard_build, local_runner, tune_workload
     from .measure import CandidateBuilder
-    from .merge import DATABASE_FILES, compact_workload_table
+    from .merge import DATABASE_FILES, compact_workload_table, remove_empty_database
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
@@ -165,12 +165,7 @@ def run(args: argparse.Namespace) -> int:
         builder.shutdown()
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     del db
-    if created and not any((work_dir / name).stat().st_size for name in DATABASE_FILES):  # leave no empty database
-        for name in DATABASE_FILES:
-            (work_dir / name).unlink()
-        if not any(work_dir.iterdir()):
-            work_dir.rmdir()
-    else:
+    if not (created and remove_empty_database(work_dir)):  # a database this run created and left empty goes
         compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} "
           f"{'speedup':>8} {'seconds':>8} {'builds s':>8}  tuned geometry")

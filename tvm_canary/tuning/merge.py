@@ -142,6 +142,18 @@ def compact_workload_table(folder: pathlib.Path) -> int:
     return write_workload_table(folder, [compact_entry(*json.loads(line)) for line in lines if line.strip()])
 
 
+def remove_empty_database(folder: pathlib.Path) -> bool:
+    """Remove ``folder``'s database files if both are empty, and the folder if nothing else is left in
+    it; returns whether they were removed."""
+    if any((folder / name).stat().st_size for name in DATABASE_FILES):
+        return False
+    for name in DATABASE_FILES:
+        (folder / name).unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+    return True
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune-merge", help="merge tuning databases of one device model (e.g. from several hosts)",
                               description=summary(__doc__))
