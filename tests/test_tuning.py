@@ -1007,15 +1007,21 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
                                       for p in keys.committed_tune_logs().glob("*/database_workload.json")))
 def test_committed_databases_match_the_current_kernels(key, tmp_path):
     """Committed records match the kernels (TensorIR changes need a re-tune, or tuning/restamp.py if
-    provably code-neutral); tables compact, as `tune-merge` writes."""
+    provably code-neutral); each workload is the stand-in `tune` commits today (another would get a twin
+    entry); tables compact, as `tune-merge` writes."""
     import shutil
 
+    import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
     folder = keys.committed_tune_logs() / key
     db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
     stale: set = set()
     assert apply.measured_records(db, stale) and not stale
+    for record in db.get_all_tuning_records():
+        func = record.workload.mod["main"]
+        kernel, bucket = str(func.attrs["canary.kernel"]), workloads.bucket_of(func)
+        assert tvm_ffi.structural_equal(func, workloads.descriptor(kernel, bucket, record.target.kind.name)), (kernel, bucket)
     copy = shutil.copytree(folder, tmp_path / key)
     assert merge.compact_workload_table(copy)
     assert (copy / "database_workload.json").read_text() == (folder / "database_workload.json").read_text()
