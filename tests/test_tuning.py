@@ -1021,7 +1021,8 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
     for record in db.get_all_tuning_records():
         func = record.workload.mod["main"]
         kernel, bucket = str(func.attrs["canary.kernel"]), workloads.bucket_of(func)
-        assert tvm_ffi.structural_equal(func, workloads.descriptor(kernel, bucket, record.target.kind.name)), (kernel, bucket)
+        today = workloads.descriptor(kernel, bucket, record.target.kind.name)
+        assert tvm_ffi.structural_equal(func, today), (kernel, bucket)
     copy = shutil.copytree(folder, tmp_path / key)
     assert merge.compact_workload_table(copy)
     assert (copy / "database_workload.json").read_text() == (folder / "database_workload.json").read_text()
