@@ -165,8 +165,10 @@ def run(args: argparse.Namespace) -> int:
         builder.shutdown()
         runner.pool.shutdown()  # its worker holds the last workload's case (up to ~35 GB of device memory)
     del db
-    if not (created and remove_empty_database(work_dir)):  # a database this run created and left empty goes
-        compact_workload_table(work_dir)  # as committed databases are kept (the default --out is tune_logs/)
+    # A database this run created and left empty is removed; any other is compacted, as committed databases
+    # are kept (the default --out is tune_logs/).
+    if not (created and remove_empty_database(work_dir)):
+        compact_workload_table(work_dir)
     print(f"\n{'kernel':8} {'workload':14} {'candidates':>10} {'new':>4} {'default us':>11} {'tuned us':>9} "
           f"{'speedup':>8} {'seconds':>8} {'builds s':>8}  tuned geometry")
     for r in results:
