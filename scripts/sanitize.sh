@@ -13,16 +13,40 @@
 # OUTDIR/sanitize-TOOL.log. SANITIZE_TOOLS (default "memcheck racecheck synccheck"): the tools, in order;
 # SANITIZE_SECONDS (default 60): the campaign length under each tool; SANITIZE_WARM_CASES (default 1000): the
 # cases of the warm-up run (more than a sanitized run reaches); SANITIZE_SEED_BASE (default 7000000).
-# The warm-up compiles every kernel the campaign reaches: from an empty kernel cache (a fresh GPU host)
-# that takes long (an H200 host reached 178 cases in 299 s), so gpu_validate.sh runs the CUDA suite first.
+# The warm-up compiles every kernel the campaign reaches: from an empty kernel cache (a fresh GPU host) one
+# process took 485 s for its 1000 cases on an H100 host, so it runs as SANITIZE_WARM_JOBS processes (default
+# half the CPUs, at most 8) on the same GPU, each a slice of the seeds: slices of a multiple of 16 cases
+# (4 kernels x 4 case kinds, tvm_canary/fuzz.py), so together they run the one campaign's cases (rounded
+# up to whole slices), and the kernel cache's build lock keeps two processes from building one module.
+# A failed warm-up case fails the stage too.
 set -uo pipefail
 out="${1:?usage: scripts/sanitize.sh OUTDIR}"; mkdir -p "$out"
 seconds="${SANITIZE_SECONDS:-60}"
 seeds="${SANITIZE_SEED_BASE:-7000000}"
 failed=0
-python3 -m tvm_canary fuzz --device cuda:0 --cases "${SANITIZE_WARM_CASES:-1000}" --seed-base "$seeds" --out "$out/sanitize-warm.json" \
-  > "$out/sanitize-warm.log" 2>&1
-echo "warm-up (no sanitizer): $(tail -1 "$out/sanitize-warm.log")" | tee "$out/sanitize.log"
+cpus=$(nproc 2>/dev/null || echo 2)
+jobs="${SANITIZE_WARM_JOBS:-$(( cpus / 2 < 1 ? 1 : (cpus / 2 > 8 ? 8 : cpus / 2) ))}"
+slice=$(( (${SANITIZE_WARM_CASES:-1000} + 16 * jobs - 1) / (16 * jobs) * 16 ))
+pids=()
+for ((j = 0; j < jobs; j++)); do
+  python3 -m tvm_canary fuzz --device cuda:0 --cases "$slice" --seed-base $((seeds + j * slice)) \
+    --out "$out/sanitize-warm-$j.json" > "$out/sanitize-warm-$j.log" 2>&1 &
+  pids+=($!)
+done
+warm_cases=0; warm_failures=0; warm_failed=0
+for ((j = 0; j < jobs; j++)); do
+  wait "${pids[$j]}" || warm_failed=1
+  # the campaign's summary, "fuzz: N case(s) on 1 process, F failure(s)"
+  last=$(grep -E "^fuzz: [0-9]+ cases? on .*, [0-9]+ failures?$" "$out/sanitize-warm-$j.log" | tail -1)
+  [[ -n "$last" ]] || warm_failed=1
+  read -r n f <<< "$(sed -E 's/^fuzz: ([0-9]+) cases? on .*, ([0-9]+) failures?$/\1 \2/' <<< "${last:-fuzz: 0 cases on 1 process, 0 failures}")"
+  warm_cases=$((warm_cases + n)); warm_failures=$((warm_failures + f))
+done
+echo "warm-up (no sanitizer): fuzz: $warm_cases cases on $jobs processes, $warm_failures failures" | tee "$out/sanitize.log"
+if [[ $warm_failed != 0 ]]; then
+  failed=1
+  echo "warm-up: a process failed (logs: $out/sanitize-warm-*.log)" | tee -a "$out/sanitize.log"
+fi
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   log="$out/sanitize-$tool.log"
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout $((seconds + 600)) compute-sanitizer --tool "$tool" --error-exitcode 86 \
