@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Appends its arguments to FAKE_ARGS_LOG (when set); a campaign of FAKE_FAILURES failures (default 0) exits 1.
 FAKE_PYTHON = """#!/bin/sh
 [ -n "$FAKE_ARGS_LOG" ] && echo "$@" >> "$FAKE_ARGS_LOG"
-echo "fuzz: 12 cases on 1 process, ${FAKE_FAILURES:-0} failures"
-[ "${FAKE_FAILURES:-0}" != 0 ] && exit 1
+echo "fuzz: 12 cases on 1 process, 0 failures"
 exit "${FAKE_FUZZ_RC:-0}"
 """
 # Passes the tool's options, runs the program, reports FAKE_ERRORS_<TOOL> errors like the real tool.
@@ -69,13 +67,13 @@ def test_tools_chosen(tmp_path):
 def test_errors_or_a_failed_campaign_fail(tmp_path, env):
     done, log = sanitize(tmp_path, **env)
     assert done.returncode == 1
+    assert ("warm-up: a process failed" in log) == ("FAKE_FUZZ_RC" in env)
     if "FAKE_FUZZ_RC" not in env:
         assert "Invalid __global__ write" in log
 
 
 def test_warm_up_splits_the_campaign_over_processes(tmp_path):
-    """SANITIZE_WARM_JOBS processes, each a slice of whole 16-case rounds starting where the previous one
-    ended, together at least SANITIZE_WARM_CASES cases; the summary adds their counts."""
+    """Slices of whole 16-case rounds, each from where the previous one ended; the summary adds them up."""
     args_log = tmp_path / "args.log"
     done, log = sanitize(tmp_path, SANITIZE_TOOLS="synccheck", SANITIZE_WARM_JOBS="3", SANITIZE_WARM_CASES="100",
                          SANITIZE_SEED_BASE="500", FAKE_ARGS_LOG=str(args_log))
@@ -85,9 +83,3 @@ def test_warm_up_splits_the_campaign_over_processes(tmp_path):
     assert [(w[w.index("--cases") + 1], w[w.index("--seed-base") + 1]) for w in warm] == [
         ("48", "500"), ("48", "548"), ("48", "596")]  # ceil(100 / (3 x 16)) rounds of 16
 
-
-def test_a_failed_warm_up_fails(tmp_path):
-    done, log = sanitize(tmp_path, SANITIZE_TOOLS="synccheck", SANITIZE_WARM_JOBS="2", FAKE_FAILURES="1")
-    assert done.returncode == 1
-    assert log.splitlines()[:2] == ["warm-up (no sanitizer): fuzz: 24 cases on 2 processes, 2 failures",
-                                f"warm-up: a process failed (logs: {tmp_path / 'out'}/sanitize-warm-*.log)"]
