@@ -82,4 +82,3 @@ def test_warm_up_splits_the_campaign_over_processes(tmp_path):
     warm = sorted(line.split() for line in args_log.read_text().splitlines() if "--cases" in line)
     assert [(w[w.index("--cases") + 1], w[w.index("--seed-base") + 1]) for w in warm] == [
         ("48", "500"), ("48", "548"), ("48", "596")]  # ceil(100 / (3 x 16)) rounds of 16
-
