@@ -34,10 +34,10 @@ done
 warm_cases=0; warm_failures=0; warm_failed=0
 for ((j = 0; j < jobs; j++)); do
   wait "${pids[$j]}" || warm_failed=1
-  # the campaign's summary, "fuzz: N case(s) on 1 process, F failure(s)"
-  last=$(grep -E "^fuzz: [0-9]+ cases? on .*, [0-9]+ failures?$" "$out/sanitize-warm-$j.log" | tail -1)
-  [[ -n "$last" ]] || warm_failed=1
-  read -r n f <<< "$(sed -E 's/^fuzz: ([0-9]+) cases? on .*, ([0-9]+) failures?$/\1 \2/' <<< "${last:-fuzz: 0 cases on 1 process, 0 failures}")"
+  # the campaign's counts from its summary, "fuzz: N case(s) on 1 process, F failure(s)"
+  counts=$(sed -nE 's/^fuzz: ([0-9]+) cases? on .*, ([0-9]+) failures?$/\1 \2/p' "$out/sanitize-warm-$j.log" | tail -1)
+  read -r n f <<< "${counts:-0 0}"
+  [[ -n "$counts" ]] || warm_failed=1
   warm_cases=$((warm_cases + n)); warm_failures=$((warm_failures + f))
 done
 echo "warm-up (no sanitizer): fuzz: $warm_cases cases on $jobs processes, $warm_failures failures" | tee "$out/sanitize.log"
