@@ -121,6 +121,7 @@ class _Batch:
     expected_input_positions: torch.Tensor | None
     token_offsets: torch.Tensor | None = None  # the scatter's offsets when given (StepGraph), else computed
     input_assert: bool = False  # the write input assert is on this step (``_step_input_assert``)
+    head_tokens: int = 0  # input_ids' length at before_forward (the plans' token count; the TAIL's must match)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,7 +267,6 @@ class CanarySession:
             checks.byte_ranges({id(t): (t, name) for t, name in written}.values()))
         self.step = 0  # steps begun so far (before_forward calls and graph replays)
         self._batch: _Batch | None = None
-        self._head_tokens = 0  # the pending step's token count (its TAIL's must match)
         self._health_snapshot: list[int] | None = None
         self._health_failures: list[str] = []  # decoded, not yet raised
         self._overflow_warnings: list[str] = []  # decoded, not yet warned
@@ -431,7 +431,7 @@ class CanarySession:
         self._check_step(batch)
         self._begin_step()
         self._head(batch)
-        self._batch, self._head_tokens = batch, batch.input_ids.shape[0]
+        self._batch = dataclasses.replace(batch, head_tokens=batch.input_ids.shape[0])
 
     def _stages(self, given: dict) -> bool:
         """Whether ``before_forward`` stages its inputs (``_staged_batch``): on a device session, when every
@@ -484,9 +484,9 @@ class CanarySession:
         batch, self._batch = self._batch, None
         try:
             self._check_write_inputs(batch)
-            if batch.input_ids.shape[0] != self._head_tokens:  # the plans are for the HEAD's tokens
+            if batch.input_ids.shape[0] != batch.head_tokens:  # the plans are for the HEAD's tokens
                 raise ValueError(f"kv-canary: input_ids length changed since before_forward(): "
-                                 f"{self._head_tokens}, now {batch.input_ids.shape[0]}")
+                                 f"{batch.head_tokens}, now {batch.input_ids.shape[0]}")
             for g in self._groups:
                 self._check_sources(g, ("TAIL",))
         except Exception:
@@ -1029,13 +1029,13 @@ def _host_offsets(lens: torch.Tensor) -> torch.Tensor:
 
 
 def _copy_from_host(pieces: list[torch.Tensor], dst: torch.Tensor) -> None:
-    """``dst.copy_(torch.cat(pieces))`` for host ``pieces``, without waiting for the device: concatenated into
-    page-locked memory (from pageable memory the driver may first wait for the stream), which torch's caching
-    host allocator keeps until the copy has read it. While the stream is
-    captured, pageable, so torch refuses the copy instead of capturing a block freed after the call. The
-    caller may change ``pieces`` once this returns (the concatenation copied them)."""
+    """``dst.copy_(torch.cat(pieces))`` for host ``pieces`` (1-D, as long together as the 1-D ``dst``),
+    without waiting for the device: concatenated into page-locked memory (from pageable memory the driver
+    may first wait for the stream), which torch's caching host allocator keeps until the copy has read it.
+    While the stream is captured, pageable, so torch refuses the copy instead of capturing a block freed
+    after the call. The caller may change ``pieces`` once this returns (the concatenation copied them)."""
     pinned = dst.device.type == "cuda" and not packing.capturing(dst.device)
-    host = torch.empty(sum(p.shape[0] for p in pieces), dtype=dst.dtype, pin_memory=pinned)
+    host = torch.empty(dst.shape, dtype=dst.dtype, pin_memory=pinned)
     dst.copy_(torch.cat(pieces, out=host), non_blocking=True)
 
 
