@@ -1018,7 +1018,7 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
     db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
     stale: set = set()
     assert apply.measured_records(db, stale) and not stale
-    today: dict = {}  # (kernel, bucket, target kind) -> the stand-in tune commits today, built once
+    today: dict = {}  # (kernel, bucket, target kind) -> today's stand-in, built once
     for record in db.get_all_tuning_records():
         func = record.workload.mod["main"]
         workload = (str(func.attrs["canary.kernel"]), workloads.bucket_of(func), record.target.kind.name)
