@@ -221,6 +221,20 @@ def test_an_rpc_server_whose_session_process_was_killed_serves_again(tmp_path):
         assert "kv-canary: the RPC server stopped serving" in (tmp_path / "server-0.log").read_text()
 
 
+def test_a_hung_candidate_ends_its_session_process():
+    """Past CANDIDATE_TIMEOUT_S (1 s here) a session process ends (exit status 1), even in native code holding
+    the GIL (a backtracking regex); a candidate done in time disarms the limit."""
+    script = ("import re, time\nfrom tvm_canary.tuning import fleet, measure\nfleet.CANDIDATE_TIMEOUT_S = 1\n"
+              "measure.run_case = lambda *args: [1e-6]\n"
+              "print(fleet._run_case(None, '[1]', 'llvm', 1, 1, 0), flush=True)\ntime.sleep(2)\n"
+              "measure.run_case = lambda *args: [float(bool(re.match('(a+)+$', 'a' * 64 + 'b')))]\n"
+              "print('returned', fleet._run_case(None, '[1]', 'llvm', 1, 1, 0), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=pathlib.Path(fleet.__file__).parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (1, "[1e-06]\n"), proc.stderr
+    assert "Timeout (0:00:01)!" in proc.stderr
+
+
 def test_an_rpc_server_whose_tracker_is_gone_exits(monkeypatch, capsys):
     """TVM's server quits retrying after 60 s, living unregistered; ``rpc-server`` exits 1 (stopping it)
     after TRACKER_GONE_S (2 s here) of refusals."""

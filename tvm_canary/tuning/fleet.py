@@ -17,8 +17,9 @@ runner worker keeps its session for the whole tuning run (``_held``), which keep
 
 Hangs: an RPC request for a key whose servers are all taken waits forever, and a server whose session crashed leaves the
 tracker (``rpc-server`` then starts a new one). So requests are made only when the tracker lists a free server, every
-candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed, the candidate fails), and the tracker
-connection is bounded too. Still run a fleet under an outer timeout (``scripts/fleet_tune.py`` does).
+candidate runs under a timeout (``CANDIDATE_TIMEOUT_S``: the worker is killed, the candidate fails, and the session
+process on the server ends itself, ``_session_limit``), and the tracker connection is bounded too. Still run a fleet
+under an outer timeout (``scripts/fleet_tune.py`` does).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import faulthandler
 import functools
 import json
 import os
@@ -124,8 +126,21 @@ def _run_case(rt_mod, bucket: str, device_type: str, number: int, repeat: int, m
     from . import measure
 
     config = argparse.Namespace(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    times = measure.run_case(rt_mod, _tvm_device(device_type), config, [[tuple(json.loads(bucket))]])
+    with _session_limit(CANDIDATE_TIMEOUT_S):
+        times = measure.run_case(rt_mod, _tvm_device(device_type), config, [[tuple(json.loads(bucket))]])
     return json.dumps([float(t) for t in times])
+
+
+@contextlib.contextmanager
+def _session_limit(seconds: float):
+    """End this session process (exit status 1, its stacks on stderr) if the block runs past ``seconds``: TVM's
+    server would wait on it up to SESSION_TIMEOUT_S; ended, ``rpc-server`` restarts the server. The watchdog
+    is a native thread: a candidate in native code holding the GIL ends too."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_end: int = 9199,
