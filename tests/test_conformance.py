@@ -19,6 +19,7 @@ import torch
 from tvm_canary import cases as C
 from tvm_canary import conformance
 from tvm_canary.cli import build_parser
+from tvm_canary.consts import VIOLATION_FIELD_EXPECTED_AUX
 from tvm_canary.runtime import packing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,16 +119,20 @@ def test_write_between_a_sources_rows_is_caught(tmp_path):
     assert diff and all(re.search(r"in context\.real_kv_sources\[\d\]\.tensor", f["why"]) for f in diff), diff
 
 
-def test_golden_case_pins_spec_hash_vectors(tmp_path):
-    """A write kernel whose chain link differs from SPEC 1.5 fails its golden case by the pinned value (named),
-    not only by its digest."""
+@pytest.mark.parametrize("kernel", ["write", "verify"])
+def test_golden_case_pins_spec_hash_vectors(tmp_path, kernel):
+    """A kernel whose chain link (write: slot 1's; verify: the one its row expects) differs from SPEC 1.5 fails
+    its golden case by the pinned value (named), not only by its digest."""
 
     def wrong_anchor(**kw):
-        C.LAUNCH["write"](**kw)
-        kw["context"].canary_buf[1].view(-1)[16] ^= 1  # slot 1's chain link
+        C.LAUNCH[kernel](**kw)
+        if kernel == "write":
+            kw["context"].canary_buf[1].view(-1)[16] ^= 1  # slot 1's chain link
+        else:
+            kw["context"].violation_ring[0, VIOLATION_FIELD_EXPECTED_AUX] ^= 1
 
-    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "0", "--kernels", "write",
-                             launches={**C.LAUNCH, "write": wrong_anchor})
+    status, report = conform(tmp_path, "--devices", "cpu", "--cases", "0", "--kernels", kernel,
+                             launches={**C.LAUNCH, kernel: wrong_anchor})
     assert status == 1
     assert "SPEC 1.5 anchor hash" in report["failures"][0]["why"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import checks, reference
+from . import checks, consts, reference
 from .consts import RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext
 from .launch import (
@@ -374,9 +374,8 @@ def reference_launch(kernel: str, kw: dict) -> None:
 
 # -- golden cases (SPEC 1.5 vectors)
 
-# Written out from the SPEC 1.5 table, not computed: a kernel that hashes differently cannot match them.
+# Written out from the SPEC 1.5 table, not computed: a kernel that hashes differently cannot match it.
 SPEC_ANCHOR_HASH = 0xDE7FAE23A9A1B716 - 2**64  # splitmix64(0xC0FFEE1234567890), signed
-SPEC_SPLITMIX64_OF_1 = 0x5692161D100B05E5  # splitmix64(1)
 SPEC_INPUTS = (0x9E3779B97F4A7C15 - 2**64, 1, 0xDEADBEEFCAFEBABE - 2**64, -1, -(2**63), 0)
 
 
@@ -414,18 +413,18 @@ def golden_write_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
     def pinned(kw: dict) -> str | None:
         link = int(kw["context"].canary_buf[1].cpu().view(torch.int64)[2])
         return (None if link == SPEC_ANCHOR_HASH
-                else f"slot 1 chain link {link:#x}, SPEC 1.5 anchor hash {SPEC_ANCHOR_HASH:#x}")
+                else f"slot 1 chain link {link % 2**64:#x}, SPEC 1.5 anchor hash {SPEC_ANCHOR_HASH % 2**64:#x}")
 
     return kw, pinned
 
 
 def golden_verify_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
-    """Slots 1 and 2 follow the anchor; slot 1 stores the SPEC 1.5 anchor hash as its link (clean), slot 2
-    stores splitmix64(1) (a chain-hash violation): exactly one violation row, for slot 2."""
+    """Slots 1 and 2 follow the anchor; slot 1 stores the SPEC 1.5 anchor hash as its link (clean), slot 2 that
+    hash with its low bit flipped: exactly one violation row, for slot 2, expecting the anchor hash."""
     ctx = clean_context(3, device)
     words = ctx.canary_buf.view(torch.int64)
     words[1] = torch.tensor([7, 0, SPEC_ANCHOR_HASH, 0])
-    words[2] = torch.tensor([8, 0, SPEC_SPLITMIX64_OF_1, 0])
+    words[2] = torch.tensor([8, 0, SPEC_ANCHOR_HASH ^ 1, 0])
     plan = VerifyPlan.allocate(verify_capacity=2, device=device)
     plan.verify_slot_indices.copy_(torch.tensor([1, 2]))
     plan.verify_prev_slot_indices.fill_(-1)
@@ -436,8 +435,11 @@ def golden_verify_anchor(device) -> tuple[dict, Callable[[dict], str | None]]:
     kw = {"context": ctx, "plan": plan, "check_verify_expected_token": True}
 
     def pinned(kw: dict) -> str | None:
-        count, slot = int(kw["context"].violation_write_index[0]), int(kw["context"].violation_ring[0, 1])
-        return None if (count, slot) == (1, 2) else f"{count} violations (first at slot {slot}), expected 1 at slot 2"
+        count, row = int(kw["context"].violation_write_index[0]), kw["context"].violation_ring[0].tolist()
+        slot, expected = row[consts.VIOLATION_FIELD_SLOT_IDX], row[consts.VIOLATION_FIELD_EXPECTED_AUX]
+        return (None if (count, slot, expected) == (1, 2, SPEC_ANCHOR_HASH) else
+                f"{count} violations (first at slot {slot}, expecting link {expected % 2**64:#x}), expected 1 at "
+                f"slot 2 expecting the SPEC 1.5 anchor hash {SPEC_ANCHOR_HASH % 2**64:#x}")
 
     return kw, pinned
 
