@@ -161,6 +161,8 @@ BAD_VALUES = [
     (["build", "--target", "cuda", "--arch", "sm_9", "-o", "x"], "argument --arch: expected a CUDA arch such as sm_90"),
     (["build", "--target", "cuda", "--arch", "sm_60", "-o", "x"], "argument --arch: sm_60 is older than sm_75"),
     (["demo", "--seed", str(2**64)], "argument --seed: must be below 2**62"),
+    (["conformance", "--timeout", "inf"], "argument --timeout: must be at most 1e+07, got inf"),
+    (["fuzz", "--device", "cpu", "--cases", "1", "--timeout", "1e15"], "argument --timeout: must be at most 1e+07"),
     (["tune", "--target", "llvm", "--time-limit", "-5"], "argument --time-limit: must be at least 0, got -5"),
     (["tune", "--target", "llvm", "--time-limit", "nan"], "argument --time-limit: must be at least 0, got nan"),
     (["tune", "--target", "llvm", "--rpc-key", "k", "--log-dir", "/etc/passwd"],
@@ -168,6 +170,8 @@ BAD_VALUES = [
     # found after parsing (cliargs.UsageError)
     (["build", "--target", "cuda", "-o", "x"], "--target cuda needs at least one --arch"),
     (["build", "--target", "llvm", "--arch", "sm_90", "-o", "x"], "--arch is for --target cuda"),
+    (["build", "--target", "cuda", "--arch", "sm_90a", "-o", "x"], "--arch sm_90a: a GPU loads the modules of its "
+     "compute capability (sm_90), never sm_90a's"),
     (["build", "--target", "llvm", "--tuning", "no-such-device", "-o", "x"], "no tuning database for no-such-device"),
     (["build", "--target", "llvm", "-o", "/proc/nope"],
      "argument -o/--out: /proc/nope: cannot write into /proc"),  # root too: a folder made there is the probe

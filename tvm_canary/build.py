@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     if args.target == "cuda":
         if not args.arch:
             raise UsageError("--target cuda needs at least one --arch (e.g. sm_90)")
+        specific = [arch for arch in args.arch if not arch[-1].isdigit()]  # sm_90a, sm_100f
+        if specific:
+            raise UsageError(f"--arch {specific[0]}: a GPU loads the modules of its compute capability "
+                             f"({specific[0][:-1]}), never {specific[0]}'s")
         tags = [f"cuda-{arch}" for arch in dict.fromkeys(args.arch)]
     elif args.arch:
         raise UsageError("--arch is for --target cuda")

@@ -14,6 +14,7 @@ import argparse
 import copy
 import errno
 import functools
+import math
 import os
 import pathlib
 import re
@@ -92,8 +93,8 @@ def int_at_least(low: int, most: int | None = None):
     return parse
 
 
-def duration(*, zero: bool):
-    """An argparse ``type`` accepting a duration in seconds: above 0, or from 0 on when ``zero``."""
+def duration(*, zero: bool, most: float = math.inf):
+    """An argparse ``type`` accepting a duration in seconds: above 0, or from 0 on when ``zero``; at most ``most``."""
 
     def parse(text: str) -> float:
         try:
@@ -102,6 +103,8 @@ def duration(*, zero: bool):
             raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
         if not (value >= 0 if zero else value > 0):  # NaN fails both
             raise argparse.ArgumentTypeError(f"must be {'at least' if zero else 'above'} 0, got {text}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {text}")
         return value
 
     return parse

@@ -338,6 +338,7 @@ def local_device() -> str:
 
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
+MAX_TIMEOUT_SECONDS = 1e7  # about 116 days; a datetime.timedelta, torch's timeout, overflows past 8.6e13
 
 
 def init_distributed(timeout: float = DEFAULT_TIMEOUT_SECONDS):
@@ -448,7 +449,8 @@ def rank0_output_file(text: str) -> pathlib.Path:
 
 def add_timeout(p) -> None:
     """``--timeout`` of a command that joins torchrun's group (``init_distributed``)."""
-    p.add_argument("--timeout", type=duration(zero=False), default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
+    p.add_argument("--timeout", type=duration(zero=False, most=MAX_TIMEOUT_SECONDS), default=DEFAULT_TIMEOUT_SECONDS,
+                   metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others (joining, gathering) before it "
                         "stops with torch's error")
 
