@@ -781,11 +781,12 @@ def test_a_record_outside_the_design_space_is_never_applied(tmp_path):
     assert not apply.in_design_space("write", (8, 16), dataclasses.replace(valid, blocks=7), cuda=False)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision"])
+@pytest.mark.parametrize("damage", ["truncated", "no-records-file", "another-device", "bad-decision", "not-ours"])
 def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeypatch, caplog, capsys, damage,
                                                                 committed_cpu_key):
-    """An unreadable (truncated, file missing, decision not a candidate) or foreign database: defaults, one
-    warning at load, a kv-canary line in ``info``, a refused merge; no TVM error per launch."""
+    """An unreadable (truncated, file missing, decision not a candidate) or foreign (another device's, or a
+    record of a workload not ``tune``'s) database: defaults, one warning at load, a kv-canary line in ``info``, a
+    refused merge; no TVM error per launch."""
     import shutil
 
     from tvm_canary import info
@@ -800,7 +801,16 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
         shutil.copytree(keys.committed_tune_logs() / key, folder)
         records = folder / "database_tuning_record.json"
         want = "cannot read the tuning database"
-        if damage == "truncated":
+        if damage == "not-ours":  # a stand-in without its canary.kernel attribute
+            import tvm
+            from tvm.s_tir import meta_schedule as ms
+
+            mod = tvm.IRModule({"main": workloads.descriptor("write", (8, 16), "llvm").without_attr("canary.kernel")})
+            db = ms.database.JSONDatabase(work_dir=str(folder))
+            db.commit_tuning_record(ms.database.TuningRecord(tvm.s_tir.Schedule(mod).trace, db.commit_workload(mod),
+                                                             [1e-6], tvm.target.Target("llvm")))
+            want = "holds a record tvm_canary did not write"
+        elif damage == "truncated":
             records.write_text(records.read_text()[:-60])
         elif damage == "no-records-file":
             records.unlink()

@@ -67,6 +67,9 @@ def open_database(folder, device_key: str):
         raise ValueError(f"kv-canary: cannot read the tuning database {folder}: {error_line(e)}") from None
     expected = keys.expected_target(device_key)
     for record in records:
+        if not _from_tvm_canary(record):
+            raise ValueError(f"kv-canary: the tuning database {folder} holds a record tvm_canary did not write "
+                             "(its workload is no kernel's stand-in)")
         kind = str(record.target.kind.name)
         arch = record.target.attrs.get("arch") if kind == "cuda" else None
         found = (kind, None if arch is None else str(arch))
@@ -75,6 +78,14 @@ def open_database(folder, device_key: str):
                              f"{found[0]}{' ' + found[1] if found[1] else ''}, not for device key {device_key!r} "
                              "(a database applies only to its own device)")
     return db
+
+
+def _from_tvm_canary(record) -> bool:
+    """Whether ``record``'s workload is one of ``tune``'s stand-ins (``workloads.descriptor``: a ``main``
+    carrying the ``canary.*`` attributes every reader of a record takes)."""
+    funcs = {gv.name_hint: func for gv, func in record.workload.mod.functions.items()}
+    attrs = getattr(funcs.get("main"), "attrs", None)
+    return attrs is not None and all(k in attrs for k in ("canary.kernel", "canary.bucket", "canary.kernel_hash"))
 
 
 def _measured(db):
