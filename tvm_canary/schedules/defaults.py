@@ -49,21 +49,13 @@ CUDA_MODE_DEFAULTS = {
     # the 11th's); as the default against that one, 0.928-0.978x at 1K-4K and 0.999-1.004x from 64K on (18th session's
     # call 1, ab_kernels.py, benchmarks/results/h200-2026-12-02-session18-ab).
     ("verify", 1): {"blocks": 2112, "threads": 128, "min_blocks": 2, "thin": 1, "pairs": 1},
-    # verify in ALL mode (every token's whole KV row folded): with millions of random entries the 64-register
-    # cap of min_blocks 8 costs 1.2x (1M: 552 us vs 453 us); 528 x 128 with min_blocks 2 was within a few % of
-    # the best candidate in every ALL row of the H200 sweep (random and chain, 1K..16M entries), `git show
-    # a9b35e6:docs/PERFORMANCE.md` ("Default geometries"). Thin: at 1K-4K entries a warp of entries per block
-    # runs 0.82-0.91x of full blocks' time, 64K-16M 0.96-1.02x (11th session's call 1); no gain in NONE and
-    # PARTIAL (chain 1K-4K 1.03x and 1.16x, 64K 1.21x and 1.05x), but with paired folds PARTIAL gains up to 16K
-    # entries (its default since the 18th session). Pairs: the two sources' fold chains advance in
-    # lockstep, their first words loaded once the slot is known (``Geometry.pairs``; 215 registers, so 2 blocks
-    # per SM): 1K-4K entries 0.81-0.86x the previous single-chain kernel's time, chain order 64K-16M 1.03-1.10x
-    # (13th session's calls 5 and 7; min_blocks 3 or 4 spill and were slower: docs/PERFORMANCE.md). Since
-    # the 46th session they fold split (pairs 2: two lanes an entry, a source each,
-    # ``kernels.common.split_fold``) in 32-lane blocks. Against 128 thin lanes paired (H200, call B,
-    # ab_kernels.py, same bytes; A/A 0.987-1.016): 256-byte rows random 1K / 4K 0.858x / 0.892x,
-    # chain 0.900x / 0.887x; split in 128 thin lanes 0.874-0.936x; 2048-byte rows split in 128 lanes
-    # 0.869-1.003x. Above 16K (the size class below) they fold one source after another, 128 lanes.
+    # verify in ALL mode (every token's whole KV row folded), up to 16K entries (above: the size class below):
+    # 528 x 32 thin, min_blocks 2, the sources' folds split (pairs 2: two lanes an entry, a source each,
+    # ``kernels.common.split_fold``) since the 46th session. Thin (a warp of entries per block) ran 1K-4K
+    # 0.82-0.91x of full blocks' time (11th session's call 1). Against 128 thin lanes paired (H200, call B,
+    # ab_kernels.py, same bytes; A/A 0.987-1.016): 256-byte rows random 1K / 4K 0.858x / 0.892x, chain
+    # 0.900x / 0.887x; split in 128 thin lanes 0.874-0.936x; 2048-byte rows split in 128 lanes 0.869-1.003x.
+    # The grids, register caps and paired folds measured before: `git show 7a8f031:tvm_canary/schedules/defaults.py`.
     ("verify", 2): {"blocks": 528, "threads": 32, "min_blocks": 2, "thin": 1, "pairs": 2},
     # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL too), the
     # 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes, not 256 of 128); NONE 4096 x 1
@@ -96,32 +88,19 @@ CUDA_MODE_DEFAULTS = {
 # (``runtime.targets.reaches``) overrides these fields of its mode's default, each later class's over those
 # (``runtime.targets.size_class``). The CPU has none.
 CUDA_SIZE_DEFAULTS = {
-    # verify ALL above 16K entries: 2112 x 256 min_blocks 4, split folds since the 61st session
-    # (below; until then 528 x 128 thin, the sources folded one after another, pairs 0). 16K is the log-scale
+    # verify ALL above 16K entries: 2112 x 256 min_blocks 4 with split folds (pairs 2: two lanes an entry, a
+    # source each, one chain per lane, so the 64-register cap costs no spills: ptxas sm_90 63 registers) since
+    # the 61st session; until then 528 x 128 thin, the sources folded one after another. 16K is the log-scale
     # midpoint of the 4K and 64K tuning buckets, and a tuned launch takes a bucket of its own class
-    # (``tuning.apply.tuned_geometry``), so a bucket's default is that of every launch it serves. The paired
-    # kernel holds 215 registers, so 2 of its 128-lane blocks fit an SM; from 64K entries chain order pays for
-    # it. Against the gather floor of one grid timed in the same call (13th session; the shipped code
-    # single-chain: call 6's variant ``new-nopair``; paired as shipped: call 7): chain 64K / 1M / 16M 1.16 /
-    # 1.08 / 1.04x single-chain, 1.27 / 1.14 / 1.08x paired; random 64K / 1M / 16M 1.11 / 1.04 / 1.04x
-    # single-chain, 1.16 / 1.02 / 1.01x paired. Single-chain meets every target from 64K up (chain 1M: 1.10x),
-    # paired does not (the 14th session's complete run: chain 64K 1.27x, 1M 1.14x); at 1K-4K paired is
-    # 0.81-0.86x the single-chain time (docs/PERFORMANCE.md). Against this class's 528 x 128 (H100,
-    # 57th session's call 4, interleaved, single-chain from 16K entries on): 1056 x 128 min_blocks 4,
-    # 1056 x 256 min_blocks 2, 2112 x 256 min_blocks 4 and 1056 x 512 min_blocks 2 ran random 1M 1.012 / 1.025 /
-    # 1.121 / 1.220x; 1056 x 256 chain 256K / 16M 0.960 / 0.971x but random 256K-16M 0.986-1.059x, so none
-    # replaced it. ALL random 1M ran 1.12x the H200's bounded gather floor (its run of record); the call's floor
-    # with SPEC 1's hashing and ordered append (2112 x 32) took 1.003x this class's time. Since the sixty-first
-    # session (measured in the 60th) the sources fold split here too (pairs 2: two lanes an entry, a source
-    # each, one chain per lane, so the 64-register cap of 2112 x 256 min_blocks 4 costs no spills: ptxas sm_90
-    # 63 registers). Against 528 x 128 single-chain (H200, ab_kernels.py, same host start as the
-    # 60th session's run; A/A 0.999-1.000x): random 1M / 16M 0.923 / 0.938x, chain 1M / 16M 1.005 / 0.994x;
-    # 2112 x 512 min_blocks 2 split 0.926 / 0.948 / 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 / 1.008 /
-    # 1.013x. On an H100 (61st session, ab_kernels.py against the old default): random 64K / 256K / 1M
-    # 0.984 / 0.920 / 0.926x, chain 1.013 / 1.029 / 0.997x; against this class, 2112 x 512 split ran
-    # 1.009-1.033x everywhere, 528 x 128 split 0.971x at chain 256K alone (random 256K / 1M 1.059 / 1.051x). In
-    # the H200 run of record (63rd session): random 1M / 4M / 16M 1.033 / 0.995 / 0.981x the gather
-    # floor, chain 1M-16M 1.010-1.027x.
+    # (``tuning.apply.tuned_geometry``), so a bucket's default is that of every launch it serves. Against
+    # 528 x 128 single-chain (H200, ab_kernels.py, same host start as the 60th session's run; A/A
+    # 0.999-1.000x): random 1M / 16M 0.923 / 0.938x, chain 1M / 16M 1.005 / 0.994x; 2112 x 512 min_blocks 2
+    # split 0.926 / 0.948 / 1.030 / 0.995x; 528 x 128 split 0.971 / 0.969 / 1.008 / 1.013x. On an H100 (61st
+    # session, against the old default): random 64K / 256K / 1M 0.984 / 0.920 / 0.926x, chain 1.013 / 1.029 /
+    # 0.997x; against this class, 2112 x 512 split ran 1.009-1.033x everywhere, 528 x 128 split 0.971x at chain
+    # 256K alone (random 256K / 1M 1.059 / 1.051x). In the 63rd session's H200 run: random 1M / 4M / 16M
+    # 1.033 / 0.995 / 0.981x the gather floor, chain 1M-16M 1.010-1.027x. The paired and single-chain folds
+    # and grids measured before (13th and 57th sessions): `git show 7a8f031:tvm_canary/schedules/defaults.py`.
     ("verify", 2): (((1 << 14) + 1, {"blocks": 2112, "threads": 256, "min_blocks": 4, "thin": 0, "pairs": 2}),),
     # verify NONE from 256K entries (the log-scale midpoint of the 64K and 1M tuning buckets) caps registers at
     # 32 (min_blocks 16) so 2048 threads per SM are resident: in chain order (each entry's previous slot is its
@@ -134,23 +113,15 @@ CUDA_SIZE_DEFAULTS = {
     # verify PARTIAL above 16K entries (the same boundary): 1056 x 128 with min_blocks 8, full blocks,
     # single-chain folds. NONE's 32-register cap costs 1.2-1.5x at 1M-16M entries; this grid (64 registers, 1024
     # threads per SM) is within 0.96-1.01x of the floor there (5th-session H200 run) and 1.00-1.05x in the
-    # 17th session's at 64K-16M. The fold's 8-word prefetch once spilled 36 bytes (2 sources) at this
-    # cap, and PARTIAL moved by at most 2.5% then (chain 4M 227.5 -> 233.1 us, random 16M 1672.5 -> 1674.3 us).
-    # ptxas sm_90 now (55th session): 60 registers, no spills with 2 sources; of every PARTIAL build only
-    # 4 sources with the token check spill (4 bytes). From 256K entries on (NONE's boundary) 512-lane blocks,
-    # two an SM (min_blocks 2): against 128 lanes (H200, 56th session's call 1, ab_kernels.py, class
-    # scope from 16K) chain 1M / 4M / 16M 0.943 / 0.920 / 0.960x, random 0.990 / 1.004 /
-    # 1.011x, but 64K 1.027 / 1.017x (chain / random), hence the bound; on an H100 (call 5) chain 0.935 / 0.940
-    # / 0.971x, random 1.005 / 1.013 / 1.018x. 2112 x 512 thin paired (min_blocks 8) ran chain 0.905 / 0.894 /
-    # 0.936x, random 0.976 / 0.985 / 1.010x, 64K 3.3x, but chain 4M at 0.935x the gather floor timed in the same
-    # rounds (one grid), which the bounded gather grids bound (1.007x their best on an H100, fifty-eighth
-    # session; docs/PERFORMANCE.md, "Floors as lower bounds: the one-grid defect"); this grid ran 0.962x that
-    # floor, and 1.01x the benchmark's best floor on the H100 (call 6). 2112 x 512 min_blocks 1: chain 1M
-    # 1.090x, random 1.061x. Since the 57th session 2112 such blocks, not 1056 (a launch takes at most
-    # one per 512 entries, so up to 512K entries the grid is the same): against 1056 (H100, its calls 4 and 5,
-    # ab_kernels.py, two processes; A/A 0.999-1.005x) chain 1M / 2M / 4M / 16M 0.970 / 0.975 /
-    # 0.977-0.978 / 0.979-0.981x, random 0.993-0.995 / 0.987 / 0.993-0.994 / 0.998x. The session's H200 run of
-    # record, at 1056 blocks: PARTIAL chain 1M 1.108x its floor (docs/PERFORMANCE.md).
+    # 17th session's at 64K-16M; ptxas sm_90 (55th session): 60 registers, no spills with 2 sources. From 256K
+    # entries on (NONE's boundary) 512-lane blocks, two an SM (min_blocks 2): against 128 lanes (H200, 56th
+    # session's call 1, ab_kernels.py, class scope from 16K) chain 1M / 4M / 16M 0.943 / 0.920 / 0.960x, random
+    # 0.990 / 1.004 / 1.011x, but 64K 1.027 / 1.017x (chain / random), hence the bound; on an H100 (call 5)
+    # chain 0.935 / 0.940 / 0.971x, random 1.005 / 1.013 / 1.018x. Since the 57th session 2112 such blocks, not
+    # 1056 (a launch takes at most one per 512 entries, so up to 512K entries the grid is the same): against
+    # 1056 (H100, its calls 4 and 5, ab_kernels.py, two processes; A/A 0.999-1.005x) chain 1M / 2M / 4M / 16M
+    # 0.970 / 0.975 / 0.977-0.978 / 0.979-0.981x, random 0.993-0.995 / 0.987 / 0.993-0.994 / 0.998x. The
+    # other grids measured (thin paired, min_blocks 1): `git show 7a8f031:tvm_canary/schedules/defaults.py`.
     ("verify", 1): (((1 << 14) + 1, {"blocks": 1056, "min_blocks": 8, "thin": 0, "pairs": 0}),
                     ((1 << 18) + 1, {"blocks": 2112, "threads": 512, "min_blocks": 2})),
     # write with chains of 23 tokens per request or more (23: the log-scale midpoint of the 1-token and
