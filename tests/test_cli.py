@@ -227,10 +227,11 @@ def test_tune_checks_its_log_folder_before_building(tmp_path, capsys):
     assert status == 2 and err.count("\n") == 1 and "/proc/nope" in err, err
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly():
-    """``tvm-canary info | head -1``: the reader closes the pipe; status 1, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", "info"], stdout=subprocess.PIPE,
+@pytest.mark.parametrize("argv, status", [(["info"], 1), (["conformance", "--cases", "1", "--kernels", "scatter"], 2)])
+def test_a_reader_that_goes_away_ends_the_command_quietly(argv, status):
+    """``tvm-canary info | head -1``: the reader closes the pipe; status 1 (2 where 1 is a finding), no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before the command writes
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err
+    assert proc.wait(timeout=120) == status and "Traceback" not in err, err

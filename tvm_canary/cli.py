@@ -7,7 +7,8 @@ Errors a user can fix are one line on stderr: usage errors (exit status 2, ``cli
 ``cliargs.UsageError`` a subcommand raises after parsing) and the package's own ``kv-canary:`` errors raised while a
 subcommand runs (exit status 1; 2 for the ``FINDINGS_EXIT_1`` commands, whose status 1 means their check found a
 mismatch). Output to a reader that went away (``tvm-canary info | head -1``) ends the command quietly with status 1, as
-a Python program writing to a closed pipe does. Anything else is a bug and keeps its traceback.
+a Python program writing to a closed pipe does (2 for the ``FINDINGS_EXIT_1`` commands). Anything else is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # Python's recipe: point stdout at /dev/null so the flush at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return 2 if args.command in FINDINGS_EXIT_1 else 1
     except UsageError as e:
         parser.subcommands[args.command].error(str(e))
     except (ValueError, TypeError, RuntimeError, KeyError) as e:
