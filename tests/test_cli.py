@@ -227,6 +227,16 @@ def test_tune_checks_its_log_folder_before_building(tmp_path, capsys):
     assert status == 2 and err.count("\n") == 1 and "/proc/nope" in err, err
 
 
+@pytest.mark.parametrize("argv", [["fuzz", "--device", "cpu", "--cases", "2"], ["conformance", "--devices", "cpu"]])
+def test_a_host_that_can_build_no_module_is_refused_before_the_cases(argv, monkeypatch, capsys):
+    """No C/C++ compiler and no ahead-of-time modules: one error line and status 2, not every case failing as a
+    finding (status 1) with a replay command."""
+    monkeypatch.setenv("CXX", "/nonexistent/cc")
+    status, out, err = run_main(argv, capsys)
+    assert (status, out) == (2, "") and err.startswith(f"tvm-canary {argv[0]}: error: kv-canary: building a kernel "
+                                                       "module needs a C/C++ compiler"), err
+
+
 @pytest.mark.parametrize("argv, status", [(["info"], 1), (["conformance", "--cases", "1", "--kernels", "scatter"], 2)])
 def test_a_reader_that_goes_away_ends_the_command_quietly(argv, status):
     """``tvm-canary info | head -1``: the reader closes the pipe; status 1 (2 where 1 is a finding), no traceback."""

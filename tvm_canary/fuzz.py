@@ -98,6 +98,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Fuzz this process's device; under torchrun rank 0 gathers every rank's counts and failures."""
     kernels = args.kernels
     device = args.device or X.local_device()
+    X.require_module_builds()
     group = X.init_distributed(args.timeout)
     rank, size, _ = X.world()
     tag = f" rank {rank}" if size > 1 else ""
