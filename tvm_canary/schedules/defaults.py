@@ -25,15 +25,9 @@ CUDA_DEFAULTS = {
     # PARTIAL's short chains 0.946x (4.66 / 4.92 us at 4096 x 1; 20th session's call 3; its long chains:
     # the size class below). 2 in flight against 4 at 4096 x 1 (22nd session's calls 1 and 2, two
     # processes, interleaved): NONE 0.943 / 0.945x (3.68 / 3.90 us; ptxas sm_90: 72 registers, not 119), PARTIAL
-    # 0.942 / 0.974x; 1 in flight (call 2): NONE 0.986x, PARTIAL 0.962x. At 2-22 tokens per request
-    # (23rd session's call 1, before the interleaved lanes): other depths no faster at 1-8 tokens; at
-    # 16-22 tokens 4 in flight gained in NONE and PARTIAL at 128 x 16 (0.935x, 0.942x) and 2 in ALL at 128 x 22
-    # (0.928x), which one depth per class cannot capture (not adopted). PARTIAL's spill-free candidates (ptxas)
-    # were not faster at 4096 x 1: 528 x 64 unroll 1 paired 1.032x, 528 x 128 thin 1.008x, 528 x 32 1.008x (at
-    # 4-23 tokens 0.77-0.99x, before ``kernels.write``'s interleaved lanes). Over the class, as PARTIAL's tuned
-    # 4096 x 1 pick (``CUDA_MODE_DEFAULTS``), 528 x 32 ran 0.958-1.002x (33rd session's call 2; not
-    # adopted: 1.002x at 4096 x 1). Declared __launch_bounds__(threads, 1) the short chains stop spilling, but
-    # ran PARTIAL 128 x 16 / 128 x 22 1.059 / 1.096x (call 1; NONE 0.971-0.983x).
+    # 0.942 / 0.974x; 1 in flight (call 2): NONE 0.986x, PARTIAL 0.962x. Other depths, grids and launch bounds
+    # measured at 2-23 tokens a request (23rd and 33rd sessions; none adopted): `git show
+    # 7a8f031:tvm_canary/schedules/defaults.py`.
     "write": {"blocks": 528, "threads": 64, "unroll": 2},
     # Entries phase 2112 x 512; offsets phase one block of 1024 lanes (fastest of 6 candidates at bs 4096 on the H200,
     # 100.8 us vs 111.7 us with 256 lanes; `git show a9b35e6:docs/PERFORMANCE.md`, "Default geometries").
@@ -57,22 +51,15 @@ CUDA_MODE_DEFAULTS = {
     # 0.900x / 0.887x; split in 128 thin lanes 0.874-0.936x; 2048-byte rows split in 128 lanes 0.869-1.003x.
     # The grids, register caps and paired folds measured before: `git show 7a8f031:tvm_canary/schedules/defaults.py`.
     ("verify", 2): {"blocks": 528, "threads": 32, "min_blocks": 2, "thin": 1, "pairs": 2},
-    # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time (PARTIAL too), the
-    # 64 x 512 and 1 x 32768 shapes 0.99-1.00x (512 blocks of 64 working lanes, not 256 of 128); NONE 4096 x 1
-    # 1.02x (11th session's call 1). ALL: the sources' fold chains in lockstep (``Geometry.pairs``):
-    # 4096 x 1 0.92x, 64 x 512 0.98x, 1 x 32768 0.99x (13th session's call 5); paired PARTIAL writes were
-    # 1.165x at 4096 x 1. ALL's short chains keep 128 lanes: 64 full lanes ran 4096 x 1 1.06x (8.75 / 8.26 us;
-    # 21st session's call 1). They keep 1 entry in flight: at 4096 x 1 0.879 / 0.874x the time of 4
-    # (7.33 / 8.34 us), 2 in flight 0.932 / 0.917x (22nd session's calls 1 and 2, interleaved; ptxas
-    # sm_90: 112 registers and no spill, not 255 and 60 bytes of spill stores). Since the 45th session
-    # they fold split (pairs 2: two sources of a built-in word count, a lane per source,
-    # ``kernels.common.split_fold``) in 32-lane blocks. Against 128 thin lanes paired (H200, call D,
-    # ab_kernels.py, same bytes; A/A 0.989-1.015): 256-byte rows 4096 x 1 0.964x, 1024 x 1 in a
-    # 4096 plan 0.829x, 2048 x 2 0.952x, 256 x 4 0.879x, 128 x 16 1.000x, 128 x 64 0.991x; 2048-byte rows
-    # 0.742-0.959x at those shapes but 2048 x 2 (not timed); 192-byte rows (no built-in count, so paired in
-    # 32-lane blocks) 0.964-1.031x at four of them (A/A 0.986-1.020). 32-lane blocks paired alone ran 4096 x 1
-    # 1.048x (call A), split in 128 thin lanes 0.990x (call C). Long chains (the class below) stay paired: split
-    # there 0.996x at 64 x 512.
+    # write in ALL mode: thin, 4096 one-token requests run 0.90x of full blocks' time, the 64 x 512 and
+    # 1 x 32768 shapes 0.99-1.00x (11th session's call 1). Short chains keep 1 entry in flight: at 4096 x 1
+    # 0.879 / 0.874x the time of 4, 2 in flight 0.932 / 0.917x (22nd session's calls 1 and 2, interleaved;
+    # ptxas sm_90: 112 registers and no spill). Since the 45th session they fold split (pairs 2: two sources
+    # of a built-in word count, a lane per source, ``kernels.common.split_fold``) in 32-lane blocks. Against
+    # 128 thin lanes paired (H200, call D, ab_kernels.py, same bytes; A/A 0.989-1.015): 256-byte rows 4096 x 1
+    # 0.964x, 1024 x 1 in a 4096 plan 0.829x, 2048 x 2 0.952x, 256 x 4 0.879x, 128 x 16 1.000x, 128 x 64
+    # 0.991x; 2048-byte rows 0.742-0.959x. Long chains (the class below) stay paired: split there 0.996x at
+    # 64 x 512. The lanes, pairs and row widths measured before: `git show 7a8f031:tvm_canary/schedules/defaults.py`.
     ("write", 2): {"threads": 32, "thin": 1, "pairs": 2, "unroll": 1},
     # write in PARTIAL mode (a 32-byte prefix of each source folded) with up to 4 tokens per request (a decode step's;
     # from 5 on: the size classes below): 264 x 32 lanes, 1 entry in flight, the sources' folds paired, the 32nd
