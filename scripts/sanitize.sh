@@ -13,8 +13,8 @@
 # OUTDIR/sanitize-TOOL.log. SANITIZE_TOOLS (default "memcheck racecheck synccheck"): the tools, in order;
 # SANITIZE_SECONDS (default 60): the campaign length under each tool; SANITIZE_WARM_CASES (default 1000): the
 # cases of the warm-up run (more than a sanitized run reaches); SANITIZE_SEED_BASE (default 7000000).
-# The warm-up compiles every kernel the campaign reaches (from an empty kernel cache one process took 485 s
-# on an H100 host), so it runs as SANITIZE_WARM_JOBS processes (default half the CPUs, at most 8), each a
+# The warm-up compiles every kernel the campaign reaches (from an empty kernel cache on an H100 host one process took
+# 485 s, eight 121 s), so it runs as SANITIZE_WARM_JOBS processes (default half the CPUs, at most 8), each a
 # slice of the seeds of whole 16-case rounds (tvm_canary/fuzz.py's order), the cache's build lock keeping
 # two from building one module. A failed warm-up fails the stage.
 set -uo pipefail
