@@ -59,12 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     print_notices_above_progress_bars()
+    error_status = 2 if args.command in FINDINGS_EXIT_1 else 1  # a run that ended on an error (module docstring)
     try:
         return args.func(args)
     except BrokenPipeError:
         # Python's recipe: point stdout at /dev/null so the flush at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 2 if args.command in FINDINGS_EXIT_1 else 1
+        return error_status
     except UsageError as e:
         parser.subcommands[args.command].error(str(e))
     except (ValueError, TypeError, RuntimeError, KeyError) as e:
@@ -72,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
         if not message.startswith("kv-canary:"):
             raise
         print(f"tvm-canary {args.command}: error: {message}", file=sys.stderr)
-        return 2 if args.command in FINDINGS_EXIT_1 else 1
+        return error_status

@@ -202,6 +202,15 @@ def require_compiler(command: str) -> None:
         raise RuntimeError(f"kv-canary: tvm-canary {command} needs TVM's compiler, and this TVM is runtime-only")
 
 
+def require_module_builds() -> None:
+    """Refuse a run (fuzz, conformance) on a host that can build no kernel module (no C/C++ compiler) and has no
+    ahead-of-time modules (``TVM_CANARY_MODULES``): every case would fail alike, reported as the kernels' findings."""
+    from .runtime import compile as C
+
+    if not C.prebuilt_dirs():
+        C.require_c_compiler()
+
+
 def writable_folder(folder: pathlib.Path, files: tuple[str, ...] = ()) -> None:
     """Create ``folder`` (and its parents) if missing and check that this process can write into it and
     to those of ``files`` (names in it) that exist; else ``UsageError``. A command writing there at its

@@ -34,9 +34,8 @@ import torch
 from . import cases as C
 from . import checks
 from .argtypes import fits_int64
-from .cliargs import duration, int_at_least, output_file, seed, summary
+from .cliargs import duration, int_at_least, output_file, require_module_builds, seed, summary
 from .console import counted
-from .runtime import compile as R
 from .runtime import targets, use_backend
 from .runtime.compile import error_line
 from .tuning.keys import cpu_model
@@ -121,13 +120,6 @@ def run_reference(kernel: str, case: str) -> tuple[CaseResult, dict]:
     kw, check = reference_case(kernel, case)
     C.reference_launch(kernel, kw)
     return CaseResult(case, *case_digest(kernel, kw), "; ".join(check(kw)) or None), kw
-
-
-def require_module_builds() -> None:
-    """Refuse a run on a host that can build no kernel module (no C/C++ compiler) and has no ahead-of-time
-    modules (``TVM_CANARY_MODULES``): every case would fail alike, reported as a finding of the kernels."""
-    if not R.prebuilt_dirs():
-        R.require_c_compiler()
 
 
 def run_device(kernel: str, case: str, device: str, want: dict, launches: dict | None = None) -> CaseResult:

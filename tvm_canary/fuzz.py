@@ -17,7 +17,7 @@ import time
 
 from . import cases as C
 from . import conformance as X
-from .cliargs import duration, int_at_least, seed, summary
+from .cliargs import duration, int_at_least, require_module_builds, seed, summary
 from .console import counted
 
 RANK_SEED_STRIDE = 1_000_000_000
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     """Fuzz this process's device; under torchrun rank 0 gathers every rank's counts and failures."""
     kernels = args.kernels
     device = args.device or X.local_device()
-    X.require_module_builds()
+    require_module_builds()
     group = X.init_distributed(args.timeout)
     rank, size, _ = X.world()
     tag = f" rank {rank}" if size > 1 else ""

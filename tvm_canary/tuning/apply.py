@@ -83,8 +83,8 @@ def open_database(folder, device_key: str):
 def _from_tvm_canary(record) -> bool:
     """Whether ``record``'s workload is one of ``tune``'s stand-ins (``workloads.descriptor``: a ``main``
     carrying the ``canary.*`` attributes every reader of a record takes)."""
-    funcs = {gv.name_hint: func for gv, func in record.workload.mod.functions.items()}
-    attrs = getattr(funcs.get("main"), "attrs", None)
+    mod = record.workload.mod
+    attrs = mod["main"].attrs if "main" in mod else None
     return attrs is not None and all(k in attrs for k in ("canary.kernel", "canary.bucket", "canary.kernel_hash"))
 
 
