@@ -237,11 +237,16 @@ def test_a_host_that_can_build_no_module_is_refused_before_the_cases(argv, monke
                                                        "module needs a C/C++ compiler"), err
 
 
-@pytest.mark.parametrize("argv, status", [(["info"], 1), (["conformance", "--cases", "1", "--kernels", "scatter"], 2)])
-def test_a_reader_that_goes_away_ends_the_command_quietly(argv, status):
-    """``tvm-canary info | head -1``: the reader closes the pipe; status 1 (2 where 1 is a finding), no traceback."""
+@pytest.mark.parametrize("argv, status", [(["info"], 1),
+                                          (["conformance", "--cases", "1", "--kernels", "scatter", "--json"], 2)])
+def test_a_reader_that_goes_away_ends_the_command_quietly(argv, status, tmp_path):
+    """``tvm-canary info | head -1``: the reader closes the pipe; status 1 (2 where 1 is a finding), no traceback;
+    conformance's JSON report is still written (it goes before the table)."""
+    report = tmp_path / "report.json"
+    argv = [*argv, str(report)] if argv[-1] == "--json" else argv
     proc = subprocess.Popen([sys.executable, "-m", "tvm_canary", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before the command writes
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == status and "Traceback" not in err, err
+    assert report.is_file() == (argv[0] == "conformance")

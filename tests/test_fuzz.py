@@ -5,6 +5,8 @@ the differential tests' seeds (no new specializations)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import torch
 
@@ -83,3 +85,29 @@ def test_stray_write_into_a_guard_band_is_caught(tmp_path):
     assert [(f["case"], f["why"]) for f in report["failures"]] == [
         ("garbage:1", "guard band after pool_out was written"), ("garbage:3", "guard band after pool_out was written")
     ]
+
+
+def test_a_reader_gone_mid_campaign_stops_it_and_the_failures_json_keeps_what_ran(tmp_path):
+    """``tvm-canary fuzz ... | head -1``: the progress line after the first case finds stdout's reader gone; the
+    campaign stops there with the closed-reader status (2), and the failures JSON holds the failing case it ran."""
+    out = tmp_path / "fails.json"
+    child = f"""
+import sys
+from tvm_canary import cases as C, cli, fuzz
+fuzz.PROGRESS_SECONDS = 0  # a progress line after every case
+plan = C.LAUNCH["plan"]
+def stray_write(**kw):  # test_injected_fault_is_caught_and_replayable's fault
+    plan(**kw)
+    kw["write_plan_out"].write_num_valid_reqs.view(-1)[0] += 1
+C.LAUNCH["plan"] = stray_write
+sys.exit(cli.main(["fuzz", "--device", "cpu", "--seed-base", "1", "--cases", "50", "--kernels", "plan",
+                   "--out", {str(out)!r}]))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 2 and "Traceback" not in err, err
+    assert "stdout's reader went away after 1 case: the campaign stopped there" in err, err
+    report = json.loads(out.read_text())
+    assert report["cases"] == 1 and report["ranks"][0]["output_closed"]
+    assert [(f["kernel"], f["case"]) for f in report["failures"]] == [("plan", "diff:1")]

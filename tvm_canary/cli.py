@@ -14,14 +14,13 @@ keeps its traceback.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import pathlib
 import re
 import sys
 
 from . import build, conformance, demo, fuzz, info, selftest
 from .cliargs import Parser, UsageError
-from .console import print_notices_above_progress_bars
+from .console import discard_stdout, print_notices_above_progress_bars
 from .tuning import command as tune
 from .tuning import fleet, merge
 
@@ -63,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:
-        # Python's recipe: point stdout at /dev/null so the flush at exit does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_stdout()
         return error_status
     except UsageError as e:
         parser.subcommands[args.command].error(str(e))

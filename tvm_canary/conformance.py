@@ -532,7 +532,20 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
     mismatches = len(verdict["failures"])
     differences = against(ranks, kernels, earlier) if earlier else []
     differ = gather(len(differences), group)[0]  # rank 0's count: every rank exits with one status
-    if rank == 0:
+    if rank == 0:  # the JSON first: a reader gone by the table leaves it whole
+        if args.json:
+            report = {
+                "devices": [{"rank": r["rank"], "host": r["host"], **{k: d[k] for k in ("device", "model", "arch")}}
+                            for r in ranks for d in r["devices"]],
+                "kernels": {k: {"cases": ids[k], "case_set": plan["case_set"][k],
+                                "combined": [row for row in verdict["rows"] if row["kernel"] == k]} for k in kernels},
+                "mismatches": mismatches,
+                "failures": verdict["failures"],
+                "ranks": ranks,
+                **({"against": {"file": earlier["path"], "differences": differences}} if earlier else {}),
+            }
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
         print(table(verdict["rows"]))
         print("case sets (combined digests compare between runs of equal case sets): "
               + ", ".join(f"{k} {v}" for k, v in plan["case_set"].items()))
@@ -548,19 +561,6 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
                   f"{counted(size, 'process')} match the reference")
         if earlier:
             print_against(earlier, differences, sum(len(r["devices"]) for r in ranks), sum(map(len, ids.values())))
-        if args.json:
-            report = {
-                "devices": [{"rank": r["rank"], "host": r["host"], **{k: d[k] for k in ("device", "model", "arch")}}
-                            for r in ranks for d in r["devices"]],
-                "kernels": {k: {"cases": ids[k], "case_set": plan["case_set"][k],
-                                "combined": [row for row in verdict["rows"] if row["kernel"] == k]} for k in kernels},
-                "mismatches": mismatches,
-                "failures": verdict["failures"],
-                "ranks": ranks,
-                **({"against": {"file": earlier["path"], "differences": differences}} if earlier else {}),
-            }
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
     finish(group)
     return 1 if mismatches or differ else 0
 

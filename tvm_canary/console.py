@@ -1,10 +1,11 @@
 """The command line's output: notices of the ``tvm_canary`` logger (e.g. "no tuned schedule for ...", each
 logged once per process) printed above its tqdm progress bars instead of through them, and counts of
-things in words (``counted``)."""
+things in words (``counted``), and stdout discarded once its reader went away (``discard_stdout``)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from tqdm import tqdm
@@ -27,3 +28,9 @@ def print_notices_above_progress_bars() -> None:
     logger = logging.getLogger("tvm_canary")
     if not any(isinstance(h, _AboveProgressBars) for h in logger.handlers):
         logger.addHandler(_AboveProgressBars())
+
+
+def discard_stdout() -> None:
+    """Point the process's stdout at /dev/null after a write raised ``BrokenPipeError`` (its reader went away):
+    Python's recipe, so that later writes and the flush at exit do not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

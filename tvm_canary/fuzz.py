@@ -18,7 +18,7 @@ import time
 from . import cases as C
 from . import conformance as X
 from .cliargs import duration, int_at_least, require_module_builds, seed, summary
-from .console import counted
+from .console import counted, discard_stdout
 
 RANK_SEED_STRIDE = 1_000_000_000
 PROGRESS_SECONDS = 10.0
@@ -44,10 +44,11 @@ def check(kernel: str, case: str, device: str, launches: dict | None = None) -> 
 
 def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | None = None,
              seconds: float | None = None, launches: dict | None = None, tag: str = "") -> dict:
-    """Run cases until ``cases`` ran or ``seconds`` passed; returns the counts and failures (each with
-    its replay command). ``launches`` (tests only) replaces ``cases.LAUNCH`` to inject faults."""
+    """Run cases until ``cases`` ran or ``seconds`` passed, or until stdout's reader went away (``output_closed``);
+    returns the counts and failures (each with its replay command). ``launches`` (tests only) replaces
+    ``cases.LAUNCH`` to inject faults."""
     start = last = time.monotonic()
-    failures, index = [], 0
+    failures, index, output_closed = [], 0, False
     while (cases is None or index < cases) and (seconds is None or time.monotonic() - start < seconds):
         kernel, case = case_of(index, kernels, seed_base)
         why = check(kernel, case, device, launches)
@@ -60,12 +61,18 @@ def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | No
         now = time.monotonic()
         if now - last >= PROGRESS_SECONDS:
             last = now
-            print(f"fuzz{tag} {device}: {index} cases, {index / (now - start):.1f}/s, {len(failures)} failures",
-                  flush=True)
+            try:
+                print(f"fuzz{tag} {device}: {index} cases, {index / (now - start):.1f}/s, {len(failures)} failures",
+                      flush=True)
+            except BrokenPipeError:  # the reader went away: the campaign stops here, what ran is still reported
+                discard_stdout()
+                output_closed = True
+                break
     elapsed = time.monotonic() - start
     return {"device": device, **{k: v for k, v in X.describe(device).items() if k != "device"},
             "seed_base": seed_base, "cases": index, "seconds": round(elapsed, 3),
-            "cases_per_second": round(index / elapsed, 2) if elapsed else 0.0, "failures": failures}
+            "cases_per_second": round(index / elapsed, 2) if elapsed else 0.0, "failures": failures,
+            "output_closed": output_closed}
 
 
 def one_device(text: str) -> str:
@@ -106,14 +113,18 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
                     seconds=args.seconds, launches=launches, tag=tag)
     ranks = [{"rank": r, **result} for r, result in enumerate(X.gather(mine, group))]
     failures = [f | {"rank": r["rank"]} for r in ranks for f in r["failures"]]
-    if rank == 0:
+    total = sum(r["cases"] for r in ranks)
+    if rank == 0:  # the JSON first: a reader gone by the summary leaves it whole
+        with open(args.out, "w") as f:
+            json.dump({"kernels": kernels, "cases": total, "failures": failures, "ranks": ranks}, f, indent=1)
         for r in ranks:
             print(f"fuzz rank {r['rank']} {r['device']} ({r['model']}, {r['arch']}): {counted(r['cases'], 'case')} in "
                   f"{r['seconds']:.1f} s ({r['cases_per_second']}/s), {len(r['failures'])} failures")
-        total = sum(r["cases"] for r in ranks)
         print(f"fuzz: {counted(total, 'case')} on {counted(size, 'process')}, {counted(len(failures), 'failure')}"
               + (f" (written to {args.out})" if failures else ""))
-        with open(args.out, "w") as f:
-            json.dump({"kernels": kernels, "cases": total, "failures": failures, "ranks": ranks}, f, indent=1)
     X.finish(group)
+    if mine["output_closed"]:
+        print(f"fuzz{tag}: stdout's reader went away after {counted(mine['cases'], 'case')}: the campaign stopped "
+              f"there" + (f"; {args.out} holds what ran" if rank == 0 else ""), file=sys.stderr)
+        raise BrokenPipeError  # the command's closed-reader status (cli.main)
     return 1 if failures else 0
