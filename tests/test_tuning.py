@@ -146,24 +146,60 @@ def test_a_default_built_up_front_and_not_run_is_removed(tmp_path, tuned_logs):
     assert not artifact.parent.exists()
 
 
+class _TimedBuilderRunner:
+    """A builder and runner whose candidates take the time ``seconds`` gives their geometry (``geometry_from`` of
+    the built stand-in, knobs the trace leaves at ``default``); ``built`` lists the geometries built."""
+
+    build_seconds = 0.0
+
+    def __init__(self, tmp_path, default, seconds: dict):
+        self.tmp_path, self.default, self.seconds, self.built, self._artifacts = tmp_path, default, seconds, [], {}
+
+    def build(self, inputs):
+        import types
+
+        from tvm_canary.schedules.space import geometry_from
+
+        results = []
+        for i in inputs:
+            self.built.append(geometry_from(i.mod, self.default))
+            artifact = self.tmp_path / "builds" / str(len(self.built)) / "module.tar"
+            artifact.parent.mkdir(parents=True)
+            artifact.write_bytes(b"")
+            self._artifacts[str(artifact)] = self.built[-1]
+            results.append(types.SimpleNamespace(error_msg=None, artifact_path=str(artifact)))
+        return results
+
+    def run(self, inputs):
+        import types
+
+        results = [types.SimpleNamespace(error_msg=None, run_secs=[self.seconds[self._artifacts[i.artifact_path]]] * 3)
+                   for i in inputs]
+        return [types.SimpleNamespace(result=lambda r=r: r) for r in results]
+
+
+def _other_geometry(kernel: str, bucket: tuple):
+    """(knobs, default, a geometry of the bucket's llvm design space other than its default)."""
+    from tvm_canary.schedules import knobs as design_knobs
+
+    knobs = design_knobs(kernel, False, workloads.mode_of(kernel, bucket))
+    default = workloads.default_of(kernel, bucket, "llvm")
+    other = dataclasses.replace(default, **{name: next(v for v in choices if v != getattr(default, name))
+                                            for name, choices in knobs.items() if len(choices) > 1})
+    assert other != default
+    return knobs, default, other
+
+
 def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
     """Re-tuning a bucket a kernel change staled measures its previous pick once, whatever the search draws,
-    competing like any candidate."""
-    import types
-
+    competing like any candidate (against the default measured again in the same run)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_canary.schedules import knobs as design_knobs
-    from tvm_canary.schedules.space import geometry_from
     from tvm_canary.tuning import driver
 
     kernel, bucket = "write", workloads.PRESETS["ci"]["write"][0]
-    knobs = design_knobs(kernel, False, workloads.mode_of(kernel, bucket))
-    default = workloads.default_of(kernel, bucket, "llvm")
-    pick = dataclasses.replace(default, **{name: next(v for v in choices if v != getattr(default, name))
-                                           for name, choices in knobs.items() if len(choices) > 1})
-    assert pick != default
+    knobs, default, pick = _other_geometry(kernel, bucket)
     target = tvm.target.Target("llvm")
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
     for geom, secs in ((default, 1e-3), (pick, 0.5e-3)):
@@ -174,28 +210,43 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
     mod = driver.workload_module(kernel, bucket, "llvm")
     driver.commit_measurement(db, mod, knobs, default, [1e-3], target)  # the default, measured at new code
 
-    built = []
+    timed = _TimedBuilderRunner(tmp_path, default, {pick: 0.6e-3, default: 1e-3})
+    # one trial, filled by the default's record: no search; the previous pick measured, then the default again
+    result = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", timed, timed)
+    assert timed.built == [pick, default] and result.measured == 1 and result.geometry == pick.key()
+    again = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", timed, timed)
+    assert timed.built == [pick, default] and again.measured == 0 and again.geometry == pick.key()
 
-    class Builder:
-        build_seconds = 0.0
 
-        def build(self, inputs):
-            built.extend(geometry_from(i.mod, default) for i in inputs)
-            artifact = tmp_path / "builds" / str(len(built)) / "module.tar"
-            artifact.parent.mkdir(parents=True)
-            artifact.write_bytes(b"")
-            return [types.SimpleNamespace(error_msg=None, artifact_path=str(artifact)) for _ in inputs]
+def test_candidates_compete_with_the_default_measured_in_the_same_run(tmp_path, monkeypatch):
+    """The database's default was measured slow in an earlier run (another host start); this run's search adds a
+    candidate 1% faster than the default measures now: the default is measured again in this run, and the
+    candidate, not 3% faster than it, is not chosen. The default's earlier build round covers it."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
 
-    class Runner:
-        def run(self, inputs):
-            result = types.SimpleNamespace(error_msg=None, run_secs=[0.6e-3] * 3)
-            return [types.SimpleNamespace(result=lambda: result) for _ in inputs]
+    from tvm_canary.tuning import driver
 
-    # one trial, filled by the default's record: no search, only the previous pick measured
-    result = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", Builder(), Runner())
-    assert built == [pick] and result.measured == 1 and result.geometry == pick.key()
-    again = driver.tune_workload(kernel, bucket, "llvm", db, 1, tmp_path / "ms", Builder(), Runner())
-    assert built == [pick] and again.measured == 0 and again.geometry == pick.key()
+    kernel, bucket = "write", workloads.PRESETS["ci"]["write"][0]
+    knobs, default, candidate = _other_geometry(kernel, bucket)
+    target = tvm.target.Target("llvm")
+    (tmp_path / "db").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
+    mod = driver.workload_module(kernel, bucket, "llvm")
+    driver.commit_measurement(db, mod, knobs, default, [1.0], target)  # the earlier run's: a second a launch
+
+    def search(mod, target, *args, database, **kwargs):  # MetaSchedule's search draws the candidate
+        driver.commit_measurement(database, mod, knobs, candidate, [0.99e-3] * 3, target)
+
+    monkeypatch.setattr(ms, "tune_tir", search)
+    timed = _TimedBuilderRunner(tmp_path, default, {default: 1e-3})
+    built = driver.build_defaults([(kernel, bucket)], "llvm", db, timed, trials=2)
+    assert timed.built == [default]  # a search will add candidates: its default is built up front
+    result = driver.tune_workload(kernel, bucket, "llvm", db, 2, tmp_path / "ms", timed, timed,
+                                  default_build=built[(kernel, bucket)])
+    assert timed.built == [default] and result.measured == 1 and result.candidates == 2
+    assert result.default_us == pytest.approx(1e3) and result.geometry == default.key()
+    assert apply.chosen(kernel, bucket, apply.measured_records(db)[(kernel, bucket)], False)[1] == default
 
 
 def test_long_graphs_take_fewer_replays_per_value():

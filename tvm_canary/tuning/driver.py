@@ -102,10 +102,11 @@ class Space:
 
 def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each workload of
-    ``jobs`` whose default ``db`` lacks, for target tag ``tag``, in ONE round of ``builder``; ``tune_workload`` takes
-    its workload's as ``default_build``. Left out: workloads whose search at ``trials`` measures their whole
-    design space, default included (CUDA: plan and scatter at 32 trials). A default the search draws by chance
-    is built for nothing (a worker's few seconds)."""
+    ``jobs`` whose default ``tune_workload`` will measure (``db`` lacks it, or the search at ``trials`` will add
+    candidates), for target tag ``tag``, in ONE round of ``builder``; ``tune_workload`` takes its workload's as
+    ``default_build``. Left out: workloads whose search at ``trials`` measures their whole design space, default
+    included (CUDA: plan and scatter at 32 trials). A default the search draws by chance is built for nothing (a
+    worker's few seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")
@@ -113,12 +114,13 @@ def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     target = targets.target_from_tag(tag)
     measured = measured_records(db)
 
-    def searched_whole(kernel, bucket):
-        space = Space.of(kernel, bucket, cuda)
-        return 1 < space.size <= trials and space.has_default
+    def measures_default(kernel, bucket):
+        space, rows = Space.of(kernel, bucket, cuda), measured.get((kernel, bucket), [])
+        searched_whole = 1 < space.size <= trials and space.has_default
+        searches = _geometries(rows, cuda) < min(trials, space.size)
+        return not searched_whole and (searches or default_row(kernel, bucket, rows, cuda) is None)
 
-    todo = [(k, b) for k, b in jobs
-            if default_row(k, b, measured.get((k, b), []), cuda) is None and not searched_whole(k, b)]
+    todo = [(k, b) for k, b in jobs if measures_default(k, b)]
     if not todo:
         return {}
     built = builder.build([ms.builder.BuilderInput(workload_module(k, b, kind), target) for k, b in todo])
@@ -162,7 +164,8 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     mod = workload_module(kernel, bucket, kind)
     space = Space.of(kernel, bucket, cuda)
     trials = min(trials, space.size)
-    before = _geometries(measured_records(db).get((kernel, bucket), []), cuda)
+    rows = measured_records(db).get((kernel, bucket), [])
+    before, defaults_before = _geometries(rows, cuda), default_records(rows, space, cuda)
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
     only_default = space.size == 1 and space.has_default
@@ -201,19 +204,6 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
             for handler in unnamed:
                 ms_logger.addHandler(handler)
     rows = measured_records(db).get((kernel, bucket), [])
-    measured_default = default_row(kernel, bucket, rows, cuda)
-    default_error = ""
-    if measured_default is not None:
-        default_us = 1e6 * measured_default[0]
-    else:
-        # The default competes too: a bucket's best record is then never slower than the default.
-        if default_build is not None and default_build.error_msg:
-            default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
-        run_secs, default_error = measure_candidate(builder, runner, mod, target, default_build)
-        default_us = 1e6 * sum(launch_seconds(kernel, run_secs)) if run_secs else math.nan
-        if space.has_default and run_secs:
-            commit_measurement(db, mod, space.knobs, space.default, run_secs, target)
-            rows = measured_records(db).get((kernel, bucket), [])
     # The bucket's pick at earlier kernel code competes too (``previous_pick``).
     previous = previous_pick(db, kernel, bucket, cuda)
     if (previous is not None and knob_values_of(space.knobs, previous)
@@ -222,6 +212,21 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
         if run_secs:
             commit_measurement(db, mod, space.knobs, previous, run_secs, target)
             rows = measured_records(db).get((kernel, bucket), [])
+    # The default competes too, so a bucket's best record is never slower than the default as this run measures it:
+    # measured when the database lacks it, and again when this run added candidates and did not draw it (a record
+    # from an earlier run, another host start, is no yardstick for them; ``default_row`` takes its fastest record).
+    default_error = ""
+    drawn = default_records(rows, space, cuda) > defaults_before  # the search measured it in this run
+    if not drawn and (not defaults_before or _geometries(rows, cuda) > before):
+        if default_build is not None and default_build.error_msg:
+            default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
+        run_secs, default_error = measure_candidate(builder, runner, mod, target, default_build)
+        if space.has_default and run_secs:
+            commit_measurement(db, mod, space.knobs, space.default, run_secs, target)
+            rows = measured_records(db).get((kernel, bucket), [])
+        default_us = 1e6 * sum(launch_seconds(kernel, run_secs)) if run_secs else math.nan
+    else:
+        default_us = 1e6 * default_row(kernel, bucket, rows, cuda)[0]
     candidates = _geometries(rows, cuda)
     measured = candidates - before
     if not rows:
@@ -231,6 +236,11 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     cost, geom = chosen(kernel, bucket, rows, cuda)
     return Result(kernel, bucket, candidates, measured, default_us, 1e6 * cost, geom.key(), default_error=default_error,
                   no_knobs=space.size == 1)
+
+
+def default_records(rows: list, space: Space, cuda: bool) -> int:
+    """How many of a bucket's measured records (``measured_records`` rows) measured its default geometry."""
+    return sum(record_geometry(record, cuda) == space.default for _, record in rows)
 
 
 def _geometries(rows: list, cuda: bool) -> int:
