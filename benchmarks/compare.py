@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         print(f"{ra['kernel']:8} {ra['case']:24} {ra['us']:11.1f} {rb['us']:10.1f} {rel:9.3f} "
               f"{ra['us'] / ra['floor_us']:9.2f} {rb['us'] / rb['floor_us']:11.2f}")
         if rel > verdicts.TUNED_SLOWER:
-            slower.append(f"{ra['kernel']} {ra['case']} ({rel:.3f}x)")
+            slower.append(f"{ra['kernel']} {ra['case']} ({verdicts.ratio_text(rel, verdicts.TUNED_SLOWER, 3)}x)")
     print(f"second run more than {verdicts.TUNED_SLOWER_PERCENT} slower: {', '.join(slower) if slower else 'none'}")
     rows_a = {(r["kernel"], r["case"]) for r in a["rows"]}
     for path, only in ((a_path, rows_a - set(rows_b)), (b_path, set(rows_b) - rows_a)):

@@ -34,6 +34,16 @@ PALETTE_COLOURS = 32
 
 INCOMPLETE = ("**Incomplete run**: it holds only the kernels and sizes below (cut short, made a part at a time "
               "and not yet resumed, or verify timed at some sizes alone); the other rows' targets are missing.")
+QUICK = "**Quick run** (`--quick`, a smoke run): smaller sizes and pool than the targets are set for."
+
+
+def caveats(run) -> list[str]:
+    """What a reader must know before a run's tables: an incomplete run (as stored, or lacking a kernel's rows: older
+    benches stored one kernel's part as complete), a quick run, and the bench's warnings (a baseline whose stamped
+    bytes differ from ours among them)."""
+    kernels = {r["kernel"] for r in run["rows"]}
+    return ([INCOMPLETE] * (not run.get("complete", True) or not set(verdicts.FLOOR_OF) <= kernels)
+            + [QUICK] * bool(run.get("quick")) + [f"Warning from the run: {w}" for w in run.get("warnings", [])])
 
 
 def read_run(path) -> dict:
@@ -51,7 +61,10 @@ def load(path: str, reader: str) -> dict | None:
     except (OSError, ValueError) as e:
         print(f"kv-canary: {reader}: cannot read {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return None
-    if not isinstance(run, dict) or "env" not in run:
+    rows = run.get("rows") if isinstance(run, dict) else None
+    # (ab_kernels.py's runs have an env too, and rows of times per arm)
+    if (not isinstance(run, dict) or "env" not in run or not isinstance(rows, list)
+            or not all(isinstance(r, dict) and isinstance(r.get("us"), (int, float)) for r in rows)):
         print(f"kv-canary: {reader} needs a run of the current bench_kernels.py (with 'env' and targets)",
               file=sys.stderr)
         return None
@@ -251,10 +264,9 @@ def markdown(run) -> str:
     if len(parts) > 1:
         lines += [f"The run was made in {len(parts)} invocations (`bench_kernels.py --resume`), each timing its rows' "
                   "floors in its own process: " + "; ".join(part_text(p) for p in parts) + ".", ""]
-    if not run.get("complete", True):
-        lines += [INCOMPLETE, ""]
+    lines += [line for caveat in caveats(run) for line in (caveat, "")]
     baselines = [b for b in BASELINES if any(b in r.get("baselines", {}) for r in run["rows"])]
-    tuned = any("tuned_us" in r for r in run["rows"])
+    tuned = any(r.get("tuned_us") for r in run["rows"])
     for kernel in ("verify", "write", "plan", "scatter"):
         rows = [r for r in run["rows"] if r["kernel"] == kernel]
         if not rows:
@@ -270,7 +282,8 @@ def markdown(run) -> str:
                      target, r.get("status", "") + (" BELOW FLOOR" if verdicts.below_floor(r) else "")]
             for b in baselines:
                 t = r.get("baselines", {}).get(b)
-                cells.append(f"{_fmt(t)} ({_fmt(t / r['us'] if t else None, 2)})")
+                cells.append("bytes differ" if b in r.get("byte_mismatch", ()) else
+                             f"{_fmt(t)} ({_fmt(t / r['us'] if t else None, 2)})")
             if tuned:
                 t = r.get("tuned_us")
                 same = " (= default)" if r.get("tuned_same_geometry") else ""

@@ -42,13 +42,13 @@ def group_of(row, target) -> str:
 
 
 def summary(run) -> str:
-    from plot import INCOMPLETE
+    from plot import caveats
 
     groups: dict[str, list] = {}
     for row in run["rows"]:
         for target in row.get("targets", []):
             groups.setdefault(group_of(row, target), []).append((row, target))
-    lines = [] if run.get("complete", True) else [INCOMPLETE, ""]
+    lines = [line for caveat in caveats(run) for line in (caveat, "")]
     lines += ["| target | PASS | FAIL | failing rows (ratio) |", "| --- | --- | --- | --- |"]
     for name, entries in groups.items():
         failed = [f"{r['case']} ({verdicts.ratio_text(t['ratio'], t['limit'])})" for r, t in entries
@@ -76,7 +76,7 @@ def summary(run) -> str:
     rows_failed = sum(r.get("status") == "FAIL" for r in run["rows"])
     rows_passed = sum(r.get("status") == "PASS" for r in run["rows"])
     lines += ["", f"Rows with targets: {rows_passed} PASS, {rows_failed} FAIL."]
-    tuned = [r for r in run["rows"] if "tuned_us" in r]
+    tuned = [r for r in run["rows"] if r.get("tuned_us")]
     if tuned:
         slower = verdicts.tuned_slower_labels(tuned)
         slower_than = f"more than {verdicts.TUNED_SLOWER_PERCENT} slower"

@@ -46,7 +46,8 @@ def below_floor(row) -> dict:
 
 def below_floor_arms(row) -> str:
     """``below_floor`` as text: ``default 0.910, tuned 0.930``; empty if no arm is below."""
-    return ", ".join(f"{arm} {ratio:.3f}" for arm, ratio in below_floor(row).items())
+    return ", ".join(f"{arm} {ratio_text(ratio, BELOW_FLOOR_RATIO, 3, fails_below=True)}"
+                     for arm, ratio in below_floor(row).items())
 
 
 def below_floor_label(row) -> str:
@@ -78,14 +79,19 @@ def aa_note(rows) -> str:
 
 def tuned_slower_labels(rows) -> list[str]:
     """``kernel case (tuned/default)`` of every row that fails the tuning check."""
-    return [f"{r['kernel']} {r['case']} ({ratio:.3f})" for r in rows if (ratio := tuned_slower(r)) is not None]
+    return [f"{r['kernel']} {r['case']} ({ratio_text(ratio, TUNED_SLOWER, 3)})" for r in rows
+            if (ratio := tuned_slower(r)) is not None]
 
 
-def ratio_text(ratio: float, limit: float, digits: int = 2) -> str:
+def ratio_text(ratio: float, limit: float, digits: int = 2, fails_below: bool = False) -> str:
     """``ratio`` to ``digits`` decimals, or as many more as put it on its side of ``limit`` (1.1004
-    against 1.10 prints 1.1004, not 1.10, which reads as passing)."""
+    against 1.10 prints 1.1004, not 1.10, which reads as passing; with ``fails_below``, a check failing
+    under the limit, 0.9496 against 0.95 prints 0.9496, not 0.950)."""
+    def passes(x: float) -> bool:
+        return x >= limit if fails_below else x <= limit
+
     places, text = digits, f"{ratio:.{digits}f}"
-    while (float(text) <= limit) != (ratio <= limit) and places < 16:
+    while passes(float(text)) != passes(ratio) and places < 16:
         places += 1
         text = f"{ratio:.{places}f}"
     return text

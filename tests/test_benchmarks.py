@@ -587,6 +587,40 @@ def test_ratios_just_over_a_limit_do_not_read_as_the_limit(tmp_path):
             "append) | 0 | 1 | NONE chain 1024 (1.2505) |") in lines
 
 
+def test_checks_failing_just_past_their_limit_do_not_read_as_the_limit():
+    """The tuning check fails over 1.03 and the floor check under 0.95: 1.0304 and 0.9496 print so, not 1.030 and
+    0.950 (plot.py, report.py and compare.py take these texts)."""
+    import verdicts
+
+    assert verdicts.ratio_text(0.9496, 0.95, 3, fails_below=True) == "0.9496"
+    assert verdicts.ratio_text(0.9504, 0.95, 3, fails_below=True) == "0.950"
+    row = _row("verify", "NONE random 65536", 1.0304, 1.0, tuned_us=1.0304 ** 2, tuned_geometry="264x128")
+    assert verdicts.tuned_slower_labels([row]) == ["verify NONE random 65536 (1.0304)"]
+    assert verdicts.below_floor_arms(_row("verify", "NONE chain 65536", 0.9496, 1.0)) == "default 0.9496"
+
+
+def test_reports_say_first_what_a_reader_must_know_of_the_run(tmp_path):
+    """An older bench's part stored as complete (a kernel's rows missing), a quick run, the run's warnings, a baseline
+    whose stamped bytes differ (its cell says so, not a time); a row without a tuned time is no A/B row; an
+    ab_kernels.py run (an env, rows of times per arm) is refused in one line."""
+    import plot
+    import report
+
+    rows = [_row(k, "c", 2.0, 1.0, baselines={"original": 3.0, "triton": 4.0}, tuned_us=None)
+            for k in plot.verdicts.FLOOR_OF]
+    rows[1]["byte_mismatch"] = ["triton"]
+    run = {"env": {}, "rows": rows, "complete": True, "quick": True, "warnings": ["triton write c: bytes differ"]}
+    assert plot.caveats(run) == [plot.QUICK, "Warning from the run: triton write c: bytes differ"]
+    assert plot.caveats({**run, "rows": rows[:1], "quick": False, "warnings": []}) == [plot.INCOMPLETE]
+    tables, summary = plot.markdown(run), report.summary(run)
+    assert "| 3.0 (1.50) | bytes differ |" in tables and tables.count("bytes differ") == 2  # the cell, the warning
+    assert all(caveat in text for caveat in plot.caveats(run) for text in (tables, summary))
+    assert "Tuned vs default" not in summary and "tuned µs" not in tables
+    ab = tmp_path / "ab.json"
+    ab.write_text(json.dumps({"env": {"gpu": "test GPU"}, "rows": [{"us": {"A": 1.0, "B": 1.1}}]}))
+    assert plot.load(str(ab), "report.py") is None
+
+
 def test_a_row_at_its_limit_passes_its_reference_lines_as_its_target(tmp_path):
     """Reference lines compare as targets: 1.8 / 1.44 is 1.25, passing (1.8 > 1.25 * 1.44 rounds up: failed)."""
     import bench_kernels
