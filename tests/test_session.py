@@ -289,6 +289,15 @@ def test_unsigned_inputs_are_read_as_their_values(dtype):
         assert session.step == 1
 
 
+def test_a_reversed_numpy_view_is_read_as_its_values():
+    """torch refuses numpy's negative strides; an input is its values, so the view is copied."""
+    import numpy as np
+
+    from tvm_canary.session import _integers
+
+    assert _integers(np.arange(4)[::-1], "positions").tolist() == [3, 2, 1, 0]
+
+
 def test_a_sweep_after_the_lut_was_emptied_in_place_launches_nothing():
     """The SWA table, read at every launch and changeable in place, is checked by a sweep as by a step,
     before its first launch."""
@@ -411,9 +420,12 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
     (dict(token_lens=torch.tensor(5)), ValueError, re.escape("token_lens must be 1-D, got shape ()")),
     (dict(input_ids=None), TypeError, "input_ids must be a torch.Tensor, got NoneType"),
     (dict(input_ids=5), ValueError, re.escape("input_ids must be 1-D, got shape ()")),
+    # More tokens than given: the kernels' clamped reads would stamp a row's tokens into another row's slots.
+    (dict(extend_seq_lens=[1, 2]), ValueError, "extend_seq_lens write 3 tokens, more than the 2 of input_ids"),
+    (dict(token_lens=[5, 6]), ValueError, "token_lens add up to 11 tokens, more than the 10 of token_ids"),
 ], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
         "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
-        "scalar_lens", "no_input_ids", "scalar_ids"])
+        "scalar_lens", "no_input_ids", "scalar_ids", "extend_past_input_ids", "token_lens_past_token_ids"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """It raises before the step is counted or anything runs; later steps run clean."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS
@@ -428,6 +440,14 @@ def test_a_rejected_step_changes_nothing(changes, error, message):
     step(session, kv, 4, 1)
     step(session, kv, 5, 1)
     assert not session.flush()
+
+
+def test_a_padding_rows_extend_length_counts_no_token():
+    """SPEC 3.3: a padding row (``req_pool_indices`` 0) writes nothing whatever its ``extend_seq_lens``."""
+    session, _ = make_session()
+    session.before_forward(**{**step_inputs(session, 0, 1), "req_pool_indices": [0, ROWS[1]],
+                              "extend_seq_lens": [5, 1]})
+    session.after_forward()
 
 
 def test_the_reference_backend_refuses_a_slot_past_the_lut_before_the_step():

@@ -31,7 +31,7 @@ import torch
 from . import checks
 from ._consts import CANARY_SLOT_BYTES
 from .argtypes import RECORD, require_instance, require_non_negative, require_positive, require_tensor, type_name
-from .consts import RealKvHashMode
+from .consts import REQ_POOL_IDX_PADDING, RealKvHashMode
 from .context import CanaryLaunchTag, RealKvSource, VerifyOrWriteContext, hash_mode, source_tuple
 from .launch import (
     dispatch,
@@ -409,9 +409,11 @@ class CanarySession:
         step writes (the session's buffers, plans and expected-token pool; SPEC D10).
         Raises before anything is counted or launched (a pending step stays pending): RuntimeError while a step
         awaits after_forward() or when the batch exceeds the write capacities; ValueError when ``req_to_token`` is
-        larger than the expected-token pool or a host input holds values outside its dtype (uint64 values of 2**63
-        and more included); TypeError for non-integer inputs (floats and booleans are refused, not truncated; Python
-        ints outside int64 too) or a non-bool ``write_input_assert``; and the launches' errors (SPEC 4).
+        larger than the expected-token pool, a host input holds values outside its dtype (uint64 values of 2**63
+        and more included) or host ``extend_seq_lens`` (``token_lens``) count more tokens than ``input_ids``
+        (``token_ids``) hold (``_check_token_totals``); TypeError for non-integer inputs (floats and booleans are
+        refused, not truncated; Python ints outside int64 too) or a non-bool ``write_input_assert``; and the
+        launches' errors (SPEC 4).
         """
         self._refuse_while_pending("before_forward()")
         input_assert = _step_input_assert(self.enable_write_input_assert, write_input_assert,
@@ -428,6 +430,7 @@ class CanarySession:
         require_tensor(batch.input_ids, "input_ids")  # the capacity check reads its length
         checks.require_same_length([(batch.input_ids, "input_ids")])
         self._check_capacities(batch.req_pool_indices.shape[0], batch.input_ids.shape[0])
+        _check_token_totals(given)
         self._check_step(batch)
         self._begin_step()
         self._head(batch)
@@ -913,6 +916,7 @@ class StepGraph:
                 f"kv-canary: batch of {bs} requests / {n} tokens exceeds the captured bucket of "
                 f"{self.batch_size} requests / {self.num_tokens} tokens"
             )
+        _check_token_totals(inputs)
         values = {name: inputs[name] for name, _, _ in self._fields}
         for names in (self._rows, self._tokens):
             checks.require_same_length([(values[name], name) for name in names])
@@ -963,6 +967,8 @@ def _integers(value, name: str, dtype: torch.dtype = torch.int64) -> torch.Tenso
     synchronise the host, so its conversion wraps as torch's does); an empty list is an empty tensor."""
     wanted = f"kv-canary: {name} must hold {str(dtype).removeprefix('torch.')} values"
     if not isinstance(value, torch.Tensor):
+        if min(getattr(value, "strides", None) or (0,)) < 0 and hasattr(value, "copy"):
+            value = value.copy()  # a reversed numpy view: torch takes no negative strides
         try:
             value = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:  # not numbers, or ints past int64
@@ -1021,6 +1027,28 @@ def _batch_rows(inputs: dict) -> int:
     req_pool_indices = inputs["req_pool_indices"]
     checks.require_same_length([(req_pool_indices, "req_pool_indices")])
     return req_pool_indices.shape[0]
+
+
+def _check_token_totals(inputs: dict) -> None:
+    """Refuse a step whose host ``extend_seq_lens`` write more tokens (SPEC 3.3's ``write_offsets[bs]``: rows not
+    padding, lengths above 0) than ``input_ids`` holds, or whose host ``token_lens`` add up to more than
+    ``token_ids``: the kernels clamp reads past an input's end (D4), so one request's tokens would be stamped into
+    another's slots and the next step would report chain violations no KV bug caused. Values on a device are
+    not read (a host synchronisation), nor inputs of other shapes (the launches refuse those)."""
+    rows, extend, tokens = inputs["req_pool_indices"], inputs["extend_seq_lens"], inputs["input_ids"]
+    if _host_vectors(rows, extend, tokens) and rows.shape == extend.shape:
+        written = int((extend.clamp(min=0) * (rows != REQ_POOL_IDX_PADDING)).sum())
+        if written > tokens.shape[0]:
+            raise ValueError(f"kv-canary: extend_seq_lens write {written} tokens, more than the {tokens.shape[0]} "
+                             "of input_ids")
+    lens, known = inputs["token_lens"], inputs["token_ids"]
+    if _host_vectors(lens, known) and (total := int(lens.sum())) > known.shape[0]:
+        raise ValueError(f"kv-canary: token_lens add up to {total} tokens, more than the {known.shape[0]} of token_ids")
+
+
+def _host_vectors(*tensors: torch.Tensor) -> bool:
+    """Whether every one of ``tensors`` is a 1-D host tensor (its values readable without synchronising)."""
+    return all(t is not None and t.device.type == "cpu" and t.dim() == 1 for t in tensors)
 
 
 def _host_offsets(lens: torch.Tensor) -> torch.Tensor:
