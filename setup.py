@@ -8,5 +8,5 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages(include=["tvm_canary", "tvm_canary.*"]) + ["tvm_canary.tune_logs"],
     package_dir={"tvm_canary.tune_logs": "tune_logs"},
-    package_data={"tvm_canary.tune_logs": ["*/*.json"]},
+    package_data={"tvm_canary.tune_logs": ["*/*.json", "*/*.json.gz"]},
 )

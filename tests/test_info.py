@@ -10,7 +10,7 @@ import sys
 import zipfile
 
 from tvm_canary.cli import main
-from tvm_canary.tuning import keys
+from tvm_canary.tuning import keys, store
 
 REPO = keys.source_checkout()
 
@@ -22,7 +22,7 @@ def test_info_lists_devices_databases_and_folders(tmp_path, monkeypatch, capsys,
     monkeypatch.setenv("TVM_CANARY_MODULES", str(tmp_path / "modules"))
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    records = len((tmp_path / "logs" / key / "database_tuning_record.json").read_text().splitlines())
+    records = len(store.record_lines(tmp_path / "logs" / key))
     assert f"cpu      key {key}" in out and f"tuning database: {tmp_path / 'logs' / key}" in out
     assert f"{records:5} records, {records:4} usable  {tmp_path / 'logs' / key}" in out
     assert "(for workloads none above selects a measured geometry for)" in out  # the committed copy comes later
@@ -32,6 +32,7 @@ def test_info_lists_devices_databases_and_folders(tmp_path, monkeypatch, capsys,
 
 def test_info_reports_a_records_file_it_cannot_decode(tmp_path, monkeypatch, capsys, committed_cpu_key):
     shutil.copytree(keys.committed_tune_logs() / committed_cpu_key, tmp_path / committed_cpu_key)
+    store.unpack(tmp_path / committed_cpu_key)
     with open(tmp_path / committed_cpu_key / "database_tuning_record.json", "ab") as f:
         f.write(b"\xff\xfe\n")
     monkeypatch.setenv("TVM_CANARY_TUNE_LOGS", str(tmp_path))
@@ -53,10 +54,11 @@ def test_wheel_carries_the_tuning_databases(tmp_path):
     assert res.returncode == 0, res.stderr
     (wheel,) = (tmp_path / "dist").glob("tvm_canary-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    committed = sorted(p.parent.name for p in (REPO / "tune_logs").glob("*/database_workload.json"))
+    committed = sorted(p.parent.name for p in (REPO / "tune_logs").glob("*/database_workload.json.gz"))
+    assert committed  # the committed databases are packed (tuning.store)
     for key in committed:
-        assert f"tvm_canary/tune_logs/{key}/database_workload.json" in names
-        assert f"tvm_canary/tune_logs/{key}/database_tuning_record.json" in names
+        assert f"tvm_canary/tune_logs/{key}/database_workload.json.gz" in names
+        assert f"tvm_canary/tune_logs/{key}/database_tuning_record.json.gz" in names
     assert "tvm_canary/schedules/defaults.py" in names
     assert not any(n.startswith("schedules/") for n in names)  # no generic top-level package
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")

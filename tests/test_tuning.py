@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
 import pathlib
 import re
 
@@ -19,7 +20,7 @@ from tvm_canary.cli import main
 from tvm_canary.consts import RealKvHashMode
 from tvm_canary.runtime import compile as C
 from tvm_canary.runtime import packing
-from tvm_canary.tuning import apply, keys, merge, workloads
+from tvm_canary.tuning import apply, keys, merge, store, workloads
 
 from helpers import four_sources
 
@@ -390,7 +391,8 @@ def test_records_timed_on_another_case_are_stale(monkeypatch):
     """A changed tuning case (``workloads.CASE_VERSIONS``) stales its kernel's records: never ranked together."""
     from tvm.s_tir import meta_schedule as ms
 
-    db = ms.database.JSONDatabase(work_dir=str(keys.committed_tune_logs() / "amd-epyc"), allow_missing=False)
+    db = ms.database.JSONDatabase(work_dir=str(store.readable(keys.committed_tune_logs() / "amd-epyc")),
+                                  allow_missing=False)
     stale: set = set()
     assert any(kernel == "verify" for kernel, _ in apply.measured_records(db, stale)) and not stale
     monkeypatch.setitem(workloads.CASE_VERSIONS, "verify", workloads.CASE_VERSIONS["verify"] + 1)
@@ -849,7 +851,7 @@ def test_an_unreadable_or_foreign_database_leaves_the_defaults(tmp_path, monkeyp
         shutil.copytree(keys.committed_tune_logs() / "nvidia-h200-sm_90", folder)
         want = "holds records for target cuda sm_90, not for device key"
     else:
-        shutil.copytree(keys.committed_tune_logs() / key, folder)
+        store.unpack(shutil.copytree(keys.committed_tune_logs() / key, folder))
         records = folder / "database_tuning_record.json"
         want = "cannot read the tuning database"
         if damage == "not-ours":  # a stand-in without its canary.kernel attribute
@@ -888,7 +890,7 @@ def test_the_committed_gpu_database_falls_back_to_the_default_of_a_bucket_withou
     faster than the default's record; without it, the default and a warning naming the bucket."""
     from tvm.s_tir import meta_schedule as ms
 
-    folder = keys.committed_tune_logs() / "nvidia-h200-sm_90"
+    folder = store.readable(keys.committed_tune_logs() / "nvidia-h200-sm_90")
     records = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False).get_all_tuning_records()
     by_bucket: dict = {}
     for record in records:
@@ -1064,19 +1066,27 @@ def test_tune_stale_only_tunes_only_the_workloads_a_kernel_change_staled(tuned_l
     assert "nothing to tune" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("key", sorted(p.parent.name
-                                      for p in keys.committed_tune_logs().glob("*/database_workload.json")))
+COMMITTED_KEYS = sorted(p.name for p in keys.committed_tune_logs().iterdir() if store.holds_database(p))
+
+
+def test_the_committed_databases_are_packed():
+    """Both committed databases, each kept packed (``tuning.store``: the tracked tree's budget)."""
+    assert COMMITTED_KEYS == ["amd-epyc", "nvidia-h200-sm_90"]
+    assert all(store.is_packed(keys.committed_tune_logs() / key) for key in COMMITTED_KEYS)
+
+
+@pytest.mark.parametrize("key", COMMITTED_KEYS)
 def test_committed_databases_match_the_current_kernels(key, tmp_path):
     """Committed records match the kernels (TensorIR changes need a re-tune, or tuning/restamp.py if
     provably code-neutral); each workload is the stand-in `tune` commits today (another would get a twin
-    entry); tables compact, as `tune-merge` writes."""
+    entry); tables compact, as `tune-merge` writes; unpacked and packed again, byte for byte the same."""
     import shutil
 
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
     folder = keys.committed_tune_logs() / key
-    db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+    db = ms.database.JSONDatabase(work_dir=str(store.readable(folder)), allow_missing=False)
     stale: set = set()
     assert apply.measured_records(db, stale) and not stale
     today: dict = {}  # (kernel, bucket, target kind) -> today's stand-in, built once
@@ -1087,8 +1097,13 @@ def test_committed_databases_match_the_current_kernels(key, tmp_path):
             today[workload] = workloads.descriptor(*workload)
         assert tvm_ffi.structural_equal(func, today[workload]), workload[:2]
     copy = shutil.copytree(folder, tmp_path / key)
+    store.unpack(copy)
     assert merge.compact_workload_table(copy)
-    assert (copy / "database_workload.json").read_text() == (folder / "database_workload.json").read_text()
+    table = store.readable(folder) / "database_workload.json"
+    assert (copy / "database_workload.json").read_text() == table.read_text()
+    store.pack(copy)
+    assert [(copy / n).read_bytes() for n in sorted(os.listdir(folder))] == [
+        (folder / n).read_bytes() for n in sorted(os.listdir(folder))]
 
 
 def test_tune_says_why_the_default_failed_beside_records_that_did_not(tmp_path, monkeypatch, capsys):
@@ -1131,6 +1146,7 @@ def test_restamp_command_line(tmp_path, capsys):
         restamp.main(["--help"])
     assert exit_status.value.code == 0 and restamp.__doc__.splitlines()[0] in capsys.readouterr().out
     copy = shutil.copytree(keys.committed_tune_logs() / "amd-epyc", tmp_path / "amd-epyc")
+    store.unpack(copy)
     with pytest.raises(SystemExit) as exit_status:
         restamp.main([str(copy), str(tmp_path / "missing")])
     assert exit_status.value.code == 2 and "missing is not a folder" in capsys.readouterr().err
@@ -1150,6 +1166,33 @@ def test_restamp_command_line(tmp_path, capsys):
     assert (copy / "database_tuning_record.json").read_bytes() == records
 
 
+def test_a_packed_database_is_read_as_it_is_and_stays_packed_where_written(tmp_path, capsys):
+    """A packed folder (``store``) is read through its unpacked copy in the kernel cache (a damaged one refused by
+    name); ``restamp``, ``tune-merge`` and ``tune`` write it plain in place and pack it again, records unchanged."""
+    import gzip
+    import shutil
+
+    from tvm_canary.tuning import restamp
+
+    committed = keys.committed_tune_logs() / "amd-epyc"
+    folder = shutil.copytree(committed, tmp_path / "logs" / "amd-epyc")
+    records = store.record_lines(folder)
+    assert store.readable(folder).name == "amd-epyc" and store.readable(folder) == store.readable(committed)
+    assert restamp.main([str(folder)]) == 0
+    other = shutil.copytree(committed, tmp_path / "other" / "amd-epyc")
+    assert main(["tune-merge", str(other), "--out", str(folder)]) == 0
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--time-limit", "0",
+                 "--out", str(tmp_path / "logs"), "--log-dir", str(tmp_path / "ms")]) == 3
+    assert sorted(os.listdir(folder)) == [n + store.PACKED for n in sorted(store.DATABASE_FILES)]
+    assert sorted(store.record_lines(folder)) == sorted(records) and apply.measured_records(
+        apply.open_database(folder, "amd-epyc"))
+    damaged = folder / (store.DATABASE_FILES[0] + store.PACKED)
+    damaged.write_bytes(gzip.compress(b"[truncated", mtime=0))
+    with pytest.raises(ValueError, match=f"kv-canary: cannot read the tuning database {folder}"):
+        apply.open_database(folder, "amd-epyc")
+    capsys.readouterr()
+
+
 def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch, capsys):
     """Records of write's previous tuning case are refused (incomparable times), nothing written."""
     import shutil
@@ -1157,6 +1200,7 @@ def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch
     from tvm_canary.tuning import restamp
 
     copy = shutil.copytree(keys.committed_tune_logs() / "amd-epyc", tmp_path / "amd-epyc")
+    store.unpack(copy)
     current = workloads.CASE_VERSIONS["write"]
     monkeypatch.setitem(workloads.CASE_VERSIONS, "write", current - 1)
     assert restamp.main([str(copy)]) == 0  # stamped as on the earlier case
@@ -1510,7 +1554,7 @@ def test_tune_refuses_a_database_folder_without_its_workload_table(tmp_path, cap
 
     folder = tmp_path / "out" / committed_cpu_key
     folder.mkdir(parents=True)
-    shutil.copy(keys.committed_tune_logs() / committed_cpu_key / "database_tuning_record.json", folder)
+    shutil.copy(store.readable(keys.committed_tune_logs() / committed_cpu_key) / "database_tuning_record.json", folder)
     status = main([*TUNE_CI, "--time-limit", "0", "--out", str(tmp_path / "out"), "--log-dir", str(tmp_path / "ms")])
     assert status == 1
     assert f"kv-canary: cannot read the tuning database {folder}" in capsys.readouterr().err

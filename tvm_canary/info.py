@@ -35,10 +35,11 @@ def _records(folder: pathlib.Path) -> str:
     """``N records`` and, where the TVM compiler can read the database, how many are usable (measured
     for the current kernels, on the folder's device, in the design space) and which kernels' records are
     stale; why none is if the database is unreadable or holds another device's records."""
-    path = folder / "database_tuning_record.json"
+    from .tuning import store
+
     try:
-        text = f"{sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0:5} records"
-    except OSError as e:
+        text = f"{len(store.record_lines(folder)):5} records"
+    except (OSError, EOFError) as e:  # EOFError: a truncated packed file
         return f"unreadable: {e}"
     if not C.compiler_available():
         return text

@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import pathlib
 
 import torch
 
 from ..geometry import Geometry
-from . import keys
+from . import keys, store
 
 log = logging.getLogger("tvm_canary")
 FAILED_RUN_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10 s
@@ -53,15 +54,15 @@ def _records(key: str, cuda: bool) -> dict:
 
 
 def open_database(folder, device_key: str):
-    """The MetaSchedule database in ``folder`` (a ``<device key>`` folder), checked readable and every
-    record measured for the target of ``device_key`` (``keys.expected_target``); else ``ValueError``
-    with a ``kv-canary:`` message naming the folder."""
+    """The MetaSchedule database in ``folder`` (a ``<device key>`` folder, plain or packed: ``store.readable``),
+    checked readable and every record measured for the target of ``device_key`` (``keys.expected_target``); else
+    ``ValueError`` with a ``kv-canary:`` message naming the folder."""
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime.compile import error_line
 
     try:
-        db = ms.database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+        db = ms.database.JSONDatabase(work_dir=str(store.readable(pathlib.Path(folder))), allow_missing=False)
         records = db.get_all_tuning_records()
     except Exception as e:  # TVM's errors of a missing or truncated file, or of a trace that does not replay
         raise ValueError(f"kv-canary: cannot read the tuning database {folder}: {error_line(e)}") from None

@@ -17,6 +17,7 @@ their default (``apply.stale_buckets``); with none, the command says so and exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import signal
@@ -75,6 +76,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as unpacked:  # a packed database stays packed (``store.editable``)
+        return _run(args, unpacked)
+
+
+def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
     require_compiler("tune")
     from tvm.s_tir import meta_schedule as ms
 
@@ -82,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from . import apply, fleet
     from .driver import build_defaults, discard_build, local_runner, tune_workload
     from .measure import CandidateBuilder
-    from .merge import DATABASE_FILES, compact_workload_table, remove_empty_database
+    from .merge import compact_workload_table, remove_empty_database
+    from .store import DATABASE_FILES, PACKED, editable
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
@@ -106,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
     work_dir = args.out / key
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
-    writable_folder(work_dir, DATABASE_FILES)
-    created = not any((work_dir / name).exists() for name in DATABASE_FILES)
+    files = (*DATABASE_FILES, *(name + PACKED for name in DATABASE_FILES))  # plain and packed (``store``)
+    writable_folder(work_dir, files)
+    created = not any((work_dir / name).exists() for name in files)
+    unpacked.enter_context(editable(work_dir))
     # an existing database is refused unless readable, of this target
     db = ms.database.JSONDatabase(work_dir=str(work_dir)) if created else apply.open_database(work_dir, key)
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one

@@ -12,6 +12,7 @@ import re
 import torch
 
 from ..runtime import targets
+from . import store
 
 
 def _slug(text: str) -> str:
@@ -94,13 +95,17 @@ def databases() -> list[tuple[str, pathlib.Path]]:
     found = []
     for root in tune_logs_dirs():
         if root.is_dir():
-            found += [(d.name, d) for d in sorted(root.iterdir()) if (d / "database_workload.json").is_file()
-                      and not _empty(d / "database_tuning_record.json")]
+            found += [(d.name, d) for d in sorted(root.iterdir()) if store.holds_database(d) and not _empty(d)]
     return found
 
 
-def _empty(path: pathlib.Path) -> bool:
+def _empty(folder: pathlib.Path) -> bool:
+    """Whether ``folder``'s records file (plain or packed) holds no record; a missing or unreadable one is not
+    empty: listed, and refused as unreadable."""
+    name = store.DATABASE_FILES[1]
+    if not ((folder / name).exists() or (folder / (name + store.PACKED)).exists()):
+        return False
     try:
-        return path.stat().st_size == 0
-    except OSError:  # missing: listed, and refused as unreadable
+        return not store.record_lines(folder)
+    except (OSError, EOFError):  # a damaged packed file
         return False

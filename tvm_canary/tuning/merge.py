@@ -28,9 +28,9 @@ import tempfile
 from ..cliargs import output_folder, summary
 from ..console import counted
 from ..runtime import compile as C
+from . import store
 from .apply import database_buckets, default_row, measured_records, open_database, row_chosen_over
-
-DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+from .store import DATABASE_FILES
 
 
 @dataclasses.dataclass
@@ -46,7 +46,7 @@ class Merged:
 
 def _check_database(folder: pathlib.Path, device_key: str):
     """Open ``folder``'s database after checking its device key (folder name) and its records' target."""
-    if not (folder / DATABASE_FILES[0]).is_file():
+    if not store.holds_database(folder):
         raise ValueError(f"kv-canary: {folder} is not a tuning database (no {DATABASE_FILES[0]}; "
                          "pass the <device key> folder that `tvm-canary tune` wrote)")
     if folder.name != device_key:
@@ -66,7 +66,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
 
     device_key = out.resolve().name
     inputs = list(dict.fromkeys(p.resolve() for p in sources))
-    if (out / DATABASE_FILES[0]).is_file() and out.resolve() not in inputs:
+    if store.holds_database(out) and out.resolve() not in inputs:
         inputs.append(out.resolve())
     databases = [(folder, _check_database(folder, device_key)) for folder in inputs]
     # workload -> (the fastest chosen row, its input's default row or None), among the inputs that
@@ -97,7 +97,10 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path) -> Merged:
         del merged
         compact_workload_table(pathlib.Path(tmp))
         out.mkdir(exist_ok=True)
+        packed = store.is_packed(out)
         _install(pathlib.Path(tmp), out)
+        if packed:  # a packed output (a committed database) stays packed
+            store.pack(out)
     return Merged(len(best), read, stale, retune)
 
 

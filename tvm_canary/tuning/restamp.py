@@ -21,6 +21,7 @@ import argparse
 import json
 import pathlib
 
+from . import store
 from .apply import open_database
 from .merge import compact_entry, write_workload_table
 
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.exit(1, f"{e}\n")
     for folder in args.folders:
-        print(f"{folder}: {restamp(folder)} workloads re-stamped")
+        with store.editable(folder):
+            print(f"{folder}: {restamp(folder)} workloads re-stamped")
     return 0
 
 
