@@ -153,3 +153,12 @@ def test_a_row_goes_to_the_fault_that_hit_its_slot():
     engine = types.SimpleNamespace(owner_slot=lambda group, slot: slot)
     assert tracker.attribute(report, engine, step=4) == [newer]
     assert older.detected_at is None and stale.detected_at is None and not tracker.false_positives
+
+
+def test_a_fault_of_a_kind_already_pending_is_not_injected(capsys):
+    """The engine holds one pending double_alloc and one wrong_seed: a second one injected between the same two
+    steps (faults due pile up at the demo's last injection step) replaced the first, which never acted yet was
+    counted and reported MISSED (seed 5 here: two double_allocs at step 39)."""
+    assert cli.main(["demo", "--seed", "5", "--max-running", "3", "--faults-per-kind", "5", "--steps", "45",
+                     "--slots", "128", "--device", "cpu", "--no-progress"]) == 0
+    assert "MISSED" not in capsys.readouterr().out

@@ -96,6 +96,9 @@ def inject(kind: str, group: str, engine: Engine, session: CanarySession, rng: r
     when nothing suits it yet."""
     if kind == "stale_chain":
         return _stale_chain(engine, rng)
+    pending = {"wrong_seed": engine.short_prefix, "double_alloc": engine.handout}.get(kind)
+    if pending is not None:  # the engine holds one of each: a second would replace the first, which then never acts
+        raise NoTarget(f"a {kind} fault is already pending")
     if kind == "wrong_seed":
         reqs = [r for r in engine.running if not r.pinned and r.cached >= 2]
         if not reqs:
