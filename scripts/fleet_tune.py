@@ -67,13 +67,15 @@ def canary(args: list[str], timeout_s: float, log: pathlib.Path) -> tuple[int, f
 
 def best_us(database: pathlib.Path) -> dict:
     """{"kernel (bucket)": best microseconds} of a database folder (empty when it does not exist)."""
-    if not (database / "database_workload.json").is_file():
+    from tvm_canary.tuning import store
+
+    if not store.holds_database(database):
         return {}
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_canary.tuning.apply import measured_records
 
-    rows = measured_records(ms.database.JSONDatabase(work_dir=str(database)))
+    rows = measured_records(ms.database.JSONDatabase(work_dir=str(store.readable(database))))
     return {f"{k} {b}": round(1e6 * r[0][0], 2) for (k, b), r in sorted(rows.items())}
 
 

@@ -1193,6 +1193,54 @@ def test_a_packed_database_is_read_as_it_is_and_stays_packed_where_written(tmp_p
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("damage", ["deflate", "no-records-file"])
+def test_a_damaged_packed_database_is_refused_by_name_and_left_as_it_was(tmp_path, monkeypatch, capsys, damage):
+    """Damaged deflate data (``zlib.error``) or a missing packed records file: listed and refused at load, in
+    ``info`` and by ``tune`` in one line naming the user's folder, the folder untouched, no staging left behind."""
+    import shutil
+
+    from tvm_canary import info
+
+    folder = shutil.copytree(keys.committed_tune_logs() / "amd-epyc", tmp_path / "logs" / "amd-epyc")
+    records = folder / (store.DATABASE_FILES[1] + store.PACKED)
+    if damage == "deflate":
+        data = bytearray(records.read_bytes())
+        data[40:60] = bytes(20)
+        records.write_bytes(bytes(data))
+        want = f"damaged packed file {records}"
+    else:
+        records.unlink()
+        want = f"{folder} holds database_workload.json.gz but no database_tuning_record.json.gz"
+    before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
+    monkeypatch.setattr(keys, "tune_logs_dirs", lambda: [tmp_path / "logs"])
+    assert ("amd-epyc", folder) in keys.databases()
+    with pytest.raises(ValueError, match=re.escape(f"kv-canary: cannot read the tuning database {folder}: ")):
+        apply.open_database(folder, "amd-epyc")
+    apply._records.cache_clear()
+    assert any(str(folder) in line and ("unreadable" in line or "none usable" in line) for line in info.lines())
+    assert main(["tune", "--target", "llvm", "--kernels", "write", "--workloads", "ci", "--time-limit", "0",
+                 "--out", str(tmp_path / "logs"), "--log-dir", str(tmp_path / "ms")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot read the tuning database {folder}: " in err and want in err, err
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before
+    assert not list((C.cache_dir().parent / "tune-logs").glob("*/.unpacking-*"))
+
+
+def test_a_packed_database_unpacks_for_the_caches_other_users_or_privately(tmp_path, monkeypatch):
+    """The unpacked copy is readable by the cache's other users; where the cache cannot be written, a private
+    temporary folder serves."""
+    monkeypatch.setenv("TVM_CANARY_CACHE", str(tmp_path / "cache"))
+    folder = keys.committed_tune_logs() / "amd-epyc"
+    copy = store.readable(folder)
+    assert copy.stat().st_mode & 0o777 == C.new_file_mode(executable=True)
+    assert {(copy / n).stat().st_mode & 0o777 for n in store.DATABASE_FILES} == {C.new_file_mode()}
+    monkeypatch.setattr(store, "_cache_root", lambda: pathlib.Path("/proc/no-cache"))
+    private = store.readable(folder)
+    assert private != copy and private.parent.parent == store._private_root()
+    assert [(private / n).read_bytes() for n in store.DATABASE_FILES] == [(copy / n).read_bytes()
+                                                                          for n in store.DATABASE_FILES]
+
+
 def test_restamp_refuses_records_of_an_earlier_tuning_case(tmp_path, monkeypatch, capsys):
     """Records of write's previous tuning case are refused (incomparable times), nothing written."""
     import shutil
@@ -1383,7 +1431,7 @@ def test_tune_exits_1_when_a_workload_measured_nothing(tmp_path, monkeypatch, ca
 def test_tune_starts_no_workload_past_its_time_limit_or_after_ctrl_c(tmp_path, monkeypatch, capsys):
     """``--time-limit``: start while elapsed plus the longest so far fits; the rest listed, records kept;
     exit 3 with the tuned table (none cut). Ctrl-C in a TVM callback (which TVM re-raises as a bare
-    RuntimeError): likewise, the workload cut listed too, exit 130."""
+    RuntimeError): likewise, the workload cut listed too, exit 130; SIGTERM (``timeout``) as Ctrl-C, exit 143."""
     import signal
     import types
 
@@ -1399,7 +1447,8 @@ def test_tune_starts_no_workload_past_its_time_limit_or_after_ctrl_c(tmp_path, m
     monkeypatch.setattr(driver, "build_defaults", lambda *args: {})
 
     interrupted = []  # kernels whose workload gets a Ctrl-C
-    ctrl_c = tvm_ffi.convert(lambda: signal.raise_signal(signal.SIGINT))
+    stop_signal = [signal.SIGINT]
+    ctrl_c = tvm_ffi.convert(lambda: signal.raise_signal(stop_signal[0]))
 
     def tune_workload(kernel, bucket, *args):
         clock[0] += 10.0
@@ -1424,6 +1473,9 @@ def test_tune_starts_no_workload_past_its_time_limit_or_after_ctrl_c(tmp_path, m
     out, err = capsys.readouterr()
     assert "2 workloads in 20.0 s" in out and "Traceback" not in err
     assert "stopped (interrupted): 2 workloads not tuned in this run" in err and "write (8, 16), plan (8, 16)" in err
+    clock[0], stop_signal[0], handler = 0.0, signal.SIGTERM, signal.getsignal(signal.SIGTERM)
+    assert main(argv) == 143 and signal.getsignal(signal.SIGTERM) is handler
+    assert "stopped (interrupted): 2 workloads not tuned in this run" in capsys.readouterr().err
 
 
 def test_tune_refuses_an_out_it_cannot_create_before_building(tmp_path, monkeypatch, capsys):

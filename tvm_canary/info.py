@@ -39,7 +39,7 @@ def _records(folder: pathlib.Path) -> str:
 
     try:
         text = f"{len(store.record_lines(folder)):5} records"
-    except (OSError, EOFError) as e:  # EOFError: a truncated packed file
+    except OSError as e:  # also a damaged packed file (``store``)
         return f"unreadable: {e}"
     if not C.compiler_available():
         return text

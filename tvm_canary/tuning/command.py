@@ -9,7 +9,8 @@ makes the command exit 1 (that workload runs the default).
 ``--time-limit``: no workload starts once the run's time (from the defaults' builds on) plus its longest workload so far
 would pass the limit; the workloads left are listed, keep their earlier records and make the command exit 3 (a later run
 resumes them); none is cut, so database and table stay whole. A fleet going away or refusing a server
-(``fleet.ServerRefused``) ends the run likewise, exit 1; Ctrl-C too (the workload it cuts is left), exit 130.
+(``fleet.ServerRefused``) ends the run likewise, exit 1; Ctrl-C or SIGTERM too (the workload it cuts is left), exit 130
+or 143.
 ``--stale-only``: tune only the workloads (the preset's and the database's other buckets) without a current record of
 their default (``apply.stale_buckets``); with none, the command says so and exits 0.
 """
@@ -89,7 +90,7 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
     from .driver import build_defaults, discard_build, local_runner, tune_workload
     from .measure import CandidateBuilder
     from .merge import compact_workload_table, remove_empty_database
-    from .store import DATABASE_FILES, PACKED, editable
+    from .store import DATABASE_FILES, PACKED, editable, is_packed
 
     cuda = args.target == "cuda"
     if (args.rpc_tracker is None) != (args.rpc_key is None) or (args.rpc_workers and not args.rpc_tracker):
@@ -116,8 +117,9 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
     files = (*DATABASE_FILES, *(name + PACKED for name in DATABASE_FILES))  # plain and packed (``store``)
     writable_folder(work_dir, files)
     created = not any((work_dir / name).exists() for name in files)
+    if is_packed(work_dir):  # refused unless readable, of this target, before it is unpacked in place
+        apply.open_database(work_dir, key)
     unpacked.enter_context(editable(work_dir))
-    # an existing database is refused unless readable, of this target
     db = ms.database.JSONDatabase(work_dir=str(work_dir)) if created else apply.open_database(work_dir, key)
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one
     if args.stale_only:  # the preset's buckets, and any other the database holds (tuned with another preset)
@@ -131,14 +133,17 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
     builder, runner = CandidateBuilder(), make_runner()
     defaults, results, left, defaults_seconds = {}, [], [], 0.0
     fleet_error = None  # a fleet's that went away or refused a server mid-run: raised after the table
-    interrupted = []  # Ctrl-C: TVM re-raises a KeyboardInterrupt raised in its callbacks as a bare RuntimeError
+    # Ctrl-C or SIGTERM (``timeout``): the signal's number; TVM re-raises a KeyboardInterrupt raised in its callbacks
+    # as a bare RuntimeError. Either ends the run as a whole (table, database compacted and packed as it was).
+    interrupted = []
 
-    def on_interrupt(*_):
-        interrupted.append(True)
+    def on_interrupt(signum, _frame):
+        interrupted.append(signum)
         raise KeyboardInterrupt
 
     main_thread = threading.current_thread() is threading.main_thread()  # the only one that may set it
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous_handlers = [signal.signal(s, on_interrupt) for s in stops] if main_thread else []
     try:
         start = time.monotonic()
         if args.time_limit > 0:  # a limit of 0 s starts no workload: nothing to build for one
@@ -167,8 +172,8 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
             raise
         left += jobs[len(results) + len(left):]  # the workload interrupted and those after it
     finally:
-        if main_thread:
-            signal.signal(signal.SIGINT, previous_handler)
+        for stop_signal, handler in zip(stops, previous_handlers):
+            signal.signal(stop_signal, handler)
         for built in defaults.values():  # left by a run that stopped early
             discard_build(built)
         builder.shutdown()
@@ -220,7 +225,7 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
               f"{', '.join(f'{k} {b}' for k, b in left)}",
               file=sys.stderr)
     if interrupted:
-        return 130  # a shell's status of a command ended by SIGINT
+        return 128 + interrupted[0]  # a shell's status of a command ended by the signal (SIGINT 130, SIGTERM 143)
     if fleet_error is not None:
         raise fleet_error
     if failed:

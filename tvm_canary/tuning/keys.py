@@ -107,5 +107,5 @@ def _empty(folder: pathlib.Path) -> bool:
         return False
     try:
         return not store.record_lines(folder)
-    except (OSError, EOFError):  # a damaged packed file
+    except OSError:  # unreadable, or a damaged packed file
         return False

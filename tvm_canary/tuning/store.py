@@ -3,19 +3,23 @@ them (``DATABASE_FILES``), or packed, each gzip-compressed (``<name>.gz``, about
 databases are kept so the tracked tree stays small enough to travel with a GPU call.
 
 ``readable(folder)`` is a folder MetaSchedule can open: the folder itself, or for a packed one its files unpacked once
-per content into the kernel cache. ``editable(folder)`` unpacks a packed folder in place while a command writes it
-(``tune``, ``tune-merge``, ``restamp``) and packs it again afterwards, so a committed database stays packed.
+per content into the kernel cache (a private temporary folder where the cache cannot be written). ``editable(folder)``
+unpacks a packed folder in place while a command writes it (``tune``, ``tune-merge``, ``restamp``) and packs it again
+afterwards, so a committed database stays packed. A damaged packed file raises ``OSError`` naming it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import gzip
 import hashlib
 import os
 import pathlib
 import shutil
 import tempfile
+import zlib
 
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 PACKED = ".gz"
@@ -34,62 +38,110 @@ def holds_database(folder: pathlib.Path) -> bool:
 def record_lines(folder: pathlib.Path) -> list[bytes]:
     """The non-empty lines of ``folder``'s records file, plain or packed (none if it is missing)."""
     name = DATABASE_FILES[1]
-    if is_packed(folder):
-        path = folder / (name + PACKED)
-        data = gzip.decompress(path.read_bytes()) if path.exists() else b""
+    packed = folder / (name + PACKED)
+    if packed.exists() and not (folder / name).exists():  # packed, or left so beside a plain table
+        data = _unpacked(packed)
     else:
-        path = folder / name
-        data = path.read_bytes() if path.exists() else b""
+        data = (folder / name).read_bytes() if (folder / name).exists() else b""
     return [line for line in data.splitlines() if line.strip()]
 
 
 def readable(folder: pathlib.Path) -> pathlib.Path:
     """A folder of the same name holding ``folder``'s database plain: ``folder`` itself unless packed, else its files
-    unpacked under the kernel cache (``tune-logs/<sha-256 of the packed files>/<name>``, made once, atomically)."""
+    unpacked under the kernel cache (``tune-logs/<sha-256 of the packed files>/<name>``, made once, atomically,
+    readable by the cache's other users) or, where the cache cannot be written, in a temporary folder removed at
+    exit."""
     if not is_packed(folder):
         return folder
+    packed = {}
+    for name in DATABASE_FILES:
+        path = folder / (name + PACKED)
+        if not path.is_file():
+            raise OSError(f"{folder} holds {DATABASE_FILES[0] + PACKED} but no {path.name}")
+        packed[name] = path.read_bytes()
+    digest = hashlib.sha256(b"".join(hashlib.sha256(data).digest() for data in packed.values())).hexdigest()[:16]
+    target = _cache_root() / digest / folder.name
+    if target.is_dir():
+        return target
+    contents = {name: _unpacked(data, str(folder / (name + PACKED))) for name, data in packed.items()}
+    try:
+        return _unpack_once(target, contents)
+    except OSError:  # the cache cannot be written (read-only, or not creatable)
+        return _unpack_once(_private_root() / digest / folder.name, contents)
+
+
+def _cache_root() -> pathlib.Path:
     from ..runtime import compile as C
 
-    packed = [(folder / (name + PACKED)).read_bytes() if (folder / (name + PACKED)).exists() else None
-              for name in DATABASE_FILES]
-    digest = hashlib.sha256(b"".join(b"-" if p is None else hashlib.sha256(p).digest() for p in packed)).hexdigest()
-    target = C.cache_dir().parent / "tune-logs" / digest[:16] / folder.name
-    if not target.is_dir():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=".unpacking-"))
-        for name, data in zip(DATABASE_FILES, packed):
-            if data is not None:  # a missing records file stays missing: refused as unreadable
-                (staged / name).write_bytes(gzip.decompress(data))
-        try:
-            os.rename(staged, target)
-        except OSError:  # another process unpacked it first
-            shutil.rmtree(staged, ignore_errors=True)
+    return C.cache_dir().parent / "tune-logs"
+
+
+@functools.lru_cache(maxsize=None)
+def _private_root() -> pathlib.Path:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="tvm_canary-tune-logs-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def _unpack_once(target: pathlib.Path, contents: dict) -> pathlib.Path:
+    """``target`` holding ``contents`` (file name -> bytes), made unless there (another process may make it too),
+    atomically (a staging folder renamed), readable by the other users of its cache."""
+    from ..runtime import compile as C
+
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=".unpacking-"))
+    try:
+        for file, data in contents.items():
+            (staged / file).write_bytes(data)
+            os.chmod(staged / file, C.new_file_mode())
+        os.chmod(staged, C.new_file_mode(executable=True))
+        os.rename(staged, target)
+    except OSError:
+        shutil.rmtree(staged, ignore_errors=True)
+        if not target.is_dir():  # else another process unpacked it first
+            raise
     return target
+
+
+def _unpacked(packed: pathlib.Path | bytes, name: str = "") -> bytes:
+    """The bytes of a packed file (its path, or its bytes and ``name``); ``OSError`` naming it if damaged."""
+    data, name = (packed.read_bytes(), str(packed)) if isinstance(packed, pathlib.Path) else (packed, name)
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+        raise OSError(f"damaged packed file {name}: {e}") from None
 
 
 def pack(folder: pathlib.Path) -> None:
     """Replace ``folder``'s plain files by packed ones (bytes reproducible: no timestamp in the gzip header)."""
-    for name in DATABASE_FILES:
-        plain = folder / name
-        if plain.exists():
-            packed = folder / (name + PACKED)
-            with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
-                tmp.write(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
-            os.chmod(tmp.name, plain.stat().st_mode & 0o777)
-            os.replace(tmp.name, packed)
-            plain.unlink()
+    _swap(folder, {name + PACKED: gzip.compress((folder / name).read_bytes(), compresslevel=9, mtime=0)
+                   for name in DATABASE_FILES if (folder / name).exists()}, lambda name: name.removesuffix(PACKED))
 
 
 def unpack(folder: pathlib.Path) -> None:
-    """Replace ``folder``'s packed files by plain ones."""
-    for name in DATABASE_FILES:
-        packed = folder / (name + PACKED)
-        if packed.exists():
-            with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
-                tmp.write(gzip.decompress(packed.read_bytes()))
-            os.chmod(tmp.name, packed.stat().st_mode & 0o777)
+    """Replace ``folder``'s packed files by plain ones; a damaged one raises ``OSError`` before any file changes."""
+    _swap(folder, {name: _unpacked(folder / (name + PACKED)) for name in DATABASE_FILES
+                   if (folder / (name + PACKED)).exists()}, lambda name: name + PACKED)
+
+
+def _swap(folder: pathlib.Path, contents: dict, twin) -> None:
+    """Write ``contents`` (file name -> bytes, all computed before) into ``folder``, each through a temporary file
+    renamed over it with the mode of its ``twin(name)`` (the file of the other form it replaces); then remove the
+    twins."""
+    for name, data in contents.items():
+        tmp = tempfile.NamedTemporaryFile(dir=folder, delete=False)
+        try:
+            with tmp:
+                tmp.write(data)
+            os.chmod(tmp.name, (folder / twin(name)).stat().st_mode & 0o777)
             os.replace(tmp.name, folder / name)
-            packed.unlink()
+        except BaseException:
+            pathlib.Path(tmp.name).unlink(missing_ok=True)
+            raise
+    for name in contents:
+        (folder / twin(name)).unlink()
 
 
 @contextlib.contextmanager
