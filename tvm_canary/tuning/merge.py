@@ -47,7 +47,7 @@ class Merged:
 def _check_database(folder: pathlib.Path, device_key: str):
     """Open ``folder``'s database after checking its device key (folder name) and its records' target."""
     if not store.holds_database(folder):
-        raise ValueError(f"kv-canary: {folder} is not a tuning database (no {DATABASE_FILES[0]}; "
+        raise ValueError(f"kv-canary: {folder} is not a tuning database (no {DATABASE_FILES[0]}, plain or packed; "
                          "pass the <device key> folder that `tvm-canary tune` wrote)")
     if folder.name != device_key:
         raise ValueError(f"kv-canary: refusing to merge {folder}: it is the database of device key {folder.name!r}, "
