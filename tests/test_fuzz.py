@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tvm_canary import cases as C
@@ -87,9 +88,11 @@ def test_stray_write_into_a_guard_band_is_caught(tmp_path):
     ]
 
 
-def test_a_reader_gone_mid_campaign_stops_it_and_the_failures_json_keeps_what_ran(tmp_path):
-    """``tvm-canary fuzz ... | head -1``: the progress line after the first case finds stdout's reader gone; the
-    campaign stops there with the closed-reader status (2), and the failures JSON holds the failing case it ran."""
+@pytest.mark.parametrize("merged", [False, True], ids=["stdout", "stdout-and-stderr"])
+def test_a_reader_gone_mid_campaign_stops_it_and_the_failures_json_keeps_what_ran(tmp_path, merged):
+    """``tvm-canary fuzz ... | head -1`` (or ``2>&1 | head -1``): the first case's progress line (or its failure
+    line) finds the reader gone; the campaign stops there with the closed-reader status (2), and the failures JSON
+    holds the failing case it ran."""
     out = tmp_path / "fails.json"
     child = f"""
 import sys
@@ -103,11 +106,12 @@ C.LAUNCH["plan"] = stray_write
 sys.exit(cli.main(["fuzz", "--device", "cpu", "--seed-base", "1", "--cases", "50", "--kernels", "plan",
                    "--out", {str(out)!r}]))
 """
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before the first line
-    err = proc.stderr.read().decode()
+    err = "" if merged else proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 2 and "Traceback" not in err, err
-    assert "stdout's reader went away after 1 case: the campaign stopped there" in err, err
+    assert merged or "the output's reader went away after 1 case: the campaign stopped there" in err, err
     report = json.loads(out.read_text())
     assert report["cases"] == 1 and report["ranks"][0]["output_closed"]
     assert [(f["kernel"], f["case"]) for f in report["failures"]] == [("plan", "diff:1")]

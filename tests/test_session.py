@@ -423,9 +423,13 @@ def session_state(session: CanarySession) -> list[torch.Tensor]:
     # More tokens than given: the kernels' clamped reads would stamp a row's tokens into another row's slots.
     (dict(extend_seq_lens=[1, 2]), ValueError, "extend_seq_lens write 3 tokens, more than the 2 of input_ids"),
     (dict(token_lens=[5, 6]), ValueError, "token_lens add up to 11 tokens, more than the 10 of token_ids"),
+    (dict(token_lens=[-2, 12]), ValueError, "token_lens must not be negative, got -2"),
+    (dict(extend_seq_lens=[2**63 - 1, 2]), ValueError, "extend_seq_lens write 9223372036854775809 tokens, more "
+     "than the 2 of input_ids"),  # past int64: no wrap
 ], ids=["capacity", "prefix_lens", "req_to_token", "token_ids", "positions", "out_cache_loc", "expected_inputs",
         "pool_rows", "pool_columns", "float_slots", "past_int64", "float_table", "table_past_int32", "scalar_rows",
-        "scalar_lens", "no_input_ids", "scalar_ids", "extend_past_input_ids", "token_lens_past_token_ids"])
+        "scalar_lens", "no_input_ids", "scalar_ids", "extend_past_input_ids", "token_lens_past_token_ids",
+        "negative_token_lens", "extend_past_int64"])
 def test_a_rejected_step_changes_nothing(changes, error, message):
     """It raises before the step is counted or anything runs; later steps run clean."""
     lut = torch.arange(NUM_SLOTS, dtype=torch.int64) + NUM_SLOTS

@@ -56,8 +56,8 @@ SWA_TRANSLATION = {"aten.lt.Scalar": 1, "aten.clamp.default": 1, "aten.index.Ten
 STATUS_SNAPSHOT = {"aten.copy_.default": 1}  # the one status copy to pinned memory, after the step
 # On a CPU session alone, whose inputs are host data: before_forward's token totals (session._check_token_totals);
 # inputs on a CUDA device are not read.
-HOST_TOKEN_TOTALS = {"aten.clamp.default": 1, "aten.ne.Scalar": 1, "aten.mul.Tensor": 1, "aten.sum.default": 2,
-                     "aten._local_scalar_dense.default": 2}
+HOST_TOKEN_TOTALS = {"aten.clamp.default": 1, "aten.ne.Scalar": 1, "aten.mul.Tensor": 1, "aten.min.default": 1,
+                     "aten._to_copy.default": 2, "aten.sum.default": 2, "aten._local_scalar_dense.default": 3}
 
 
 @pytest.fixture(params=[False, True], ids=["FULL", "FULL+SWA"])

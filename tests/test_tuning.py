@@ -250,6 +250,36 @@ def test_candidates_compete_with_the_default_measured_in_the_same_run(tmp_path, 
     assert apply.chosen(kernel, bucket, apply.measured_records(db)[(kernel, bucket)], False)[1] == default
 
 
+@pytest.mark.parametrize("this_run", [1e-3, None], ids=["measured", "failed"])
+def test_the_table_gives_the_default_time_the_candidates_were_weighed_against(tmp_path, monkeypatch, this_run):
+    """An earlier default record of 0.9 ms beside this run's 1 ms (or a failed measurement): the row's default time
+    is 0.9 ms, the record ``chosen`` weighs against (a 0.95 ms candidate loses: speedup not above 1); a failed
+    measurement is named in the row."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_canary.tuning import driver
+
+    kernel, bucket = "write", workloads.PRESETS["ci"]["write"][0]
+    knobs, default, candidate = _other_geometry(kernel, bucket)
+    target = tvm.target.Target("llvm")
+    (tmp_path / "db").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
+    mod = driver.workload_module(kernel, bucket, "llvm")
+    driver.commit_measurement(db, mod, knobs, default, [0.9e-3] * 3, target)
+
+    def search(mod, target, *args, database, **kwargs):
+        driver.commit_measurement(database, mod, knobs, candidate, [0.95e-3] * 3, target)
+
+    monkeypatch.setattr(ms, "tune_tir", search)
+    timed = _TimedBuilderRunner(tmp_path, default, {default: this_run})
+    if this_run is None:
+        monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "RuntimeError: device lost"))
+    result = driver.tune_workload(kernel, bucket, "llvm", db, 2, tmp_path / "ms", timed, timed)
+    assert result.default_us == pytest.approx(900) and result.geometry == default.key()
+    assert result.default_error == ("" if this_run else "RuntimeError: device lost")
+
+
 def test_long_graphs_take_fewer_replays_per_value():
     """A value spans VALUE_MIN_US of replays, within [1, the evaluator's number]: not ten of a tens-of-ms one."""
     from tvm_canary.tuning import measure
@@ -1168,7 +1198,8 @@ def test_restamp_command_line(tmp_path, capsys):
 
 def test_a_packed_database_is_read_as_it_is_and_stays_packed_where_written(tmp_path, capsys):
     """A packed folder (``store``) is read through its unpacked copy in the kernel cache (a damaged one refused by
-    name); ``restamp``, ``tune-merge`` and ``tune`` write it plain in place and pack it again, records unchanged."""
+    name); ``restamp``, ``tune-merge`` and ``tune`` write it plain in place and pack it again, records unchanged;
+    ``python -m tvm_canary.tuning.store unpack`` / ``pack`` round-trip it byte for byte."""
     import gzip
     import shutil
 
@@ -1186,6 +1217,10 @@ def test_a_packed_database_is_read_as_it_is_and_stays_packed_where_written(tmp_p
     assert sorted(os.listdir(folder)) == [n + store.PACKED for n in sorted(store.DATABASE_FILES)]
     assert sorted(store.record_lines(folder)) == sorted(records) and apply.measured_records(
         apply.open_database(folder, "amd-epyc"))
+    packed = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
+    assert store.main(["unpack", str(folder)]) == 0 and sorted(os.listdir(folder)) == sorted(store.DATABASE_FILES)
+    assert store.main(["pack", str(folder)]) == 0
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == packed
     damaged = folder / (store.DATABASE_FILES[0] + store.PACKED)
     damaged.write_bytes(gzip.compress(b"[truncated", mtime=0))
     with pytest.raises(ValueError, match=f"kv-canary: cannot read the tuning database {folder}"):

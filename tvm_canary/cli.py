@@ -20,7 +20,7 @@ import sys
 
 from . import build, conformance, demo, fuzz, info, selftest
 from .cliargs import Parser, UsageError
-from .console import discard_stdout, print_notices_above_progress_bars
+from .console import discard, print_notices_above_progress_bars
 from .tuning import command as tune
 from .tuning import fleet, merge
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:
-        discard_stdout()
+        discard()
         return error_status
     except UsageError as e:
         parser.subcommands[args.command].error(str(e))

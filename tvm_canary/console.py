@@ -1,6 +1,6 @@
 """The command line's output: notices of the ``tvm_canary`` logger (e.g. "no tuned schedule for ...", each
 logged once per process) printed above its tqdm progress bars instead of through them, and counts of
-things in words (``counted``), and stdout discarded once its reader went away (``discard_stdout``)."""
+things in words (``counted``), and an output discarded once its reader went away (``discard``)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def print_notices_above_progress_bars() -> None:
         logger.addHandler(_AboveProgressBars())
 
 
-def discard_stdout() -> None:
-    """Point the process's stdout at /dev/null after a write raised ``BrokenPipeError`` (its reader went away):
-    Python's recipe, so that later writes and the flush at exit do not fail again."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+def discard(stream=None) -> None:
+    """Point ``stream`` (default stdout) at /dev/null after a write raised ``BrokenPipeError`` (its reader went
+    away): Python's recipe, so that later writes and the flush at exit do not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), (stream or sys.stdout).fileno())

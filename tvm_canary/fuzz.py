@@ -18,7 +18,7 @@ import time
 from . import cases as C
 from . import conformance as X
 from .cliargs import duration, int_at_least, require_module_builds, seed, summary
-from .console import counted, discard_stdout
+from .console import counted, discard
 
 RANK_SEED_STRIDE = 1_000_000_000
 PROGRESS_SECONDS = 10.0
@@ -44,7 +44,7 @@ def check(kernel: str, case: str, device: str, launches: dict | None = None) -> 
 
 def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | None = None,
              seconds: float | None = None, launches: dict | None = None, tag: str = "") -> dict:
-    """Run cases until ``cases`` ran or ``seconds`` passed, or until stdout's reader went away (``output_closed``);
+    """Run cases until ``cases`` ran or ``seconds`` passed, or until its output's reader went away (``output_closed``);
     returns the counts and failures (each with its replay command). ``launches`` (tests only) replaces
     ``cases.LAUNCH`` to inject faults."""
     start = last = time.monotonic()
@@ -55,24 +55,32 @@ def campaign(device: str, kernels: list[str], seed_base: int, *, cases: int | No
         if why:
             failures.append({"device": device, "kernel": kernel, "case": case, "why": why,
                              "replay": X.replay(device, kernel, case)})
-            print(f"fuzz{tag} {device}: FAIL {kernel} {case}: {why}\n  replay: {failures[-1]['replay']}",
-                  file=sys.stderr, flush=True)
+            output_closed = not _say(f"fuzz{tag} {device}: FAIL {kernel} {case}: {why}\n  replay: "
+                                     f"{failures[-1]['replay']}", sys.stderr)
         index += 1
         now = time.monotonic()
-        if now - last >= PROGRESS_SECONDS:
+        if not output_closed and now - last >= PROGRESS_SECONDS:
             last = now
-            try:
-                print(f"fuzz{tag} {device}: {index} cases, {index / (now - start):.1f}/s, {len(failures)} failures",
-                      flush=True)
-            except BrokenPipeError:  # the reader went away: the campaign stops here, what ran is still reported
-                discard_stdout()
-                output_closed = True
-                break
+            output_closed = not _say(f"fuzz{tag} {device}: {index} cases, {index / (now - start):.1f}/s, "
+                                     f"{len(failures)} failures", sys.stdout)
+        if output_closed:  # the reader went away: the campaign stops here, what ran is still reported
+            break
     elapsed = time.monotonic() - start
     return {"device": device, **{k: v for k, v in X.describe(device).items() if k != "device"},
             "seed_base": seed_base, "cases": index, "seconds": round(elapsed, 3),
             "cases_per_second": round(index / elapsed, 2) if elapsed else 0.0, "failures": failures,
             "output_closed": output_closed}
+
+
+def _say(line: str, stream) -> bool:
+    """Print ``line`` to ``stream``; False (the stream then discarded) if its reader went away (``fuzz ... 2>&1 |
+    head`` closes stderr's too)."""
+    try:
+        print(line, file=stream, flush=True)
+        return True
+    except BrokenPipeError:
+        discard(stream)
+        return False
 
 
 def one_device(text: str) -> str:
@@ -124,7 +132,7 @@ def run(args: argparse.Namespace, launches: dict | None = None) -> int:
               + (f" (written to {args.out})" if failures else ""))
     X.finish(group)
     if mine["output_closed"]:
-        print(f"fuzz{tag}: stdout's reader went away after {counted(mine['cases'], 'case')}: the campaign stopped "
+        print(f"fuzz{tag}: the output's reader went away after {counted(mine['cases'], 'case')}: the campaign stopped "
               f"there" + (f"; {args.out} holds what ran" if rank == 0 else ""), file=sys.stderr)
         raise BrokenPipeError  # the command's closed-reader status (cli.main)
     return 1 if failures else 0

@@ -1031,19 +1031,25 @@ def _batch_rows(inputs: dict) -> int:
 
 def _check_token_totals(inputs: dict) -> None:
     """Refuse a step whose host ``extend_seq_lens`` write more tokens (SPEC 3.3's ``write_offsets[bs]``: rows not
-    padding, lengths above 0) than ``input_ids`` holds, or whose host ``token_lens`` add up to more than
-    ``token_ids``: the kernels clamp reads past an input's end (D4), so one request's tokens would be stamped into
-    another's slots and the next step would report chain violations no KV bug caused. Values on a device are
-    not read (a host synchronisation), nor inputs of other shapes (the launches refuse those)."""
+    padding, lengths above 0) than ``input_ids`` holds: the write kernel's offsets would run past it (read clamped,
+    D4), stamping wrong tokens into the rows' slots, and the next step would report chain violations no KV bug
+    caused. Likewise host ``token_lens`` that are negative or add up to more than ``token_ids`` (the scatter would
+    fill requests' expected tokens from other rows, or leave them stale). Sums are taken in float64, which cannot
+    wrap as int64 does. Values on a device are not read (a host synchronisation), nor inputs of other shapes
+    (the launches refuse those)."""
     rows, extend, tokens = inputs["req_pool_indices"], inputs["extend_seq_lens"], inputs["input_ids"]
     if _host_vectors(rows, extend, tokens) and rows.shape == extend.shape:
-        written = int((extend.clamp(min=0) * (rows != REQ_POOL_IDX_PADDING)).sum())
-        if written > tokens.shape[0]:
-            raise ValueError(f"kv-canary: extend_seq_lens write {written} tokens, more than the {tokens.shape[0]} "
-                             "of input_ids")
+        written = extend.clamp(min=0) * (rows != REQ_POOL_IDX_PADDING)
+        if float(written.to(torch.float64).sum()) > tokens.shape[0]:
+            raise ValueError(f"kv-canary: extend_seq_lens write {sum(written.tolist())} tokens, more than the "
+                             f"{tokens.shape[0]} of input_ids")
     lens, known = inputs["token_lens"], inputs["token_ids"]
-    if _host_vectors(lens, known) and (total := int(lens.sum())) > known.shape[0]:
-        raise ValueError(f"kv-canary: token_lens add up to {total} tokens, more than the {known.shape[0]} of token_ids")
+    if _host_vectors(lens, known):
+        if lens.numel() and int(lens.min()) < 0:
+            raise ValueError(f"kv-canary: token_lens must not be negative, got {int(lens.min())}")
+        if float(lens.to(torch.float64).sum()) > known.shape[0]:
+            raise ValueError(f"kv-canary: token_lens add up to {sum(lens.tolist())} tokens, more than the "
+                             f"{known.shape[0]} of token_ids")
 
 
 def _host_vectors(*tensors: torch.Tensor) -> bool:

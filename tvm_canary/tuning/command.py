@@ -191,6 +191,9 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
             why = f": {r.default_error}" if r.default_error else ""
             note = (f"  (the default's measurement failed{why}; no record was measured against it, so the default "
                     "applies)")
+        elif r.default_error:  # measuring it again failed: the candidates were weighed against an earlier record
+            note = (f"  (the default's measurement in this run failed: {r.default_error}; the times are weighed "
+                    "against its earlier record)")
         speedup = r.default_us / r.tuned_us if r.candidates else math.nan
         print(f"{r.kernel:8} {r.bucket!s:14} {r.candidates:>10} {r.measured:>4} {r.default_us:11.1f} {r.tuned_us:9.1f} "
               f"{speedup:8.2f} {r.seconds:8.1f} {r.build_seconds:8.1f}  {r.geometry}{note}")

@@ -102,11 +102,12 @@ class Space:
 
 def build_defaults(jobs: list, tag: str, db, builder, trials: int) -> dict:
     """(kernel, bucket) -> the build (MetaSchedule ``BuilderResult``) of the default geometry of each workload of
-    ``jobs`` whose default ``tune_workload`` will measure (``db`` lacks it, or the search at ``trials`` will add
-    candidates), for target tag ``tag``, in ONE round of ``builder``; ``tune_workload`` takes its workload's as
-    ``default_build``. Left out: workloads whose search at ``trials`` measures their whole design space, default
-    included (CUDA: plan and scatter at 32 trials). A default the search draws by chance is built for nothing (a
-    worker's few seconds)."""
+    ``jobs`` whose default ``tune_workload`` will measure, as far as ``db`` tells before the search (it lacks it,
+    or the search at ``trials`` will add candidates), for target tag ``tag``, in ONE round of ``builder``;
+    ``tune_workload`` takes its workload's as ``default_build``. Left out: workloads whose search at ``trials``
+    measures their whole design space, default included (CUDA: plan and scatter at 32 trials). A default the
+    search draws by chance is built for nothing (a worker's few seconds); one measured again after a previous
+    pick is built alone."""
     from tvm.s_tir import meta_schedule as ms
 
     cuda = tag.startswith("cuda")
@@ -215,18 +216,22 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     # The default competes too, so a bucket's best record is never slower than the default as this run measures it:
     # measured when the database lacks it, and again when this run added candidates and did not draw it (a record
     # from an earlier run, another host start, is no yardstick for them; ``default_row`` takes its fastest record).
-    default_error = ""
+    default_secs, default_error = [], ""
     drawn = default_records(rows, space, cuda) > defaults_before  # the search measured it in this run
     if not drawn and (not defaults_before or _geometries(rows, cuda) > before):
         if default_build is not None and default_build.error_msg:
             default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
-        run_secs, default_error = measure_candidate(builder, runner, mod, target, default_build)
-        if space.has_default and run_secs:
-            commit_measurement(db, mod, space.knobs, space.default, run_secs, target)
+        default_secs, default_error = measure_candidate(builder, runner, mod, target, default_build)
+        if space.has_default and default_secs:
+            commit_measurement(db, mod, space.knobs, space.default, default_secs, target)
             rows = measured_records(db).get((kernel, bucket), [])
-        default_us = 1e6 * sum(launch_seconds(kernel, run_secs)) if run_secs else math.nan
+    # The time the candidates were weighed against (``chosen``): the default's fastest record, else this run's
+    # measurement of a default no record can hold (not in the design space), else NaN (it failed).
+    measured_default = default_row(kernel, bucket, rows, cuda)
+    if measured_default is not None:
+        default_us = 1e6 * measured_default[0]
     else:
-        default_us = 1e6 * default_row(kernel, bucket, rows, cuda)[0]
+        default_us = 1e6 * sum(launch_seconds(kernel, default_secs)) if default_secs else math.nan
     candidates = _geometries(rows, cuda)
     measured = candidates - before
     if not rows:

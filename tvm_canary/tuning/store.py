@@ -121,8 +121,9 @@ def pack(folder: pathlib.Path) -> None:
 
 
 def unpack(folder: pathlib.Path) -> None:
-    """Replace ``folder``'s packed files by plain ones; a damaged one raises ``OSError`` before any file changes."""
-    _swap(folder, {name: _unpacked(folder / (name + PACKED)) for name in DATABASE_FILES
+    """Replace ``folder``'s packed files by plain ones; a damaged one raises ``OSError`` before any file changes.
+    The records file goes first: stopped between the two, the folder still reads as packed (no plain table)."""
+    _swap(folder, {name: _unpacked(folder / (name + PACKED)) for name in reversed(DATABASE_FILES)
                    if (folder / (name + PACKED)).exists()}, lambda name: name + PACKED)
 
 
@@ -156,3 +157,25 @@ def editable(folder: pathlib.Path):
     finally:
         if packed and (folder / DATABASE_FILES[0]).is_file():
             pack(folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tvm_canary.tuning.store pack|unpack FOLDER...``: pack a database folder to commit it (a new device
+    key's), or unpack one to read its JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tvm_canary.tuning.store", description=main.__doc__)
+    parser.add_argument("action", choices=("pack", "unpack"))
+    parser.add_argument("folders", nargs="+", type=pathlib.Path, metavar="FOLDER", help="<root>/<device key>")
+    args = parser.parse_args(argv)
+    for folder in args.folders:
+        if not holds_database(folder):
+            parser.error(f"{folder} holds no tuning database ({DATABASE_FILES[0]}, plain or packed)")
+    for folder in args.folders:
+        (pack if args.action == "pack" else unpack)(folder)
+        print(f"{folder}: {args.action}ed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
