@@ -219,10 +219,11 @@ def test_a_retune_measures_the_previous_pick_again(tmp_path, monkeypatch):
     assert timed.built == [pick, default] and again.measured == 0 and again.geometry == pick.key()
 
 
-def test_candidates_compete_with_the_default_measured_in_the_same_run(tmp_path, monkeypatch):
-    """The database's default was measured slow in an earlier run (another host start); this run's search adds a
-    candidate 1% faster than the default measures now: the default is measured again in this run, and the
-    candidate, not 3% faster than it, is not chosen. The default's earlier build round covers it."""
+def _an_earlier_default_and_a_drawn_candidate(tmp_path, monkeypatch, default_seconds: float,
+                                              candidate_seconds: float) -> tuple:
+    """(kernel, bucket, default geometry, database) of write's first ci bucket: the database holds a default record
+    of ``default_seconds`` a launch (an earlier run's), and MetaSchedule's search (stood in for) draws another
+    geometry measured at ``candidate_seconds``."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -233,13 +234,23 @@ def test_candidates_compete_with_the_default_measured_in_the_same_run(tmp_path, 
     target = tvm.target.Target("llvm")
     (tmp_path / "db").mkdir()
     db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
-    mod = driver.workload_module(kernel, bucket, "llvm")
-    driver.commit_measurement(db, mod, knobs, default, [1.0], target)  # the earlier run's: a second a launch
+    driver.commit_measurement(db, driver.workload_module(kernel, bucket, "llvm"), knobs, default,
+                              [default_seconds] * 3, target)
 
-    def search(mod, target, *args, database, **kwargs):  # MetaSchedule's search draws the candidate
-        driver.commit_measurement(database, mod, knobs, candidate, [0.99e-3] * 3, target)
+    def search(mod, target, *args, database, **kwargs):
+        driver.commit_measurement(database, mod, knobs, candidate, [candidate_seconds] * 3, target)
 
     monkeypatch.setattr(ms, "tune_tir", search)
+    return kernel, bucket, default, db
+
+
+def test_candidates_compete_with_the_default_measured_in_the_same_run(tmp_path, monkeypatch):
+    """The database's default was measured slow in an earlier run (another host start); this run's search adds a
+    candidate 1% faster than the default measures now: the default is measured again in this run, and the
+    candidate, not 3% faster than it, is not chosen. The default's earlier build round covers it."""
+    from tvm_canary.tuning import driver
+
+    kernel, bucket, default, db = _an_earlier_default_and_a_drawn_candidate(tmp_path, monkeypatch, 1.0, 0.99e-3)
     timed = _TimedBuilderRunner(tmp_path, default, {default: 1e-3})
     built = driver.build_defaults([(kernel, bucket)], "llvm", db, timed, trials=2)
     assert timed.built == [default]  # a search will add candidates: its default is built up front
@@ -255,23 +266,9 @@ def test_the_table_gives_the_default_time_the_candidates_were_weighed_against(tm
     """An earlier default record of 0.9 ms beside this run's 1 ms (or a failed measurement): the row's default time
     is 0.9 ms, the record ``chosen`` weighs against (a 0.95 ms candidate loses: speedup not above 1); a failed
     measurement is named in the row."""
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
     from tvm_canary.tuning import driver
 
-    kernel, bucket = "write", workloads.PRESETS["ci"]["write"][0]
-    knobs, default, candidate = _other_geometry(kernel, bucket)
-    target = tvm.target.Target("llvm")
-    (tmp_path / "db").mkdir()
-    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
-    mod = driver.workload_module(kernel, bucket, "llvm")
-    driver.commit_measurement(db, mod, knobs, default, [0.9e-3] * 3, target)
-
-    def search(mod, target, *args, database, **kwargs):
-        driver.commit_measurement(database, mod, knobs, candidate, [0.95e-3] * 3, target)
-
-    monkeypatch.setattr(ms, "tune_tir", search)
+    kernel, bucket, default, db = _an_earlier_default_and_a_drawn_candidate(tmp_path, monkeypatch, 0.9e-3, 0.95e-3)
     timed = _TimedBuilderRunner(tmp_path, default, {default: this_run})
     if this_run is None:
         monkeypatch.setattr(driver, "measure_candidate", lambda *args, **kwargs: ([], "RuntimeError: device lost"))
