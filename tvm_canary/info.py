@@ -15,7 +15,7 @@ import torch
 
 from .cliargs import summary
 from .runtime import compile as C
-from .tuning import keys
+from .tuning import keys, store
 
 
 def add_parser(subparsers) -> None:
@@ -35,8 +35,6 @@ def _records(folder: pathlib.Path) -> str:
     """``N records`` and, where the TVM compiler can read the database, how many are usable (measured
     for the current kernels, on the folder's device, in the design space) and which kernels' records are
     stale; why none is if the database is unreadable or holds another device's records."""
-    from .tuning import store
-
     try:
         text = f"{len(store.record_lines(folder)):5} records"
     except OSError as e:  # also a damaged packed file (``store``)

@@ -1045,8 +1045,8 @@ def _check_token_totals(inputs: dict) -> None:
                              f"{tokens.shape[0]} of input_ids")
     lens, known = inputs["token_lens"], inputs["token_ids"]
     if _host_vectors(lens, known):
-        if lens.numel() and int(lens.min()) < 0:
-            raise ValueError(f"kv-canary: token_lens must not be negative, got {int(lens.min())}")
+        if lens.numel() and (lowest := int(lens.min())) < 0:
+            raise ValueError(f"kv-canary: token_lens must not be negative, got {lowest}")
         if float(lens.to(torch.float64).sum()) > known.shape[0]:
             raise ValueError(f"kv-canary: token_lens add up to {sum(lens.tolist())} tokens, more than the "
                              f"{known.shape[0]} of token_ids")

@@ -6,5 +6,7 @@
 * ``command``: the ``tvm-canary tune`` command;
 * ``keys``: device keys and where databases are looked up and written;
 * ``apply``: choosing a launch's geometry from the device's database at load;
+* ``store``: database folders plain or packed (the committed ones gzip-compressed);
+* ``merge``: ``tvm-canary tune-merge``, merging databases of one device key;
 * ``restamp``: re-stamping a database's kernel hashes after a code-preserving kernel change.
 """

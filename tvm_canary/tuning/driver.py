@@ -166,7 +166,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     space = Space.of(kernel, bucket, cuda)
     trials = min(trials, space.size)
     rows = measured_records(db).get((kernel, bucket), [])
-    before, defaults_before = _geometries(rows, cuda), default_records(rows, space, cuda)
+    before, defaults_before = _geometries(rows, cuda), _default_records(rows, space, cuda)
     # A space whose one point is the default (no knobs on this target) has nothing to search: the
     # default's measurement below is its record.
     only_default = space.size == 1 and space.has_default
@@ -217,7 +217,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
     # measured when the database lacks it, and again when this run added candidates and did not draw it (a record
     # from an earlier run, another host start, is no yardstick for them; ``default_row`` takes its fastest record).
     default_secs, default_error = [], ""
-    drawn = default_records(rows, space, cuda) > defaults_before  # the search measured it in this run
+    drawn = _default_records(rows, space, cuda) > defaults_before  # the search measured it in this run
     if not drawn and (not defaults_before or _geometries(rows, cuda) > before):
         if default_build is not None and default_build.error_msg:
             default_build = None  # it failed in the shared round (a worker that died fails the rest): build it alone
@@ -243,7 +243,7 @@ def _tune(kernel: str, bucket: tuple, tag: str, db, trials: int, log_dir: pathli
                   no_knobs=space.size == 1)
 
 
-def default_records(rows: list, space: Space, cuda: bool) -> int:
+def _default_records(rows: list, space: Space, cuda: bool) -> int:
     """How many of a bucket's measured records (``measured_records`` rows) measured its default geometry."""
     return sum(record_geometry(record, cuda) == space.default for _, record in rows)
 
