@@ -28,8 +28,19 @@ def _roll(t: torch.Tensor) -> torch.Tensor:
     return t.roll(1, 0).contiguous()
 
 
+def _restride_sources(args: dict) -> None:
+    """Each real-KV source whose rows lie apart (a column slice of a wider tensor) gets rows 16 bytes closer,
+    in place: the same data pointer, shape and dtype, other bytes read."""
+    for source in args["context"].real_kv_sources:
+        t = source.tensor
+        closer = t.stride(0) - 16 // t.element_size()
+        if closer >= t.shape[1]:
+            t.as_strided_(t.shape, (closer, 1))
+
+
 CHANGES = {
     "canary_buf set_": lambda a: a["context"].canary_buf.set_(_roll(a["context"].canary_buf)),
+    "sources as_strided_": _restride_sources,
     "canary_buf .data": lambda a: setattr(a["context"].canary_buf, "data", _roll(a["context"].canary_buf)),
     "first plan tensor set_": lambda a: (lambda t: t.set_(_roll(t)))(next(iter(tensors(dict(plan=a["plan"]))))),
     "ring .data": lambda a: setattr(a["context"].violation_ring, "data", a["context"].violation_ring.clone()),
@@ -42,6 +53,7 @@ def test_a_replay_follows_tensors_replaced_in_place(kernel, change):
     # Rolling write's offsets gives each request the next one's entries: an entry storing its request's
     # seed slot would store another request's, outside the contract (SPEC D7).
     options = {"own_seeds": 0} if kernel == "write" else {}
+    changed = 0  # cases whose tensors the change moved, re-strided or replaced (some cases have no sources)
     for seed in range(4):
         got = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", **options)
         want = CASES[kernel](torch.Generator().manual_seed(seed), "cpu", **options)
@@ -51,11 +63,18 @@ def test_a_replay_follows_tensors_replaced_in_place(kernel, change):
             assert _memoised(kernel, got)  # the second launch replays or repacks a memoised one
         for case in (got, want):  # the first may fill the ring: the second's rows must land too
             case["context"].violation_write_index.zero_()
+        before = _layouts(got)
         CHANGES[change](got)
         CHANGES[change](want)
+        changed += _layouts(got) != before
         LAUNCH[kernel](**got)
         REFERENCE[kernel](**want)
         assert_same_bytes(tensors(got), tensors(want))
+    assert changed
+
+
+def _layouts(args: dict) -> list:
+    return [(t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors(args)]
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:

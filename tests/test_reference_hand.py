@@ -34,7 +34,6 @@ from helpers import (
     make_write_plan,
     py_chain_hash,
     py_fold,
-    random_source,
     ring_state,
     set_slot,
     stamp_chain,
@@ -150,6 +149,26 @@ def test_write_input_assert_row_precedes_chain_position_row(impl, flag):
     assert ring_state(ctx) == (len(rows), expected_ring(8, rows))
 
 
+def test_write_asserts_compare_all_64_bits(impl):
+    """Expected tokens and positions, and a seed slot's stored position, that differ from the actual ones in
+    the high 32 bits alone (or in the sign bit) are mismatches."""
+    buf = make_canary(8, device=impl.device)
+    seed_pos = 3 + (1 << 32)
+    set_slot(buf, 1, 100, seed_pos, 0)
+    ctx = make_context(buf, chain_assert=1)
+    run_write(impl, ctx, make_write_plan([0, 3], [1], device=impl.device), [1, 2, 3], [4, 5, 6], [2, 3, 4],
+              exp_toks=[1 + (1 << 32), 2, 3 - (1 << 63)], exp_poss=[4, 5 + (1 << 40), 6])
+    h0 = link(0, 100, seed_pos)
+    h1 = link(h0, 1, 4)
+    h2 = link(h1, 2, 5)
+    assert ring_state(ctx) == (4, expected_ring(8, [
+        [KIND, 2, 4, 1, 1 + (1 << 32), h0, 4, W_TOK],
+        [KIND, 2, 4, 1, 1, h0, seed_pos + 1, W_POS],
+        [KIND, 3, 5, 2, 2, h1, 5 + (1 << 40), W_POS],
+        [KIND, 4, 6, 3, 3 - (1 << 63), h2, 6, W_TOK],
+    ]))
+
+
 @pytest.mark.parametrize("seed,flag", [(1, 1), (1, 2), (1, 0), (-1, 1)])
 def test_write_chain_position_assert_needs_seed_and_flag(impl, seed, flag):
     buf = make_canary(8, device=impl.device)
@@ -259,21 +278,29 @@ def test_write_invalid_slot(impl):
     assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 8, 50, 11, 11, h1, 50, INVALID]]))
 
 
+def one_source_short(short: int, device) -> tuple:
+    """``four_sources`` (slots 0..15 each), the ``short``-th cut to the rows of slots 0..7: slots 8..15 are
+    unreadable for it alone (SPEC D4 checks each source)."""
+    sources = list(four_sources(3, device))
+    sources[short] = dataclasses.replace(sources[short], tensor=sources[short].tensor[: 8 // sources[short].page_size])
+    return tuple(sources)
+
+
+@pytest.mark.parametrize("short", [0, 1, 2, 3])
 @pytest.mark.parametrize("mode", [NONE, PARTIAL, ALL])
-def test_write_slot_unreadable_for_a_source(impl, mode):
-    """Source covers slots 0..3: slot 5, valid for the canary, is unreadable by it."""
-    src = random_source(torch.Generator().manual_seed(1), rows=2, page_size=2, nbpt=16, read_bytes=16,
-                        device=impl.device)
-    buf = make_canary(8, device=impl.device)
-    ctx = make_context(buf, sources=(src,), mode=mode)
-    run_write(impl, ctx, make_write_plan([0, 2], [-1], device=impl.device), [1, 2], [0, 1], [3, 5])
-    assert get_slot(buf, 3) == (1, 0, ANCHOR, py_fold((src,), mode, 3))
+def test_write_slot_unreadable_for_one_source(impl, mode, short):
+    """Slot 9, valid for the canary, is unreadable for one of four sources: folding modes refuse it."""
+    sources = one_source_short(short, impl.device)
+    buf = make_canary(16, device=impl.device)
+    ctx = make_context(buf, sources=sources, mode=mode)
+    run_write(impl, ctx, make_write_plan([0, 2], [-1], device=impl.device), [1, 2], [0, 1], [3, 9])
+    assert get_slot(buf, 3) == (1, 0, ANCHOR, py_fold(sources, mode, 3))
     if mode == NONE:
-        assert get_slot(buf, 5) == (2, 1, link(ANCHOR, 1, 0), 0)
+        assert get_slot(buf, 9) == (2, 1, link(ANCHOR, 1, 0), 0)
         assert ring_state(ctx) == (0, expected_ring(8, []))
     else:
-        assert get_slot(buf, 5) == (0, 0, 0, 0)
-        assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 5, 1, 2, 2, link(ANCHOR, 1, 0), 1, INVALID]]))
+        assert get_slot(buf, 9) == (0, 0, 0, 0)
+        assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 9, 1, 2, 2, link(ANCHOR, 1, 0), 1, INVALID]]))
 
 
 @pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
@@ -389,6 +416,21 @@ def test_verify_expected_token_check_and_sentinel(impl, check):
     else:
         rows = [[KIND, 5, 2, 12, -1, sh5, sh5, V_POS]]
     assert ring_state(ctx) == (len(rows), expected_ring(8, rows))
+
+
+def test_verify_compares_all_64_bits(impl):
+    """Expected tokens and positions that differ from the stored ones in the high 32 bits alone (or in the
+    sign bit) are mismatches."""
+    buf = chain_buf(impl.device)
+    ctx = make_context(buf)
+    run_verify(impl, ctx, make_verify_plan([3, 4, 5], [10 + (1 << 32), 11, 12 - (1 << 63)],
+                                           [-(1 << 63), 1 + (1 << 40), 2], [-1, 3, 4], device=impl.device))
+    sh3, sh4, sh5 = (get_slot(buf, s)[2] for s in (3, 4, 5))
+    assert ring_state(ctx) == (3, expected_ring(8, [
+        [KIND, 3, 0, 10, 10 + (1 << 32), sh3, sh3, V_TOK | V_POS],
+        [KIND, 4, 1, 11, 11, sh4, sh4, V_POS],
+        [KIND, 5, 2, 12, 12 - (1 << 63), sh5, sh5, V_TOK],
+    ]))
 
 
 def test_verify_skips_slot_zero_but_counts_it(impl):
@@ -520,13 +562,14 @@ def test_verify_invalid_slot(impl, check):
     assert counters(ctx) == (1, 3)
 
 
-def test_verify_slot_unreadable_for_a_source(impl):
-    src = random_source(torch.Generator().manual_seed(2), rows=2, page_size=2, nbpt=16, read_bytes=16,
-                        device=impl.device)
-    buf = chain_buf(impl.device)
-    ctx = make_context(buf, sources=(src,), mode=PARTIAL)
-    run_verify(impl, ctx, make_verify_plan([4], [11], [1], [3], device=impl.device))
-    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 4, 0, 0, 11, 0, 0, INVALID]]))
+@pytest.mark.parametrize("short", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", [PARTIAL, ALL], ids=["partial", "all"])
+def test_verify_slot_unreadable_for_one_source(impl, mode, short):
+    """Slot 9 is unreadable for one of four sources: an INVALID row of zeros; slot 3 checks clean."""
+    buf = chain_buf(impl.device, sources=four_sources(3, impl.device), mode=mode)
+    ctx = make_context(buf, sources=one_source_short(short, impl.device), mode=mode)
+    run_verify(impl, ctx, make_verify_plan([3, 9], [10, 11], [0, 1], [-1, 3], device=impl.device))
+    assert ring_state(ctx) == (1, expected_ring(8, [[KIND, 9, 0, 0, 11, 0, 0, INVALID]]))
 
 
 def test_verify_invalid_predecessor(impl):

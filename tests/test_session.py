@@ -447,11 +447,17 @@ def test_a_rejected_step_changes_nothing(changes, error, message):
 
 
 def test_a_padding_rows_extend_length_counts_no_token():
-    """SPEC 3.3: a padding row (``req_pool_indices`` 0) writes nothing whatever its ``extend_seq_lens``."""
+    """SPEC 3.3: a padding row (``req_pool_indices`` 0) writes nothing whatever its ``extend_seq_lens``: the
+    other row's one token is the first of ``input_ids``, stamped at the first of ``out_cache_loc`` alone."""
     session, _ = make_session()
+    buffers = [context.canary_buf for group in session._groups for context in group.contexts.values()]
+    before = [buf.clone() for buf in buffers]
     session.before_forward(**{**step_inputs(session, 0, 1), "req_pool_indices": [0, ROWS[1]],
                               "extend_seq_lens": [5, 1]})
     session.after_forward()
+    for buf, old in zip(buffers, before):
+        assert (buf != old).any(dim=1).nonzero().flatten().tolist() == [slot(ROWS[0], 0)]
+        assert buf.view(torch.int64)[slot(ROWS[0], 0), :2].tolist() == [token(ROWS[0], 0), 0]
 
 
 def test_the_reference_backend_refuses_a_slot_past_the_lut_before_the_step():

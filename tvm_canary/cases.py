@@ -27,6 +27,7 @@ from .launch import (
     launch_scatter_req_token_ids_kernel,
 )
 from .plans import VerifyPlan, WritePlan
+from .reference import hashing
 from .runtime import packing
 
 LAUNCH = {
@@ -102,9 +103,20 @@ def _garbage(gen, n, device, lo=-(2**40), hi=2**40):
     return values.to(device)
 
 
+def _near(gen, values: torch.Tensor, kept: int = 4) -> torch.Tensor:
+    """``values`` (int64), each one kept (``kept`` in 8), one more (the rest but 1 in 8) or with one bit of its
+    high half flipped (1 in 8, bits 32-63: a comparison of the low 32 bits alone, or of int32 casts, misses it)."""
+    n = values.shape[0]
+    draw = torch.randint(0, 8, (n,), generator=gen).to(values.device)
+    high_bit = (torch.ones(n, dtype=torch.int64) << torch.randint(32, 64, (n,), generator=gen)).to(values.device)
+    return torch.where(draw == 7, values ^ high_bit, values + (draw >= kept).long())
+
+
 def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sources_max=4, token_units=2):
     """A random launch context; each source has 32 * k bytes per token, k in 1..token_units (2 keeps
-    folds within the head and one prefetch batch; wider ones reach the fold's loop)."""
+    folds within the head and one prefetch batch; wider ones reach the fold's loop). In about one
+    context in four with sources, one of them is short: the slots past its rows are unreadable for it
+    alone (SPEC D4)."""
     mode = RealKvHashMode(_one(gen, 0, 3))
     n_src = _one(gen, 0, sources_max + 1)
     sources = []
@@ -121,6 +133,10 @@ def context_for(gen, device, num_slots, *, ring_rows=None, write_index=None, sou
                 device=device,
             )
         )
+    if sources and _one(gen, 0, 4) == 0:
+        short = _one(gen, 0, len(sources))
+        rows = sources[short].tensor.shape[0]
+        sources[short] = dataclasses.replace(sources[short], tensor=sources[short].tensor[: _one(gen, 1, rows)])
     sources = tuple(sources)
     if not sources and mode == RealKvHashMode.ALL:
         mode = RealKvHashMode.NONE  # ALL needs sources (SPEC D9); PARTIAL without sources folds nothing
@@ -156,9 +172,43 @@ def verify_case(gen, device, valid=True, token_units=2, capacity=None):
         plan.verify_prev_slot_indices.copy_(_garbage(gen, cap, device))
     plan.verify_expected_tokens.copy_(_ints(gen, -1, 3, cap, device))
     plan.verify_expected_positions.copy_(_ints(gen, -1, 3, cap, device))
+    if valid:
+        _near_clean(gen, ctx, plan)
     plan.verify_num_valid.fill_(_one(gen, -3, cap + 5) if not valid else _one(gen, 0, cap + 1))
     plan.enable.fill_(int(_one(gen, 0, 8) != 0))
     return {"context": ctx, "plan": plan, "check_verify_expected_token": bool(_one(gen, 0, 2))}
+
+
+def _near_clean(gen, ctx, plan) -> None:
+    """About three entries in four of a valid verify plan find, in their slot, the real-KV hash and the chain
+    link to their predecessor that SPEC 1 computes (half of them with the anchor as predecessor: a link no
+    other entry's stamp changes), and expect the slot's stored token and position or values near them
+    (``_near``): some entries check clean and record no row, and the kernel's fold and comparisons show in
+    the rows' fail bits. No masked indexing: the builder also runs on ``meta``."""
+    device = ctx.canary_buf.device
+    words = ctx.canary_buf.view(torch.int64)  # a slot's four fields are its first four words (SPEC 2.1)
+    cap = plan.verify_slot_indices.shape[0]
+    picked = (torch.rand(cap, generator=gen) < 0.75).to(device)
+    to_anchor = picked & (torch.rand(cap, generator=gen) < 0.5).to(device)
+    slots, prevs = plan.verify_slot_indices, plan.verify_prev_slot_indices.masked_fill_(to_anchor, -1)
+    sources, mode = ctx.real_kv_sources, ctx.real_kv_hash_mode
+    readable = picked & hashing.valid_slot_mask(words.shape[0], sources, mode, slots)
+    # slot 0 stands in for the others: readable wherever any slot is (a source has at least one row)
+    _stamp(words[:, 3], slots, readable, hashing.real_kv_fold_t(sources, mode, torch.where(readable, slots, 0)))
+    linked = readable & (prevs != consts.TOKEN_TO_KV_SLOT_PADDING) & (prevs < words.shape[0])
+    prev_words = words[torch.where(linked & (prevs > 0), prevs, 0)]
+    link = hashing.mix3_t(prev_words[:, 2], prev_words[:, 0], prev_words[:, 1])
+    _stamp(words[:, 2], slots, linked, torch.where(prevs < 0, hashing.ANCHOR_HASH_I64, link))
+    for field, expected in enumerate((plan.verify_expected_tokens, plan.verify_expected_positions)):
+        expected.copy_(torch.where(picked, _near(gen, words[slots, field], kept=6), expected))
+
+
+def _stamp(column: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, values: torch.Tensor) -> None:
+    """``column[slots[i]] := values[i]`` where ``mask[i]``; where such entries share a slot, the largest of
+    their values: the same on every device (an indexed store's pick among duplicates is not)."""
+    lowest = torch.full_like(values, torch.iinfo(torch.int64).min)
+    column.scatter_reduce_(0, slots, torch.where(mask, lowest, column[slots]), "amin")
+    column.scatter_reduce_(0, slots, torch.where(mask, values, lowest), "amax")
 
 
 def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_seeds=0.25, shape=None):
@@ -190,7 +240,7 @@ def write_case(gen, device, valid=True, token_units=2, long_chains=False, own_se
     assert_on = bool(_one(gen, 0, 2))
     ids = _ints(gen, 0, 5, n, device)
     pos = _ints(gen, 0, 40, n, device)
-    expected = (ids + _ints(gen, 0, 2, n, device), pos + _ints(gen, 0, 2, n, device)) if assert_on else None
+    expected = (_near(gen, ids), _near(gen, pos)) if assert_on else None
     return _write_launch(ctx, off, seeds, num_valid, ids, pos, slots, expected)
 
 
