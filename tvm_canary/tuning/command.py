@@ -113,12 +113,12 @@ def _run(args: argparse.Namespace, unpacked: contextlib.ExitStack) -> int:
     preset = workloads.PRESETS[args.workloads or ("gpu" if cuda else "cpu")]
     work_dir = args.out / key
     log_dir = args.log_dir or C.cache_dir().parent / "tune-runs" / f"{key}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-    print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     files = (*DATABASE_FILES, *(name + PACKED for name in DATABASE_FILES))  # plain and packed (``store``)
     writable_folder(work_dir, files)
     created = not any((work_dir / name).exists() for name in files)
     if is_packed(work_dir):  # refused unless readable, of this target, before it is unpacked in place
         apply.open_database(work_dir, key)
+    print(f"database: {work_dir}\nMetaSchedule logs: {log_dir / 'logs'}")
     unpacked.enter_context(editable(work_dir))
     db = ms.database.JSONDatabase(work_dir=str(work_dir)) if created else apply.open_database(work_dir, key)
     jobs = list(dict.fromkeys((k, b) for k in args.kernels for b in preset[k]))  # --kernels may repeat one

@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m tvm_canary.tuning.store", description=main.__doc__)
-    parser.add_argument("action", choices=("pack", "unpack"))
+    parser.add_argument("action", choices=("pack", "unpack"), metavar="pack|unpack",
+                        help="pack: gzip the records to commit them; unpack: plain JSON again")
     parser.add_argument("folders", nargs="+", type=pathlib.Path, metavar="FOLDER", help="<root>/<device key>")
     args = parser.parse_args(argv)
     for folder in args.folders:
