@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tvm_canary.cases import CASES
+from tvm_canary.cases import CASES, context_for
 
 # Calls that move or copy a tensor to another device on purpose.
 CROSSING = {"to", "copy_"}
@@ -62,3 +62,10 @@ def test_a_mixed_store_is_rejected():
     words = torch.zeros(8, 4, dtype=torch.int64, device="meta")
     with pytest.raises(MixedDevices, match="__setitem__"), RejectMixedDevices():
         words[torch.tensor([1, 3]), 1] = torch.tensor([5, 6])
+
+
+def test_a_context_with_fewer_slots_than_a_page_builds():
+    """A source of one row (fewer slots than its page) is never cut shorter: a short source keeps a row."""
+    for seed in range(64):
+        context = context_for(torch.Generator().manual_seed(seed), "cpu", 2)
+        assert all(source.tensor.shape[0] >= 1 for source in context.real_kv_sources)

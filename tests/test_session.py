@@ -455,7 +455,7 @@ def test_a_padding_rows_extend_length_counts_no_token():
     session.before_forward(**{**step_inputs(session, 0, 1), "req_pool_indices": [0, ROWS[1]],
                               "extend_seq_lens": [5, 1]})
     session.after_forward()
-    for buf, old in zip(buffers, before):
+    for buf, old in zip(buffers, before):  # step_inputs laid input_ids and out_cache_loc out by ROWS: ROWS[0]'s first
         assert (buf != old).any(dim=1).nonzero().flatten().tolist() == [slot(ROWS[0], 0)]
         assert buf.view(torch.int64)[slot(ROWS[0], 0), :2].tolist() == [token(ROWS[0], 0), 0]
 
