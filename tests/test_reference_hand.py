@@ -731,6 +731,23 @@ def test_plan_swa_window_and_lut(impl):
     assert write_state(wplan) == {"offsets": [0, 1, 2, 2], "seeds": [-1, 120, -1], "num_reqs": 3}
 
 
+def test_plan_lut_translates_slot_zero(impl):
+    """A req_to_token value 0 goes through the LUT as any other slot: lut[0]."""
+    rtt = [row[:] for row in RTT]
+    rtt[1][1] = 0
+    lut = [100 + x for x in range(40)]
+    vplan, wplan = poisoned_plans(impl.device, 4, 1)
+    run_plan(impl, vplan, wplan, rpi=[1], prefix=[3], extend=[0], rtt=rtt, window=2, lut=lut)
+    assert verify_state(vplan) == {
+        "slots": padded([100, 112], 4),
+        "tokens": padded([-1] * 2, 4),
+        "positions": padded([1, 2], 4),
+        "prevs": padded([110, 100], 4),
+        "num_valid": 2,
+        "enable": 1,
+    }
+
+
 @pytest.mark.parametrize("prefix", [0, 1, 2, 3, 4])
 def test_plan_swa_window_boundary(impl, prefix):
     """Window 2 at every prefix near its length: positions max(0, P-2)..P-1, the first chained to the

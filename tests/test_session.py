@@ -16,7 +16,7 @@ from tvm_canary.plans import plan_tensors
 from tvm_canary.runtime import use_backend
 from tvm_canary.session import CanaryGroup, CanarySession
 from tvm_canary.testing import KvPool
-from tvm_canary.violations import Violation
+from tvm_canary.violations import Violation, ViolationReport
 
 NUM_SLOTS = 64
 ROWS = (1, 2)
@@ -485,6 +485,20 @@ def test_an_overflow_warning_made_an_error_is_raised_once():
         assert [v.slot for v in session.flush().records] == [slot(1, 0)]
 
 
+def test_a_report_without_a_step_repeats_no_overflow_warning():
+    """An overflowing step warns once, of its step; a sweep's report after it (a snapshot of no step, the plan
+    still disabled) warns no more."""
+    session, kv = make_session(verify_capacity=4, sweep_interval=1)
+    step(session, kv, 0, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(session, kv, 4, 1)
+        session.sweep(chain(1, 5))
+        session.violations()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == [
+        "kv-canary: per-forward verify skipped this step due to overflow (step 2)"]
+
+
 def test_a_refused_after_forward_still_warns_of_its_overflow():
     session, kv = make_session(verify_capacity=4)
     step(session, kv, 0, 4)
@@ -724,6 +738,28 @@ def test_message_of_a_write_row():
     )
 
 
+def test_message_of_a_write_position_row():
+    """The chain-position assert's row (the position bit alone) is a write row: actual against expected."""
+    v = make_row(stored_token=999, expected_token=999, expected_aux=43, bits=FailReason.WRITE_POSITION_MISMATCH)
+    assert v.is_write
+    assert v.message(total=1, ring_overflow=False, step=0).splitlines()[3:6] == [
+        "  fail_reasons: write_position",
+        "  actual:   token_id=999   position=42 prev_hash=0x0000000000000000",
+        "  expected: token_id=999   position=43",
+    ]
+
+
+@pytest.mark.parametrize("total, dropped, overflow", [(2, 0, False), (3, 1, True)])
+def test_ring_overflow_means_rows_were_dropped(total, dropped, overflow):
+    """A ring filled exactly has not overflowed; one violation more has."""
+    report = ViolationReport(records=(make_row(), make_row()), total=total, dropped=dropped, ring_capacity=2)
+    messages = report.messages(step=3)
+    assert [m.splitlines()[-1] for m in messages[:2]] == [
+        f"  total_violations={total} ring_overflow={overflow} step_when_pumped=3"] * 2
+    assert messages[2:] == ([f"kv_canary: 1 more violations were dropped (ring capacity 2, total_violations={total})"]
+                            if dropped else [])
+
+
 def test_labels_of_sweep_unknown_token_and_invalid_rows():
     sweep = make_row(kind=Tag.SWEEP_V_SWA, expected_token=5, bits=FailReason.VERIFY_TOKEN_MISMATCH)
     assert sweep.message(total=3, ring_overflow=True, step=1).splitlines()[2:] == [
@@ -737,6 +773,11 @@ def test_labels_of_sweep_unknown_token_and_invalid_rows():
     assert (unknown.tag, unknown.tag_name) == (None, "unknown(9999)")
     assert unknown.line().startswith(
         "kv_canary violation: launch_tag=unknown(9999) fail_reason=verify_position+invalid_index ")
+    # a verify row whose predecessor was invalid (other bits beside it): its stored fields are real
+    assert unknown.message(total=1, ring_overflow=False, step=0).splitlines()[4:6] == [
+        "  stored:   token_id=111   position=42 prev_hash=0x0000000000000000",
+        "  expected: prev_hash=0x0000000000000000",
+    ]
     assert make_row().line().split()[3] == "fail_reason=none"
     invalid = make_row(bits=FailReason.INVALID_INDEX).message(total=1, ring_overflow=False, step=0).splitlines()
     assert invalid[4] == ("  invalid_index: the slot, its predecessor or the request's seed slot is outside the "
