@@ -102,8 +102,7 @@ def databases() -> list[tuple[str, pathlib.Path]]:
 def _empty(folder: pathlib.Path) -> bool:
     """Whether ``folder``'s records file (plain or packed) holds no record; a missing or unreadable one is not
     empty: listed, and refused as unreadable."""
-    name = store.DATABASE_FILES[1]
-    if not ((folder / name).exists() or (folder / (name + store.PACKED)).exists()):
+    if store.records_file(folder) is None:
         return False
     try:
         return not store.record_lines(folder)

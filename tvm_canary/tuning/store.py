@@ -35,14 +35,21 @@ def holds_database(folder: pathlib.Path) -> bool:
     return (folder / DATABASE_FILES[0]).is_file() or is_packed(folder)
 
 
+def records_file(folder: pathlib.Path) -> pathlib.Path | None:
+    """The file holding ``folder``'s records: the packed one where there is no plain one (packed, or left so beside
+    a plain table by an interrupted unpack), else the plain one; None if there is neither."""
+    plain, packed = folder / DATABASE_FILES[1], folder / (DATABASE_FILES[1] + PACKED)
+    if packed.exists() and not plain.exists():
+        return packed
+    return plain if plain.exists() else None
+
+
 def record_lines(folder: pathlib.Path) -> list[bytes]:
     """The non-empty lines of ``folder``'s records file, plain or packed (none if it is missing)."""
-    name = DATABASE_FILES[1]
-    packed = folder / (name + PACKED)
-    if packed.exists() and not (folder / name).exists():  # packed, or left so beside a plain table
-        data = _unpacked(packed)
-    else:
-        data = (folder / name).read_bytes() if (folder / name).exists() else b""
+    path = records_file(folder)
+    if path is None:
+        return []
+    data = _unpacked(path) if path.name.endswith(PACKED) else path.read_bytes()
     return [line for line in data.splitlines() if line.strip()]
 
 
